@@ -1,0 +1,210 @@
+"""The DuckDB backend: owns the connection, the catalog and the kernel registrations, and runs
+each plan step as one statement inside one transaction (a failure leaves nothing behind)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import duckdb
+import pyarrow as pa
+from sqlglot import exp
+
+from ..compile import compile_plan, create_table_as, drop_table
+from ..compile.sql import ident
+from ..errors import EinsumError
+from ..plan import Plan, TiledValue
+from ..sql_templates import template
+
+CATALOG = "eds_catalog"
+MAX_SQL_OPERANDS = 8
+
+
+class ExecutionError(EinsumError):
+    """A plan failed while running in the engine (the message names the step)."""
+
+
+class DuckDBBackend:
+    name = "duckdb"
+
+    def __init__(self, database=None, config: dict | None = None, read_only: bool = False):
+        if isinstance(database, duckdb.DuckDBPyConnection):
+            self.con = database
+            self.owns_connection = False
+        else:
+            self.con = duckdb.connect(database or ":memory:", read_only=read_only, config=config or {})
+            self.owns_connection = True
+        self.lock = threading.RLock()
+        # Tiles above 2 GiB per Arrow batch need 64-bit offsets on export.
+        self._run("SET arrow_large_buffer_size = true")
+        from eindecomp_sql.udfs import register_kernels
+
+        register_kernels(self.con)
+        if not read_only:
+            self._run(template("catalog"))
+
+    def _run(self, sql: str, params: list | None = None) -> list:
+        """Execute and drain: in DuckDB 2.0 an unfinished result blocks the connection."""
+        return self.con.execute(sql, params).fetchall() if params is not None else self.con.execute(sql).fetchall()
+
+    # -- SQL interface ----------------------------------------------------------------------
+    def register_sql_interface(self, einsum_sql: Callable[[str, list, str], str]) -> None:
+        """``einsum(spec, a, ...)`` and ``einsum_elements(...)`` as table macros over a UDF that
+        plans the einsum and returns the query text for ``query()``."""
+        text = duckdb.sqltype("VARCHAR")
+
+        def udf(spec, names, mode):
+            return einsum_sql(spec, [n for n in names if n is not None], mode)
+
+        self.con.create_function("eds_einsum_sql", udf, [text, duckdb.list_type(text), text], text,
+                                 side_effects=True)
+        params = ", ".join(f"o{k} := NULL" for k in range(1, MAX_SQL_OPERANDS))
+        names = ", ".join(["o0"] + [f"o{k}" for k in range(1, MAX_SQL_OPERANDS)])
+        for macro, mode in (("einsum", "tiles"), ("einsum_elements", "elements")):
+            self._run(
+                f"CREATE OR REPLACE TEMP MACRO {macro}(spec, o0, {params}) AS TABLE "
+                f"SELECT * FROM query(eds_einsum_sql(spec, [{names}], '{mode}'))"
+            )
+
+    # -- catalog ----------------------------------------------------------------------------
+    def _cursor(self):
+        return self.con.cursor()
+
+    def lookup(self, name: str) -> TiledValue | None:
+        cur = self._cursor()
+        try:
+            row = cur.execute(f"SELECT shape, dtype, tile, keys FROM {CATALOG} WHERE name = ?", [name]).fetchone()
+        except duckdb.CatalogException:
+            return None
+        finally:
+            cur.close()
+        if row is None:
+            return None
+        shape, dtype, tile, keys = row
+        return TiledValue(name, tuple(shape), dtype, tuple(tile), tuple(keys), name)
+
+    def names(self) -> list[str]:
+        return [r[0] for r in self._run(f"SELECT name FROM {CATALOG} ORDER BY name")]
+
+    def table_exists(self, table: str) -> bool:
+        tables = self._run("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND NOT temporary", [table])
+        views = self._run("SELECT count(*) FROM duckdb_views() WHERE view_name = ?", [table])
+        return bool(tables[0][0] or views[0][0])
+
+    def _write_catalog(self, value: TiledValue) -> None:
+        self._run(f"DELETE FROM {CATALOG} WHERE name = ?", [value.table])
+        self._run(
+            f"INSERT INTO {CATALOG} VALUES (?, ?, ?, ?, ?)",
+            [value.table, list(value.shape), value.dtype, list(value.tile), list(value.keys)],
+        )
+
+    def drop(self, name: str) -> None:
+        with self.lock, self._transaction():
+            self._run(drop_table(name).sql(dialect="duckdb"))
+            self._run(f"DELETE FROM {CATALOG} WHERE name = ?", [name])
+
+    # -- transactions -----------------------------------------------------------------------
+    class _Tx:
+        def __init__(self, run):
+            self._run = run
+            self.own = False
+
+        def __enter__(self):
+            try:
+                self._run("BEGIN TRANSACTION")
+                self.own = True
+            except duckdb.TransactionException:
+                self.own = False  # the caller's transaction holds us
+            return self
+
+        def __exit__(self, et, ev, tb):
+            if not self.own:
+                return False
+            if et is None:
+                self._run("COMMIT")
+            else:
+                try:
+                    self._run("ROLLBACK")
+                except duckdb.Error:
+                    pass
+            return False
+
+    def _transaction(self):
+        return self._Tx(self._run)
+
+    def _check_target(self, table: str, replace: bool) -> None:
+        if self.table_exists(table) and not replace:
+            raise EinsumError(f"table {table!r} already exists; pass replace=True to overwrite it")
+
+    # -- data in and out --------------------------------------------------------------------
+    def store_tiles(self, value: TiledValue, tiles: pa.Table, replace: bool = False, catalog: bool = True) -> None:
+        with self.lock:
+            self._check_target(value.table, replace)
+            view = "_eds_load"
+            self.con.register(view, tiles)
+            try:
+                with self._transaction():
+                    stmt = create_table_as(
+                        value.table,
+                        exp.select("*").from_(exp.to_table(ident(view))),
+                        temporary=value.temporary,
+                        replace=replace or value.temporary,
+                    )
+                    self._run(stmt.sql(dialect="duckdb"))
+                    if catalog:
+                        self._write_catalog(value)
+            finally:
+                self.con.unregister(view)
+
+    def read_tiles(self, value: TiledValue) -> pa.Table:
+        from ..compile import select_value
+
+        with self.lock:
+            return self.con.sql(select_value(value).sql(dialect="duckdb")).to_arrow_table()
+
+    def register_arrow(self, name: str, table: pa.Table) -> None:
+        self.con.register(name, table)
+
+    def unregister(self, name: str) -> None:
+        self.con.unregister(name)
+
+    # -- execution --------------------------------------------------------------------------
+    def execute(self, plan: Plan, replace: bool = False, catalog: bool = True) -> pa.Table | None:
+        """Run the plan's steps, one statement each, in one transaction."""
+        compiled = compile_plan(plan)
+        result = plan.result
+        with self.lock:
+            if result.table is not None and not result.temporary:
+                self._check_target(result.table, replace)
+            temps = [c.table for c in compiled[:-1]]
+            out = None
+            try:
+                with self._transaction():
+                    for k, c in enumerate(compiled):
+                        last = k == len(compiled) - 1
+                        try:
+                            if last and result.table is None:
+                                out = self.con.sql(c.sql()).to_arrow_table()
+                            else:
+                                temporary = c.temporary or (last and result.temporary)
+                                stmt = create_table_as(c.table, c.select, temporary=temporary,
+                                                       replace=temporary or (last and replace))
+                                self._run(stmt.sql(dialect="duckdb"))
+                        except duckdb.Error as e:
+                            raise ExecutionError(f"step {k} ({plan.steps[k].describe()}) failed: {e}") from e
+                    if result.table is not None and not result.temporary and catalog:
+                        self._write_catalog(result)
+                    for t in temps:
+                        self._run(drop_table(t).sql(dialect="duckdb"))
+            except BaseException:
+                for t in temps:  # temp tables are not transactional in every case: be sure
+                    try:
+                        self._run(drop_table(t).sql(dialect="duckdb"))
+                    except duckdb.Error:
+                        pass
+                raise
+        return out
+
+    def close(self) -> None:
+        if self.owns_connection:
+            self.con.close()

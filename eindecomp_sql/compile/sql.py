@@ -1,0 +1,262 @@
+"""Turn plan steps into SQL statements, one statement per step.
+
+Each step fills one of the shapes in ``sql_templates/`` with fragments rendered by sqlglot
+(every identifier quoted by sqlglot, never by string formatting) and is parsed back into a
+sqlglot AST, so the same plan prints for any dialect. Tile kernels are generic UDFs taking a
+JSON description of their step as first argument: the SQL names no per-query function, and
+``SELECT * FROM einsum(...)`` can run without registering anything at query time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+
+from ..plan import EinsumStep, Plan, RetileStep, Step, TiledValue
+from ..sql_templates import template
+
+DIALECT = "duckdb"
+TILE = "tile"
+
+
+def ident(name: str) -> exp.Identifier:
+    return exp.to_identifier(name, quoted=True)
+
+
+def col(name: str, table: str | None = None) -> exp.Column:
+    return exp.column(ident(name), table=ident(table) if table else None)
+
+
+def sql(e: exp.Expression) -> str:
+    return e.sql(dialect=DIALECT)
+
+
+def _join(parts: list[str], sep: str = ", ") -> str:
+    return sep.join(parts)
+
+
+def _key_list(cols: list[exp.Expression]) -> str:
+    """A BIGINT[] literal of key expressions (typed, so an empty list binds too)."""
+    return sql(exp.cast(exp.Array(expressions=cols), "BIGINT[]"))
+
+
+def _fill(name: str, **holes: str) -> exp.Expression:
+    return sqlglot.parse_one(template(name).format(**holes), read=DIALECT)
+
+
+def _join_spec(join) -> dict:
+    if join.func is not None:
+        return {"callable": join.func_id}
+    if join.expr is not None:
+        return {"expr": join.expr}
+    return {"name": join.name}
+
+
+def kernel_spec(step: Step) -> str:
+    """The JSON a tile kernel reads to know its step: labels, sizes, tile sizes, dtypes."""
+    if isinstance(step, RetileStep):
+        s, t = step.source, step.target
+        body = {"op": "retile", "shape": s.shape, "from": s.tile, "to": t.tile, "dtype": s.dtype}
+    else:
+        node = step.node
+        body = {
+            "op": "einsum",
+            "in": [list(op.labels) for op in node.operands],
+            "out": list(node.output),
+            "labels": list(node.labels),
+            "reduced": list(node.reduced),
+            "size": dict(node.sizes),
+            "tile": step.tile_of,
+            "join": _join_spec(node.join),
+            "agg": node.agg.name,
+            "dtypes": [v.dtype for v in step.inputs],
+            "out_dtype": step.result.dtype,
+        }
+    return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+
+def _label_columns(step: EinsumStep) -> tuple[dict[str, exp.Column], list[exp.Expression]]:
+    """The key column standing for each label, and the join conditions between occurrences."""
+    first: dict[str, exp.Column] = {}
+    conditions: list[exp.Expression] = []
+    for k, (op, value) in enumerate(zip(step.node.operands, step.inputs)):
+        kept = [key for ax, key in enumerate(value.keys) if ax not in op.dropped]
+        for lab, key in zip(op.labels, kept):
+            c = col(key, f"t{k}")
+            if lab in first:
+                conditions.append(exp.EQ(this=first[lab].copy(), expression=c))
+            else:
+                first[lab] = c
+    return first, conditions
+
+
+def _sources(step: EinsumStep) -> str:
+    return _join([sql(exp.Table(this=ident(v.table), alias=exp.TableAlias(this=ident(f"t{k}"))))
+                  for k, v in enumerate(step.inputs)])
+
+
+def _where(conditions: list[exp.Expression]) -> str:
+    if not conditions:
+        return ""
+    return "WHERE " + sql(exp.and_(*conditions))
+
+
+def _compile_einsum(step: EinsumStep) -> exp.Expression:
+    node = step.node
+    first, conditions = _label_columns(step)
+    arity = len(node.operands)
+    spec = sql(exp.Literal.string(kernel_spec(step)))
+    keys = step.result.keys
+    comma = ", " if keys else ""
+    tiles = [col(TILE, f"t{k}") for k in range(arity)]
+    if not step.grouped:
+        out_keys = _join([sql(exp.alias_(first[lab].copy(), ident(key))) for lab, key in zip(node.output, keys)])
+        return _fill(
+            "einsum_rows",
+            out_keys=out_keys,
+            comma=comma,
+            kernel=f"eds_einsum{arity}",
+            spec=spec,
+            key_list=_key_list([first[lab].copy() for lab in node.labels]),
+            tiles=_join([sql(t) for t in tiles]),
+            sources=_sources(step),
+            where=_where(conditions),
+        )
+    # grouped: name every joined column after its role, group by the output keys
+    joined = [exp.alias_(first[lab].copy(), ident(key)) for lab, key in zip(node.output, keys)]
+    joined += [exp.alias_(first[lab].copy(), ident(f"r{q}")) for q, lab in enumerate(node.reduced)]
+    joined += [exp.alias_(t, ident(f"t{k}")) for k, t in enumerate(tiles)]
+    member = exp.Struct(
+        expressions=[exp.PropertyEQ(this=ident("k"), expression=exp.Array(
+            expressions=[col(f"r{q}") for q in range(len(node.reduced))]))]
+        + [exp.PropertyEQ(this=ident(f"t{k}"), expression=col(f"t{k}")) for k in range(arity)]
+    )
+    group_by = "GROUP BY " + _join([sql(col(key)) for key in keys]) if keys else ""
+    return _fill(
+        "einsum_groups",
+        out_keys=_join([sql(col(key)) for key in keys]),
+        comma=comma,
+        kernel=f"eds_einsum_group{arity}",
+        spec=spec,
+        group_key_list=_key_list([col(key) for key in keys]),
+        member=sql(member),
+        joined_columns=_join([sql(c) for c in joined]),
+        sources=_sources(step),
+        where=_where(conditions),
+        group_by=group_by,
+    )
+
+
+def _compile_retile(step: RetileStep) -> exp.Expression:
+    s, t = step.source, step.target
+    spec = sql(exp.Literal.string(kernel_spec(step)))
+    old = [col(k) for k in s.keys]
+    new_names = [f"n{p}" for p in range(len(s.keys))]
+    # per dimension: the target tiles a source tile overlaps, lo <= n < hi
+    overlaps = sql(exp.to_table(ident(s.table)))
+    for p, (key, n, a, b) in enumerate(zip(s.keys, s.shape, s.tile, t.tile)):
+        lo = f"({sql(col(key))} * {a}) // {b}"
+        hi = f"(least(({sql(col(key))} + 1) * {a}, {n}) - 1) // {b} + 1"
+        overlaps = f"(SELECT *, unnest(range({lo}, {hi})) AS {sql(ident(new_names[p]))} FROM {overlaps}) AS o{p}"
+    piece = exp.Struct(expressions=[
+        exp.PropertyEQ(this=ident("k"), expression=exp.Array(expressions=[c.copy() for c in old])),
+        exp.PropertyEQ(this=ident("t"), expression=col("piece")),
+    ])
+    new_cols = [col(n) for n in new_names]
+    select = _fill(
+        "retile",
+        new_keys=_join([sql(c) for c in new_cols]),
+        old_keys=_join([sql(c) for c in old]),
+        spec=spec,
+        new_key_list=_key_list([c.copy() for c in new_cols]),
+        piece_struct=sql(piece),
+        slice_key_list=_key_list([c.copy() for c in old] + [c.copy() for c in new_cols]),
+        overlaps=overlaps,
+    )
+    # rename n0.. back to the tensor's key names
+    outer = exp.select(*[exp.alias_(col(n), ident(k)) for n, k in zip(new_names, t.keys)], col(TILE))
+    return outer.from_(select.subquery("retiled"))
+
+
+def compile_step(step: Step) -> exp.Expression:
+    """The SELECT computing one step's tiled result."""
+    if isinstance(step, RetileStep):
+        return _compile_retile(step)
+    return _compile_einsum(step)
+
+
+@dataclass(frozen=True)
+class CompiledStep:
+    """A step as SQL: ``select`` fills ``table`` (None: the rows are the plan's answer)."""
+
+    table: str | None
+    temporary: bool
+    select: exp.Expression
+
+    def sql(self, dialect: str = DIALECT) -> str:
+        return self.select.sql(dialect=dialect)
+
+
+def compile_plan(plan: Plan) -> list[CompiledStep]:
+    out = []
+    for step in plan.steps:
+        target = step.target if isinstance(step, RetileStep) else step.result
+        out.append(CompiledStep(target.table, target.temporary, compile_step(step)))
+    return out
+
+
+def single_query(plan: Plan) -> exp.Expression:
+    """The whole plan as one query (for SQL table functions): each step but the last is a
+    MATERIALIZED CTE named after its temporary table, the last step is the body."""
+    compiled = compile_plan(plan)
+    body = compiled[-1].select.copy()
+    ctes = [
+        exp.CTE(this=c.select.copy(), alias=exp.TableAlias(this=ident(c.table)), materialized=True)
+        for c in compiled[:-1]
+    ]
+    if ctes:
+        body.set("with_", exp.With(expressions=ctes)) if "with_" in body.arg_types else body.set(
+            "with", exp.With(expressions=ctes))
+    return body
+
+
+def select_value(value: TiledValue) -> exp.Expression:
+    return exp.select(*[col(k) for k in value.keys], col(TILE)).from_(exp.to_table(ident(value.table)))
+
+
+_VALUES_FN = {"float32": "eds_values_float32", "float64": "eds_values_float64", "int32": "eds_values_int32",
+              "int64": "eds_values_int64", "bool": "eds_values_bool"}
+
+
+def elements_query(value: TiledValue, labels: tuple[str, ...], source: exp.Expression | None = None) -> exp.Expression:
+    """One row per element of ``value``: a column per label, then ``value``."""
+    src = source.subquery("src") if source is not None else exp.to_table(ident(value.table))
+    keys = [col(k) for k in value.keys]
+    exts = [f"least({t}, {n} - {sql(k)} * {t})" for k, n, t in zip(keys, value.shape, value.tile)]
+    elements = []
+    for p, (k, lab, t) in enumerate(zip(keys, labels, value.tile)):
+        stride = " * ".join(exts[p + 1:]) or "1"
+        coord = f"{sql(k)} * {t} + (off // ({stride})) % {exts[p]}"
+        elements.append(f"{coord} AS {sql(ident(lab))}")
+    return _fill(
+        "elements",
+        element_keys="".join(e + ", " for e in elements),
+        keys=_join([sql(k) for k in keys]),
+        comma=", " if keys else "",
+        values_fn=_VALUES_FN[value.dtype],
+        source=sql(src),
+    )
+
+
+def create_table_as(table: str, select: exp.Expression, temporary: bool = False, replace: bool = False) -> exp.Expression:
+    """``CREATE [OR REPLACE] [TEMP] TABLE "table" AS select``."""
+    props = exp.Properties(expressions=[exp.TemporaryProperty()]) if temporary else None
+    return exp.Create(this=exp.to_table(ident(table)), kind="TABLE", expression=select, replace=replace,
+                      properties=props)
+
+
+def drop_table(table: str) -> exp.Expression:
+    return exp.Drop(this=exp.to_table(ident(table)), kind="TABLE", exists=True)

@@ -1,0 +1,18 @@
+"""The one exception family of eindecomp_sql.
+
+Every bad input a user can give (malformed spec, operand count or shape mismatch, unknown
+tensor name, unsupported dtype, bad join/agg, a name that tries SQL injection, an existing
+table without ``replace=True``) raises :class:`EinsumError`. It subclasses :class:`ValueError`
+so ``except ValueError`` keeps working for code written against ``numpy.einsum``.
+"""
+
+from __future__ import annotations
+
+
+class EinsumError(ValueError):
+    """Bad input to eindecomp_sql: the message says what is wrong and where."""
+
+
+def caret(text: str, pos: int) -> str:
+    """Two lines that point at character ``pos`` of ``text`` (for parse errors)."""
+    return f"    {text}\n    {' ' * pos}^"

@@ -1,0 +1,67 @@
+"""The graph IR: values (shape + dtype) and extended einsum nodes that produce them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..notation import Aggregation, JoinFunction
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    """A tensor in a graph, described by shape alone: ``name``, ``shape``, ``dtype`` (numpy name)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One input of a node: a value read with one label per kept axis.
+
+    ``dropped`` are size-1 axes the einsum broadcasts (numpy's broadcasting): they carry no
+    label, and since a size-1 axis never changes a C-order tile's bytes, dropping one is free.
+    """
+
+    value: str
+    labels: tuple[str, ...]
+    dropped: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class EinsumNode:
+    """out[output] = agg over the other labels of join(inputs...), one extended einsum."""
+
+    operands: tuple[Operand, ...]
+    output: tuple[str, ...]
+    sizes: tuple[tuple[str, int], ...]
+    join: JoinFunction
+    agg: Aggregation
+    result: ValueInfo
+
+    @property
+    def size(self) -> dict[str, int]:
+        return dict(self.sizes)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for op in self.operands:
+            seen.update(dict.fromkeys(op.labels))
+        return tuple(seen)
+
+    @property
+    def reduced(self) -> tuple[str, ...]:
+        return tuple(lab for lab in self.labels if lab not in self.output)
+
+    def describe(self) -> str:
+        lhs = ",".join("".join(_short(lab) for lab in op.labels) for op in self.operands)
+        text = f"{lhs}->{''.join(_short(lab) for lab in self.output)}"
+        if not (self.join.name == "mul" and self.agg.name == "sum"):
+            text += f" join={self.join.label} agg={self.agg.name}"
+        return text
+
+
+def _short(label: str) -> str:
+    return label if len(label) == 1 else f"[{label}]"

@@ -1,0 +1,163 @@
+"""Join functions and aggregations of the extended einsum notation.
+
+A *join* is an element-wise function of the inputs: a name (``"mul"``, ``"add"``, ``"sub"``,
+``"div"``, ``"max"``, ``"min"``, ``"pow"``; for one operand ``"exp"``, ``"log"``, ``"relu"``,
+``"neg"``, ``"square"``, ``"sqrt"``, ``"abs"``, ``"identity"``), a small scalar expression
+over the operands ``x, y, z, w`` (or ``x0, x1, ...``) such as ``"relu(x - y)"`` or
+``"where(x > y, x, 0.5 * y)"``, or a Python callable taking numpy arrays. An *aggregation*
+combines the values of the labels not in the output: ``sum``, ``max``, ``min`` or ``prod``.
+
+This module only validates and describes; ``udfs/`` turns a description into numpy code.
+
+>>> parse_join("relu(x - y)", 2).expr
+'relu(x - y)'
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import EinsumError, caret
+
+BINARY_JOINS = ("mul", "add", "sub", "div", "max", "min", "pow")
+UNARY_JOINS = ("identity", "exp", "log", "relu", "neg", "square", "sqrt", "abs", "sigmoid", "tanh")
+AGGREGATIONS = ("sum", "max", "min", "prod")
+
+# Functions callable inside a join expression: name -> number of arguments (None: 1 or more).
+EXPR_FUNCTIONS = {
+    "exp": 1, "log": 1, "relu": 1, "neg": 1, "square": 1, "sqrt": 1, "abs": 1, "sigmoid": 1,
+    "tanh": 1, "sin": 1, "cos": 1, "log1p": 1, "expm1": 1, "sign": 1,
+    "max": None, "min": None, "where": 3, "pow": 2,
+}
+_OPERAND_NAMES = ("x", "y", "z", "w")
+
+# (join, agg) pairs that form a commutative semiring: the join distributes over the
+# aggregation, so a many-operand einsum may be lowered to a tree of binary ones.
+SEMIRINGS = frozenset({("mul", "sum"), ("add", "max"), ("add", "min"), ("min", "max"), ("max", "min")})
+
+
+@dataclass(frozen=True)
+class JoinFunction:
+    """An element-wise join. Exactly one of ``name``, ``expr``, ``func`` is set."""
+
+    name: str | None = None
+    expr: str | None = None
+    func: Callable | None = field(default=None, compare=False)
+    func_id: int | None = None  # identity of ``func`` for equality and plan caching
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        if self.expr:
+            return f"expr({self.expr})"
+        return f"callable({getattr(self.func, '__name__', 'f')})"
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    name: str
+
+
+def operand_index(name: str) -> int | None:
+    """``x -> 0``, ``y -> 1``, ``x3 -> 3``; None for any other name."""
+    if name in _OPERAND_NAMES:
+        return _OPERAND_NAMES.index(name)
+    if len(name) > 1 and name[0] == "x" and name[1:].isdigit():
+        return int(name[1:])
+    return None
+
+
+def _check_expr(text: str, arity: int) -> None:
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as e:
+        pos = max((e.offset or 1) - 1, 0)
+        raise EinsumError(f"join expression: {e.msg}\n{caret(text, pos)}") from None
+    allowed = (
+        ast.Expression, ast.BinOp, ast.UnaryOp, ast.Compare, ast.IfExp, ast.Call, ast.Name,
+        ast.Constant, ast.Load, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.Mod,
+        ast.USub, ast.UAdd, ast.Gt, ast.GtE, ast.Lt, ast.LtE, ast.Eq, ast.NotEq, ast.BoolOp,
+        ast.And, ast.Or, ast.Not,
+    )
+    for node in ast.walk(tree):
+        pos = getattr(node, "col_offset", 0)
+        if not isinstance(node, allowed):
+            raise EinsumError(
+                f"join expression: {type(node).__name__} is not allowed (operands x, y, z, w or x0..xN, "
+                f"numbers, + - * / ** %, comparisons, if-else and {', '.join(EXPR_FUNCTIONS)})\n{caret(text, pos)}"
+            )
+        if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float, bool)):
+            raise EinsumError(f"join expression: only numeric constants are allowed\n{caret(text, pos)}")
+        if isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name) or node.func.id not in EXPR_FUNCTIONS:
+                raise EinsumError(f"join expression: unknown function\n{caret(text, pos)}")
+            want = EXPR_FUNCTIONS[node.func.id]
+            if node.keywords or (want is not None and len(node.args) != want) or not node.args:
+                raise EinsumError(
+                    f"join expression: {node.func.id}() takes {want or '1 or more'} argument(s)\n{caret(text, pos)}"
+                )
+        if isinstance(node, ast.Name) and not (isinstance(getattr(node, "_parent", None), ast.Call)):
+            pass
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and id(node) not in called:
+            k = operand_index(node.id)
+            if k is None:
+                raise EinsumError(
+                    f"join expression: unknown name {node.id!r}; operands are x, y, z, w or x0..x{arity - 1}"
+                    f"\n{caret(text, node.col_offset)}"
+                )
+            if k >= arity:
+                raise EinsumError(
+                    f"join expression uses operand {node.id!r} but the einsum has {arity} operand(s)"
+                    f"\n{caret(text, node.col_offset)}"
+                )
+
+
+def parse_join(join: str | Callable | JoinFunction | None, arity: int) -> JoinFunction:
+    """Validate a join for an einsum of ``arity`` operands."""
+    if isinstance(join, JoinFunction):
+        return join
+    if join is None:
+        join = "mul"
+    if callable(join):
+        return JoinFunction(func=join, func_id=id(join))
+    if not isinstance(join, str):
+        raise EinsumError(f"join must be a name, an expression string or a callable, got {type(join).__name__}")
+    if join in BINARY_JOINS:
+        if arity == 1 and join in ("mul", "add", "max", "min"):
+            return JoinFunction(name="identity")
+        if arity == 1 or (join in ("sub", "div", "pow") and arity != 2):
+            raise EinsumError(f"join {join!r} needs 2 operands, the einsum has {arity}")
+        return JoinFunction(name=join)
+    if join in UNARY_JOINS:
+        if arity != 1:
+            raise EinsumError(
+                f"join {join!r} is unary but the einsum has {arity} operands; write an expression "
+                f"such as '{join}(x * y)'"
+            )
+        return JoinFunction(name=join)
+    if join.isidentifier() and join not in _OPERAND_NAMES and operand_index(join) is None:
+        raise EinsumError(
+            f"unknown join {join!r}: use one of {', '.join(BINARY_JOINS + UNARY_JOINS)}, "
+            "an expression over x, y, z, w, or a callable"
+        )
+    _check_expr(join, arity)
+    return JoinFunction(expr=join)
+
+
+def parse_agg(agg: str | Aggregation | None) -> Aggregation:
+    if isinstance(agg, Aggregation):
+        return agg
+    if agg is None:
+        agg = "sum"
+    if agg not in AGGREGATIONS:
+        raise EinsumError(f"unknown agg {agg!r}: use one of {', '.join(AGGREGATIONS)}")
+    return Aggregation(agg)
+
+
+def is_semiring(join: JoinFunction, agg: Aggregation) -> bool:
+    return (join.name, agg.name) in SEMIRINGS

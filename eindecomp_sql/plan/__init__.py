@@ -1,0 +1,22 @@
+"""Plan: tilings, chunk choices and the frozen list of steps the compiler turns into SQL.
+
+Pure: sees labels, sizes, dtypes and tile shapes, never data or a connection.
+"""
+
+from .planner import plan_nodes
+from .steps import EinsumStep, Plan, RetileStep, Step, TiledValue
+from .tiling import DEFAULT_TILE_BYTES, auto_tile, check_tile, extent, grid
+
+__all__ = [
+    "DEFAULT_TILE_BYTES",
+    "EinsumStep",
+    "Plan",
+    "RetileStep",
+    "Step",
+    "TiledValue",
+    "auto_tile",
+    "check_tile",
+    "extent",
+    "grid",
+    "plan_nodes",
+]

@@ -1,0 +1,56 @@
+"""Tile arithmetic. A dimension of size n cut into tiles of size t has ceil(n/t) pieces; the
+piece with key q covers [q*t, min((q+1)*t, n)). Edge pieces are smaller, never padded: padding
+with zeros would be wrong for max, min and prod aggregations.
+
+>>> grid((10, 4), (4, 4))
+(3, 1)
+>>> extent(10, 4, 2)
+2
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import EinsumError
+
+# Tiles are the unit one kernel call works on and one DuckDB row carries. Measured on 2 cores
+# (docs/DESIGN.md): every byte that crosses DuckDB <-> Arrow costs ~1 ns, so fewer, larger
+# tiles win until a tile no longer fits comfortably in memory; 64 MiB keeps a 4096² float32
+# matrix in one tile and the kernels split large tiles across workers themselves.
+DEFAULT_TILE_BYTES = 64 << 20
+
+
+def grid(shape: tuple[int, ...], tile: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(-(-n // t) for n, t in zip(shape, tile))
+
+
+def extent(n: int, t: int, key: int) -> int:
+    return min(t, n - key * t)
+
+
+def auto_tile(shape: tuple[int, ...], itemsize: int, target_bytes: int = DEFAULT_TILE_BYTES) -> tuple[int, ...]:
+    """A tile shape of at most ``target_bytes``: halve the longest tile side until it fits.
+
+    Halving keeps tile sides powers-of-two fractions of the shape, so tensors of equal sizes
+    get equal tilings and meet in a join without re-tiling.
+    """
+    tile = [max(int(n), 1) for n in shape]
+    while tile and math.prod(tile) * itemsize > target_bytes:
+        k = max(range(len(tile)), key=lambda a: tile[a])
+        if tile[k] == 1:
+            break
+        tile[k] = -(-tile[k] // 2)
+    return tuple(tile)
+
+
+def check_tile(shape: tuple[int, ...], tile) -> tuple[int, ...]:
+    try:
+        tile = tuple(int(t) for t in tile)
+    except TypeError:
+        raise EinsumError(f"tile must be a tuple of ints, one per dimension, got {tile!r}") from None
+    if len(tile) != len(shape):
+        raise EinsumError(f"tile {tile} has {len(tile)} dimension(s) but the tensor has shape {shape}")
+    if any(t < 1 for t in tile):
+        raise EinsumError(f"tile {tile}: every tile side must be >= 1")
+    return tuple(min(t, max(n, 1)) for t, n in zip(tile, shape))

@@ -1,0 +1,188 @@
+"""numpy kernels over tiles: extended einsum on one tile tuple, group contraction, re-tiling.
+
+A kernel is built once per step description (the JSON the compiler puts in the SQL) and
+cached; each UDF call then only computes tile shapes from keys and runs numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from functools import lru_cache
+from typing import Callable
+
+import numpy as np
+
+from eindecomp_sql.notation.functions import JoinFunction
+from eindecomp_sql.notation.numpy_impl import AGG_UFUNC, join_callable
+
+# join callables given by users, by id (a plan refers to them as {"callable": id})
+CALLABLES: dict[int, Callable] = {}
+
+# Elements one task materialises at once when a join is not a plain product (for mul/sum the
+# kernel is np.einsum, i.e. BLAS, and needs no blocking): 4M elements = 32 MB of float64.
+BLOCK_ELEMENTS = 1 << 22
+# Do not split a tile's work across workers below this many element-operations.
+MIN_SPLIT_WORK = 1 << 18
+
+
+def _join_function(d: dict) -> JoinFunction:
+    if "callable" in d:
+        return JoinFunction(func=CALLABLES[d["callable"]], func_id=d["callable"])
+    if "expr" in d:
+        return JoinFunction(expr=d["expr"])
+    return JoinFunction(name=d["name"])
+
+
+class EinsumKernel:
+    """out[out labels] = agg over reduced labels of join(tiles...), for tiles of any extents."""
+
+    def __init__(self, spec: dict):
+        self.inputs = [tuple(x) for x in spec["in"]]
+        self.output = tuple(spec["out"])
+        self.labels = tuple(spec["labels"])
+        self.reduced = tuple(spec["reduced"])
+        self.size = spec["size"]
+        self.tile = spec["tile"]
+        self.dtypes = [np.dtype(d) for d in spec["dtypes"]]
+        self.out_dtype = np.dtype(spec["out_dtype"])
+        self.agg = AGG_UFUNC[spec["agg"]]
+        jd = spec["join"]
+        self.fast = jd.get("name") == "mul" and spec["agg"] == "sum"
+        self.join = join_callable(_join_function(jd))
+        letters = {lab: string.ascii_letters[k] for k, lab in enumerate(self.labels)}
+        self.letters = letters
+        self.np_spec = ",".join("".join(letters[lab] for lab in x) for x in self.inputs) + "->" + "".join(
+            letters[lab] for lab in self.output
+        )
+        self.all = self.output + self.reduced
+        self._diag = []
+        for x in self.inputs:
+            uniq = tuple(dict.fromkeys(x))
+            diag = None
+            if len(uniq) != len(x):
+                diag = "".join(letters[lab] for lab in x) + "->" + "".join(letters[lab] for lab in uniq)
+            perm = [uniq.index(lab) for lab in self.all if lab in uniq]
+            self._diag.append((uniq, diag, perm))
+
+    # -- shapes -----------------------------------------------------------------------------
+    def extents(self, keys: dict[str, int]) -> dict[str, int]:
+        return {lab: min(self.tile[lab], self.size[lab] - keys.get(lab, 0) * self.tile[lab]) for lab in self.labels}
+
+    def in_shapes(self, ext: dict[str, int]) -> list[tuple[int, ...]]:
+        return [tuple(ext[lab] for lab in x) for x in self.inputs]
+
+    def out_shape(self, ext: dict[str, int]) -> tuple[int, ...]:
+        return tuple(ext[lab] for lab in self.output)
+
+    # -- evaluation -------------------------------------------------------------------------
+    def contract(self, tiles: list[np.ndarray], out: np.ndarray, accumulate: bool) -> None:
+        """Compute into ``out`` (or combine into it with the aggregation if ``accumulate``)."""
+        if self.fast:
+            r = np.einsum(self.np_spec, *tiles, optimize=len(tiles) > 1)
+            if accumulate:
+                np.add(out, r, out=out, casting="unsafe")
+            else:
+                np.copyto(out, r, casting="unsafe")
+            return
+        part = self._general(tiles)
+        if accumulate:
+            self.agg(out, part, out=out, casting="unsafe")
+        else:
+            np.copyto(out, part, casting="unsafe")
+
+    def _aligned(self, tiles: list[np.ndarray]) -> list[np.ndarray]:
+        """Each operand with its diagonals taken, axes in ``self.all`` order, 1 where absent."""
+        xs = []
+        for x, (uniq, diag, perm) in zip(tiles, self._diag):
+            if diag is not None:
+                x = np.einsum(diag, x)
+            x = x.transpose(perm)
+            shape = []
+            it = iter(x.shape)
+            for lab in self.all:
+                shape.append(next(it) if lab in uniq else 1)
+            xs.append(x.reshape(shape))
+        return xs
+
+    def _general(self, tiles: list[np.ndarray]) -> np.ndarray:
+        xs = self._aligned(tiles)
+        full = [max(x.shape[a] for x in xs) for a in range(len(self.all))]
+        n_out = len(self.output)
+        red_axes = tuple(range(n_out, len(self.all)))
+        if not red_axes:
+            return np.broadcast_to(np.asarray(self.join(*xs)), full)
+        # block over the longest reduced axis so no task holds the whole join space
+        axis = max(red_axes, key=lambda a: full[a])
+        others = int(np.prod([full[a] for a in range(len(full)) if a != axis], dtype=np.int64))
+        step = max(1, BLOCK_ELEMENTS // max(others, 1))
+        acc = None
+        for s in range(0, full[axis], step):
+            sl = [x[(slice(None),) * axis + (slice(s, s + step),)] if x.shape[axis] != 1 else x for x in xs]
+            vals = np.asarray(self.join(*sl))
+            shape = list(full)
+            shape[axis] = min(step, full[axis] - s)
+            part = self.agg.reduce(np.broadcast_to(vals, shape), axis=red_axes)
+            acc = part if acc is None else self.agg(acc, part)
+        return acc
+
+    # -- parallel split ---------------------------------------------------------------------
+    def split(self, ext: dict[str, int], parts: int) -> list[tuple[str, int, int] | None]:
+        """Ranges of one output label to cut a tile's work into ``parts`` tasks."""
+        work = int(np.prod(list(ext.values()), dtype=np.int64))
+        if parts <= 1 or not self.output or work < MIN_SPLIT_WORK:
+            return [None]
+        lab = max(self.output, key=lambda lb: ext[lb])
+        n = ext[lab]
+        parts = min(parts, n)
+        if parts <= 1:
+            return [None]
+        bounds = [n * p // parts for p in range(parts + 1)]
+        return [(lab, bounds[p], bounds[p + 1]) for p in range(parts)]
+
+    def sliced(self, tiles: list[np.ndarray], out: np.ndarray, cut):
+        if cut is None:
+            return tiles, out
+        lab, a, b = cut
+        new_tiles = []
+        for x, labs in zip(tiles, self.inputs):
+            idx = tuple(slice(a, b) if lb == lab else slice(None) for lb in labs)
+            new_tiles.append(x[idx])
+        oidx = tuple(slice(a, b) if lb == lab else slice(None) for lb in self.output)
+        return new_tiles, out[oidx]
+
+
+@lru_cache(maxsize=512)
+def einsum_kernel(spec_json: str) -> EinsumKernel:
+    return EinsumKernel(json.loads(spec_json))
+
+
+class RetileKernel:
+    """Cut pieces out of source tiles and assemble target tiles from pieces."""
+
+    def __init__(self, spec: dict):
+        self.shape = tuple(spec["shape"])
+        self.src = tuple(spec["from"])
+        self.dst = tuple(spec["to"])
+        self.dtype = np.dtype(spec["dtype"])
+
+    def _box(self, tile: tuple[int, ...], key) -> list[tuple[int, int]]:
+        return [(k * t, min((k + 1) * t, n)) for k, t, n in zip(key, tile, self.shape)]
+
+    def src_shape(self, key) -> tuple[int, ...]:
+        return tuple(b - a for a, b in self._box(self.src, key))
+
+    def dst_shape(self, key) -> tuple[int, ...]:
+        return tuple(b - a for a, b in self._box(self.dst, key))
+
+    def overlap(self, old_key, new_key) -> list[tuple[int, int]]:
+        return [(max(a, c), min(b, d)) for (a, b), (c, d) in zip(self._box(self.src, old_key), self._box(self.dst, new_key))]
+
+    def piece_index(self, old_key, new_key, relative_to: str) -> tuple[slice, ...]:
+        box = self._box(self.src if relative_to == "src" else self.dst, old_key if relative_to == "src" else new_key)
+        return tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(self.overlap(old_key, new_key), box))
+
+
+@lru_cache(maxsize=512)
+def retile_kernel(spec_json: str) -> RetileKernel:
+    return RetileKernel(json.loads(spec_json))

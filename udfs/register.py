@@ -1,0 +1,189 @@
+"""The Arrow UDFs, and their registration on a DuckDB connection.
+
+All are generic: the first argument is the step's JSON description (a constant in the SQL), so
+one registration per connection serves every plan, including plans built inside a query by
+``SELECT * FROM einsum(...)``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from .kernels import einsum_kernel, retile_kernel
+from .pool import WORKERS, run_tasks
+from .tiles import TileWriter, _as_array, blob_views, tile_view
+
+MAX_ARITY = 8
+VALUE_TYPES = {"float32": "FLOAT", "float64": "DOUBLE", "int32": "INTEGER", "int64": "BIGINT", "bool": "BOOLEAN"}
+
+
+def _spec(arr) -> str:
+    arr = _as_array(arr)
+    first = arr[0].as_py()
+    if len(arr) > 1 and arr[len(arr) - 1].as_py() != first:
+        raise ValueError("eindecomp_sql kernel: one call got rows of different steps")
+    return first
+
+
+def _key_rows(arr) -> list[np.ndarray]:
+    arr = _as_array(arr)
+    values = arr.values.to_numpy(zero_copy_only=False)
+    offsets = arr.offsets.to_numpy()
+    return [values[offsets[i]:offsets[i + 1]] for i in range(len(arr))]
+
+
+def _tasks_for(kernel, items: list[tuple[dict, Callable]]) -> list:
+    """Split work items (extents, fn(cut)) into tasks: one per item when there are at least as
+    many items as workers, else each item cut along an output label."""
+    parts = 1 if len(items) >= WORKERS else -(-WORKERS // max(len(items), 1))
+    tasks = []
+    for ext, fn in items:
+        for cut in kernel.split(ext, parts):
+            tasks.append((lambda f, c: (lambda: f(c)))(fn, cut))
+    return tasks
+
+
+def einsum_rows(spec_arr, keys_arr, *tile_arrs) -> pa.Array:
+    """One output tile per row: keys give every label's key, tiles are the operands' tiles."""
+    kernel = einsum_kernel(_spec(spec_arr))
+    keys = _key_rows(keys_arr)
+    views = [blob_views(a) for a in tile_arrs]
+    exts = [kernel.extents(dict(zip(kernel.labels, k.tolist()))) for k in keys]
+    writer = TileWriter(kernel.out_dtype, [kernel.out_shape(e) for e in exts])
+    items = []
+    for r, ext in enumerate(exts):
+        tiles = [tile_view(v[r], dt, s) for v, dt, s in zip(views, kernel.dtypes, kernel.in_shapes(ext))]
+
+        def fn(cut, tiles=tiles, r=r):
+            t, o = kernel.sliced(tiles, writer.out(r), cut)
+            kernel.contract(t, o, accumulate=False)
+
+        items.append((ext, fn))
+    run_tasks(_tasks_for(kernel, items))
+    return writer.array()
+
+
+def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
+    """One output tile per group: every member is one joined row (keys of the reduced labels
+    and one tile per operand); the kernel contracts them all and aggregates in place."""
+    kernel = einsum_kernel(_spec(spec_arr))
+    gkeys = _key_rows(group_keys_arr)
+    members = _as_array(members_arr)
+    offsets = members.offsets.to_numpy()
+    structs = members.values
+    mkeys = _key_rows(structs.field("k"))
+    views = [blob_views(structs.field(f"t{k}")) for k in range(len(kernel.inputs))]
+    base = [dict(zip(kernel.output, g.tolist())) for g in gkeys]
+    writer = TileWriter(kernel.out_dtype, [kernel.out_shape(kernel.extents(b)) for b in base])
+    items = []
+    for g, b in enumerate(base):
+        rows = range(offsets[g], offsets[g + 1])
+        member_tiles = []
+        for m in rows:
+            ext = kernel.extents({**b, **dict(zip(kernel.reduced, mkeys[m].tolist()))})
+            member_tiles.append([tile_view(v[m], dt, s) for v, dt, s in zip(views, kernel.dtypes, kernel.in_shapes(ext))])
+
+        def fn(cut, member_tiles=member_tiles, g=g):
+            for q, tiles in enumerate(member_tiles):
+                t, o = kernel.sliced(tiles, writer.out(g), cut)
+                kernel.contract(t, o, accumulate=q > 0)
+
+        # work of a group: its extents with the reduced labels summed over members
+        ext = kernel.extents(b)
+        ext = {**ext, "__members": len(rows)}
+        items.append((ext, fn))
+    run_tasks(_tasks_for(kernel, items))
+    return writer.array()
+
+
+def retile_slice(spec_arr, keys_arr, tile_arr) -> pa.Array:
+    """The piece of a source tile that falls in one target tile (keys: old..., new...)."""
+    kernel = retile_kernel(_spec(spec_arr))
+    nd = len(kernel.shape)
+    keys = [k.tolist() for k in _key_rows(keys_arr)]
+    views = blob_views(tile_arr)
+    shapes, sources = [], []
+    for k, raw in zip(keys, views):
+        old, new = k[:nd], k[nd:]
+        src = tile_view(raw, kernel.dtype, kernel.src_shape(old))
+        piece = src[kernel.piece_index(old, new, "src")]
+        shapes.append(piece.shape)
+        sources.append(piece)
+    writer = TileWriter(kernel.dtype, shapes)
+    for r, piece in enumerate(sources):
+        writer.out(r)[...] = piece
+    return writer.array()
+
+
+def retile_assemble(spec_arr, keys_arr, members_arr) -> pa.Array:
+    """A target tile from its pieces (each with its source tile's key)."""
+    kernel = retile_kernel(_spec(spec_arr))
+    keys = [k.tolist() for k in _key_rows(keys_arr)]
+    members = _as_array(members_arr)
+    offsets = members.offsets.to_numpy()
+    structs = members.values
+    mkeys = [k.tolist() for k in _key_rows(structs.field("k"))]
+    views = blob_views(structs.field("t"))
+    writer = TileWriter(kernel.dtype, [kernel.dst_shape(k) for k in keys])
+    for g, new in enumerate(keys):
+        out = writer.out(g)
+        for m in range(offsets[g], offsets[g + 1]):
+            old = mkeys[m]
+            idx = kernel.piece_index(old, new, "dst")
+            out[idx] = tile_view(views[m], kernel.dtype, tuple(s.stop - s.start for s in idx))
+    return writer.array()
+
+
+def _values(dtype: str):
+    dt = np.dtype(dtype)
+    arrow_type = pa.from_numpy_dtype(dt)
+
+    def values(tile_arr) -> pa.Array:
+        arr = _as_array(tile_arr)
+        views = blob_views(arr)
+        counts = np.array([v.nbytes // dt.itemsize for v in views], dtype=np.int64)
+        offsets = np.zeros(len(views) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        flat = np.concatenate([v.view(dt) for v in views]) if views else np.empty(0, dt)
+        return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat, type=arrow_type))
+
+    return values
+
+
+def _with_arity(fn: Callable, names: list[str]) -> Callable:
+    """DuckDB checks a UDF's parameter count: give a *args kernel a fixed signature."""
+    import inspect
+
+    def wrapper(*args):
+        return fn(*args)
+
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in names]
+    wrapper.__signature__ = inspect.Signature(params)
+    wrapper.__name__ = fn.__name__
+    return wrapper
+
+
+def register_kernels(con) -> None:
+    """Register every tile UDF on ``con`` (idempotent per connection)."""
+    import duckdb
+
+    blob = duckdb.sqltype("BLOB")
+    text = duckdb.sqltype("VARCHAR")
+    keys = duckdb.list_type(duckdb.sqltype("BIGINT"))
+    opts = dict(type="arrow", side_effects=False)
+    for n in range(1, MAX_ARITY + 1):
+        rows = _with_arity(einsum_rows, ["spec", "keys"] + [f"t{k}" for k in range(n)])
+        con.create_function(f"eds_einsum{n}", rows, [text, keys] + [blob] * n, blob, **opts)
+        member = duckdb.struct_type({"k": keys, **{f"t{k}": blob for k in range(n)}})
+        con.create_function(f"eds_einsum_group{n}", einsum_groups, [text, keys, duckdb.list_type(member)], blob, **opts)
+    con.create_function("eds_slice", retile_slice, [text, keys, blob], blob, **opts)
+    piece = duckdb.struct_type({"k": keys, "t": blob})
+    con.create_function("eds_assemble", retile_assemble, [text, keys, duckdb.list_type(piece)], blob, **opts)
+    for name, sqltype in VALUE_TYPES.items():
+        con.create_function(
+            f"eds_values_{name}", _values(name), [blob], duckdb.list_type(duckdb.sqltype(sqltype)), **opts
+        )
+

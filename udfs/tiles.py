@@ -1,0 +1,102 @@
+"""Tiles as bytes: zero-copy numpy views of Arrow binary columns, and Arrow binary columns
+written straight from one numpy buffer. A tile is the raw C-order bytes of a dense array."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+
+def _as_array(arr) -> pa.Array:
+    if isinstance(arr, pa.ChunkedArray):
+        return arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    return arr
+
+
+def blob_views(arr) -> list[memoryview | np.ndarray]:
+    """One uint8 numpy view per element of a binary / large_binary / binary_view array."""
+    arr = _as_array(arr)
+    t = arr.type
+    n = len(arr)
+    if pa.types.is_binary_view(t) or pa.types.is_string_view(t):
+        arr = arr.cast(pa.large_binary())
+        t = arr.type
+    bufs = arr.buffers()
+    off_dtype = np.int64 if pa.types.is_large_binary(t) else np.int32
+    offsets = np.frombuffer(bufs[1], dtype=off_dtype, count=n + 1, offset=arr.offset * off_dtype().itemsize)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.empty(0, np.uint8)
+    return [data[offsets[i]:offsets[i + 1]] for i in range(n)]
+
+
+def tile_view(raw: np.ndarray, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Read-only view of one tile's bytes as an array of ``shape``."""
+    count = int(np.prod(shape, dtype=np.int64))
+    if raw.nbytes != count * dtype.itemsize:
+        raise ValueError(f"tile holds {raw.nbytes} bytes, expected {count} x {dtype} for shape {shape}")
+    return raw.view(dtype).reshape(shape)
+
+
+class TileWriter:
+    """One output buffer for a batch of tiles of known shapes; ``array()`` wraps it in Arrow
+    without copying."""
+
+    def __init__(self, dtype: np.dtype, shapes: list[tuple[int, ...]]):
+        self.dtype = np.dtype(dtype)
+        counts = np.array([int(np.prod(s, dtype=np.int64)) for s in shapes], dtype=np.int64)
+        self.offsets = np.zeros(len(shapes) + 1, dtype=np.int64)
+        np.cumsum(counts * self.dtype.itemsize, out=self.offsets[1:])
+        self.buffer = np.empty(int(self.offsets[-1]), dtype=np.uint8)
+        self.shapes = shapes
+
+    def out(self, k: int) -> np.ndarray:
+        a, b = self.offsets[k], self.offsets[k + 1]
+        return self.buffer[a:b].view(self.dtype).reshape(self.shapes[k])
+
+    def array(self) -> pa.Array:
+        return pa.Array.from_buffers(
+            pa.large_binary(), len(self.shapes), [None, pa.py_buffer(self.offsets), pa.py_buffer(self.buffer)]
+        )
+
+
+def tiles_to_arrow(tiles: list[np.ndarray]) -> pa.Array:
+    """Pack C-order tiles into one large_binary array (one copy, into one buffer)."""
+    if len(tiles) == 1 and tiles[0].flags.c_contiguous:
+        t = tiles[0]
+        offsets = np.array([0, t.nbytes], dtype=np.int64)
+        return pa.Array.from_buffers(pa.large_binary(), 1, [None, pa.py_buffer(offsets), pa.py_buffer(t.reshape(-1).view(np.uint8))])
+    w = TileWriter(tiles[0].dtype if tiles else np.uint8, [t.shape for t in tiles])
+    for k, t in enumerate(tiles):
+        w.out(k)[...] = t
+    return w.array()
+
+
+def tiles_from_array(array: np.ndarray, tile: tuple[int, ...], keys: tuple[str, ...]) -> pa.Table:
+    """Cut ``array`` into C-order tiles: a table of one int64 key column per dimension + tile."""
+    shape = array.shape
+    grid = [-(-n // t) for n, t in zip(shape, tile)]
+    coords = np.indices(grid).reshape(len(grid), -1).T if grid else np.zeros((1, 0), dtype=np.int64)
+    tiles = []
+    for c in coords:
+        idx = tuple(slice(k * t, min((k + 1) * t, n)) for k, t, n in zip(c, tile, shape))
+        tiles.append(array[idx])
+    if len(tiles) == 1:
+        tiles = [np.ascontiguousarray(tiles[0])]
+    cols = {k: pa.array(coords[:, p].astype(np.int64)) for p, k in enumerate(keys)}
+    cols["tile"] = tiles_to_arrow(tiles)
+    return pa.table(cols)
+
+
+def array_from_tiles(table: pa.Table, shape, tile, dtype, keys) -> np.ndarray:
+    """Assemble the dense array from a tiled table (any row order)."""
+    dtype = np.dtype(dtype)
+    out = np.empty(shape, dtype=dtype)
+    if table.num_rows == 0:
+        return out
+    key_cols = [table.column(k).to_numpy() for k in keys]
+    views = blob_views(table.column("tile"))
+    for r, raw in enumerate(views):
+        idx = tuple(
+            slice(int(kc[r]) * t, min((int(kc[r]) + 1) * t, n)) for kc, t, n in zip(key_cols, tile, shape)
+        )
+        out[idx] = tile_view(raw, dtype, tuple(s.stop - s.start for s in idx))
+    return out
