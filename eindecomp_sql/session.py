@@ -6,6 +6,7 @@ Holds no planning or SQL logic of its own: it resolves operands, calls parse -> 
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import re
 import threading
@@ -296,11 +297,21 @@ _default_lock = threading.Lock()
 
 
 def default_session() -> Session:
+    """The in-memory session ``eds.einsum`` runs on: opened once (a connection costs ~30 ms),
+    closed at exit."""
     global _default
     with _default_lock:
         if _default is None:
             _default = Session()
+            atexit.register(_close_default)
         return _default
+
+
+def _close_default() -> None:
+    global _default
+    if _default is not None:
+        _default.close()
+        _default = None
 
 
 def connect(database=None, **kwargs) -> Session:

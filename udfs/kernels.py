@@ -79,6 +79,9 @@ class EinsumKernel:
     def contract(self, tiles: list[np.ndarray], out: np.ndarray, accumulate: bool) -> None:
         """Compute into ``out`` (or combine into it with the aggregation if ``accumulate``)."""
         if self.fast:
+            # np.einsum computes in the promoted dtype of all operands; cast first so a bool
+            # operand next to a float one counts instead of OR-ing (as optimize=True would)
+            tiles = [t if t.dtype == self.out_dtype else t.astype(self.out_dtype) for t in tiles]
             r = np.einsum(self.np_spec, *tiles, optimize=len(tiles) > 1)
             if accumulate:
                 np.add(out, r, out=out, casting="unsafe")

@@ -11,7 +11,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from ..compile import compile_plan, create_table_as, drop_table
-from ..compile.sql import ident
+from ..compile.sql import table
 from ..errors import EinsumError
 from ..plan import Plan, TiledValue
 from ..sql_templates import template
@@ -146,7 +146,7 @@ class DuckDBBackend:
                 with self._transaction():
                     stmt = create_table_as(
                         value.table,
-                        exp.select("*").from_(exp.to_table(ident(view))),
+                        exp.select("*").from_(table(view)),
                         temporary=value.temporary,
                         replace=replace or value.temporary,
                     )

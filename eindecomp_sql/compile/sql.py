@@ -26,8 +26,12 @@ def ident(name: str) -> exp.Identifier:
     return exp.to_identifier(name, quoted=True)
 
 
-def col(name: str, table: str | None = None) -> exp.Column:
-    return exp.column(ident(name), table=ident(table) if table else None)
+def col(name: str, of: str | None = None) -> exp.Column:
+    return exp.column(ident(name), table=ident(of) if of else None)
+
+
+def table(name: str) -> exp.Table:
+    return exp.Table(this=ident(name))
 
 
 def sql(e: exp.Expression) -> str:
@@ -156,7 +160,7 @@ def _compile_retile(step: RetileStep) -> exp.Expression:
     old = [col(k) for k in s.keys]
     new_names = [f"n{p}" for p in range(len(s.keys))]
     # per dimension: the target tiles a source tile overlaps, lo <= n < hi
-    overlaps = sql(exp.to_table(ident(s.table)))
+    overlaps = sql(table(s.table))
     for p, (key, n, a, b) in enumerate(zip(s.keys, s.shape, s.tile, t.tile)):
         lo = f"({sql(col(key))} * {a}) // {b}"
         hi = f"(least(({sql(col(key))} + 1) * {a}, {n}) - 1) // {b} + 1"
@@ -224,7 +228,7 @@ def single_query(plan: Plan) -> exp.Expression:
 
 
 def select_value(value: TiledValue) -> exp.Expression:
-    return exp.select(*[col(k) for k in value.keys], col(TILE)).from_(exp.to_table(ident(value.table)))
+    return exp.select(*[col(k) for k in value.keys], col(TILE)).from_(table(value.table))
 
 
 _VALUES_FN = {"float32": "eds_values_float32", "float64": "eds_values_float64", "int32": "eds_values_int32",
@@ -233,7 +237,7 @@ _VALUES_FN = {"float32": "eds_values_float32", "float64": "eds_values_float64", 
 
 def elements_query(value: TiledValue, labels: tuple[str, ...], source: exp.Expression | None = None) -> exp.Expression:
     """One row per element of ``value``: a column per label, then ``value``."""
-    src = source.subquery("src") if source is not None else exp.to_table(ident(value.table))
+    src = source.subquery("src") if source is not None else table(value.table)
     keys = [col(k) for k in value.keys]
     exts = [f"least({t}, {n} - {sql(k)} * {t})" for k, n, t in zip(keys, value.shape, value.tile)]
     elements = []
@@ -251,12 +255,12 @@ def elements_query(value: TiledValue, labels: tuple[str, ...], source: exp.Expre
     )
 
 
-def create_table_as(table: str, select: exp.Expression, temporary: bool = False, replace: bool = False) -> exp.Expression:
+def create_table_as(name: str, select: exp.Expression, temporary: bool = False, replace: bool = False) -> exp.Expression:
     """``CREATE [OR REPLACE] [TEMP] TABLE "table" AS select``."""
     props = exp.Properties(expressions=[exp.TemporaryProperty()]) if temporary else None
-    return exp.Create(this=exp.to_table(ident(table)), kind="TABLE", expression=select, replace=replace,
+    return exp.Create(this=table(name), kind="TABLE", expression=select, replace=replace,
                       properties=props)
 
 
-def drop_table(table: str) -> exp.Expression:
-    return exp.Drop(this=exp.to_table(ident(table)), kind="TABLE", exists=True)
+def drop_table(name: str) -> exp.Expression:
+    return exp.Drop(tables=[table(name)], kind="TABLE", exists=True)

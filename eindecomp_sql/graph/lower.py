@@ -16,10 +16,10 @@ from ..notation.numpy_impl import result_dtype
 from .node import EinsumNode, Operand, ValueInfo
 
 
-def _node(operands, output, sizes, join, agg, dtypes, name) -> EinsumNode:
+def _node(operands, output, sizes, join, agg, dtypes, name, dtype=None) -> EinsumNode:
     labels = {lab for op in operands for lab in op.labels}
     reduces = bool(labels - set(output))
-    dtype = result_dtype(join, agg, dtypes, reduces)
+    dtype = dtype or result_dtype(join, agg, dtypes, reduces)
     shape = tuple(sizes[lab] for lab in output)
     used = tuple(sorted((lab, sizes[lab]) for lab in labels | set(output)))
     return EinsumNode(tuple(operands), tuple(output), used, join, agg, ValueInfo(name, shape, str(dtype)))
@@ -47,6 +47,8 @@ def lower_einsum(
     shapes = [tuple(sizes[lab] for lab in op.labels) for op in operands]
     path, _ = opt_einsum.contract_path(text, *shapes, shapes=True, optimize="auto")
 
+    # like np.einsum, compute every step of a product in the promoted dtype of all operands
+    dtype = result_dtype(join, agg, list(dtypes.values()), True)
     nodes: list[EinsumNode] = []
     live = list(operands)
     for step, positions in enumerate(path):
@@ -63,11 +65,11 @@ def lower_einsum(
                 seen.update(dict.fromkeys(lab for lab in op.labels if lab in needed))
             out = tuple(seen)
             name = f"{temp_prefix}{step}"
-        node = _node(picked, out, sizes, join, agg, [dtypes[op.value] for op in picked], name)
+        node = _node(picked, out, sizes, join, agg, [dtypes[op.value] for op in picked], name, dtype)
         dtypes[name] = node.result.dtype
         nodes.append(node)
         live.append(Operand(name, out))
     if not nodes or nodes[-1].result.name != result_name:  # a path of zero steps: one operand
-        nodes.append(_node(live, spec.output, sizes, join, agg, [dtypes[op.value] for op in live], result_name))
+        nodes.append(_node(live, spec.output, sizes, join, agg, [dtypes[op.value] for op in live], result_name, dtype))
     return nodes
 

@@ -128,9 +128,8 @@ def parse_join(join: str | Callable | JoinFunction | None, arity: int) -> JoinFu
     if not isinstance(join, str):
         raise EinsumError(f"join must be a name, an expression string or a callable, got {type(join).__name__}")
     if join in BINARY_JOINS:
-        if arity == 1 and join in ("mul", "add", "max", "min"):
-            return JoinFunction(name="identity")
-        if arity == 1 or (join in ("sub", "div", "pow") and arity != 2):
+        # with one operand mul/add/max/min fold over a single value: the identity
+        if join in ("sub", "div", "pow") and arity != 2:
             raise EinsumError(f"join {join!r} needs 2 operands, the einsum has {arity}")
         return JoinFunction(name=join)
     if join in UNARY_JOINS:

@@ -1,0 +1,45 @@
+import os
+
+import numpy as np
+
+from hypothesis import HealthCheck, settings
+
+
+
+settings.register_profile(
+    "default",
+    deadline=None,
+    max_examples=int(os.environ.get("EDS_EXAMPLES", "60")),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("default")
+
+DTYPES = ["float32", "float64", "int32", "int64", "bool"]
+
+
+
+
+def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    """Random values that never are all zeros or ones; small ints so products don't overflow."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if dtype.kind == "i":
+        return rng.integers(-4, 5, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, scale: np.ndarray | None = None):
+    got = np.asarray(got)
+    want = np.asarray(want)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    if want.dtype.kind in "biu":
+        np.testing.assert_array_equal(got, want)
+        return
+    eps = 1e-4 if want.dtype == np.float32 else 1e-10
+    bound = eps * (np.abs(scale) if scale is not None else np.abs(want)) + eps
+    both_nan = np.isnan(got) & np.isnan(want)
+    same_inf = np.isinf(want) & (got == want)
+    ok = both_nan | same_inf | (np.abs(got - want) <= bound)
+    assert ok.all(), f"max abs error {np.nanmax(np.abs(got - want))}; got\n{got}\nwant\n{want}"

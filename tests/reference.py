@@ -1,0 +1,48 @@
+"""A plain numpy reference for the extended einsum, written independently of the kernels:
+take diagonals, broadcast every operand over all labels, apply the join, reduce the rest."""
+
+from functools import reduce
+
+import numpy as np
+
+AGG = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+JOIN = {
+    "mul": np.multiply, "add": np.add, "sub": np.subtract, "div": np.true_divide,
+    "max": np.maximum, "min": np.minimum,
+}
+UNARY = {
+    "exp": np.exp, "log": np.log, "relu": lambda x: np.maximum(x, np.zeros((), x.dtype)), "neg": np.negative,
+    "square": np.square, "sqrt": np.sqrt, "abs": np.abs,
+}
+
+
+def reference(spec: str, *arrays, join="mul", agg="sum"):
+    if join == "mul" and agg == "sum":
+        return np.einsum(spec, *arrays)
+    lhs, out = spec.split("->")
+    ins = lhs.split(",")
+    labels = list(dict.fromkeys("".join(ins) + out))
+    sizes = {}
+    for s, a in zip(ins, arrays):
+        for ch, d in zip(s, np.shape(a)):
+            sizes[ch] = max(sizes.get(ch, 1), d)
+    order = list(out) + [c for c in labels if c not in out]
+    aligned = []
+    for s, a in zip(ins, arrays):
+        a = np.asarray(a)
+        uniq = "".join(dict.fromkeys(s))
+        if uniq != s:
+            a = np.einsum(f"{s}->{uniq}", a)
+        src = "".join(c for c in order if c in uniq)
+        a = np.einsum(f"{uniq}->{src}", a)
+        shape = [a.shape[src.index(c)] if c in uniq else 1 for c in order]
+        aligned.append(a.reshape(shape))
+    if callable(join):
+        vals = join(*aligned)
+    elif join in UNARY:
+        vals = UNARY[join](aligned[0])
+    else:
+        vals = reduce(JOIN[join], aligned)
+    vals = np.broadcast_to(vals, [sizes[c] for c in order])
+    axes = tuple(range(len(out), len(order)))
+    return AGG[agg].reduce(vals, axis=axes)
