@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import EinsumError
 from .functions import Aggregation, JoinFunction, operand_index, parse_join  # noqa: F401
 
 AGG_UFUNC = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
@@ -130,7 +131,11 @@ def result_dtype(join: JoinFunction, agg: Aggregation, dtypes: list[np.dtype], r
         # np.einsum keeps the promoted input dtype (bool stays bool)
         return np.result_type(*dtypes) if dtypes else np.dtype("float64")
     ones = [np.ones(2, dtype=d) for d in dtypes]
-    vals = np.asarray(join_callable(join)(*ones))
+    try:
+        with np.errstate(all="ignore"):
+            vals = np.asarray(join_callable(join)(*ones))
+    except Exception as e:  # noqa: BLE001 - a user's join failing on a probe is bad input
+        raise EinsumError(f"join {join.label} failed on a probe of dtypes {[d.name for d in dtypes]}: {e}") from e
     if reduces:
         vals = AGG_UFUNC[agg.name].reduce(np.broadcast_to(vals, (2,)), axis=0)
     return np.asarray(vals).dtype

@@ -1,0 +1,83 @@
+"""Stored tensors, the catalog, file databases and Arrow output."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+import eindecomp_sql as eds
+from helpers import DTYPES, random_array
+
+
+def test_reopen_file_database(tmp_path):
+    path = str(tmp_path / "t.duckdb")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((9, 4)).astype(np.float32)
+    b = rng.standard_normal((4, 5)).astype(np.float32)
+    with eds.connect(path) as db:
+        db.store("A", a, tile=(4, 3))
+        db.store("B", b)
+        db.einsum("ij,jk->ik", "A", "B", out="C")
+    with eds.connect(path) as db:
+        assert db.tensors() == ["A", "B", "C"]
+        C = db.tensor("C")
+        assert C.shape == (9, 5) and C.dtype == np.float32
+        np.testing.assert_allclose(C.to_numpy(), a @ b, rtol=1e-5, atol=1e-5)
+        assert db.tensor("A").tile == (4, 3)
+        # the SQL interface finds stored tensors after reopening too
+        n = db.connection.execute("SELECT count(*) FROM einsum_elements('ij,jk->ik', 'A', 'B')").fetchone()[0]
+        assert n == 45
+
+
+def test_existing_connection():
+    import duckdb
+
+    con = duckdb.connect()
+    db = eds.connect(con)
+    db.store("x", np.arange(4.0))
+    assert con.execute("SELECT count(*) FROM x").fetchone()[0] == 1
+    np.testing.assert_array_equal(db.einsum("i->", "x").to_numpy(), 6.0)
+    con.close()
+
+
+def test_arrow_layout_and_dtypes(db):
+    rng = np.random.default_rng(4)
+    for dt in DTYPES:
+        a = random_array(rng, (5, 3), dt)
+        T = db.store(f"arr_{dt}", a, tile=(2, 2), replace=True)
+        t = T.to_arrow()
+        assert t.column_names == ["d0", "d1", "tile"]
+        assert t.schema.field("d0").type == pa.int64()
+        assert t.num_rows == 3 * 2
+        np.testing.assert_array_equal(T.to_numpy(), a)
+        np.testing.assert_array_equal(np.asarray(T), a)
+        # a tile is the raw C-order bytes of its sub-array (edge tiles are smaller, not padded)
+        row = t.filter(pc.and_(pc.equal(t["d0"], 2), pc.equal(t["d1"], 1))).to_pylist()[0]
+        np.testing.assert_array_equal(np.frombuffer(row["tile"], dtype=dt).reshape(1, 1), a[4:, 2:])
+
+
+def test_result_keys_are_output_labels(db):
+    db.store("ka", np.ones((3, 4)), replace=True)
+    C = db.einsum("ij->ji", "ka", out="kc", replace=True)
+    assert C.to_arrow().column_names == ["j", "i", "tile"]
+    assert db.tensor("kc").keys == ("j", "i")
+
+
+def test_custom_keys_and_auto_tiles(db):
+    a = np.ones((300, 200), np.float64)
+    T = db.store("big", a, keys=("row", "col"), replace=True)
+    assert T.keys == ("row", "col")
+    small = eds.connect(tile_bytes=64 * 1024)
+    S = small.store("s", a)
+    assert np.prod(S.tile) * 8 <= 64 * 1024
+    np.testing.assert_array_equal(small.einsum("ij->i", S).to_numpy(), a.sum(1))
+    small.close()
+
+
+def test_temporary_results_and_drop(db):
+    a = np.arange(12.0).reshape(3, 4)
+    T = db.store("tmp_src", a, replace=True)
+    R = db.einsum("ij->j", T)
+    assert R.name.startswith("_eds_r") and R.name not in db.tensors()
+    np.testing.assert_array_equal(R.to_numpy(), a.sum(0))
+    db.drop("tmp_src")
+    assert "tmp_src" not in db.tensors()

@@ -1,0 +1,130 @@
+"""Bad input raises EinsumError (a ValueError) saying what and where; nothing is half-written."""
+
+import duckdb
+import numpy as np
+import pytest
+
+import eindecomp_sql as eds
+from eindecomp_sql import EinsumError
+
+
+@pytest.mark.parametrize(
+    "spec,shapes,match",
+    [
+        ("ij,jk->il", [(2, 3), (3, 4)], "'l' does not appear"),
+        ("ij,jk", [(2, 3), (4, 5)], "label 'j' has size 4"),
+        ("ij", [(2, 3, 4)], "operand 0 has 3 dimension"),
+        ("ij,jk", [(2, 3)], "2 operand\\(s\\) but 1"),
+        ("i$j", [(2, 3)], "invalid subscript '\\$'"),
+        ("ij->ii", [(2, 3)], "appears more than once"),
+        ("i.j", [(2, 3)], "ellipsis"),
+        ("ij->i->j", [(2, 3)], "more than one '->'"),
+        ("ij-i", [(2, 3)], "stray '-'"),
+        ("ii", [(2, 3)], "repeated in operand 0 with different sizes"),
+        ("...ij,...jk->ik", [(2, 3, 4), (2, 4, 5)], "no ellipsis"),
+    ],
+)
+def test_spec_errors(spec, shapes, match):
+    arrays = [np.ones(s) for s in shapes]
+    with pytest.raises(EinsumError, match=match):
+        eds.einsum(spec, *arrays)
+
+
+def test_parse_error_points_at_the_character():
+    with pytest.raises(EinsumError) as e:
+        eds.einsum("ab,b#->a", np.ones((2, 2)), np.ones((2, 2)))
+    lines = str(e.value).splitlines()
+    assert lines[-1].index("^") == lines[-2].index("#")
+
+
+def test_error_is_a_value_error():
+    assert issubclass(EinsumError, ValueError)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(join="nope"), "unknown join 'nope'"),
+        (dict(agg="mean"), "unknown agg 'mean'"),
+        (dict(join="exp"), "unary"),
+        (dict(join="x + q"), "unknown name 'q'"),
+        (dict(join="x.__class__"), "not allowed"),
+        (dict(join="__import__('os')"), "unknown function"),
+        (dict(join="x + z"), "operand 'z'"),
+    ],
+)
+def test_bad_join_agg(kwargs, match):
+    with pytest.raises(EinsumError, match=match):
+        eds.einsum("ij,jk->ik", np.ones((2, 2)), np.ones((2, 2)), **kwargs)
+
+
+def test_unsupported_dtype_and_non_numeric(db):
+    with pytest.raises(EinsumError, match="unsupported dtype float16"):
+        eds.einsum("ij->i", np.ones((2, 2), np.float16))
+    with pytest.raises(EinsumError, match="unsupported dtype"):
+        db.store("c", np.ones(3, np.complex64))
+    with pytest.raises(EinsumError, match="numeric"):
+        eds.einsum("i->", np.array(["a", None], dtype=object))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["A; DROP TABLE eds_catalog; --", "x\" OR 1=1", "a b", "", "1abc", "eds_catalog", "_eds_s1", None, "ä"],
+)
+def test_bad_names(db, name):
+    with pytest.raises(EinsumError, match="name"):
+        db.store(name, np.ones(2))
+    with pytest.raises(EinsumError):
+        db.tensor(name)
+    if name is not None:
+        # inside SQL the error crosses DuckDB, which re-raises it as its own error type
+        with pytest.raises(duckdb.Error, match="invalid tensor name"):
+            db.connection.execute("SELECT * FROM einsum('i->', ?)", [name]).fetchall()
+
+
+def test_unknown_tensor(db):
+    with pytest.raises(EinsumError, match="no stored tensor named 'missing'"):
+        db.einsum("ij->i", "missing")
+    with pytest.raises(duckdb.Error, match="no stored tensor named 'missing'"):
+        db.connection.sql("SELECT * FROM einsum('ij->i', 'missing')").fetchall()
+
+
+def test_failed_einsum_leaves_nothing(db):
+    db.store("fa", np.ones((3, 4)), replace=True)
+    db.store("fb", np.ones((4, 2)), replace=True)
+
+    def boom(x, y):
+        if x.size > 2:  # passes the dtype probe, fails on real tiles
+            raise RuntimeError("kernel exploded")
+        return x * y
+
+    before = set(r[0] for r in db.connection.sql("SELECT table_name FROM duckdb_tables()").fetchall())
+    with pytest.raises(EinsumError, match="kernel exploded"):
+        db.einsum("ij,jk->ik", "fa", "fb", join=boom, out="never")
+    after = set(r[0] for r in db.connection.sql("SELECT table_name FROM duckdb_tables()").fetchall())
+    assert after == before
+    assert "never" not in db.tensors()
+    # a shape error is caught before anything runs, also when the output would be new
+    with pytest.raises(EinsumError):
+        db.einsum("ij,jk->ik", "fa", "fa", out="never2")
+    assert "never2" not in db.tensors()
+
+
+def test_no_clobber_without_replace(db):
+    a = np.arange(6.0).reshape(2, 3)
+    db.store("keep", a, replace=True)
+    with pytest.raises(EinsumError, match="already exists"):
+        db.store("keep", np.zeros((2, 3)))
+    with pytest.raises(EinsumError, match="already exists"):
+        db.einsum("ij->ji", "keep", out="keep")
+    np.testing.assert_array_equal(db.tensor("keep").to_numpy(), a)
+    db.einsum("ij->ij", "keep", join="neg", out="keep2")
+    db.einsum("ij->ij", "keep", out="keep2", replace=True)
+    np.testing.assert_array_equal(db.tensor("keep2").to_numpy(), a)
+
+
+def test_bad_tile(db):
+    with pytest.raises(EinsumError, match="tile"):
+        db.store("t", np.ones((4, 4)), tile=(2,))
+    with pytest.raises(EinsumError, match="tile"):
+        db.store("t", np.ones((4, 4)), tile=(0, 2))
