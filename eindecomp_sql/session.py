@@ -11,7 +11,6 @@ import itertools
 import re
 import threading
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import pyarrow as pa
@@ -19,10 +18,7 @@ import pyarrow as pa
 from .backends.duckdb import DuckDBBackend
 from .compile import compile_plan, elements_query, single_query
 from .errors import EinsumError
-from .graph import ValueInfo, lower_einsum
-from .notation import parse_agg, parse_join, parse_spec
-from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, auto_tile, check_tile, plan_nodes
-from .udfs.kernels import CALLABLES
+from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, auto_tile, check_tile, plan_einsum
 from .udfs.tiles import array_from_tiles, tiles_from_array
 
 DTYPES = ("float32", "float64", "int32", "int64", "bool")
@@ -184,7 +180,7 @@ class Session:
     def plan(self, spec: str, *operands, join=None, agg=None, out: str | None = None, _values=None) -> Plan:
         """The plan ``einsum`` would run (operands: Tensors or names)."""
         values = _values if _values is not None else [self._operand(x, k, []) for k, x in enumerate(operands)]
-        return _plan(spec, tuple(values), parse_join(join, len(values)), parse_agg(agg), out)
+        return plan_einsum(spec, tuple(values), join, agg, out)
 
     def explain(self, spec: str, *operands, join=None, agg=None, out: str | None = None) -> str:
         """The plan and the SQL of every step."""
@@ -252,7 +248,7 @@ class Session:
             if v is None:
                 raise EinsumError(f"einsum(): no stored tensor named {name!r}")
             values.append(v)
-        p = _plan(spec, tuple(values), parse_join(None, len(values)), parse_agg(None), None)
+        p = plan_einsum(spec, tuple(values))
         query = single_query(p)
         if mode == "elements":
             query = elements_query(p.result, p.result.keys, source=query)
@@ -273,23 +269,6 @@ def _retarget(step, temporary: bool):
 
     r = step.result
     return replace(step, result=TiledValue(r.name, r.shape, r.dtype, r.tile, r.keys, r.table, temporary=temporary))
-
-
-@lru_cache(maxsize=1024)
-def _plan(spec: str, values: tuple[TiledValue, ...], join, agg, out: str | None) -> Plan:
-    """Parse, lower and plan (cached: small repeated einsums pay for planning once)."""
-    for k, v in enumerate(values):
-        check_dtype(v.dtype)
-    parsed = parse_spec(spec, [v.shape for v in values])
-    if join.func is not None:
-        CALLABLES[join.func_id] = join.func
-    infos = [ValueInfo(v.name, v.shape, v.dtype) for v in values]
-    result_name = out or "_eds_result"
-    nodes = lower_einsum(parsed, infos, join, agg, result_name)
-    # an operand used twice is the same value: the dict keeps one entry per name
-    inputs = {v.name: v for v in values}
-    keys = tuple(parsed.output)
-    return plan_nodes(nodes, inputs, out, keys)
 
 
 _default: Session | None = None

@@ -3,6 +3,7 @@
 Pure: sees labels, sizes, dtypes and tile shapes, never data or a connection.
 """
 
+from .einsum import plan_einsum
 from .planner import plan_nodes
 from .steps import EinsumStep, Plan, RetileStep, Step, TiledValue
 from .tiling import DEFAULT_TILE_BYTES, auto_tile, check_tile, extent, grid
@@ -18,5 +19,6 @@ __all__ = [
     "check_tile",
     "extent",
     "grid",
+    "plan_einsum",
     "plan_nodes",
 ]
