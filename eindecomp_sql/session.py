@@ -170,7 +170,9 @@ class Session:
         a = as_array(x, f"operand {k}")
         if any(n == 0 for n in a.shape):
             raise EinsumError(f"operand {k}: empty dimensions (shape {a.shape}) are not supported")
-        name = f"_eds_in{next(self._counter)}"
+        # a stable name per operand position (calls hold the session lock), so a repeated
+        # einsum on same-shaped arrays finds its plan and SQL in the caches
+        name = f"_eds_in{k}"
         keys = tuple(f"d{p}" for p in range(a.ndim))
         tile = auto_tile(a.shape, a.dtype.itemsize, self.tile_bytes)
         self.backend.register_arrow(name, tiles_from_array(a, tile, keys))

@@ -56,6 +56,7 @@ class EinsumKernel:
             letters[lab] for lab in self.output
         )
         self.all = self.output + self.reduced
+        self.matmul = _MatmulPlan.build(self.inputs, self.output) if self.fast and len(self.inputs) == 2 else None
         self._diag = []
         for x in self.inputs:
             uniq = tuple(dict.fromkeys(x))
@@ -82,6 +83,9 @@ class EinsumKernel:
             # np.einsum computes in the promoted dtype of all operands; cast first so a bool
             # operand next to a float one counts instead of OR-ing (as optimize=True would)
             tiles = [t if t.dtype == self.out_dtype else t.astype(self.out_dtype) for t in tiles]
+            if self.matmul is not None and not accumulate:
+                self.matmul.run(tiles[0], tiles[1], out)
+                return
             r = np.einsum(self.np_spec, *tiles, optimize=len(tiles) > 1)
             if accumulate:
                 np.add(out, r, out=out, casting="unsafe")
@@ -135,7 +139,8 @@ class EinsumKernel:
         work = int(np.prod(list(ext.values()), dtype=np.int64))
         if parts <= 1 or not self.output or work < MIN_SPLIT_WORK:
             return [None]
-        lab = max(self.output, key=lambda lb: ext[lb])
+        # the first output label long enough keeps every slice of a C-order tile contiguous
+        lab = next((lb for lb in self.output if ext[lb] >= parts), max(self.output, key=lambda lb: ext[lb]))
         n = ext[lab]
         parts = min(parts, n)
         if parts <= 1:
@@ -153,6 +158,63 @@ class EinsumKernel:
             new_tiles.append(x[idx])
         oidx = tuple(slice(a, b) if lb == lab else slice(None) for lb in self.output)
         return new_tiles, out[oidx]
+
+
+class _MatmulPlan:
+    """A binary product as one batched matmul written straight into the output tile.
+
+    Labels sort into batch (both inputs and output), m (x and output), n (y and output) and k
+    (both inputs, reduced); labels in one input only and reduced are summed first. This is what
+    np.einsum(optimize=True) does via tensordot, minus its temporary result and the copy of it
+    into the output buffer (one full pass over the output, ~10% of a 4096² GEMM here).
+    """
+
+    def __init__(self, x_pre, y_pre, x_perm, y_perm, groups, out_perm, out_labels_order):
+        self.x_pre, self.y_pre = x_pre, y_pre
+        self.x_perm, self.y_perm = x_perm, y_perm
+        self.groups = groups  # lengths of (batch, m, k, n)
+        self.out_perm = out_perm  # None when the output is already in batch, m, n order
+
+    @classmethod
+    def build(cls, inputs, output):
+        x, y = inputs
+        if len(set(x)) != len(x) or len(set(y)) != len(y):
+            return None  # diagonals: leave to np.einsum
+        out = set(output)
+        batch = [lab for lab in output if lab in x and lab in y]
+        m = [lab for lab in output if lab in x and lab not in y]
+        n = [lab for lab in output if lab in y and lab not in x]
+        k = [lab for lab in x if lab in y and lab not in out]
+        x_pre = tuple(ax for ax, lab in enumerate(x) if lab not in y and lab not in out)
+        y_pre = tuple(ax for ax, lab in enumerate(y) if lab not in x and lab not in out)
+        x_kept = [lab for lab in x if lab in y or lab in out]
+        y_kept = [lab for lab in y if lab in x or lab in out]
+        x_perm = tuple(x_kept.index(lab) for lab in batch + m + k)
+        y_perm = tuple(y_kept.index(lab) for lab in batch + k + n)
+        order = batch + m + n
+        out_perm = None if list(output) == order else tuple(order.index(lab) for lab in output)
+        return cls(x_pre, y_pre, x_perm, y_perm, (len(batch), len(m), len(k), len(n)), out_perm, order)
+
+    def run(self, x: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
+        if self.x_pre:
+            x = x.sum(axis=self.x_pre, dtype=x.dtype)
+        if self.y_pre:
+            y = y.sum(axis=self.y_pre, dtype=y.dtype)
+        x = x.transpose(self.x_perm)
+        y = y.transpose(self.y_perm)
+        nb, nm, nk, nn = self.groups
+        bshape = x.shape[:nb]
+        B = int(np.prod(bshape, dtype=np.int64))
+        M = int(np.prod(x.shape[nb:nb + nm], dtype=np.int64))
+        K = int(np.prod(x.shape[nb + nm:], dtype=np.int64))
+        N = int(np.prod(y.shape[nb + nk:], dtype=np.int64))
+        x3 = x.reshape(B, M, K)
+        y3 = y.reshape(B, K, N)
+        if self.out_perm is None and out.flags.c_contiguous:
+            np.matmul(x3, y3, out=out.reshape(B, M, N))
+        else:
+            r = np.matmul(x3, y3).reshape(bshape + x.shape[nb:nb + nm] + y.shape[nb + nk:])
+            out[...] = r.transpose(self.out_perm) if self.out_perm is not None else r
 
 
 @lru_cache(maxsize=512)

@@ -38,7 +38,10 @@ def _key_rows(arr) -> list[np.ndarray]:
 def _tasks_for(kernel, items: list[tuple[dict, Callable]]) -> list:
     """Split work items (extents, fn(cut)) into tasks: one per item when there are at least as
     many items as workers, else each item cut along an output label."""
-    parts = 1 if len(items) >= WORKERS else -(-WORKERS // max(len(items), 1))
+    # two tasks per worker: a core shared with DuckDB's own threads (or anything else on the
+    # machine) then costs half a task at the end, not half the whole tile
+    want = 2 * WORKERS
+    parts = 1 if len(items) >= want else -(-want // max(len(items), 1))
     tasks = []
     for ext, fn in items:
         for cut in kernel.split(ext, parts):
