@@ -16,9 +16,10 @@ import numpy as np
 import pyarrow as pa
 
 from .backends.duckdb import DuckDBBackend
-from .compile import compile_plan, elements_query, single_query
+from .compile import elements_query, single_query, sql_listing
 from .errors import EinsumError
 from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, auto_tile, check_tile, plan_einsum
+from .plan.cost import parse_memory
 from .udfs.tiles import array_from_tiles, tiles_from_array
 
 DTYPES = ("float32", "float64", "int32", "int64", "bool")
@@ -114,9 +115,14 @@ class Session:
     array([4., 4., 4.], dtype=float32)
     """
 
-    def __init__(self, database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, read_only: bool = False):
+    def __init__(self, database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int = 1,
+                 memory=None, read_only: bool = False):
         self.backend = DuckDBBackend(database, read_only=read_only)
+        # The plans' knobs: largest tile a plan creates, join tasks per step, memory budget.
+        # One worker by default: kernels already use every core inside a call (docs/DESIGN.md).
         self.tile_bytes = tile_bytes
+        self.workers = workers
+        self.memory = parse_memory(memory)
         self._counter = itertools.count()
         self._lock = threading.RLock()
         self.backend.register_sql_interface(self._einsum_sql)
@@ -160,45 +166,51 @@ class Session:
         self.backend.drop(name)
 
     # -- einsum -----------------------------------------------------------------------------
-    def _operand(self, x, k: int, temps: list) -> TiledValue:
-        if isinstance(x, Tensor):
-            if x.session is not self and x.session.backend.con is not self.backend.con:
-                raise EinsumError(f"operand {k} is a tensor of another session")
-            return x.value
-        if isinstance(x, str):
-            return self.tensor(x).value
-        a = as_array(x, f"operand {k}")
-        if any(n == 0 for n in a.shape):
-            raise EinsumError(f"operand {k}: empty dimensions (shape {a.shape}) are not supported")
-        # a stable name per operand position (calls hold the session lock), so a repeated
-        # einsum on same-shaped arrays finds its plan and SQL in the caches
-        name = f"_eds_in{k}"
-        keys = tuple(f"d{p}" for p in range(a.ndim))
-        tile = auto_tile(a.shape, a.dtype.itemsize, self.tile_bytes)
-        self.backend.register_arrow(name, tiles_from_array(a, tile, keys))
-        temps.append(name)
-        return TiledValue(name, a.shape, a.dtype.name, tile, keys, name)
+    def _resolve(self, operands) -> tuple[list[TiledValue], dict[str, np.ndarray]]:
+        """Operands as tiled values; numpy operands stay free (the plan picks their tiling)."""
+        values, arrays = [], {}
+        for k, x in enumerate(operands):
+            if isinstance(x, Tensor):
+                if x.session is not self and x.session.backend.con is not self.backend.con:
+                    raise EinsumError(f"operand {k} is a tensor of another session")
+                values.append(x.value)
+                continue
+            if isinstance(x, str):
+                values.append(self.tensor(x).value)
+                continue
+            a = as_array(x, f"operand {k}")
+            if any(n == 0 for n in a.shape):
+                raise EinsumError(f"operand {k}: empty dimensions (shape {a.shape}) are not supported")
+            # a stable name per operand position (calls hold the session lock), so a repeated
+            # einsum on same-shaped arrays finds its plan and SQL in the caches
+            name = f"_eds_in{k}"
+            keys = tuple(f"d{p}" for p in range(a.ndim))
+            values.append(TiledValue(name, a.shape, a.dtype.name, None, keys, name))
+            arrays[name] = a
+        return values, arrays
 
-    def plan(self, spec: str, *operands, join=None, agg=None, out: str | None = None, _values=None) -> Plan:
-        """The plan ``einsum`` would run (operands: Tensors or names)."""
-        values = _values if _values is not None else [self._operand(x, k, []) for k, x in enumerate(operands)]
-        return plan_einsum(spec, tuple(values), join, agg, out)
+    def _bind(self, plan: Plan, arrays: dict[str, np.ndarray]) -> list[str]:
+        """Register numpy operands as Arrow views cut the way the plan chose."""
+        names = []
+        for v in plan.inputs:
+            if v.name in arrays:
+                self.backend.register_arrow(v.table, tiles_from_array(arrays[v.name], v.tile, v.keys))
+                names.append(v.table)
+        return names
+
+    def _plan(self, spec, values, join, agg, out=None, temporary=False) -> Plan:
+        return plan_einsum(spec, tuple(values), join, agg, out, temporary=temporary, workers=self.workers,
+                           budget=self.memory, max_tile_bytes=self.tile_bytes)
+
+    def plan(self, spec: str, *operands, join=None, agg=None, out: str | None = None) -> Plan:
+        """The plan ``einsum`` would run."""
+        values, _ = self._resolve(operands)
+        return self._plan(spec, values, join, agg, out)
 
     def explain(self, spec: str, *operands, join=None, agg=None, out: str | None = None) -> str:
         """The plan and the SQL of every step."""
-        temps: list[str] = []
-        try:
-            values = [self._operand(x, k, temps) for k, x in enumerate(operands)]
-            p = self.plan(spec, join=join, agg=agg, out=out, _values=values)
-        finally:
-            for t in temps:
-                self.backend.unregister(t)
-        lines = [p.explain(), ""]
-        for k, c in enumerate(compile_plan(p)):
-            target = f"-> {c.table}" if c.table else "-> result rows"
-            lines.append(f"-- step {k} {target}")
-            lines.append(c.select.sql(dialect="duckdb", pretty=True) + ";")
-        return "\n".join(lines)
+        p = self.plan(spec, *operands, join=join, agg=agg, out=out)
+        return p.explain() + "\n\n" + sql_listing(p)
 
     def einsum(self, spec: str, *operands, join=None, agg=None, out: str | None = None, replace: bool = False):
         """Run an extended einsum as SQL in this database and return the result as a Tensor.
@@ -208,38 +220,84 @@ class Session:
         """
         if out is not None:
             check_name(out, "output name")
-        temps: list[str] = []
         with self._lock:
+            values, arrays = self._resolve(operands)
+            table = out if out is not None else f"_eds_r{next(self._counter)}"
+            p = self._plan(spec, values, join, agg, table, temporary=out is None)
+            registered = self._bind(p, arrays)
             try:
-                values = [self._operand(x, k, temps) for k, x in enumerate(operands)]
-                if out is None:
-                    table, temporary = f"_eds_r{next(self._counter)}", True
-                else:
-                    table, temporary = out, False
-                p = self.plan(spec, join=join, agg=agg, out=table, _values=values)
-                if temporary:
-                    r = p.result
-                    p = Plan(p.steps[:-1] + (_retarget(p.steps[-1], temporary=True),), p.inputs,
-                             TiledValue(r.name, r.shape, r.dtype, r.tile, r.keys, r.table, temporary=True))
                 self.backend.execute(p, replace=replace)
             finally:
-                for t in temps:
+                for t in registered:
                     self.backend.unregister(t)
         return Tensor(self, p.result)
 
     def einsum_numpy(self, spec: str, *operands, join=None, agg=None) -> np.ndarray:
         """Run in this database, return numpy; nothing is stored."""
-        temps: list[str] = []
         with self._lock:
+            values, arrays = self._resolve(operands)
+            p = self._plan(spec, values, join, agg)
+            registered = self._bind(p, arrays)
             try:
-                values = [self._operand(x, k, temps) for k, x in enumerate(operands)]
-                p = self.plan(spec, join=join, agg=agg, _values=values)
                 tiles = self.backend.execute(p)
             finally:
-                for t in temps:
+                for t in registered:
                     self.backend.unregister(t)
         r = p.result
         return array_from_tiles(tiles, r.shape, r.tile, r.dtype, r.keys)
+
+    # -- graphs -----------------------------------------------------------------------------
+    def run_graph_plan(self, gplan, inputs: dict, out=None, replace: bool = False):
+        """Run a ``GraphPlan`` (see ``GraphPlan.run``)."""
+        outputs = [v.name for v in gplan.outputs]
+        if out is None:
+            targets = {}
+        elif isinstance(out, str):
+            if len(outputs) != 1:
+                raise EinsumError(f"the graph has {len(outputs)} outputs {outputs}: pass out as a dict")
+            targets = {outputs[0]: out}
+        else:
+            targets = dict(out)
+            unknown = [k for k in targets if k not in outputs]
+            if unknown:
+                raise EinsumError(f"out names unknown outputs {unknown}; the outputs are {outputs}")
+        for t in targets.values():
+            check_name(t, "output name")
+        with self._lock:
+            values, arrays = {}, {}
+            for v in gplan.inputs:
+                x = inputs[v.name]
+                if isinstance(x, (Tensor, str)):
+                    tv = self._resolve([x])[0][0]
+                else:
+                    a = as_array(x, f"input {v.name!r}")
+                    table = f"_eds_in_{v.name}"
+                    tv = TiledValue(v.name, a.shape, a.dtype.name, gplan.plan_input_tile(v.name),
+                                    tuple(f"d{k}" for k in range(a.ndim)), table)
+                    arrays[v.name] = a
+                if tv.shape != v.shape or tv.dtype != v.dtype:
+                    raise EinsumError(f"input {v.name!r}: the graph wants {v.shape} {v.dtype}, got {tv.shape} {tv.dtype}")
+                values[v.name] = TiledValue(v.name, tv.shape, tv.dtype, tv.tile, tv.keys, tv.table)
+            outs = {}
+            for v in gplan.outputs:
+                keys = next(n.output for n in gplan.nodes if n.result.name == v.name)
+                table = targets.get(v.name) or f"_eds_r{next(self._counter)}"
+                outs[v.name] = TiledValue(v.name, v.shape, v.dtype, None, tuple(keys), table,
+                                          temporary=v.name not in targets)
+            plan = gplan.bind(values, outs)
+            plan.check_budget(gplan.budget)
+            registered = []
+            try:
+                for name, a in arrays.items():
+                    tv = values[name]
+                    self.backend.register_arrow(tv.table, tiles_from_array(a, tv.tile, tv.keys))
+                    registered.append(tv.table)
+                self.backend.execute(plan, replace=replace)
+            finally:
+                for t in registered:
+                    self.backend.unregister(t)
+        result = {v.name: Tensor(self, v) for v in plan.outputs}
+        return next(iter(result.values())) if len(result) == 1 else result
 
     # -- SQL interface ----------------------------------------------------------------------
     def _einsum_sql(self, spec: str, names: list[str], mode: str) -> str:
@@ -250,7 +308,7 @@ class Session:
             if v is None:
                 raise EinsumError(f"einsum(): no stored tensor named {name!r}")
             values.append(v)
-        p = plan_einsum(spec, tuple(values))
+        p = self._plan(spec, values, None, None)
         query = single_query(p)
         if mode == "elements":
             query = elements_query(p.result, p.result.keys, source=query)
@@ -264,13 +322,6 @@ class Session:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def _retarget(step, temporary: bool):
-    from dataclasses import replace
-
-    r = step.result
-    return replace(step, result=TiledValue(r.name, r.shape, r.dtype, r.tile, r.keys, r.table, temporary=temporary))
 
 
 _default: Session | None = None

@@ -45,4 +45,6 @@ def reference(spec: str, *arrays, join="mul", agg="sum"):
         vals = reduce(JOIN[join], aligned)
     vals = np.broadcast_to(vals, [sizes[c] for c in order])
     axes = tuple(range(len(out), len(order)))
+    if not axes:  # nothing is aggregated: an element-wise join keeps the join's dtype
+        return np.array(vals)
     return AGG[agg].reduce(vals, axis=axes)

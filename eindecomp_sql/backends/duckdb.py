@@ -171,38 +171,41 @@ class DuckDBBackend:
 
     # -- execution --------------------------------------------------------------------------
     def execute(self, plan: Plan, replace: bool = False, catalog: bool = True) -> pa.Table | None:
-        """Run the plan's steps, one statement each, in one transaction."""
+        """Run the plan's steps, one statement each, in one transaction. Returns the rows of a
+        step with no target table (a plan that answers with rows), else None."""
         compiled = compile_plan(plan)
-        result = plan.result
         for step in plan.steps:  # user callables reach the kernels through a registry, by id
             join = getattr(getattr(step, "node", None), "join", None)
             if join is not None and join.func is not None:
                 CALLABLES[join.func_id] = join.func
         with self.lock:
-            if result.table is not None and not result.temporary:
-                self._check_target(result.table, replace)
-            temps = [c.table for c in compiled[:-1]]
+            for v in plan.outputs:
+                if v.table is not None and not v.temporary:
+                    self._check_target(v.table, replace)
+            scratch: list[str] = []
             out = None
             try:
                 with self._transaction():
                     for k, c in enumerate(compiled):
-                        last = k == len(compiled) - 1
                         try:
-                            if last and result.table is None:
+                            if c.table is None:
                                 out = self.con.sql(c.sql()).to_arrow_table()
-                            else:
-                                temporary = c.temporary or (last and result.temporary)
-                                stmt = create_table_as(c.table, c.select, temporary=temporary,
-                                                       replace=temporary or (last and replace))
-                                self._run(stmt.sql(dialect="duckdb"))
+                                continue
+                            stmt = create_table_as(c.table, c.select, temporary=c.temporary,
+                                                   replace=c.temporary or replace)
+                            self._run(stmt.sql(dialect="duckdb"))
+                            if c.scratch:
+                                scratch.append(c.table)
                         except duckdb.Error as e:
                             raise ExecutionError(f"step {k} ({plan.steps[k].describe()}) failed: {e}") from e
-                    if result.table is not None and not result.temporary and catalog:
-                        self._write_catalog(result)
-                    for t in temps:
+                    if catalog:
+                        for v in plan.outputs:
+                            if v.table is not None and not v.temporary:
+                                self._write_catalog(v)
+                    for t in scratch:
                         self._run(drop_table(t).sql(dialect="duckdb"))
             except BaseException:
-                for t in temps:  # temp tables are not transactional in every case: be sure
+                for t in scratch:  # TEMP tables are not rolled back in every case: be sure
                     try:
                         self._run(drop_table(t).sql(dialect="duckdb"))
                     except duckdb.Error:

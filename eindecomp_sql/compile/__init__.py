@@ -10,6 +10,7 @@ from .sql import (
     kernel_spec,
     select_value,
     single_query,
+    sql_listing,
 )
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "kernel_spec",
     "select_value",
     "single_query",
+    "sql_listing",
 ]

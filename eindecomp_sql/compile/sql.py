@@ -225,6 +225,7 @@ class CompiledStep:
 
     table: str | None
     temporary: bool
+    scratch: bool  # an intermediate, dropped when the plan finishes
     select: exp.Expression
     text: str  # the select in DuckDB's dialect, rendered once
 
@@ -239,7 +240,7 @@ def compile_plan(plan: Plan) -> tuple[CompiledStep, ...]:
     for step in plan.steps:
         target = step.target if isinstance(step, RetileStep) else step.result
         select = compile_step(step)
-        out.append(CompiledStep(target.table, target.temporary, select, select.sql(dialect=DIALECT)))
+        out.append(CompiledStep(target.table, target.temporary, target.scratch, select, select.sql(dialect=DIALECT)))
     return tuple(out)
 
 
@@ -256,6 +257,15 @@ def single_query(plan: Plan) -> exp.Expression:
         body.set("with_", exp.With(expressions=ctes)) if "with_" in body.arg_types else body.set(
             "with", exp.With(expressions=ctes))
     return body
+
+
+def sql_listing(plan: Plan) -> str:
+    """Every step's SQL, pretty-printed, with the table it fills."""
+    lines = []
+    for k, c in enumerate(compile_plan(plan)):
+        lines.append(f"-- step {k} -> {c.table or 'result rows'}")
+        lines.append(c.select.sql(dialect=DIALECT, pretty=True) + ";")
+    return "\n".join(lines)
 
 
 def select_value(value: TiledValue) -> exp.Expression:

@@ -1,10 +1,11 @@
-"""One extended einsum over tiled values -> a plan: parse, lower to nodes, choose chunkings.
+"""One extended einsum over tiled values -> a plan: parse, lower to nodes, choose chunkings
+with the EinDecomp optimizer, insert re-tiles.
 
 >>> from eindecomp_sql.plan import TiledValue
 >>> a = TiledValue("A", (8, 6), "float32", (4, 3), ("d0", "d1"), "A")
 >>> b = TiledValue("B", (6, 5), "float32", (6, 5), ("d0", "d1"), "B")
 >>> [s.describe() for s in plan_einsum("ij,jk->ik", (a, b)).steps]
-['retile A (4, 3) -> (4, 6)', 'einsum ij,jk->ik [i:2 j:1 k:1] -> _eds_result']
+['retile A (4, 3) -> (8, 6)', 'einsum ij,jk->ik [i:1 j:1 k:1] -> _eds_result']
 """
 
 from __future__ import annotations
@@ -13,26 +14,39 @@ from functools import lru_cache
 
 from ..graph import ValueInfo, lower_einsum
 from ..notation import Aggregation, JoinFunction, parse_agg, parse_join, parse_spec
+from .optimize import optimize
 from .planner import plan_nodes
 from .steps import Plan, TiledValue
 
 RESULT = "_eds_result"
 
 
-def plan_einsum(spec: str, values: tuple[TiledValue, ...], join=None, agg=None, out: str | None = None) -> Plan:
+def plan_einsum(spec: str, values: tuple[TiledValue, ...], join=None, agg=None, out: str | None = None, *,
+                temporary: bool = False, workers: int = 1, budget: int | None = None,
+                max_tile_bytes: int | None = None) -> Plan:
     """The plan computing ``spec`` over ``values``; the result goes to table ``out`` (None:
-    returned as rows)."""
+    returned as rows). Values with ``tile`` None are free: the plan chooses their tiling."""
     j = join if isinstance(join, JoinFunction) else parse_join(join, len(values))
     a = agg if isinstance(agg, Aggregation) else parse_agg(agg)
-    return _plan(spec, tuple(values), j, a, out)
+    return _plan(spec, tuple(values), j, a, out, temporary, workers, budget, max_tile_bytes)
 
 
 @lru_cache(maxsize=1024)
-def _plan(spec: str, values: tuple[TiledValue, ...], join: JoinFunction, agg: Aggregation, out: str | None) -> Plan:
+def _plan(spec, values, join, agg, out, temporary, workers, budget, max_tile_bytes) -> Plan:
     # cached: a small einsum repeated in a loop pays for parsing and planning once
     parsed = parse_spec(spec, [v.shape for v in values])
     infos = [ValueInfo(v.name, v.shape, v.dtype) for v in values]
-    nodes = lower_einsum(parsed, infos, join, agg, out or RESULT)
-    # an operand given twice is one value: the dict keeps one entry per name
-    inputs = {v.name: v for v in values}
-    return plan_nodes(nodes, inputs, out, tuple(parsed.output))
+    # the result is named apart from every table: `einsum("ij->ji", "A", out="A")` must not
+    # confuse the input A with the output A
+    nodes = lower_einsum(parsed, infos, join, agg, RESULT)
+    unique = {v.name: v for v in values}  # an operand given twice is one value
+    fixed = {v.name: v.tile for v in unique.values() if v.tile is not None}
+    choice = optimize(nodes, {v.name: ValueInfo(v.name, v.shape, v.dtype) for v in unique.values()}, fixed,
+                      workers=workers, budget=budget, max_tile_bytes=max_tile_bytes)
+    inputs = {
+        name: v if v.tile is not None else TiledValue(v.name, v.shape, v.dtype, choice.input_tiles[name], v.keys, v.table)
+        for name, v in unique.items()
+    }
+    last = nodes[-1].result
+    target = TiledValue(last.name, last.shape, last.dtype, None, tuple(parsed.output), out, temporary=temporary)
+    return plan_nodes(nodes, inputs, choice.tiles(nodes), {last.name: target})

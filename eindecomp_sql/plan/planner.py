@@ -1,10 +1,5 @@
-"""Choose the chunking of every node and insert the re-tiles it needs.
-
-The rule here is the simple one: every label takes the largest tile size any of its operands
-already has (fewest pieces, so the least replication in the join, which is what costs on this
-engine: see docs/DESIGN.md), and an operand cut differently is re-tiled to match. Producers'
-outputs are cut the way their node was, so a chain of nodes re-tiles only where an operand
-was stored differently.
+"""Turn chosen chunkings into steps: einsum steps, and the re-tiles where a value is cut
+differently from what its consumer needs.
 
 """
 
@@ -14,29 +9,17 @@ from ..graph import EinsumNode
 from .steps import EinsumStep, Plan, RetileStep, Step, TiledValue
 
 
-def _choose_chunk(node: EinsumNode, values: dict[str, TiledValue]) -> dict[str, int]:
-    size = node.size
-    tile: dict[str, int] = {}
-    for op in node.operands:
-        v = values[op.value]
-        kept = [t for ax, t in enumerate(v.tile) if ax not in op.dropped]
-        for lab, t in zip(op.labels, kept):
-            tile[lab] = max(tile.get(lab, 0), t)
-    for lab in node.output:
-        tile.setdefault(lab, size[lab])  # a label only in the output: a broadcast, one piece
-    return {lab: min(t, size[lab]) for lab, t in tile.items()}
-
-
 def plan_nodes(
     nodes: list[EinsumNode],
     inputs: dict[str, TiledValue],
-    result_table: str | None,
-    result_keys: tuple[str, ...] | None = None,
+    chunks: dict[str, dict[str, int]],
+    outputs: dict[str, TiledValue],
 ) -> Plan:
-    """A plan for ``nodes`` (in dependency order) reading the tiled ``inputs``.
+    """A plan for ``nodes`` (dependency order) over the tiled ``inputs``.
 
-    The last node's result goes to ``result_table`` (None: returned as rows), with key
-    columns ``result_keys`` (default: the output labels).
+    ``chunks`` gives each node (by result name) the tile size of every label. ``outputs`` maps
+    the values to keep to their target (table, keys; the tile is filled in here); every other
+    node result is a scratch table dropped when the plan finishes.
     """
     values = dict(inputs)
     steps: list[Step] = []
@@ -47,9 +30,8 @@ def plan_nodes(
         n_temp += 1
         return f"_eds_s{n_temp}"
 
-    for k, node in enumerate(nodes):
-        last = k == len(nodes) - 1
-        chunk = _choose_chunk(node, values)
+    for node in nodes:
+        chunk = chunks[node.result.name]
         step_inputs = []
         for op in node.operands:
             v = values[op.value]
@@ -60,18 +42,19 @@ def plan_nodes(
             want_t = tuple(want)
             if want_t != v.tile:
                 name = temp_name()
-                target = TiledValue(name, v.shape, v.dtype, want_t, v.keys, name, temporary=True)
+                target = TiledValue(name, v.shape, v.dtype, want_t, v.keys, name, temporary=True, scratch=True)
                 steps.append(RetileStep(v, target))
                 v = target
             step_inputs.append(v)
         res = node.result
         out_tile = tuple(chunk[lab] for lab in node.output)
-        if last:
-            keys = result_keys or tuple(node.output)
-            result = TiledValue(res.name, res.shape, res.dtype, out_tile, keys, result_table)
+        if res.name in outputs:
+            o = outputs[res.name]
+            result = TiledValue(res.name, res.shape, res.dtype, out_tile, o.keys, o.table, temporary=o.temporary)
         else:
             table = temp_name()
-            result = TiledValue(res.name, res.shape, res.dtype, out_tile, tuple(node.output), table, temporary=True)
+            result = TiledValue(res.name, res.shape, res.dtype, out_tile, tuple(node.output), table,
+                                temporary=True, scratch=True)
         values[res.name] = result
         steps.append(EinsumStep(node, tuple(step_inputs), result, tuple(sorted(chunk.items()))))
-    return Plan(tuple(steps), tuple(inputs.values()), values[nodes[-1].result.name])
+    return Plan(tuple(steps), tuple(inputs.values()), tuple(values[name] for name in outputs))

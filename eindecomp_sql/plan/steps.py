@@ -7,8 +7,14 @@ from typing import Union
 
 import numpy as np
 
+from ..errors import EinsumError
 from ..graph import EinsumNode
+from .cost import Costs, retile_peak, step_costs, step_peak
 from .tiling import grid
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
 
 
 @dataclass(frozen=True)
@@ -16,16 +22,19 @@ class TiledValue:
     """A value stored as a tiled table: one key column per dimension plus a ``tile`` column.
 
     ``table`` is None for the result of a plan that returns rows instead of creating a table.
-    ``temporary`` values live only while the plan runs.
+    ``temporary`` values are TEMP tables (they live as long as the connection); ``scratch``
+    values are intermediates dropped when the plan finishes. A graph input not yet bound to
+    data has ``tile`` None until a plan chooses how to cut it.
     """
 
     name: str
     shape: tuple[int, ...]
     dtype: str
-    tile: tuple[int, ...]
+    tile: tuple[int, ...] | None
     keys: tuple[str, ...]
     table: str | None
     temporary: bool = False
+    scratch: bool = False
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -47,9 +56,13 @@ class RetileStep:
     target: TiledValue
 
     @property
-    def projected_bytes(self) -> int:
-        """Bytes moved through the step: every element once as a piece, once assembled."""
-        return 2 * self.source.nbytes
+    def costs(self) -> Costs:
+        return Costs(retile=self.source.nbytes)
+
+    @property
+    def peak_bytes(self) -> int:
+        """Projected peak memory: every piece (held by list()) plus target tiles in flight."""
+        return retile_peak(self.source.shape, self.source.dtype, self.target.tile)
 
     def describe(self) -> str:
         return f"retile {self.source.name} {self.source.tile} -> {self.target.tile}"
@@ -84,17 +97,13 @@ class EinsumStep:
         return any(pieces[lab] > 1 for lab in self.node.reduced)
 
     @property
-    def projected_bytes(self) -> int:
-        """Bytes the join feeds the kernels: each input once per piece of labels it lacks."""
-        pieces = self.pieces
-        total = 0
-        for op, value in zip(self.node.operands, self.inputs):
-            rep = 1
-            for lab, n in pieces.items():
-                if lab not in op.labels:
-                    rep *= n
-            total += value.nbytes * rep
-        return total
+    def costs(self) -> Costs:
+        """Join and aggregation bytes of the cost model."""
+        return step_costs(self.node, self.pieces, {op.value: v.nbytes for op, v in zip(self.node.operands, self.inputs)})
+
+    @property
+    def peak_bytes(self) -> int:
+        return step_peak(self.node, self.pieces, {op.value: v.dtype for op, v in zip(self.node.operands, self.inputs)})
 
     def describe(self) -> str:
         p = self.pieces
@@ -107,20 +116,55 @@ Step = Union[RetileStep, EinsumStep]
 
 @dataclass(frozen=True)
 class Plan:
+    """Steps in execution order, the tiled inputs they read, and the values they keep."""
+
     steps: tuple[Step, ...]
     inputs: tuple[TiledValue, ...]
-    result: TiledValue
+    outputs: tuple[TiledValue, ...]
 
     @property
-    def projected_bytes(self) -> int:
-        return sum(s.projected_bytes for s in self.steps)
+    def result(self) -> TiledValue:
+        """The last output (the only one for a single einsum)."""
+        return self.outputs[-1]
+
+    @property
+    def costs(self) -> Costs:
+        total = Costs()
+        for s in self.steps:
+            total = total + s.costs
+        return total
+
+    @property
+    def cost(self) -> float:
+        """The cost model's total, in (join-equivalent) bytes."""
+        return self.costs.total
+
+    @property
+    def peak_bytes(self) -> int:
+        """The largest projected peak of any step."""
+        return max((s.peak_bytes for s in self.steps), default=0)
+
+    def check_budget(self, budget: int | None) -> None:
+        """Refuse before running if any step's projected peak exceeds ``budget`` bytes."""
+        if budget is None:
+            return
+        for k, s in enumerate(self.steps):
+            if s.peak_bytes > budget:
+                raise EinsumError(
+                    f"step {k} ({s.describe()}) would need {s.peak_bytes / 1e6:.1f} MB, over the memory "
+                    f"budget of {budget / 1e6:.1f} MB; give more memory or let the optimizer cut finer"
+                )
 
     def explain(self) -> str:
-        lines = [f"plan: {len(self.steps)} step(s), {self.projected_bytes / 1e6:.1f} MB through kernels"]
+        c = self.costs
+        lines = [f"plan: {len(self.steps)} step(s); cost {_mb(c.total)} (join {_mb(c.join)}, aggregation "
+                 f"{_mb(c.agg)}, retile {_mb(c.retile)}); peak {_mb(self.peak_bytes)}"]
         for v in self.inputs:
             lines.append(f"  input {v.name}: shape {v.shape} {v.dtype} tile {v.tile} grid {v.grid}")
         for k, s in enumerate(self.steps):
-            lines.append(f"  step {k}: {s.describe()} ({s.projected_bytes / 1e6:.1f} MB)")
-        r = self.result
-        lines.append(f"  result {r.name}: shape {r.shape} {r.dtype} tile {r.tile} grid {r.grid}")
+            sc = s.costs
+            lines.append(f"  step {k}: {s.describe()} (join {_mb(sc.join)}, agg {_mb(sc.agg)}, retile "
+                         f"{_mb(sc.retile)}, peak {_mb(s.peak_bytes)})")
+        for r in self.outputs:
+            lines.append(f"  result {r.name}: shape {r.shape} {r.dtype} tile {r.tile} grid {r.grid}")
         return "\n".join(lines)

@@ -1,0 +1,131 @@
+"""The cost model, in bytes (docs/DESIGN.md has the formulas and their calibration).
+
+For an einsum node cut into ``d[l]`` pieces per label:
+
+- **join**: bytes fed to the join = sum over operands of ``bytes(operand) * prod(d[l] for the
+  node's labels l the operand lacks)``: an input tile is repeated once for every piece of each
+  label it does not have.
+- **aggregation**: ``bytes(output) * (prod(d[l] for reduced labels l) - 1)``: partial results
+  beyond the first that must be combined.
+- **retile**: ``bytes(value)`` whenever a producer's tiling differs from what a consumer needs:
+  every element moves once (sliced, regrouped, concatenated).
+
+The total is ``JOIN * join + AGG * agg + RETILE * retile`` with weights calibrated on this engine
+(``bench/calibrate.py``, numbers in bench/RESULTS.md); they make all three terms "bytes that cost
+what one join byte costs".
+
+Peak memory of a step (bytes), from how DuckDB runs it: a row step holds the tiles of the rows
+in one UDF call (at most a 2,048-row vector) plus their output tiles twice (kernel buffer and
+DuckDB's copy); a grouped step holds every joined tile (``list()`` does not spill) plus the
+output tiles in flight; a retile holds every piece (again ``list()``) plus the target tiles in
+flight.
+
+>>> from eindecomp_sql.graph import EinsumNode, Operand, ValueInfo
+>>> from eindecomp_sql.notation import parse_agg, parse_join
+>>> n = EinsumNode((Operand("A", ("i", "j")), Operand("B", ("j", "k"))), ("i", "k"),
+...                (("i", 8), ("j", 8), ("k", 8)), parse_join(None, 2), parse_agg(None),
+...                ValueInfo("C", (8, 8), "float32"))
+>>> step_costs(n, {"i": 2, "j": 2, "k": 1}, {"A": 256, "B": 256}).join   # A once, B twice
+768
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..graph import EinsumNode
+
+# Calibrated weights (seconds per byte relative to a join byte), fitted by bench/calibrate.py
+# on this machine: see bench/RESULTS.md "Cost model calibration".
+JOIN_WEIGHT = 1.0
+AGG_WEIGHT = 1.0
+RETILE_WEIGHT = 2.0
+VECTOR_ROWS = 2048  # DuckDB hands a scalar UDF at most one vector of rows per call
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Bytes per term of the cost model; ``total`` is the weighted sum the optimizer minimizes."""
+
+    join: int = 0
+    agg: int = 0
+    retile: int = 0
+
+    @property
+    def total(self) -> float:
+        return JOIN_WEIGHT * self.join + AGG_WEIGHT * self.agg + RETILE_WEIGHT * self.retile
+
+    def __add__(self, other: "Costs") -> "Costs":
+        return Costs(self.join + other.join, self.agg + other.agg, self.retile + other.retile)
+
+
+def nbytes(shape, dtype) -> int:
+    return int(math.prod(shape)) * np.dtype(dtype).itemsize
+
+
+def tile_of(size: int, pieces: int) -> int:
+    return -(-size // pieces)
+
+
+def pieces_of(size: int, tile: int) -> int:
+    return -(-size // tile)
+
+
+def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str, int]) -> Costs:
+    """Join and aggregation bytes of ``node`` cut into ``pieces`` (label -> number of pieces)."""
+    join = 0
+    for op in node.operands:
+        rep = 1
+        for lab in node.labels:
+            if lab not in op.labels:
+                rep *= pieces[lab]
+        join += operand_bytes[op.value] * rep
+    red = 1
+    for lab in node.reduced:
+        red *= pieces[lab]
+    out = nbytes(node.result.shape, node.result.dtype)
+    return Costs(join=join, agg=out * (red - 1))
+
+
+def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str]) -> int:
+    """Projected peak memory of running ``node`` with ``pieces``, in bytes."""
+    size = node.size
+    tile = {lab: tile_of(size[lab], pieces[lab]) for lab in node.labels}
+    in_tile = sum(
+        math.prod(tile[lab] for lab in op.labels) * np.dtype(operand_dtypes[op.value]).itemsize for op in node.operands
+    )
+    out_tile = math.prod(tile[lab] for lab in node.output) * np.dtype(node.result.dtype).itemsize
+    out_tiles = math.prod(pieces[lab] for lab in node.output)
+    reduced = math.prod(pieces[lab] for lab in node.reduced)
+    if reduced > 1:  # grouped: every joined row is held by list() until its group is done
+        rows = out_tiles * reduced
+        return rows * in_tile + min(out_tiles, VECTOR_ROWS) * 2 * out_tile
+    rows = min(out_tiles, VECTOR_ROWS)
+    return rows * (in_tile + 2 * out_tile)
+
+
+def retile_peak(shape, dtype, target_tile) -> int:
+    targets = math.prod(pieces_of(n, t) for n, t in zip(shape, target_tile))
+    return nbytes(shape, dtype) + min(targets, VECTOR_ROWS) * 2 * nbytes(target_tile, dtype)
+
+
+def parse_memory(memory) -> int | None:
+    """``"2GB"``, ``"512MiB"``, ``1 << 30`` -> bytes; None -> no budget."""
+    if memory is None:
+        return None
+    if isinstance(memory, (int, float)):
+        return int(memory)
+    from ..errors import EinsumError
+
+    text = str(memory).strip().replace(" ", "")
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    num = text.rstrip("BbKkMmGgTtIi")
+    unit = text[len(num):].upper()
+    try:
+        return int(float(num) * units[unit])
+    except (ValueError, KeyError):
+        raise EinsumError(f"memory budget {memory!r}: write bytes or a size such as '2GB' or '512MiB'") from None
