@@ -271,6 +271,8 @@ class Session:
                     tv = self._resolve([x])[0][0]
                 else:
                     a = as_array(x, f"input {v.name!r}")
+                    if a.dtype != v.dtype and np.can_cast(a.dtype, v.dtype, "same_kind"):
+                        a = a.astype(v.dtype)  # an array is cast to the declared dtype, as numpy would
                     table = f"_eds_in_{v.name}"
                     tv = TiledValue(v.name, a.shape, a.dtype.name, gplan.plan_input_tile(v.name),
                                     tuple(f"d{k}" for k in range(a.ndim)), table)

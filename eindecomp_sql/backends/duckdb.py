@@ -189,11 +189,13 @@ class DuckDBBackend:
                     for k, c in enumerate(compiled):
                         try:
                             if c.table is None:
-                                out = self.con.sql(c.sql()).to_arrow_table()
+                                parts = [self.con.sql(text).to_arrow_table() for text in c.batches]
+                                out = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
                                 continue
-                            stmt = create_table_as(c.table, c.select, temporary=c.temporary,
-                                                   replace=c.temporary or replace)
-                            self._run(stmt.sql(dialect="duckdb"))
+                            # the first batch creates the table, the next ones append to it
+                            self._run(c.create[1 if replace else 0])
+                            for text in c.inserts:
+                                self._run(text)
                             if c.scratch:
                                 scratch.append(c.table)
                         except duckdb.Error as e:

@@ -135,9 +135,17 @@ def _where(conditions: list[exp.Expression]) -> str:
     return "WHERE " + sql(exp.and_(*conditions))
 
 
-def _compile_einsum(step: EinsumStep) -> exp.Expression:
+def _key_range(column: exp.Expression, bounds: tuple[int, int]) -> list[exp.Expression]:
+    lo, hi = bounds
+    return [exp.GTE(this=column.copy(), expression=exp.Literal.number(lo)),
+            exp.LT(this=column.copy(), expression=exp.Literal.number(hi))]
+
+
+def _compile_einsum(step: EinsumStep, batch: tuple[int, int] | None = None) -> exp.Expression:
     node = step.node
     first, conditions = _label_columns(step)
+    if batch is not None:  # one statement of a batched step: a range of the batch label's keys
+        conditions += _key_range(first[step.batch_label], batch)
     arity = len(node.operands)
     spec = sql(exp.Literal.string(kernel_spec(step)))
     keys = step.result.keys
@@ -181,7 +189,7 @@ def _compile_einsum(step: EinsumStep) -> exp.Expression:
     )
 
 
-def _compile_retile(step: RetileStep) -> exp.Expression:
+def _compile_retile(step: RetileStep, batch: tuple[int, int] | None = None) -> exp.Expression:
     s, t = step.source, step.target
     spec = sql(exp.Literal.string(kernel_spec(step)))
     old = [col(k) for k in s.keys]
@@ -192,6 +200,9 @@ def _compile_retile(step: RetileStep) -> exp.Expression:
         lo = f"({sql(col(key))} * {a}) // {b}"
         hi = f"(least(({sql(col(key))} + 1) * {a}, {n}) - 1) // {b} + 1"
         overlaps = f"(SELECT *, unnest(range({lo}, {hi})) AS {sql(ident(new_names[p]))} FROM {overlaps}) AS o{p}"
+    if batch is not None:  # one statement of a batched retile: a range of the first target key
+        cond = sql(exp.and_(*_key_range(col(new_names[0]), batch)))
+        overlaps = f"(SELECT * FROM {overlaps} WHERE {cond}) AS ob"
     piece = exp.Struct(expressions=[
         exp.PropertyEQ(this=ident("k"), expression=exp.Array(expressions=[c.copy() for c in old])),
         exp.PropertyEQ(this=ident("t"), expression=col("piece")),
@@ -212,11 +223,23 @@ def _compile_retile(step: RetileStep) -> exp.Expression:
     return outer.from_(select.subquery("retiled"))
 
 
-def compile_step(step: Step) -> exp.Expression:
-    """The SELECT computing one step's tiled result."""
+def compile_step(step: Step, batch: tuple[int, int] | None = None) -> exp.Expression:
+    """The SELECT computing one step's tiled result (or one batch of it)."""
     if isinstance(step, RetileStep):
-        return _compile_retile(step)
-    return _compile_einsum(step)
+        return _compile_retile(step, batch)
+    return _compile_einsum(step, batch)
+
+
+def batch_bounds(step: Step) -> list[tuple[int, int]] | None:
+    """Key ranges of a batched step's statements (None: one statement)."""
+    if step.batches <= 1:
+        return None
+    if isinstance(step, RetileStep):
+        n = step.target.grid[0]
+    else:
+        n = step.pieces[step.batch_label]
+    b = step.batches
+    return [(n * k // b, n * (k + 1) // b) for k in range(b)]
 
 
 @dataclass(frozen=True)
@@ -226,8 +249,11 @@ class CompiledStep:
     table: str | None
     temporary: bool
     scratch: bool  # an intermediate, dropped when the plan finishes
-    select: exp.Expression
+    select: exp.Expression  # the whole step as one SELECT
     text: str  # the select in DuckDB's dialect, rendered once
+    batches: tuple[str, ...]  # SELECTs to run: the text, or one per batch of a batched step
+    create: tuple[str, str] | None  # CREATE TABLE AS the first batch, without / with OR REPLACE
+    inserts: tuple[str, ...]  # INSERT INTO the table, for the other batches
 
     def sql(self, dialect: str = DIALECT) -> str:
         return self.text if dialect == DIALECT else self.select.sql(dialect=dialect)
@@ -240,7 +266,20 @@ def compile_plan(plan: Plan) -> tuple[CompiledStep, ...]:
     for step in plan.steps:
         target = step.target if isinstance(step, RetileStep) else step.result
         select = compile_step(step)
-        out.append(CompiledStep(target.table, target.temporary, target.scratch, select, select.sql(dialect=DIALECT)))
+        text = select.sql(dialect=DIALECT)
+        bounds = batch_bounds(step)
+        parts = [select] if bounds is None else [compile_step(step, b) for b in bounds]
+        batches = (text,) if bounds is None else tuple(p.sql(dialect=DIALECT) for p in parts)
+        create, inserts = None, ()
+        if target.table is not None:
+            create = tuple(
+                create_table_as(target.table, parts[0], temporary=target.temporary,
+                                replace=target.temporary or rep).sql(dialect=DIALECT)
+                for rep in (False, True)
+            )
+            inserts = tuple(exp.insert(p, table(target.table)).sql(dialect=DIALECT) for p in parts[1:])
+        out.append(CompiledStep(target.table, target.temporary, target.scratch, select, text, batches, create,
+                                inserts))
     return tuple(out)
 
 

@@ -93,7 +93,10 @@ def _check_expr(text: str, arity: int) -> None:
             raise EinsumError(f"join expression: only numeric constants are allowed\n{caret(text, pos)}")
         if isinstance(node, ast.Call):
             if not isinstance(node.func, ast.Name) or node.func.id not in EXPR_FUNCTIONS:
-                raise EinsumError(f"join expression: unknown function\n{caret(text, pos)}")
+                what = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
+                raise EinsumError(
+                    f"join expression: unknown function {what!r}; use {', '.join(EXPR_FUNCTIONS)}\n{caret(text, pos)}"
+                )
             want = EXPR_FUNCTIONS[node.func.id]
             if node.keywords or (want is not None and len(node.args) != want) or not node.args:
                 raise EinsumError(

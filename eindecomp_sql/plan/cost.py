@@ -15,10 +15,12 @@ The total is ``JOIN * join + AGG * agg + RETILE * retile`` with weights calibrat
 what one join byte costs".
 
 Peak memory of a step (bytes), from how DuckDB runs it: a row step holds the tiles of the rows
-in one UDF call (at most a 2,048-row vector) plus their output tiles twice (kernel buffer and
-DuckDB's copy); a grouped step holds every joined tile (``list()`` does not spill) plus the
-output tiles in flight; a retile holds every piece (again ``list()``) plus the target tiles in
-flight.
+in one UDF call (DuckDB hands a UDF a whole vector, up to 2,048 rows: a join of a few tiles
+arrives in one call) plus their output tiles twice (kernel buffer and DuckDB's copy); a grouped
+step holds every joined tile (``list()`` does not spill) plus the output tiles in flight; a
+retile holds every piece (again ``list()``) plus the target tiles in flight. Cutting finer does
+not lower these by itself (more, smaller tiles still arrive together), so a step over budget
+runs as several statements, each over a range of keys of one output label (``batches``).
 
 >>> from eindecomp_sql.graph import EinsumNode, Operand, ValueInfo
 >>> from eindecomp_sql.notation import parse_agg, parse_join
@@ -90,26 +92,63 @@ def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str
     return Costs(join=join, agg=out * (red - 1))
 
 
-def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str]) -> int:
-    """Projected peak memory of running ``node`` with ``pieces``, in bytes."""
+def batch_label(node: EinsumNode, pieces: dict[str, int]) -> str | None:
+    """The output label a step is split into statements along (the one cut most)."""
+    if not node.output:
+        return None
+    return max(node.output, key=lambda lab: pieces[lab])
+
+
+def max_batches(node: EinsumNode, pieces: dict[str, int]) -> int:
+    lab = batch_label(node, pieces)
+    return pieces[lab] if lab is not None else 1
+
+
+def _fraction(pieces_along: int, batches: int) -> float:
+    return -(-pieces_along // batches) / pieces_along
+
+
+def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str], batches: int = 1) -> int:
+    """Projected peak memory of running ``node`` with ``pieces``, in bytes, when the step runs
+    as ``batches`` statements over ranges of its batch label's keys."""
     size = node.size
     tile = {lab: tile_of(size[lab], pieces[lab]) for lab in node.labels}
     in_tile = sum(
         math.prod(tile[lab] for lab in op.labels) * np.dtype(operand_dtypes[op.value]).itemsize for op in node.operands
     )
     out_tile = math.prod(tile[lab] for lab in node.output) * np.dtype(node.result.dtype).itemsize
-    out_tiles = math.prod(pieces[lab] for lab in node.output)
+    lab = batch_label(node, pieces)
+    frac = _fraction(pieces[lab], batches) if lab is not None else 1.0
+    out_tiles = math.ceil(math.prod(pieces[lab] for lab in node.output) * frac)
     reduced = math.prod(pieces[lab] for lab in node.reduced)
     if reduced > 1:  # grouped: every joined row is held by list() until its group is done
-        rows = out_tiles * reduced
-        return rows * in_tile + min(out_tiles, VECTOR_ROWS) * 2 * out_tile
-    rows = min(out_tiles, VECTOR_ROWS)
-    return rows * (in_tile + 2 * out_tile)
+        return out_tiles * reduced * in_tile + min(out_tiles, VECTOR_ROWS) * 2 * out_tile
+    return min(out_tiles, VECTOR_ROWS) * (in_tile + 2 * out_tile)
 
 
-def retile_peak(shape, dtype, target_tile) -> int:
-    targets = math.prod(pieces_of(n, t) for n, t in zip(shape, target_tile))
-    return nbytes(shape, dtype) + min(targets, VECTOR_ROWS) * 2 * nbytes(target_tile, dtype)
+def retile_peak(shape, dtype, target_tile, batches: int = 1) -> int:
+    """Peak of a retile run as ``batches`` statements over ranges of the first target key:
+    the pieces of the batch (held by list()) plus its target tiles in flight."""
+    if not shape:
+        return 2 * nbytes(shape, dtype)
+    grid = [pieces_of(n, t) for n, t in zip(shape, target_tile)]
+    frac = _fraction(grid[0], batches)
+    targets = math.ceil(math.prod(grid) * frac)
+    return math.ceil(nbytes(shape, dtype) * frac) + min(targets, VECTOR_ROWS) * 2 * nbytes(target_tile, dtype)
+
+
+def retile_max_batches(shape, target_tile) -> int:
+    return pieces_of(shape[0], target_tile[0]) if shape else 1
+
+
+def choose_batches(peak, most: int, budget: int | None) -> int:
+    """The fewest statements (1..most) whose projected ``peak(batches)`` fits ``budget``."""
+    if budget is None:
+        return 1
+    for b in range(1, most + 1):
+        if peak(b) <= budget:
+            return b
+    return most
 
 
 def parse_memory(memory) -> int | None:

@@ -49,4 +49,4 @@ def _plan(spec, values, join, agg, out, temporary, workers, budget, max_tile_byt
     }
     last = nodes[-1].result
     target = TiledValue(last.name, last.shape, last.dtype, None, tuple(parsed.output), out, temporary=temporary)
-    return plan_nodes(nodes, inputs, choice.tiles(nodes), {last.name: target})
+    return plan_nodes(nodes, inputs, choice.tiles(nodes), {last.name: target}, budget)

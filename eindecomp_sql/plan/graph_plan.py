@@ -137,7 +137,7 @@ class GraphPlan:
     def bind(self, values: dict[str, TiledValue], outputs: dict[str, TiledValue]) -> Plan:
         """The steps for concrete inputs (re-tiles added where a stored input is cut differently)."""
         tiles = self.choice.tiles(self.nodes)
-        return plan_nodes(list(self.nodes), values, tiles, outputs)
+        return plan_nodes(list(self.nodes), values, tiles, outputs, self.budget)
 
 
 def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp",
@@ -158,7 +158,7 @@ def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp"
     if strategy == "eindecomp":
         choices["eindecomp"] = optimize(nodes, inputs, {}, workers=workers, budget=budget,
                                         max_tile_bytes=max_tile_bytes)
-    plans = {s: _steps(nodes, inputs, c, outputs) for s, c in choices.items()}
+    plans = {s: _steps(nodes, inputs, c, outputs, budget) for s, c in choices.items()}
     plan = plans[strategy]
     plan.check_budget(budget)
     baselines = {
@@ -168,13 +168,13 @@ def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp"
                      choices[strategy], plan, baselines)
 
 
-def _steps(nodes, inputs: dict[str, ValueInfo], choice: Choice, outputs) -> Plan:
+def _steps(nodes, inputs: dict[str, ValueInfo], choice: Choice, outputs, budget) -> Plan:
     values = {
         name: TiledValue(name, v.shape, v.dtype, choice.input_tiles.get(name, v.shape),
                          tuple(f"d{k}" for k in range(len(v.shape))), name)
         for name, v in inputs.items()
     }
-    return plan_nodes(list(nodes), values, choice.tiles(nodes), outputs)
+    return plan_nodes(list(nodes), values, choice.tiles(nodes), outputs, budget)
 
 
 def _keys(nodes, name) -> tuple[str, ...]:

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 from ..errors import EinsumError
 from ..graph import EinsumNode, ValueInfo
-from .cost import Costs, nbytes, pieces_of, retile_peak, step_costs, step_peak, tile_of
+from .cost import (Costs, max_batches, nbytes, pieces_of, retile_max_batches, retile_peak, step_costs, step_peak,
+                   tile_of)
 
 STRATEGIES = ("eindecomp", "data-parallel", "model-parallel", "square-tiles")
 EXACT_CUT_LIMIT = 256  # enumerate cut tilings exactly up to this many combinations
@@ -107,16 +108,25 @@ class _Problem:
             if out or hi >= most:
                 break
             hi *= 4  # ...unless the memory budget needs finer cuts
+        # the baselines' chunkings are always candidates, so EinDecomp never costs more
+        for strategy in STRATEGIES[1:]:
+            p = baseline_pieces(strategy, node, self.workers)
+            if p not in out and self._fits(node, p):
+                out.append(p)
         if not out:
             raise EinsumError(
                 f"no chunking of node {node.describe()} -> {node.result.name} fits the memory budget of "
                 f"{self.budget} bytes (smallest projected peak: "
-                f"{min(step_peak(node, dict(zip(labels, c)), self.dtypes) for c in itertools.product(*(opts[lab] for lab in labels)))} bytes)"
+                f"{min(self._best_peak(node, dict(zip(labels, c))) for c in itertools.product(*(opts[lab] for lab in labels)))} bytes"
+                f"{'' if self.max_tile is None else f'; tiles capped at {self.max_tile} bytes'})"
             )
         return out
 
+    def _best_peak(self, node: EinsumNode, pieces: dict[str, int]) -> int:
+        return step_peak(node, pieces, self.dtypes, max_batches(node, pieces))
+
     def _fits(self, node: EinsumNode, pieces: dict[str, int]) -> bool:
-        if self.budget is not None and step_peak(node, pieces, self.dtypes) > self.budget:
+        if self.budget is not None and step_peak(node, pieces, self.dtypes, max_batches(node, pieces)) > self.budget:
             return False
         if self.max_tile is not None:
             # tiles this plan creates stay under the cap; a stored input used as it is may be larger
@@ -153,7 +163,7 @@ class _Problem:
     def retile(self, value: str, target: tuple[int, ...]) -> Costs:
         if self.budget is not None:
             v = self.values[value]
-            if retile_peak(v.shape, v.dtype, target) > self.budget:
+            if retile_peak(v.shape, v.dtype, target, retile_max_batches(v.shape, target)) > self.budget:
                 return Costs(retile=10**30)  # effectively forbidden
         return Costs(retile=self.bytes[value])
 
@@ -344,25 +354,32 @@ def exhaustive(nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, 
 def baseline(strategy: str, nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ...]],
              workers: int = 1, budget: int | None = None) -> Choice:
     """The chunking a fixed strategy gives every node (no search)."""
+    if strategy not in STRATEGIES[1:]:
+        raise EinsumError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
     prob = _Problem(nodes, inputs, fixed, workers, None)
-    w = 1 << max(workers - 1, 0).bit_length()  # workers rounded up to a power of two
-    pieces = {}
-    for n in prob.nodes:
-        size = n.size
-        p = {lab: 1 for lab in n.labels}
-        if strategy == "data-parallel":
-            lab = n.output[0] if n.output else n.labels[0]
-            p[lab] = min(w, size[lab])
-        elif strategy == "model-parallel":
-            lab = n.output[-1] if n.output else n.labels[-1]
-            p[lab] = min(w, size[lab])
-        elif strategy == "square-tiles":
-            side = 1 << max(size.values()).bit_length()
-            while side > 1 and math.prod(pieces_of(size[lab], min(side, size[lab])) for lab in n.labels) < workers:
-                side //= 2
-            p = {lab: pieces_of(size[lab], min(side, size[lab])) for lab in n.labels}
-        else:
-            raise EinsumError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
-        pieces[n.result.name] = p
+    pieces = {n.result.name: baseline_pieces(strategy, n, workers) for n in prob.nodes}
     tiles = prob.free_input_tiles(pieces, {})
     return Choice(pieces, tiles, prob.evaluate(pieces, tiles))
+
+
+def baseline_pieces(strategy: str, node: EinsumNode, workers: int) -> dict[str, int]:
+    """data-parallel: cut the leading output label ``workers`` ways; model-parallel: the last
+    output label; square-tiles: one tile side for every label, the largest power of two that
+    still gives ``workers`` join tasks."""
+    size = node.size
+    w = 1 << max(workers - 1, 0).bit_length()  # workers rounded up to a power of two
+    p = {lab: 1 for lab in node.labels}
+    if not node.labels:  # scalars: nothing to cut
+        return p
+    if strategy == "data-parallel":
+        lab = node.output[0] if node.output else node.labels[0]
+        p[lab] = pieces_of(size[lab], tile_of(size[lab], min(w, size[lab])))
+    elif strategy == "model-parallel":
+        lab = node.output[-1] if node.output else node.labels[-1]
+        p[lab] = pieces_of(size[lab], tile_of(size[lab], min(w, size[lab])))
+    else:
+        side = 1 << max(size.values()).bit_length()
+        while side > 1 and math.prod(pieces_of(size[lab], min(side, size[lab])) for lab in node.labels) < workers:
+            side //= 2
+        p = {lab: pieces_of(size[lab], min(side, size[lab])) for lab in node.labels}
+    return p

@@ -5,7 +5,10 @@ differently from what its consumer needs.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..graph import EinsumNode
+from .cost import choose_batches, max_batches, retile_max_batches, retile_peak, step_peak
 from .steps import EinsumStep, Plan, RetileStep, Step, TiledValue
 
 
@@ -14,12 +17,14 @@ def plan_nodes(
     inputs: dict[str, TiledValue],
     chunks: dict[str, dict[str, int]],
     outputs: dict[str, TiledValue],
+    budget: int | None = None,
 ) -> Plan:
     """A plan for ``nodes`` (dependency order) over the tiled ``inputs``.
 
     ``chunks`` gives each node (by result name) the tile size of every label. ``outputs`` maps
     the values to keep to their target (table, keys; the tile is filled in here); every other
-    node result is a scratch table dropped when the plan finishes.
+    node result is a scratch table dropped when the plan finishes. A step whose projected peak
+    exceeds ``budget`` bytes is split into the fewest statements that fit.
     """
     values = dict(inputs)
     steps: list[Step] = []
@@ -43,7 +48,9 @@ def plan_nodes(
             if want_t != v.tile:
                 name = temp_name()
                 target = TiledValue(name, v.shape, v.dtype, want_t, v.keys, name, temporary=True, scratch=True)
-                steps.append(RetileStep(v, target))
+                b = choose_batches(lambda k: retile_peak(v.shape, v.dtype, want_t, k),
+                                   retile_max_batches(v.shape, want_t), budget)
+                steps.append(RetileStep(v, target, b))
                 v = target
             step_inputs.append(v)
         res = node.result
@@ -56,5 +63,11 @@ def plan_nodes(
             result = TiledValue(res.name, res.shape, res.dtype, out_tile, tuple(node.output), table,
                                 temporary=True, scratch=True)
         values[res.name] = result
-        steps.append(EinsumStep(node, tuple(step_inputs), result, tuple(sorted(chunk.items()))))
+        step = EinsumStep(node, tuple(step_inputs), result, tuple(sorted(chunk.items())))
+        if budget is not None:
+            pieces = step.pieces
+            dtypes = {op.value: v.dtype for op, v in zip(node.operands, step_inputs)}
+            b = choose_batches(lambda k: step_peak(node, pieces, dtypes, k), max_batches(node, pieces), budget)
+            step = replace(step, batches=b)
+        steps.append(step)
     return Plan(tuple(steps), tuple(inputs.values()), tuple(values[name] for name in outputs))

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import EinsumError
 from ..graph import EinsumNode
-from .cost import Costs, retile_peak, step_costs, step_peak
+from .cost import Costs, batch_label, retile_peak, step_costs, step_peak
 from .tiling import grid
 
 
@@ -54,6 +54,7 @@ class RetileStep:
 
     source: TiledValue
     target: TiledValue
+    batches: int = 1  # statements, over ranges of the first target key
 
     @property
     def costs(self) -> Costs:
@@ -61,11 +62,12 @@ class RetileStep:
 
     @property
     def peak_bytes(self) -> int:
-        """Projected peak memory: every piece (held by list()) plus target tiles in flight."""
-        return retile_peak(self.source.shape, self.source.dtype, self.target.tile)
+        """Projected peak memory: the batch's pieces (held by list()) plus target tiles in flight."""
+        return retile_peak(self.source.shape, self.source.dtype, self.target.tile, self.batches)
 
     def describe(self) -> str:
-        return f"retile {self.source.name} {self.source.tile} -> {self.target.tile}"
+        batched = f" in {self.batches} batches" if self.batches > 1 else ""
+        return f"retile {self.source.name} {self.source.tile} -> {self.target.tile}{batched}"
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,11 @@ class EinsumStep:
     inputs: tuple[TiledValue, ...]
     result: TiledValue
     chunk: tuple[tuple[str, int], ...]
+    batches: int = 1  # statements, over ranges of the keys of ``batch_label``
+
+    @property
+    def batch_label(self) -> str | None:
+        return batch_label(self.node, self.pieces)
 
     @property
     def tile_of(self) -> dict[str, int]:
@@ -103,12 +110,14 @@ class EinsumStep:
 
     @property
     def peak_bytes(self) -> int:
-        return step_peak(self.node, self.pieces, {op.value: v.dtype for op, v in zip(self.node.operands, self.inputs)})
+        dtypes = {op.value: v.dtype for op, v in zip(self.node.operands, self.inputs)}
+        return step_peak(self.node, self.pieces, dtypes, self.batches)
 
     def describe(self) -> str:
         p = self.pieces
         chunks = " ".join(f"{lab}:{p[lab]}" for lab in self.node.labels)
-        return f"einsum {self.node.describe()} [{chunks}] -> {self.result.name}"
+        batched = f" in {self.batches} batches over {self.batch_label}" if self.batches > 1 else ""
+        return f"einsum {self.node.describe()} [{chunks}]{batched} -> {self.result.name}"
 
 
 Step = Union[RetileStep, EinsumStep]
