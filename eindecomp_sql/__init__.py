@@ -7,7 +7,8 @@ array([[1., 1.],
 """
 
 from .errors import EinsumError
+from .graph import Graph
 from .session import Session, Tensor, connect, einsum
 
-__all__ = ["EinsumError", "Session", "Tensor", "connect", "einsum"]
+__all__ = ["EinsumError", "Graph", "Session", "Tensor", "connect", "einsum"]
 __version__ = "0.1.0"

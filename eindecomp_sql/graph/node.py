@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..notation import Aggregation, JoinFunction
 
@@ -40,18 +41,20 @@ class EinsumNode:
     agg: Aggregation
     result: ValueInfo
 
-    @property
+    # cached: the optimizer asks these thousands of times (frozen dataclasses allow it, as
+    # cached_property writes the instance __dict__ directly)
+    @cached_property
     def size(self) -> dict[str, int]:
         return dict(self.sizes)
 
-    @property
+    @cached_property
     def labels(self) -> tuple[str, ...]:
         seen: dict[str, None] = {}
         for op in self.operands:
             seen.update(dict.fromkeys(op.labels))
         return tuple(seen)
 
-    @property
+    @cached_property
     def reduced(self) -> tuple[str, ...]:
         return tuple(lab for lab in self.labels if lab not in self.output)
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from dataclasses import dataclass, field
 
 from ..errors import EinsumError
@@ -57,7 +56,7 @@ class Choice:
 
 class _Problem:
     def __init__(self, nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ...]], workers, budget,
-                 max_tile_bytes=None):
+                 max_tile_bytes=None):  # noqa: PLR0913
         self.max_tile = max_tile_bytes
         self.nodes = list(nodes)
         self.inputs = inputs
@@ -74,7 +73,25 @@ class _Problem:
                 self.consumers.setdefault(op.value, []).append((n, k))
         self.bytes = {name: nbytes(v.shape, v.dtype) for name, v in self.values.items()}
         self.dtypes = {name: v.dtype for name, v in self.values.items()}
-        self.cands = {n.result.name: self._candidates(n) for n in self.nodes}
+        self._cands: dict[str, list[dict[str, int]]] | None = None
+        self._facts: dict[str, list[tuple]] = {}
+
+    @property
+    def cands(self) -> dict[str, list[dict[str, int]]]:
+        if self._cands is None:  # only the optimizer needs them, not the baselines
+            self._cands = {n.result.name: self._candidates(n) for n in self.nodes}
+        return self._cands
+
+    def facts(self, node: EinsumNode) -> list[tuple]:
+        """Per candidate: (pieces, node cost total, output tile, required tile per operand)."""
+        name = node.result.name
+        if name not in self._facts:
+            self._facts[name] = [
+                (p, self.node_cost(node, p).total, self.out_tile(node, p),
+                 tuple(self.required(node, k, p) for k in range(len(node.operands))))
+                for p in self.cands[name]
+            ]
+        return self._facts[name]
 
     # -- candidates -------------------------------------------------------------------------
     def _label_options(self, node: EinsumNode) -> dict[str, list[int]]:
@@ -210,16 +227,15 @@ class _Problem:
         for n in self.nodes:
             name = n.result.name
             rows = []
-            for ci, p in enumerate(self.cands[name]):
-                if name in fix and self.out_tile(n, p) != fix[name]:
+            for ci, (p, cost, made, needs) in enumerate(self.facts(n)):
+                if name in fix and made != fix[name]:
                     rows.append(None)
                     continue
-                c = self.node_cost(n, p)
-                total = c.total
+                total = cost
                 picks = {}
                 for k, op in enumerate(n.operands):
                     u = op.value
-                    need = self.required(n, k, p)
+                    need = needs[k]
                     if u in fix or u in self.fixed:
                         have = fix.get(u, self.fixed.get(u))
                         if have != need:
@@ -238,10 +254,11 @@ class _Problem:
                 rows.append((total, picks))
             best[name] = rows
             bt: dict[tuple, tuple[float, int]] = {}
+            facts = self.facts(n)
             for ci, row in enumerate(rows):
                 if row is None:
                     continue
-                t = self.out_tile(n, self.cands[name][ci])
+                t = facts[ci][2]
                 if t not in bt or row[0] < bt[t][0]:
                     bt[t] = (row[0], ci)
             by_tile[name] = bt
@@ -304,9 +321,12 @@ def optimize(nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ..
     return Choice(pieces, tiles, prob.evaluate(pieces, tiles))
 
 
-def _greedy(prob: _Problem, cuts, options, seconds: float = 0.5):
-    """Fix every cut value to what its producer (or its consumers, for inputs) likes best, then
-    try each cut's other options once, keeping improvements, while time allows."""
+def _greedy(prob: _Problem, cuts, options, work: int = 1200):
+    """Fix every cut value to what its producer (or its first consumer, for inputs) likes best,
+    then try each cut's other options once, keeping improvements. A fixed number of DP passes
+    (not a clock) bounds the work, so a plan does not depend on how busy the machine is: about
+    ``work`` node visits per pass count, well under a second for 100 nodes here."""
+    max_passes = max(16, work // max(len(prob.nodes), 1))
     _, free_pieces = prob.dp({})
     fix = {}
     for c in cuts:
@@ -316,13 +336,14 @@ def _greedy(prob: _Problem, cuts, options, seconds: float = 0.5):
             n, k = prob.consumers[c][0]
             fix[c] = prob.required(n, k, free_pieces[n.result.name])
     total, pieces = prob.dp(fix)
-    deadline = time.perf_counter() + seconds
+    passes = 0
     for c in cuts:
         for opt in options[c]:
-            if time.perf_counter() > deadline:
-                return total, pieces, fix
             if opt == fix[c]:
                 continue
+            if passes >= max_passes:
+                return total, pieces, fix
+            passes += 1
             trial = dict(fix)
             trial[c] = opt
             t, p = prob.dp(trial)

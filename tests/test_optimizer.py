@@ -1,0 +1,80 @@
+"""The optimizer: equal to the exhaustive optimum on graphs small enough to enumerate, memory
+budgets honoured by batching, and plans that still compute the right thing."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eindecomp_sql.graph import Graph
+from eindecomp_sql.plan import EinsumStep
+from eindecomp_sql.plan.optimize import exhaustive, optimize
+from graphs import random_inputs
+
+
+def _small_graphs():
+    out = {}
+    g = Graph()  # a chain of uneven matrices
+    a, b, c = g.input("a", (16, 4)), g.input("b", (4, 32)), g.input("c", (32, 8))
+    g.einsum("ij,jk->ik", g.einsum("ij,jk->ik", a, b), c)
+    out["chain"] = g
+    g = Graph()  # a value used twice: a cut in the DAG
+    x, w = g.input("x", (32, 8)), g.input("w", (8, 8))
+    h = g.einsum("bi,io->bo", x, w)
+    g.einsum("bo,bo->b", h, g.map("relu", h))
+    out["diamond"] = g
+    g = Graph()  # an input used by two nodes
+    x, w1, w2 = g.input("x", (8, 16)), g.input("w1", (16, 4)), g.input("w2", (16, 4))
+    g.add(g.einsum("bi,io->bo", x, w1), g.einsum("bi,io->bo", x, w2))
+    out["shared_input"] = g
+    g = Graph()  # max-plus then a reduction
+    p, q = g.input("p", (8, 8)), g.input("q", (8, 16))
+    g.reduce(g.einsum("ij,jk->ik", p, q, join="add", agg="max"), 0, agg="min")
+    out["maxplus"] = g
+    return out
+
+
+@pytest.mark.parametrize("name", list(_small_graphs()))
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_dp_equals_exhaustive_optimum(name, workers):
+    g = _small_graphs()[name]
+    inputs = {v.name: v for v in g.inputs}
+    choice = optimize(g.nodes, inputs, {}, workers=workers)
+    best, _ = exhaustive(g.nodes, inputs, {}, workers=workers)
+    assert choice.costs.total == pytest.approx(best)
+
+
+@settings(max_examples=25)
+@given(sizes=st.lists(st.sampled_from([2, 4, 8, 16, 24]), min_size=4, max_size=4), workers=st.sampled_from([1, 2, 4]))
+def test_dp_equals_exhaustive_on_random_chains(sizes, workers):
+    g = Graph()
+    mats = [g.input(f"m{k}", (a, b)) for k, (a, b) in enumerate(zip(sizes, sizes[1:]))]
+    out = mats[0]
+    for m in mats[1:]:
+        out = g.einsum("ij,jk->ik", out, m)
+    inputs = {v.name: v for v in g.inputs}
+    assert optimize(g.nodes, inputs, {}, workers=workers).costs.total == pytest.approx(
+        exhaustive(g.nodes, inputs, {}, workers=workers)[0])
+
+
+def test_stored_input_tilings_are_part_of_the_problem():
+    g = _small_graphs()["chain"]
+    inputs = {v.name: v for v in g.inputs}
+    fixed = {"a": (4, 1), "b": (1, 32), "c": (32, 8)}
+    choice = optimize(g.nodes, inputs, fixed, workers=1)
+    assert choice.costs.total == pytest.approx(exhaustive(g.nodes, inputs, fixed, workers=1)[0])
+
+
+def test_budget_splits_steps_into_batches_and_still_computes(db):
+    g = Graph()
+    x, w = g.input("x", (512, 64), "float64"), g.input("w", (64, 64), "float64")
+    g.map("relu", g.einsum("bi,io->bo", x, w))
+    free = g.plan(workers=1)
+    tight = g.plan(workers=1, memory="400KB")
+    assert free.plan.peak_bytes > 400_000
+    assert tight.plan.peak_bytes <= 400_000
+    assert any(isinstance(s, EinsumStep) and s.batches > 1 for s in tight.plan.steps)
+    assert "batches" in tight.explain(sql=False)
+    xs = random_inputs(g, 1)
+    got = tight.run(db, **xs).to_numpy()
+    np.testing.assert_allclose(got, np.maximum(xs["x"] @ xs["w"], 0))
