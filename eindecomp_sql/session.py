@@ -10,6 +10,7 @@ import atexit
 import itertools
 import re
 import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,6 +119,7 @@ class Session:
     def __init__(self, database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int = 1,
                  memory=None, read_only: bool = False):
         self.backend = DuckDBBackend(database, read_only=read_only)
+        _open_sessions.add(self)
         # The plans' knobs: largest tile a plan creates, join tasks per step, memory budget.
         # One worker by default: kernels already use every core inside a call (docs/DESIGN.md).
         self.tile_bytes = tile_bytes
@@ -318,12 +320,27 @@ class Session:
 
     def close(self) -> None:
         self.backend.close()
+        _open_sessions.discard(self)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+# Sessions still open at exit are closed then: DuckDB's Python binding prints leak warnings
+# for connections alive at interpreter shutdown.
+_open_sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_sessions() -> None:
+    for s in list(_open_sessions):
+        try:
+            s.close()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
 
 
 _default: Session | None = None

@@ -15,16 +15,17 @@ def retile_case(draw):
     shape = tuple(draw(st.integers(1, 9)) for _ in range(nd))
     src = tuple(draw(st.integers(1, d)) for d in shape)
     dst = tuple(draw(st.integers(1, d)) for d in shape)
-    return shape, src, dst, draw(st.sampled_from(DTYPES)), draw(st.integers(0, 2**31))
+    batches = draw(st.integers(1, -(-shape[0] // dst[0])))
+    return shape, src, dst, draw(st.sampled_from(DTYPES)), draw(st.integers(0, 2**31)), batches
 
 
 @given(retile_case())
 def test_any_tiling_to_any_tiling(db, case):
-    shape, src, dst, dtype, seed = case
+    shape, src, dst, dtype, seed, batches = case
     a = random_array(np.random.default_rng(seed), shape, dtype)
     T = db.store("rt", a, tile=src, replace=True)
     target = TiledValue("rt2", shape, T.value.dtype, dst, T.keys, None)  # no table: rows come back
-    step = RetileStep(T.value, target)
+    step = RetileStep(T.value, target, batches)  # batched: one statement per range of target rows
     tiles = db.backend.execute(Plan((step,), (T.value,), (target,)))
 
     assert tiles.num_rows == int(np.prod([-(-n // t) for n, t in zip(shape, dst)]))

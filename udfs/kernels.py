@@ -6,6 +6,7 @@ cached; each UDF call then only computes tile shapes from keys and runs numpy.
 
 from __future__ import annotations
 
+import itertools
 import json
 import string
 from functools import lru_cache
@@ -230,6 +231,17 @@ class RetileKernel:
         self.src = tuple(spec["from"])
         self.dst = tuple(spec["to"])
         self.dtype = np.dtype(spec["dtype"])
+        self.first_key_range = spec.get("first_key_range")
+
+    def targets(self, old_key) -> list[tuple[int, ...]]:
+        """Keys of the target tiles a source tile overlaps (within the batch's range)."""
+        ranges = []
+        for p, (k, a, b, n) in enumerate(zip(old_key, self.src, self.dst, self.shape)):
+            lo, hi = k * a // b, (min((k + 1) * a, n) - 1) // b + 1
+            if p == 0 and self.first_key_range is not None:
+                lo, hi = max(lo, self.first_key_range[0]), min(hi, self.first_key_range[1])
+            ranges.append(range(lo, hi))
+        return list(itertools.product(*ranges))
 
     def _box(self, tile: tuple[int, ...], key) -> list[tuple[int, int]]:
         return [(k * t, min((k + 1) * t, n)) for k, t, n in zip(key, tile, self.shape)]

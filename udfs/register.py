@@ -102,23 +102,37 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
     return writer.array()
 
 
-def retile_slice(spec_arr, keys_arr, tile_arr) -> pa.Array:
-    """The piece of a source tile that falls in one target tile (keys: old..., new...)."""
+def retile_split(spec_arr, keys_arr, tile_arr) -> pa.Array:
+    """Every piece of each source tile, one per target tile it overlaps, as a list of
+    {n: target key, k: source key, t: piece bytes}."""
     kernel = retile_kernel(_spec(spec_arr))
-    nd = len(kernel.shape)
     keys = [k.tolist() for k in _key_rows(keys_arr)]
     views = blob_views(tile_arr)
-    shapes, sources = [], []
-    for k, raw in zip(keys, views):
-        old, new = k[:nd], k[nd:]
+    pieces, new_keys, old_keys, counts = [], [], [], []
+    for old, raw in zip(keys, views):
         src = tile_view(raw, kernel.dtype, kernel.src_shape(old))
-        piece = src[kernel.piece_index(old, new, "src")]
-        shapes.append(piece.shape)
-        sources.append(piece)
-    writer = TileWriter(kernel.dtype, shapes)
-    for r, piece in enumerate(sources):
+        targets = kernel.targets(old)
+        counts.append(len(targets))
+        for new in targets:
+            pieces.append(src[kernel.piece_index(old, new, "src")])
+            new_keys.append(new)
+            old_keys.append(old)
+    writer = TileWriter(kernel.dtype, [p.shape for p in pieces])
+    for r, piece in enumerate(pieces):
         writer.out(r)[...] = piece
-    return writer.array()
+    nd = len(kernel.shape)
+    key_type = pa.list_(pa.int64())
+
+    def key_array(rows):
+        flat = np.asarray(rows, dtype=np.int64).reshape(-1)
+        return pa.ListArray.from_arrays(pa.array(np.arange(len(rows) + 1, dtype=np.int32) * nd), pa.array(flat),
+                                        type=key_type)
+
+    structs = pa.StructArray.from_arrays([key_array(new_keys), key_array(old_keys), writer.array()],
+                                         names=["n", "k", "t"])
+    offsets = np.zeros(len(counts) + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), structs)
 
 
 def retile_assemble(spec_arr, keys_arr, members_arr) -> pa.Array:
@@ -182,7 +196,8 @@ def register_kernels(con) -> None:
         con.create_function(f"eds_einsum{n}", rows, [text, keys] + [blob] * n, blob, **opts)
         member = duckdb.struct_type({"k": keys, **{f"t{k}": blob for k in range(n)}})
         con.create_function(f"eds_einsum_group{n}", einsum_groups, [text, keys, duckdb.list_type(member)], blob, **opts)
-    con.create_function("eds_slice", retile_slice, [text, keys, blob], blob, **opts)
+    cut = duckdb.struct_type({"n": keys, "k": keys, "t": blob})
+    con.create_function("eds_split", retile_split, [text, keys, blob], duckdb.list_type(cut), **opts)
     piece = duckdb.struct_type({"k": keys, "t": blob})
     con.create_function("eds_assemble", retile_assemble, [text, keys, duckdb.list_type(piece)], blob, **opts)
     for name, sqltype in VALUE_TYPES.items():

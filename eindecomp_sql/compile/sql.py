@@ -61,11 +61,13 @@ def _join_spec(join) -> dict:
     return {"name": join.name}
 
 
-def kernel_spec(step: Step) -> str:
+def kernel_spec(step: Step, batch: tuple[int, int] | None = None) -> str:
     """The JSON a tile kernel reads to know its step: labels, sizes, tile sizes, dtypes."""
     if isinstance(step, RetileStep):
         s, t = step.source, step.target
         body = {"op": "retile", "shape": s.shape, "from": s.tile, "to": t.tile, "dtype": s.dtype}
+        if batch is not None:
+            body["first_key_range"] = list(batch)
     else:
         node = step.node
         body = {
@@ -191,32 +193,39 @@ def _compile_einsum(step: EinsumStep, batch: tuple[int, int] | None = None) -> e
 
 def _compile_retile(step: RetileStep, batch: tuple[int, int] | None = None) -> exp.Expression:
     s, t = step.source, step.target
-    spec = sql(exp.Literal.string(kernel_spec(step)))
+    spec = sql(exp.Literal.string(kernel_spec(step, batch)))
     old = [col(k) for k in s.keys]
     new_names = [f"n{p}" for p in range(len(s.keys))]
-    # per dimension: the target tiles a source tile overlaps, lo <= n < hi
-    overlaps = sql(table(s.table))
-    for p, (key, n, a, b) in enumerate(zip(s.keys, s.shape, s.tile, t.tile)):
-        lo = f"({sql(col(key))} * {a}) // {b}"
-        hi = f"(least(({sql(col(key))} + 1) * {a}, {n}) - 1) // {b} + 1"
-        overlaps = f"(SELECT *, unnest(range({lo}, {hi})) AS {sql(ident(new_names[p]))} FROM {overlaps}) AS o{p}"
-    if batch is not None:  # one statement of a batched retile: a range of the first target key
-        cond = sql(exp.and_(*_key_range(col(new_names[0]), batch)))
-        overlaps = f"(SELECT * FROM {overlaps} WHERE {cond}) AS ob"
+    cut_n = exp.Dot(this=col("cut"), expression=ident("n"))
+    # sqlglot counts list positions from 0 and prints DuckDB's 1-based index itself
+    items = [exp.alias_(exp.Bracket(this=cut_n.copy(), expressions=[exp.Literal.number(p)]), ident(n))
+             for p, n in enumerate(new_names)]
+    source_where = ""
+    if batch is not None:  # only source tiles that overlap the batch's target rows
+        lo, hi = batch
+        a, b = s.tile[0], t.tile[0]
+        source_where = "WHERE " + sql(exp.and_(
+            exp.LT(this=exp.Mul(this=old[0].copy(), expression=exp.Literal.number(a)),
+                   expression=exp.Literal.number(hi * b)),
+            exp.GT(this=exp.Mul(this=exp.Paren(this=exp.Add(this=old[0].copy(), expression=exp.Literal.number(1))),
+                                expression=exp.Literal.number(a)),
+                   expression=exp.Literal.number(lo * b)),
+        ))
     piece = exp.Struct(expressions=[
-        exp.PropertyEQ(this=ident("k"), expression=exp.Array(expressions=[c.copy() for c in old])),
+        exp.PropertyEQ(this=ident("k"), expression=col("old_k")),
         exp.PropertyEQ(this=ident("t"), expression=col("piece")),
     ])
     new_cols = [col(n) for n in new_names]
     select = _fill(
         "retile",
         new_keys=_join([sql(c) for c in new_cols]),
-        old_keys=_join([sql(c) for c in old]),
         spec=spec,
         new_key_list=_key_list([c.copy() for c in new_cols]),
         piece_struct=sql(piece),
-        slice_key_list=_key_list([c.copy() for c in old] + [c.copy() for c in new_cols]),
-        overlaps=overlaps,
+        new_key_items=_join([sql(i) for i in items]),
+        old_key_list=_key_list([c.copy() for c in old]),
+        source=sql(table(s.table)),
+        source_where=source_where,
     )
     # rename n0.. back to the tensor's key names
     outer = exp.select(*[exp.alias_(col(n), ident(k)) for n, k in zip(new_names, t.keys)], col(TILE))

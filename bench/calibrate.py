@@ -1,0 +1,101 @@
+"""Calibrate the cost model's weights against measured DuckDB runs on this machine.
+
+Runs single einsum steps whose inputs are already stored the way the step cuts them (so only
+the join and aggregation terms vary, the FLOPs stay the same) and single re-tiles; fits
+    time = t0 + s_join * join_bytes + s_agg * agg_bytes          (einsum steps)
+    time = t1 + s_retile * retile_bytes                          (re-tiles)
+by least squares, and reports the weights relative to a join byte (what cost.py uses) with
+predicted against measured time for every run.
+
+    .venv/bin/python bench/calibrate.py     # writes bench/calibration.json
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+import eindecomp_sql as eds
+from eindecomp_sql.plan import Plan, RetileStep, TiledValue
+from eindecomp_sql.plan.cost import tile_of
+from eindecomp_sql.plan.planner import plan_nodes
+
+HERE = Path(__file__).parent
+N = 2048
+
+
+def _median_time(f, reps=3):
+    f()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts))
+
+
+def main():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((N, N), dtype=np.float32)
+    b = rng.standard_normal((N, N), dtype=np.float32)
+    db = eds.connect()
+    rows = []
+    for pi, pj, pk in itertools.product((1, 2, 4), repeat=3):
+        if pi * pj * pk > 16:
+            continue
+        A = db.store("A", a, tile=(tile_of(N, pi), tile_of(N, pj)), replace=True)
+        B = db.store("B", b, tile=(tile_of(N, pj), tile_of(N, pk)), replace=True)
+        plan = db.plan("ij,jk->ik", A, B, out="C")
+        # force the stored cut (the optimizer might prefer another one)
+        node = plan.steps[-1].node
+        forced = plan_nodes([node], {"A": A.value, "B": B.value},
+                            {node.result.name: {"i": tile_of(N, pi), "j": tile_of(N, pj), "k": tile_of(N, pk)}},
+                            {node.result.name: plan.result})
+        c = forced.costs
+        t = _median_time(lambda: db.backend.execute(forced, replace=True))
+        rows.append({"kind": "einsum", "pieces": [pi, pj, pk], "join": c.join, "agg": c.agg, "retile": 0, "time": t})
+        print(rows[-1], flush=True)
+    A = db.store("A", a, replace=True)
+    for tile in ((N // 2, N // 2), (N // 4, N), (N, N // 4), (N // 8, N // 8), (N // 4, N // 4)):
+        target = TiledValue("Rt", (N, N), "float32", tile, A.keys, "Rt", temporary=True)
+        for src_tile in ((N, N), (N // 2, N // 2)):
+            S = db.store("S", a, tile=src_tile, replace=True)
+            step = RetileStep(S.value, target)
+            plan = Plan((step,), (S.value,), (target,))
+            t = _median_time(lambda: db.backend.execute(plan, replace=True))
+            rows.append({"kind": "retile", "tiles": [list(src_tile), list(tile)], "join": 0, "agg": 0,
+                         "retile": step.costs.retile, "time": t})
+            print(rows[-1], flush=True)
+    db.close()
+    ein = [r for r in rows if r["kind"] == "einsum"]
+    X = np.array([[1.0, r["join"], r["agg"]] for r in ein])
+    y = np.array([r["time"] for r in ein])
+    (t0, s_join, s_agg), *_ = np.linalg.lstsq(X, y, rcond=None)
+    ret = [r for r in rows if r["kind"] == "retile"]
+    # a retile moves every element once as a piece; its time over the bytes of a tensor
+    s_retile = float(np.median([r["time"] / r["retile"] for r in ret]))
+    for r in ein:
+        r["predicted"] = float(t0 + s_join * r["join"] + s_agg * r["agg"])
+    for r in ret:
+        r["predicted"] = float(s_retile * r["retile"])
+    out = {
+        "n": N,
+        "t0_s": float(t0),
+        "s_per_join_byte": float(s_join),
+        "s_per_agg_byte": float(s_agg),
+        "s_per_retile_byte": s_retile,
+        "agg_weight": float(s_agg / s_join),
+        "retile_weight": float(s_retile / s_join),
+        "rows": rows,
+    }
+    (HERE / "calibration.json").write_text(json.dumps(out, indent=1))
+    print(f"t0 {t0:.3f} s; join {s_join * 1e9:.2f} ns/B; agg {s_agg * 1e9:.2f} ns/B; retile {s_retile * 1e9:.2f} ns/B")
+    print(f"weights relative to a join byte: agg {s_agg / s_join:.2f}, retile {s_retile / s_join:.2f}")
+
+
+if __name__ == "__main__":
+    main()
