@@ -2,7 +2,7 @@
 
 Runs single einsum steps whose inputs are already stored the way the step cuts them (so only
 the join and aggregation terms vary, the FLOPs stay the same) and single re-tiles; fits
-    time = t0 + s_join * join_bytes + s_agg * agg_bytes          (einsum steps)
+    time = t0 + s_join * join + s_group * grouped_join + s_agg * agg     (einsum steps)
     time = t1 + s_retile * retile_bytes                          (re-tiles)
 by least squares, and reports the weights relative to a join byte (what cost.py uses) with
 predicted against measured time for every run.
@@ -72,29 +72,33 @@ def main():
             print(rows[-1], flush=True)
     db.close()
     ein = [r for r in rows if r["kind"] == "einsum"]
-    X = np.array([[1.0, r["join"], r["agg"]] for r in ein])
+    X = np.array([[1.0, r["join"], r["join"] if r["agg"] else 0, r["agg"]] for r in ein])
     y = np.array([r["time"] for r in ein])
-    (t0, s_join, s_agg), *_ = np.linalg.lstsq(X, y, rcond=None)
+    (t0, s_join, s_group, s_agg), *_ = np.linalg.lstsq(X, y, rcond=None)
     ret = [r for r in rows if r["kind"] == "retile"]
     # a retile moves every element once as a piece; its time over the bytes of a tensor
     s_retile = float(np.median([r["time"] / r["retile"] for r in ret]))
     for r in ein:
-        r["predicted"] = float(t0 + s_join * r["join"] + s_agg * r["agg"])
+        r["predicted"] = float(t0 + s_join * r["join"] + s_group * (r["join"] if r["agg"] else 0) + s_agg * r["agg"])
     for r in ret:
         r["predicted"] = float(s_retile * r["retile"])
     out = {
         "n": N,
         "t0_s": float(t0),
         "s_per_join_byte": float(s_join),
+        "s_per_group_byte": float(s_group),
         "s_per_agg_byte": float(s_agg),
+        "group_weight": float(s_group / s_join),
         "s_per_retile_byte": s_retile,
         "agg_weight": float(s_agg / s_join),
         "retile_weight": float(s_retile / s_join),
         "rows": rows,
     }
     (HERE / "calibration.json").write_text(json.dumps(out, indent=1))
-    print(f"t0 {t0:.3f} s; join {s_join * 1e9:.2f} ns/B; agg {s_agg * 1e9:.2f} ns/B; retile {s_retile * 1e9:.2f} ns/B")
-    print(f"weights relative to a join byte: agg {s_agg / s_join:.2f}, retile {s_retile / s_join:.2f}")
+    print(f"t0 {t0:.3f} s; join {s_join * 1e9:.2f} ns/B; grouped {s_group * 1e9:.2f} ns/B; agg {s_agg * 1e9:.2f} ns/B; "
+          f"retile {s_retile * 1e9:.2f} ns/B")
+    print(f"weights relative to a join byte: group {s_group / s_join:.2f}, agg {s_agg / s_join:.2f}, "
+          f"retile {s_retile / s_join:.2f}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ def run_node(node, arrays, xp):
     ins = ["".join(L[lab] for lab in op.labels) for op in node.operands]
     out = "".join(L[lab] for lab in node.output)
     if node.join.name == "mul" and node.agg.name == "sum":
-        return xp.einsum(",".join(ins) + "->" + out, *ops)
+        return xp.einsum(",".join(ins) + "->" + out, *ops, optimize=True)
     order = list(node.output) + [lab for lab in node.labels if lab not in node.output]
     aligned = []
     for a, s in zip(ops, ins):

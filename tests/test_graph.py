@@ -76,7 +76,9 @@ def test_explain_and_dot():
     g, _ = ffn()
     p = g.plan(workers=4, memory="1GB")
     text = p.explain()
-    for word in ("data-parallel", "model-parallel", "square-tiles", "pieces b:2 i:1 o:2", "SELECT", "peak"):
+    n = p.nodes[0]
+    chosen = "pieces " + " ".join(f"{lab}:{p.pieces[n.result.name][lab]}" for lab in n.labels)
+    for word in ("data-parallel", "model-parallel", "square-tiles", chosen, "SELECT", "peak"):
         assert word in text
     dot = p.to_dot()
     assert dot.startswith("digraph") and '"x" -> "v1"' in dot and "pieces" in dot

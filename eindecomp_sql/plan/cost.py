@@ -9,10 +9,13 @@ For an einsum node cut into ``d[l]`` pieces per label:
   beyond the first that must be combined.
 - **retile**: ``bytes(value)`` whenever a producer's tiling differs from what a consumer needs:
   every element moves once (sliced, regrouped, concatenated).
+- **group** (this engine's own term): when a reduced label is cut, DuckDB routes the step's
+  joined tiles through a ``list()`` aggregate before the kernel contracts each group, so those
+  join bytes are moved once more.
 
-The total is ``JOIN * join + AGG * agg + RETILE * retile`` with weights calibrated on this engine
-(``bench/calibrate.py``, numbers in bench/RESULTS.md); they make all three terms "bytes that cost
-what one join byte costs".
+The total is ``join + GROUP * group + AGG * agg + RETILE * retile`` with weights calibrated on this
+engine (``bench/calibrate.py``, numbers in bench/RESULTS.md): every term in "bytes that cost what
+one join byte costs".
 
 Peak memory of a step (bytes), from how DuckDB runs it: a row step holds the tiles of the rows
 in one UDF call (DuckDB hands a UDF a whole vector, up to 2,048 rows: a join of a few tiles
@@ -41,12 +44,13 @@ import numpy as np
 from ..graph import EinsumNode
 
 # Calibrated weights (seconds per byte relative to a join byte), fitted by bench/calibrate.py
-# (2048² float32 GEMMs under 17 chunkings and 10 re-tiles: join 2.0 ns/B, aggregation 3.7 ns/B,
-# retile 5.2 ns/B with its per-statement overhead)
+# (2048² float32 GEMMs under 17 chunkings and 10 re-tiles: join 1.6 ns/B, grouped join bytes
+# 1.1 ns/B more, aggregation 2.4 ns/B, retile 5.2 ns/B with its per-statement overhead)
 # on this machine: see bench/RESULTS.md "Cost model calibration".
 JOIN_WEIGHT = 1.0
-AGG_WEIGHT = 1.8
-RETILE_WEIGHT = 2.6
+GROUP_WEIGHT = 0.7
+AGG_WEIGHT = 1.5
+RETILE_WEIGHT = 3.0
 VECTOR_ROWS = 2048  # DuckDB hands a scalar UDF at most one vector of rows per call
 
 
@@ -57,13 +61,16 @@ class Costs:
     join: int = 0
     agg: int = 0
     retile: int = 0
+    group: int = 0
 
     @property
     def total(self) -> float:
-        return JOIN_WEIGHT * self.join + AGG_WEIGHT * self.agg + RETILE_WEIGHT * self.retile
+        return (JOIN_WEIGHT * self.join + GROUP_WEIGHT * self.group + AGG_WEIGHT * self.agg
+                + RETILE_WEIGHT * self.retile)
 
     def __add__(self, other: "Costs") -> "Costs":
-        return Costs(self.join + other.join, self.agg + other.agg, self.retile + other.retile)
+        return Costs(self.join + other.join, self.agg + other.agg, self.retile + other.retile,
+                     self.group + other.group)
 
 
 def nbytes(shape, dtype) -> int:
@@ -91,7 +98,7 @@ def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str
     for lab in node.reduced:
         red *= pieces[lab]
     out = nbytes(node.result.shape, node.result.dtype)
-    return Costs(join=join, agg=out * (red - 1))
+    return Costs(join=join, agg=out * (red - 1), group=join if red > 1 else 0)
 
 
 def batch_label(node: EinsumNode, pieces: dict[str, int]) -> str | None:

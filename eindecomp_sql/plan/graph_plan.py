@@ -65,8 +65,9 @@ class GraphPlan:
             f"graph plan ({self.strategy}, workers={self.workers}, memory budget "
             f"{'none' if self.budget is None else f'{self.budget / 1e6:.0f} MB'}): {len(self.nodes)} node(s), "
             f"{len(self.plan.steps)} step(s), {self.retiles} retile(s)",
-            f"cost {c.total / 1e6:.1f} MB = join {c.join / 1e6:.1f} + aggregation {c.agg / 1e6:.1f} + "
-            f"retile {c.retile / 1e6:.1f} (weighted); largest step peak {self.plan.peak_bytes / 1e6:.1f} MB",
+            f"cost {c.total / 1e6:.1f} MB from join {c.join / 1e6:.1f}, grouped {c.group / 1e6:.1f}, aggregation "
+            f"{c.agg / 1e6:.1f}, retile {c.retile / 1e6:.1f} MB (weighted sum); largest step peak "
+            f"{self.plan.peak_bytes / 1e6:.1f} MB",
             "",
             "cost vs baselines:",
         ]

@@ -166,8 +166,8 @@ class Plan:
 
     def explain(self) -> str:
         c = self.costs
-        lines = [f"plan: {len(self.steps)} step(s); cost {_mb(c.total)} (join {_mb(c.join)}, aggregation "
-                 f"{_mb(c.agg)}, retile {_mb(c.retile)}); peak {_mb(self.peak_bytes)}"]
+        lines = [f"plan: {len(self.steps)} step(s); cost {_mb(c.total)} (join {_mb(c.join)}, grouped {_mb(c.group)}, "
+                 f"aggregation {_mb(c.agg)}, retile {_mb(c.retile)}); peak {_mb(self.peak_bytes)}"]
         for v in self.inputs:
             lines.append(f"  input {v.name}: shape {v.shape} {v.dtype} tile {v.tile} grid {v.grid}")
         for k, s in enumerate(self.steps):
