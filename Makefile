@@ -9,6 +9,10 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $@
+
+$(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e ".[test,bench]"
 	touch $@
 
@@ -18,7 +22,11 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest
 
-bench: $(VENV)/.installed
+# the numbers in bench/RESULTS.md: GEMMs and contractions against numpy, dask and pure SQL;
+# graphs under every strategy; the cost model's calibration (about 30 minutes on 2 cores)
+bench: $(VENV)/.installed-bench
+	$(BIN)/python bench/calibrate.py
+	$(BIN)/python bench/graphs_run.py
 	$(BIN)/python bench/run.py
 
 clean:

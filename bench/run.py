@@ -187,7 +187,60 @@ def write_markdown(results: dict, path: Path) -> None:
         out += ["", f"Pure SQL over (i, j, value) rows, GEMM 1024² float32: {results['pure_sql_gemm_1024_s']:.2f} s."]
     for extra in results.get("notes", []):
         out += ["", extra]
+    out += graph_sections()
     path.write_text("\n".join(out) + "\n")
+
+
+def graph_sections() -> list[str]:
+    """The EinDecomp optimizer's results (bench/graphs_run.py, bench/calibrate.py), if run."""
+    out: list[str] = []
+    gpath, cpath = HERE / "graphs_results.json", HERE / "calibration.json"
+    if gpath.exists():
+        g = json.loads(gpath.read_text())
+        out += ["", "## Graphs: EinDecomp against fixed strategies (bench/graphs_run.py)", "",
+                f"Every plan ran for real in DuckDB (median of 3), workers={g['workers']} unless noted; the grid "
+                "forces every node to cut its leading output label p ways, its last q ways and its reduced "
+                "labels r ways (one run each; plans with fewer join tasks than workers left out). Peak is the "
+                "resident set one run added; projected is the plan's largest step peak.", ""]
+        bar_rows = []
+        for name, w in g["workloads"].items():
+            best = w["grid"][w["grid_best"]]["time"]
+            out += [f"### {name} ({w['nodes']} nodes)", "",
+                    "| plan | projected cost MB | time s | vs grid best | peak MB | projected peak MB | retiles |",
+                    "|---|---|---|---|---|---|---|"]
+            for label, r in w["plans"].items():
+                out.append(f"| {label} | {r['cost'] / 1e6:.1f} | {r['time']:.3f} | {r['time'] / best:.2f}x | "
+                           f"{r['peak_bytes'] / 2**20:.0f} | {r['projected_peak'] / 2**20:.0f} | {r['retiles']} |")
+            out.append(f"| grid best ({w['grid_best']}) | {w['grid'][w['grid_best']]['cost'] / 1e6:.1f} | "
+                       f"{best:.3f} | 1.00x | - | - | - |")
+            for peer, t in w["peers"].items():
+                out.append(f"| {peer} (same graph, node by node) | - | {t:.3f} | {t / best:.2f}x | - | - | - |")
+            out.append("")
+            e = w["plans"]["eindecomp"]
+            cheapest = all(e["cost"] <= r["cost"] + 1e-6 for k, r in w["plans"].items() if "workers=1" not in k)
+            bar_rows.append((name, cheapest, e["time"] / best))
+        out += ["### Bars", "", "| graph | EinDecomp cost <= every baseline | EinDecomp time / best grid plan (<= 1.15) |",
+                "|---|---|---|"]
+        for name, cheapest, ratio in bar_rows:
+            out.append(f"| {name} | {'yes' if cheapest else 'NO'} | {ratio:.2f}x {'yes' if ratio <= 1.15 else 'NO'} |")
+        pl = g.get("planning")
+        if pl:
+            out += ["", f"Planning a {pl['nodes']}-node graph (25 residual FFN layers, workers=4): {pl['seconds']:.2f} s."]
+    if cpath.exists():
+        c = json.loads(cpath.read_text())
+        out += ["", "## Cost model calibration (bench/calibrate.py)", "",
+                f"{c['n']}² float32 GEMM steps under forced chunkings (inputs stored pre-cut, so only bytes vary) and "
+                f"re-tiles, fitted by least squares: fixed {c['t0_s']:.3f} s, join {c['s_per_join_byte'] * 1e9:.2f} ns/B, "
+                f"grouped join {c['s_per_group_byte'] * 1e9:.2f} ns/B more, aggregation {c['s_per_agg_byte'] * 1e9:.2f} "
+                f"ns/B, retile {c['s_per_retile_byte'] * 1e9:.2f} ns/B: weights relative to a join byte group "
+                f"{c['group_weight']:.2f}, aggregation {c['agg_weight']:.2f}, retile {c['retile_weight']:.2f} "
+                "(eindecomp_sql/plan/cost.py uses these, rounded).", "",
+                "| run | join MB | agg MB | retile MB | measured s | predicted s |", "|---|---|---|---|---|---|"]
+        for r in c["rows"]:
+            what = f"einsum pieces {r['pieces']}" if r["kind"] == "einsum" else f"retile {r['tiles'][0]} -> {r['tiles'][1]}"
+            out.append(f"| {what} | {r['join'] / 1e6:.1f} | {r['agg'] / 1e6:.1f} | {r['retile'] / 1e6:.1f} | "
+                       f"{r['time']:.3f} | {r['predicted']:.3f} |")
+    return out
 
 
 def bars(results: dict) -> list[dict]:

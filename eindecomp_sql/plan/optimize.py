@@ -327,15 +327,31 @@ def _greedy(prob: _Problem, cuts, options, work: int = 1200):
     (not a clock) bounds the work, so a plan does not depend on how busy the machine is: about
     ``work`` node visits per pass count, well under a second for 100 nodes here."""
     max_passes = max(16, work // max(len(prob.nodes), 1))
+    def cut_tilings(pieces):
+        fix = {}
+        for c in cuts:
+            if c in prob.producer:
+                fix[c] = prob.out_tile(prob.producer[c], pieces[c])
+            else:
+                n, k = prob.consumers[c][0]
+                fix[c] = prob.required(n, k, pieces[n.result.name])
+        return fix
+
+    # start from the best of: every cut at its producer's favourite, or at what each baseline
+    # strategy does (so the result never costs more than a baseline)
+    starts = []
     _, free_pieces = prob.dp({})
-    fix = {}
-    for c in cuts:
-        if c in prob.producer:
-            fix[c] = prob.out_tile(prob.producer[c], free_pieces[c])
-        else:
-            n, k = prob.consumers[c][0]
-            fix[c] = prob.required(n, k, free_pieces[n.result.name])
-    total, pieces = prob.dp(fix)
+    if free_pieces is not None:
+        starts.append(cut_tilings(free_pieces))
+    for strategy in STRATEGIES[1:]:
+        starts.append(cut_tilings({n.result.name: baseline_pieces(strategy, n, prob.workers) for n in prob.nodes}))
+    total, pieces, fix = math.inf, None, None
+    for start in starts:
+        t, p = prob.dp(start)
+        if p is not None and t < total:
+            total, pieces, fix = t, p, start
+    if pieces is None:
+        return total, None, {}
     passes = 0
     for c in cuts:
         for opt in options[c]:
