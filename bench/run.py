@@ -218,8 +218,10 @@ def graph_sections() -> list[str]:
             out.append("")
             e = w["plans"]["eindecomp"]
             cheapest = all(e["cost"] <= r["cost"] + 1e-6 for k, r in w["plans"].items() if "workers=1" not in k)
-            bar_rows.append((name, cheapest, e["time"] / best))
-        out += ["### Bars", "", "| graph | EinDecomp cost <= every baseline | EinDecomp time / best grid plan (<= 1.15) |",
+            bar_rows.append((name, cheapest, e.get("time_vs_grid", e["time"]) / best))
+        out += ["### Bars", "", "The time ratio compares medians over the same interleaved rounds: the EinDecomp plan and the "
+                "three fastest grid plans of the first pass, run again side by side.", "",
+                "| graph | EinDecomp cost <= every baseline | EinDecomp time / best grid plan (<= 1.15) |",
                 "|---|---|---|"]
         for name, cheapest, ratio in bar_rows:
             out.append(f"| {name} | {'yes' if cheapest else 'NO'} | {ratio:.2f}x {'yes' if ratio <= 1.15 else 'NO'} |")
@@ -273,9 +275,14 @@ def main() -> None:
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--no-pure-sql", action="store_true")
     ap.add_argument("--memory", nargs=2, metavar=("WORKLOAD", "METHOD"), help=argparse.SUPPRESS)
+    ap.add_argument("--markdown-only", action="store_true",
+                    help="rewrite RESULTS.md from results.json, graphs_results.json and calibration.json")
     args = ap.parse_args()
     if args.memory:
         measure_memory(*args.memory)
+        return
+    if args.markdown_only:
+        write_markdown(json.loads((HERE / "results.json").read_text()), HERE / "RESULTS.md")
         return
     results = {"machine": machine(), "dask_chunk": 1024, "workloads": {}}
     for name, (spec, shapes, dtype) in WORKLOADS.items():

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import re
 import threading
 import weakref
 from dataclasses import dataclass
@@ -19,34 +18,10 @@ import pyarrow as pa
 from .backends.duckdb import DuckDBBackend
 from .compile import elements_query, single_query, sql_listing
 from .errors import EinsumError
+from .notation.checks import check_dtype, check_name
 from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, auto_tile, check_tile, plan_einsum
 from .plan.cost import parse_memory
 from .udfs.tiles import array_from_tiles, tiles_from_array
-
-DTYPES = ("float32", "float64", "int32", "int64", "bool")
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-RESERVED = ("_eds_", "eds_")
-
-
-def check_name(name, what: str = "tensor name") -> str:
-    """Tensor names are plain identifiers. They reach SQL only quoted by sqlglot, but a name
-    that is not an identifier is refused outright, so nothing that looks like SQL gets in."""
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise EinsumError(
-            f"invalid {what} {name!r}: use letters, digits and '_' (starting with a letter or '_'), "
-            "at most 63 characters"
-        )
-    if name.lower().startswith(RESERVED):
-        raise EinsumError(f"invalid {what} {name!r}: names starting with '_eds_' or 'eds_' are reserved")
-    return name
-
-
-def check_dtype(dtype) -> str:
-    dt = np.dtype(dtype)
-    if dt.name not in DTYPES:
-        raise EinsumError(f"unsupported dtype {dt.name}: eindecomp_sql stores {', '.join(DTYPES)}")
-    return dt.name
-
 
 def as_array(x, where: str) -> np.ndarray:
     try:

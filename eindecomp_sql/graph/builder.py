@@ -10,19 +10,15 @@ as nodes are added, so mistakes surface at the line that makes them.
 
 from __future__ import annotations
 
-import re
 import string
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..errors import EinsumError
 from ..notation import parse_agg, parse_join, parse_spec
+from ..notation.checks import check_dtype, check_name
 from .lower import lower_einsum
 from .node import EinsumNode, ValueInfo
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-DTYPES = ("float32", "float64", "int32", "int64", "bool")
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,8 +61,7 @@ class Graph:
         return name
 
     def _check_new_name(self, name: str) -> str:
-        if not isinstance(name, str) or not _NAME.match(name) or name.lower().startswith(("eds_", "_eds_")):
-            raise EinsumError(f"invalid value name {name!r}: use an identifier (letters, digits, '_')")
+        check_name(name, "value name")
         if name in self._values:
             raise EinsumError(f"graph already has a value named {name!r}")
         return name
@@ -92,9 +87,10 @@ class Graph:
             raise EinsumError(f"input {name!r}: shape must be a tuple of ints, got {shape!r}") from None
         if any(d < 1 for d in shape):
             raise EinsumError(f"input {name!r}: every dimension must be >= 1, got {shape}")
-        dt = np.dtype(dtype).name
-        if dt not in DTYPES:
-            raise EinsumError(f"input {name!r}: unsupported dtype {dt}; use one of {', '.join(DTYPES)}")
+        try:
+            dt = check_dtype(dtype)
+        except (EinsumError, TypeError) as e:
+            raise EinsumError(f"input {name!r}: {e}") from None
         v = ValueInfo(name, shape, dt)
         self._values[name] = v
         self._inputs.append(name)
