@@ -28,6 +28,8 @@ bench: $(VENV)/.installed-bench
 	$(BIN)/python bench/calibrate.py
 	$(BIN)/python bench/graphs_run.py
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/gemm_bar.py
+	$(BIN)/python bench/run.py --markdown-only
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -160,9 +160,12 @@ def planning_time_100_nodes():
         w2 = g.input(f"w2_{k}", (4096, 1024))
         a = g.map("relu", g.einsum("bi,io->bo", h, w1))
         h = g.add(h, g.einsum("bo,oi->bi", a, w2))
-    t = time.perf_counter()
-    g.plan(workers=4)
-    return len(g.nodes), time.perf_counter() - t
+    ts = []
+    for _ in range(3):  # median of 3: the machine is shared
+        t = time.perf_counter()
+        g.plan(workers=4)
+        ts.append(time.perf_counter() - t)
+    return len(g.nodes), float(np.median(ts))
 
 
 def main():

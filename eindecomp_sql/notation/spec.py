@@ -155,7 +155,7 @@ def parse_spec(text: str, shapes: list[tuple[int, ...]] | tuple[tuple[int, ...],
     # operand (not only under an ellipsis); inside one operand a repeated label must agree.
     for k, (labels, shape) in enumerate(zip(inputs, shapes)):
         local: dict[str, int] = {}
-        for ax, (lab, d) in enumerate(zip(labels, shape)):
+        for lab, d in zip(labels, shape):
             if lab in local and local[lab] != d:
                 raise EinsumError(
                     f"einsum label {lab!r} is repeated in operand {k} with different sizes "

@@ -227,7 +227,7 @@ class _Problem:
         for n in self.nodes:
             name = n.result.name
             rows = []
-            for ci, (p, cost, made, needs) in enumerate(self.facts(n)):
+            for _p, cost, made, needs in self.facts(n):
                 if name in fix and made != fix[name]:
                     rows.append(None)
                     continue
@@ -326,7 +326,7 @@ def _greedy(prob: _Problem, cuts, options, work: int = 1200):
     then try each cut's other options once, keeping improvements. A fixed number of DP passes
     (not a clock) bounds the work, so a plan does not depend on how busy the machine is: about
     ``work`` node visits per pass count, well under a second for 100 nodes here."""
-    max_passes = max(16, work // max(len(prob.nodes), 1))
+    max_passes = max(8, work // max(len(prob.nodes), 1))
     def cut_tilings(pieces):
         fix = {}
         for c in cuts:
