@@ -17,8 +17,6 @@ from ..plan import Plan, TiledValue
 from ..sql_templates import template
 from ..udfs.kernels import CALLABLES
 
-CATALOG = "eds_catalog"
-MAX_SQL_OPERANDS = 8
 
 
 class ExecutionError(EinsumError):
@@ -59,13 +57,8 @@ class DuckDBBackend:
 
         self.con.create_function("eds_einsum_sql", udf, [text, duckdb.list_type(text), text], text,
                                  side_effects=True)
-        params = ", ".join(f"o{k} := NULL" for k in range(1, MAX_SQL_OPERANDS))
-        names = ", ".join(["o0"] + [f"o{k}" for k in range(1, MAX_SQL_OPERANDS)])
         for macro, mode in (("einsum", "tiles"), ("einsum_elements", "elements")):
-            self._run(
-                f"CREATE OR REPLACE TEMP MACRO {macro}(spec, o0, {params}) AS TABLE "
-                f"SELECT * FROM query(eds_einsum_sql(spec, [{names}], '{mode}'))"
-            )
+            self._run(template("macros").format(macro=macro, mode=exp.Literal.string(mode).sql(dialect="duckdb")))
 
     # -- catalog ----------------------------------------------------------------------------
     def _cursor(self):
@@ -74,7 +67,7 @@ class DuckDBBackend:
     def lookup(self, name: str) -> TiledValue | None:
         cur = self._cursor()
         try:
-            row = cur.execute(f"SELECT shape, dtype, tile, keys FROM {CATALOG} WHERE name = ?", [name]).fetchone()
+            row = cur.execute("SELECT shape, dtype, tile, keys FROM eds_catalog WHERE name = ?", [name]).fetchone()
         except duckdb.CatalogException:
             return None
         finally:
@@ -85,7 +78,7 @@ class DuckDBBackend:
         return TiledValue(name, tuple(shape), dtype, tuple(tile), tuple(keys), name)
 
     def names(self) -> list[str]:
-        return [r[0] for r in self._run(f"SELECT name FROM {CATALOG} ORDER BY name")]
+        return [r[0] for r in self._run("SELECT name FROM eds_catalog ORDER BY name")]
 
     def table_exists(self, table: str) -> bool:
         tables = self._run("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND NOT temporary", [table])
@@ -93,16 +86,16 @@ class DuckDBBackend:
         return bool(tables[0][0] or views[0][0])
 
     def _write_catalog(self, value: TiledValue) -> None:
-        self._run(f"DELETE FROM {CATALOG} WHERE name = ?", [value.table])
+        self._run("DELETE FROM eds_catalog WHERE name = ?", [value.table])
         self._run(
-            f"INSERT INTO {CATALOG} VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO eds_catalog VALUES (?, ?, ?, ?, ?)",
             [value.table, list(value.shape), value.dtype, list(value.tile), list(value.keys)],
         )
 
     def drop(self, name: str) -> None:
         with self.lock, self._transaction():
             self._run(drop_table(name).sql(dialect="duckdb"))
-            self._run(f"DELETE FROM {CATALOG} WHERE name = ?", [name])
+            self._run("DELETE FROM eds_catalog WHERE name = ?", [name])
 
     # -- transactions -----------------------------------------------------------------------
     class _Tx:
