@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, settings
 settings.register_profile(
     "default",
     deadline=None,
-    max_examples=int(os.environ.get("EDS_EXAMPLES", "60")),
+    max_examples=int(os.environ.get("EDS_EXAMPLES", "100")),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.load_profile("default")

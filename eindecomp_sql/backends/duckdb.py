@@ -18,7 +18,6 @@ from ..sql_templates import template
 from ..udfs.kernels import CALLABLES
 
 
-
 class ExecutionError(EinsumError):
     """A plan failed while running in the engine (the message names the step)."""
 
