@@ -15,7 +15,7 @@ import numpy as np
 
 import eindecomp_sql as eds
 
-N, ROUNDS = 4096, 9
+N, ROUNDS = 4096, 15
 
 
 def main():
