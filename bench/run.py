@@ -276,9 +276,9 @@ def bars(results: dict) -> list[dict]:
 
     if "gemm_4096" in w:
         r = ratio("gemm_4096", "eds_stored")
-        rows.append({"bar": "4096² GEMM, stored tensors, SQL path", "target": "<= 1.3x numpy", "measured": f"{r:.2f}x", "met": r <= 1.3})
+        rows.append({"bar": "4096² GEMM, stored tensors, SQL path (full table, dask einsum in the same rounds)", "target": "<= 1.3x numpy", "measured": f"{r:.2f}x", "met": r <= 1.3})
         r = ratio("gemm_4096", "eds_numpy")
-        rows.append({"bar": "4096² GEMM, eds.einsum on numpy (load included)", "target": "<= 1.6x numpy", "measured": f"{r:.2f}x", "met": r <= 1.6})
+        rows.append({"bar": "4096² GEMM, eds.einsum on numpy, load included (full table)", "target": "<= 1.6x numpy", "measured": f"{r:.2f}x", "met": r <= 1.6})
     if "pure_sql_gemm_1024_s" in results and "gemm_1024" in w:
         r = results["pure_sql_gemm_1024_s"] / w["gemm_1024"]["summary"]["eds_stored"]["median"]
         rows.append({"bar": "1024² GEMM vs pure (index, value) SQL", "target": ">= 100x faster", "measured": f"{r:.0f}x", "met": r >= 100})
