@@ -38,10 +38,10 @@ def sdb():
     ],
 )
 def test_einsum_table_function(sdb, spec, names):
-    args = ", ".join(f"'{n}'" for n in names)
+    args = "?" + ", ?" * len(names)  # the spec and the names travel as parameters
     con = sdb.connection
     want = np.einsum(spec, *[sdb.arrays[n] for n in names])
-    rel = con.sql(f"SELECT * FROM einsum('{spec}', {args})")
+    rel = con.sql("SELECT * FROM einsum(" + args + ")", params=[spec, *names])
     out_labels = spec.split("->")[1]
     assert rel.columns == list(out_labels) + ["tile"]
     tiles = rel.to_arrow_table()
@@ -50,7 +50,7 @@ def test_einsum_table_function(sdb, spec, names):
     got = array_from_tiles(tiles, want.shape, plan.result.tile, want.dtype, tuple(out_labels))
     assert_close(got, want)
 
-    rows = con.sql(f"SELECT * FROM einsum_elements('{spec}', {args})").fetchall()
+    rows = con.execute("SELECT * FROM einsum_elements(" + args + ")", [spec, *names]).fetchall()
     assert len(rows) == want.size
     elem = np.zeros(want.shape, want.dtype)
     for r in rows:

@@ -141,7 +141,7 @@ class DuckDBBackend:
             raise EinsumError(f"table {table!r} already exists; pass replace=True to overwrite it")
 
     # -- data in and out --------------------------------------------------------------------
-    def store_tiles(self, value: TiledValue, tiles: pa.Table, replace: bool = False, catalog: bool = True) -> None:
+    def store_tiles(self, value: TiledValue, tiles: pa.Table, replace: bool = False) -> None:
         with self.lock:
             self._check_target(value.table, replace)
             view = "_eds_load"
@@ -155,8 +155,7 @@ class DuckDBBackend:
                         replace=replace or value.temporary,
                     )
                     self._run(stmt.sql(dialect="duckdb"))
-                    if catalog:
-                        self._write_catalog(value)
+                    self._write_catalog(value)
             finally:
                 self.con.unregister(view)
 
@@ -173,7 +172,7 @@ class DuckDBBackend:
         self.con.unregister(name)
 
     # -- execution --------------------------------------------------------------------------
-    def execute(self, plan: Plan, replace: bool = False, catalog: bool = True) -> pa.Table | None:
+    def execute(self, plan: Plan, replace: bool = False) -> pa.Table | None:
         """Run the plan's steps, one statement each, in one transaction. Returns the rows of a
         step with no target table (a plan that answers with rows), else None."""
         compiled = compile_plan(plan)
@@ -204,10 +203,9 @@ class DuckDBBackend:
                                 scratch.append(c.table)
                         except duckdb.Error as e:
                             raise ExecutionError(f"step {k} ({plan.steps[k].describe()}) failed: {e}") from e
-                    if catalog:
-                        for v in plan.outputs:
-                            if v.table is not None and not v.temporary:
-                                self._write_catalog(v)
+                    for v in plan.outputs:
+                        if v.table is not None and not v.temporary:
+                            self._write_catalog(v)
                     for t in scratch:
                         self._run(drop_table(t).sql(dialect="duckdb"))
             except BaseException:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..notation import Aggregation, JoinFunction
+from ..notation.spec import first_appearance
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,7 @@ class EinsumNode:
 
     @cached_property
     def labels(self) -> tuple[str, ...]:
-        seen: dict[str, None] = {}
-        for op in self.operands:
-            seen.update(dict.fromkeys(op.labels))
-        return tuple(seen)
+        return first_appearance(*(op.labels for op in self.operands))
 
     @cached_property
     def reduced(self) -> tuple[str, ...]:

@@ -40,25 +40,16 @@ class EinsumSpec:
     @property
     def labels(self) -> tuple[str, ...]:
         """Every label, in order of first appearance (inputs first, then output)."""
-        seen: dict[str, None] = {}
-        for labels in self.inputs:
-            seen.update(dict.fromkeys(labels))
-        seen.update(dict.fromkeys(self.output))
-        return tuple(seen)
+        return first_appearance(*self.inputs, self.output)
 
-    @property
-    def reduced(self) -> tuple[str, ...]:
-        """Labels aggregated away (in no output position)."""
-        return tuple(lab for lab in self.labels if lab not in self.output)
 
-    @property
-    def output_shape(self) -> tuple[int, ...]:
-        size = self.size
-        return tuple(size[lab] for lab in self.output)
 
-    def canonical(self) -> str:
-        """The spec with ellipsis labels spelled out (one char per label where possible)."""
-        return ",".join(" ".join(x) for x in self.inputs) + "->" + " ".join(self.output)
+def first_appearance(*label_lists) -> tuple[str, ...]:
+    """Every label of the lists, once, in order of first appearance."""
+    seen: dict[str, None] = {}
+    for labels in label_lists:
+        seen.update(dict.fromkeys(labels))
+    return tuple(seen)
 
 
 def _ellipsis_label(k: int) -> str:

@@ -6,7 +6,7 @@ Pure: sees labels, sizes, dtypes and tile shapes, never data or a connection.
 from .einsum import plan_einsum
 from .planner import plan_nodes
 from .steps import EinsumStep, Plan, RetileStep, Step, TiledValue
-from .tiling import DEFAULT_TILE_BYTES, auto_tile, check_tile, extent, grid
+from .tiling import DEFAULT_TILE_BYTES, auto_tile, check_tile, grid
 
 __all__ = [
     "DEFAULT_TILE_BYTES",
@@ -17,7 +17,6 @@ __all__ = [
     "TiledValue",
     "auto_tile",
     "check_tile",
-    "extent",
     "grid",
     "plan_einsum",
     "plan_nodes",

@@ -159,12 +159,14 @@ def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp"
     if strategy == "eindecomp":
         choices["eindecomp"] = optimize(nodes, inputs, {}, workers=workers, budget=budget,
                                         max_tile_bytes=max_tile_bytes)
-    plans = {s: _steps(nodes, inputs, c, outputs, budget) for s, c in choices.items()}
-    plan = plans[strategy]
+    plan = _steps(nodes, inputs, choices[strategy], outputs, budget)
     plan.check_budget(budget)
-    baselines = {
-        s: (None if budget is not None and plans[s].peak_bytes > budget else choices[s].costs) for s in STRATEGIES[1:]
-    }
+    baselines: dict[str, Costs | None] = {s: choices[s].costs for s in STRATEGIES[1:]}
+    if budget is not None:  # a baseline whose steps cannot fit is reported as such
+        for s in STRATEGIES[1:]:
+            steps = plan if s == strategy else _steps(nodes, inputs, choices[s], outputs, budget)
+            if steps.peak_bytes > budget:
+                baselines[s] = None
     return GraphPlan(tuple(nodes), tuple(graph.inputs), tuple(graph.outputs), strategy, workers, budget,
                      choices[strategy], plan, baselines)
 

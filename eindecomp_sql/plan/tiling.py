@@ -4,8 +4,6 @@ with zeros would be wrong for max, min and prod aggregations.
 
 >>> grid((10, 4), (4, 4))
 (3, 1)
->>> extent(10, 4, 2)
-2
 """
 
 from __future__ import annotations
@@ -23,10 +21,6 @@ DEFAULT_TILE_BYTES = 64 << 20
 
 def grid(shape: tuple[int, ...], tile: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(-(-n // t) for n, t in zip(shape, tile))
-
-
-def extent(n: int, t: int, key: int) -> int:
-    return min(t, n - key * t)
 
 
 def auto_tile(shape: tuple[int, ...], itemsize: int, target_bytes: int = DEFAULT_TILE_BYTES) -> tuple[int, ...]:
