@@ -16,6 +16,7 @@ from ..errors import EinsumError
 from ..plan import Plan, TiledValue
 from ..sql_templates import template
 from ..udfs.kernels import CALLABLES
+from . import allocator
 
 
 # a step whose projected peak (the tiles of one UDF call) reaches this exports with 64-bit offsets
@@ -30,12 +31,15 @@ class DuckDBBackend:
     name = "duckdb"
 
     def __init__(self, database=None, config: dict | None = None, read_only: bool = False):
+        allocator.retain_freed_memory()  # before DuckDB starts its threads (see allocator.py)
         if isinstance(database, duckdb.DuckDBPyConnection):
             self.con = database
             self.owns_connection = False
         else:
             self.con = duckdb.connect(database or ":memory:", read_only=read_only, config=config or {})
             self.owns_connection = True
+        allocator.attach()
+        self._closed = False
         self.lock = threading.RLock()
         # Arrow batches of tiles above 2 GiB need 64-bit offsets on export; below that, 32-bit
         # offsets reach the kernels faster (~7 ms per 64 MB). Set per step from its projected peak.
@@ -221,5 +225,9 @@ class DuckDBBackend:
         return out
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         if self.owns_connection:
             self.con.close()
+        allocator.detach()
