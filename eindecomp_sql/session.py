@@ -121,8 +121,6 @@ class Session:
         keys = tuple(check_name(k, "key column name") for k in keys)
         if len(keys) != a.ndim or len(set(keys)) != len(keys) or "tile" in keys:
             raise EinsumError(f"keys {keys} must name each of the {a.ndim} dimension(s) once (not 'tile')")
-        if any(n == 0 for n in a.shape):
-            raise EinsumError(f"store({name!r}): empty dimensions (shape {a.shape}) are not supported")
         value = TiledValue(name, a.shape, dtype, tile, keys, name)
         self.backend.store_tiles(value, tiles_from_array(a, tile, keys), replace=replace)
         return Tensor(self, value)
@@ -156,8 +154,6 @@ class Session:
                 values.append(self.tensor(x).value)
                 continue
             a = as_array(x, f"operand {k}")
-            if any(n == 0 for n in a.shape):
-                raise EinsumError(f"operand {k}: empty dimensions (shape {a.shape}) are not supported")
             # a stable name per operand position (calls hold the session lock), so a repeated
             # einsum on same-shaped arrays finds its plan and SQL in the caches
             name = f"_eds_in{k}"

@@ -3,8 +3,7 @@ import os
 import numpy as np
 
 from hypothesis import HealthCheck, settings
-
-
+from hypothesis import strategies as st
 
 settings.register_profile(
     "default",
@@ -15,7 +14,6 @@ settings.register_profile(
 settings.load_profile("default")
 
 DTYPES = ["float32", "float64", "int32", "int64", "bool"]
-
 
 
 
@@ -43,3 +41,28 @@ def assert_close(got: np.ndarray, want: np.ndarray, scale: np.ndarray | None = N
     same_inf = np.isinf(want) & (got == want)
     ok = both_nan | same_inf | (np.abs(got - want) <= bound)
     assert ok.all(), f"max abs error {np.nanmax(np.abs(got - want))}; got\n{got}\nwant\n{want}"
+
+
+LABELS = "abcde"
+
+
+@st.composite
+def einsum_case(draw, max_operands=3, min_size=1):
+    """A random spec (explicit or implicit output) with shapes, dtypes, tile shapes and a seed."""
+    n = draw(st.integers(1, max_operands))
+    sizes = {c: draw(st.integers(min_size, 7)) for c in LABELS}
+    operands = []
+    for _ in range(n):
+        k = draw(st.integers(0, 3))
+        operands.append("".join(draw(st.sampled_from(LABELS)) for _ in range(k)))
+    used = sorted(set("".join(operands)))
+    if draw(st.booleans()):
+        out = "".join(draw(st.permutations(used))[: draw(st.integers(0, len(used)))])
+        spec = ",".join(operands) + "->" + out
+    else:
+        spec = ",".join(operands)
+    dtypes = [draw(st.sampled_from(DTYPES)) for _ in range(n)]
+    shapes = [tuple(sizes[c] for c in s) for s in operands]
+    tiles = [tuple(draw(st.integers(1, max(d, 1))) for d in shape) for shape in shapes]
+    seed = draw(st.integers(0, 2**31))
+    return spec, shapes, dtypes, tiles, seed

@@ -25,7 +25,8 @@ def reference(spec: str, *arrays, join="mul", agg="sum"):
     sizes = {}
     for s, a in zip(ins, arrays):
         for ch, d in zip(s, np.shape(a)):
-            sizes[ch] = max(sizes.get(ch, 1), d)
+            # numpy broadcasting: a size-1 axis takes any size, size 0 included
+            sizes[ch] = d if sizes.get(ch, 1) == 1 else sizes[ch]
     order = list(out) + [c for c in labels if c not in out]
     aligned = []
     for s, a in zip(ins, arrays):

@@ -3,34 +3,10 @@
 import numpy as np
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
 import eindecomp_sql as eds
 
-from helpers import DTYPES, assert_close, random_array
-
-LABELS = "abcde"
-
-
-@st.composite
-def einsum_case(draw, max_operands=3):
-    n = draw(st.integers(1, max_operands))
-    sizes = {c: draw(st.integers(1, 7)) for c in LABELS}
-    operands = []
-    for _ in range(n):
-        k = draw(st.integers(0, 3))
-        operands.append("".join(draw(st.sampled_from(LABELS)) for _ in range(k)))
-    used = sorted(set("".join(operands)))
-    if draw(st.booleans()):
-        out = "".join(draw(st.permutations(used))[: draw(st.integers(0, len(used)))])
-        spec = ",".join(operands) + "->" + out
-    else:
-        spec = ",".join(operands)
-    dtypes = [draw(st.sampled_from(DTYPES)) for _ in range(n)]
-    shapes = [tuple(sizes[c] for c in s) for s in operands]
-    tiles = [tuple(draw(st.integers(1, d)) for d in shape) for shape in shapes]
-    seed = draw(st.integers(0, 2**31))
-    return spec, shapes, dtypes, tiles, seed
+from helpers import DTYPES, assert_close, einsum_case, random_array
 
 
 @given(einsum_case())

@@ -33,6 +33,7 @@ CASES = [
     ("unary relu, sum", "ij->i", [("A", (4, 6), (4, 6), "float32")], "relu", "sum"),
     ("scalar operand", ",ij->ij", [("s", (), (), "float64"), ("A", (3, 4), (2, 4), "float64")], None, None),
     ("broadcast size-1 axis", "ij,jk->ik", [("A", (3, 1), (3, 1), "float64"), ("B", (4, 2), (4, 2), "float64")], None, None),
+    ("contracted label of size 0: fill", "ij,jk->ik", [("A", (3, 0), (3, 1), "float32"), ("B", (0, 4), (1, 4), "float32")], None, "prod"),
 ]
 
 

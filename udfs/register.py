@@ -7,6 +7,7 @@ one registration per connection serves every plan, including plans built inside 
 
 from __future__ import annotations
 
+import json
 from typing import Callable
 
 import numpy as np
@@ -151,6 +152,16 @@ def retile_assemble(spec_arr, keys_arr, members_arr) -> pa.Array:
     return writer.array()
 
 
+def fill_tiles(spec_arr, keys_arr) -> pa.Array:
+    """Tiles all of one value (the result of an einsum over a label of size 0)."""
+    spec = json.loads(_spec(spec_arr))
+    shape, tile, dtype = spec["shape"], spec["tile"], np.dtype(spec["dtype"])
+    shapes = [tuple(min(t, n - k * t) for k, t, n in zip(key.tolist(), tile, shape)) for key in _key_rows(keys_arr)]
+    writer = TileWriter(dtype, shapes)
+    writer.buffer.view(dtype).fill(spec["value"])
+    return writer.array()
+
+
 def _values(dtype: str):
     dt = np.dtype(dtype)
     arrow_type = pa.from_numpy_dtype(dt)
@@ -197,6 +208,7 @@ def register_kernels(con) -> None:
     con.create_function("eds_split", retile_split, [text, keys, blob], duckdb.list_type(cut), **opts)
     piece = duckdb.struct_type({"k": keys, "t": blob})
     con.create_function("eds_assemble", retile_assemble, [text, keys, duckdb.list_type(piece)], blob, **opts)
+    con.create_function("eds_fill", fill_tiles, [text, keys], blob, **opts)
     for name, sqltype in VALUE_TYPES.items():
         con.create_function(
             f"eds_values_{name}", _values(name), [blob], duckdb.list_type(duckdb.sqltype(sqltype)), **opts

@@ -17,7 +17,7 @@ import numpy as np
 import sqlglot
 from sqlglot import exp
 
-from ..plan import EinsumStep, Plan, RetileStep, Step, TiledValue
+from ..plan import EinsumStep, FillStep, Plan, RetileStep, Step, TiledValue
 from ..sql_templates import template
 
 DIALECT = "duckdb"
@@ -68,6 +68,9 @@ def kernel_spec(step: Step, batch: tuple[int, int] | None = None) -> str:
         body = {"op": "retile", "shape": s.shape, "from": s.tile, "to": t.tile, "dtype": s.dtype}
         if batch is not None:
             body["first_key_range"] = list(batch)
+    elif isinstance(step, FillStep):
+        r = step.result
+        body = {"op": "fill", "shape": r.shape, "tile": r.tile, "dtype": r.dtype, "value": step.value}
     else:
         node = step.node
         body = {
@@ -232,10 +235,26 @@ def _compile_retile(step: RetileStep, batch: tuple[int, int] | None = None) -> e
     return outer.from_(select.subquery("retiled"))
 
 
+def _compile_fill(step: FillStep) -> exp.Expression:
+    r = step.result
+    keys = [col(k) for k in r.keys]
+    ranges = [f"range({n}) AS {sql(ident(f'g{p}'))}({sql(ident(k))})" for p, (n, k) in enumerate(zip(r.grid, r.keys))]
+    return _fill(
+        "fill",
+        keys=_join([sql(k) for k in keys]),
+        comma=", " if keys else "",
+        spec=sql(exp.Literal.string(kernel_spec(step))),
+        key_list=_key_list([k.copy() for k in keys]),
+        ranges="FROM " + _join(ranges) if ranges else "",
+    )
+
+
 def compile_step(step: Step, batch: tuple[int, int] | None = None) -> exp.Expression:
     """The SELECT computing one step's tiled result (or one batch of it)."""
     if isinstance(step, RetileStep):
         return _compile_retile(step, batch)
+    if isinstance(step, FillStep):
+        return _compile_fill(step)
     return _compile_einsum(step, batch)
 
 

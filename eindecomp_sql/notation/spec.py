@@ -56,7 +56,8 @@ def _ellipsis_label(k: int) -> str:
     return f"e{k}"
 
 
-def _describe(label: str) -> str:
+def describe_label(label: str) -> str:
+    """How an error message names a label: 'i', or an ellipsis dimension."""
     return f"{label!r}" if len(label) == 1 else f"of ellipsis dimension {label[1:]} (from the right)"
 
 
@@ -160,7 +161,7 @@ def parse_spec(text: str, shapes: list[tuple[int, ...]] | tuple[tuple[int, ...],
             elif d not in (1, sizes[lab]):
                 j, jax = size_origin[lab]
                 raise EinsumError(
-                    f"einsum label {_describe(lab)} has size {d} in operand {k} (axis {ax}) but size "
+                    f"einsum label {describe_label(lab)} has size {d} in operand {k} (axis {ax}) but size "
                     f"{sizes[lab]} in operand {j} (axis {jax}); shapes {shapes}"
                 )
     # an axis of size 1 whose label is larger elsewhere is broadcast: it carries no label
@@ -174,9 +175,6 @@ def parse_spec(text: str, shapes: list[tuple[int, ...]] | tuple[tuple[int, ...],
                 keep.append(lab)
         final_inputs.append(tuple(keep))
         squeezed.append(tuple(sq))
-    for lab, d in sizes.items():
-        if d == 0:
-            raise EinsumError(f"einsum label {_describe(lab)} has size 0; empty dimensions are not supported")
     ell_out = tuple(_ellipsis_label(max_ell - 1 - q) for q in range(max_ell))
 
     if arrow == -1:

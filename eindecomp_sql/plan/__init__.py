@@ -5,12 +5,13 @@ Pure: sees labels, sizes, dtypes and tile shapes, never data or a connection.
 
 from .einsum import plan_einsum
 from .planner import plan_nodes
-from .steps import EinsumStep, Plan, RetileStep, Step, TiledValue
+from .steps import EinsumStep, FillStep, Plan, RetileStep, Step, TiledValue
 from .tiling import DEFAULT_TILE_BYTES, auto_tile, check_tile, grid
 
 __all__ = [
     "DEFAULT_TILE_BYTES",
     "EinsumStep",
+    "FillStep",
     "Plan",
     "RetileStep",
     "Step",

@@ -12,13 +12,20 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
+
+from ..errors import EinsumError
 from ..graph import ValueInfo, lower_einsum
-from ..notation import Aggregation, JoinFunction, parse_agg, parse_join, parse_spec
+from ..notation import Aggregation, EinsumSpec, JoinFunction, parse_agg, parse_join, parse_spec
+from ..notation.spec import describe_label
 from .optimize import optimize
 from .planner import plan_nodes
-from .steps import Plan, TiledValue
+from .steps import FillStep, Plan, TiledValue
+from .tiling import DEFAULT_TILE_BYTES, auto_tile
 
 RESULT = "_eds_result"
+# what an aggregation of nothing is (numpy: np.add.reduce([]) == 0); max and min have none
+AGG_IDENTITY = {"sum": 0, "prod": 1}
 
 
 def plan_einsum(spec: str, values: tuple[TiledValue, ...], join=None, agg=None, out: str | None = None, *,
@@ -39,6 +46,8 @@ def _plan(spec, values, join, agg, out, temporary, workers, budget, max_tile_byt
     # the result is named apart from every table: `einsum("ij->ji", "A", out="A")` must not
     # confuse the input A with the output A
     nodes = lower_einsum(parsed, infos, join, agg, RESULT)
+    if any(n == 0 for n in parsed.size.values()):
+        return _fill_plan(parsed, nodes[-1].result, agg, out, temporary, max_tile_bytes)
     unique = {v.name: v for v in values}  # an operand given twice is one value
     fixed = {v.name: v.tile for v in unique.values() if v.tile is not None}
     choice = optimize(nodes, {v.name: ValueInfo(v.name, v.shape, v.dtype) for v in unique.values()}, fixed,
@@ -50,3 +59,21 @@ def _plan(spec, values, join, agg, out, temporary, workers, budget, max_tile_byt
     last = nodes[-1].result
     target = TiledValue(last.name, last.shape, last.dtype, None, tuple(parsed.output), out, temporary=temporary)
     return plan_nodes(nodes, inputs, choice.tiles(nodes), {last.name: target}, budget)
+
+
+def _fill_plan(parsed: EinsumSpec, result: ValueInfo, agg: Aggregation, out, temporary, max_tile_bytes) -> Plan:
+    """A label of size 0: nothing to join. The result is empty when an output label has size
+    0, else every element aggregates nothing and is the aggregation's identity (numpy's
+    answer: ``np.einsum("ij,jk->ik", a, b)`` with ``j`` of size 0 is all zeros)."""
+    value = 0
+    if all(parsed.size[lab] > 0 for lab in parsed.output):
+        if agg.name not in AGG_IDENTITY:
+            empty = ", ".join(describe_label(lab) for lab in parsed.labels if parsed.size[lab] == 0)
+            raise EinsumError(f"agg={agg.name!r} reduces over label {empty} of size 0: the {agg.name} of "
+                              f"nothing is undefined (numpy raises for a zero-size {agg.name} too)")
+        value = AGG_IDENTITY[agg.name]
+    dtype = np.dtype(result.dtype)
+    tile = auto_tile(result.shape, dtype.itemsize, max_tile_bytes or DEFAULT_TILE_BYTES)
+    target = TiledValue(result.name, result.shape, result.dtype, tile, tuple(parsed.output), out,
+                        temporary=temporary)
+    return Plan((FillStep(target, dtype.type(value).item()),), (), (target,))

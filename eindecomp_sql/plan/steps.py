@@ -120,7 +120,34 @@ class EinsumStep:
         return f"einsum {self.node.describe()} [{chunks}]{batched} -> {self.result.name}"
 
 
-Step = Union[RetileStep, EinsumStep]
+@dataclass(frozen=True)
+class FillStep:
+    """A result that reads no input: an einsum over a label of size 0, as numpy defines it.
+
+    With an output label of size 0 the result has no elements (and no tiles); otherwise every
+    element aggregates an empty set, which is the aggregation's identity (sum 0, prod 1).
+    """
+
+    result: TiledValue
+    value: float | int | bool
+    batches: int = 1
+
+    @property
+    def costs(self) -> Costs:
+        return Costs()
+
+    @property
+    def peak_bytes(self) -> int:
+        """The tiles of one kernel call: at most the whole result."""
+        return self.result.nbytes
+
+    def describe(self) -> str:
+        if self.result.nbytes == 0:
+            return f"fill {self.result.name}: empty {self.result.shape}"
+        return f"fill {self.result.name} {self.result.shape} with {self.value!r} (a reduced label has size 0)"
+
+
+Step = Union[RetileStep, EinsumStep, FillStep]
 
 
 @dataclass(frozen=True)
