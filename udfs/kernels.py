@@ -58,6 +58,8 @@ class EinsumKernel:
         )
         self.all = self.output + self.reduced
         self.matmul = _MatmulPlan.build(self.inputs, self.output) if self.fast and len(self.inputs) == 2 else None
+        # a product BLAS runs (and threads) itself: float matmuls; numpy's integer matmul is not BLAS
+        self.blas = self.matmul is not None and self.out_dtype.kind == "f"
         self._diag = []
         for x in self.inputs:
             uniq = tuple(dict.fromkeys(x))

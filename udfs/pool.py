@@ -25,8 +25,9 @@ except AttributeError:  # not on Linux
 
 _pool: ThreadPoolExecutor | None = None
 _controller: ThreadpoolController | None = None
-_lock = threading.Lock()
-_active = 0
+_lock = threading.Condition()
+_active = 0  # kernel calls in flight with BLAS at one thread
+_wide = False  # a call running BLAS on every core: it runs alone
 _limit = None
 
 
@@ -42,6 +43,8 @@ def _enter() -> None:
     so user code outside queries keeps its own BLAS threads."""
     global _active, _limit, _controller
     with _lock:
+        while _wide:
+            _lock.wait()
         if _active == 0:
             if _controller is None:
                 _controller = ThreadpoolController()
@@ -56,6 +59,27 @@ def _leave() -> None:
         if _active == 0 and _limit is not None:
             _limit.restore_original_limits()
             _limit = None
+        _lock.notify_all()
+
+
+def run_wide(task: Callable[[], None]) -> bool:
+    """Run ``task`` with BLAS at its own thread count, if no other kernel call is in flight
+    (else return False and run nothing). For one big product: OpenBLAS's threads share packed
+    panels of the right operand, where four one-thread slices each pack all of it; measured on
+    the 4096² float32 GEMM, one 2-thread call was 9.5% faster than four 1-thread row slices
+    (paired rounds). Other calls wait until it is done: they would only compete for the cores."""
+    global _wide
+    with _lock:
+        if _active or _wide:
+            return False
+        _wide = True
+    try:
+        task()
+    finally:
+        with _lock:
+            _wide = False
+            _lock.notify_all()
+    return True
 
 
 def run_tasks(tasks: list[Callable[[], None]]) -> None:

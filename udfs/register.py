@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from .kernels import einsum_kernel, retile_kernel
-from .pool import WORKERS, run_tasks
+from .pool import WORKERS, run_tasks, run_wide
 from .tiles import TileWriter, _as_array, blob_views, tile_view
 
 MAX_ARITY = 8
@@ -50,6 +50,15 @@ def _tasks_for(kernel, items: list[tuple[dict, Callable, int]]) -> list:
     return tasks
 
 
+def _run(kernel, items: list) -> None:
+    """Too few tiles to give every worker its own: a float product runs whole, one tile after
+    the other, with BLAS threading each (see ``run_wide``); anything else is cut into tasks."""
+    if kernel.blas and len(items) < 2 * WORKERS and WORKERS > 1:
+        if run_wide(lambda: [fn(None) for _, fn, _ in items]):
+            return
+    run_tasks(_tasks_for(kernel, items))
+
+
 def einsum_rows(spec_arr, keys_arr, *tile_arrs) -> pa.Array:
     """One output tile per row: keys give every label's key, tiles are the operands' tiles."""
     kernel = einsum_kernel(_spec(spec_arr))
@@ -66,7 +75,7 @@ def einsum_rows(spec_arr, keys_arr, *tile_arrs) -> pa.Array:
             kernel.contract(t, o, accumulate=False)
 
         items.append((ext, fn, 1))
-    run_tasks(_tasks_for(kernel, items))
+    _run(kernel, items)
     return writer.array()
 
 
@@ -96,7 +105,7 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
                 kernel.contract(t, o, accumulate=q > 0)
 
         items.append((kernel.extents(b), fn, len(rows)))
-    run_tasks(_tasks_for(kernel, items))
+    _run(kernel, items)
     return writer.array()
 
 
