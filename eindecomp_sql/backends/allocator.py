@@ -11,9 +11,9 @@ faults were most of what the SQL path spent beyond numpy (docs/DESIGN.md, "Page 
 ``RETAIN_BYTES`` stay in the heap, and keeps one malloc arena (threads' own arenas cannot hold
 a 64 MiB block and would fall back to ``mmap``). The trade: the process keeps its high-water
 mark of such buffers instead of handing it back at once; ``release_freed_memory()`` hands the
-free part back; ``detach()`` calls it when the last backend of the process closes. Set the environment
-variable ``EDS_RETAIN_MEMORY=0`` to leave the allocator alone. It is process-wide, applied once,
-before DuckDB's threads start.
+free part back, and ``detach()`` calls it when the last backend of the process closes. Set the
+environment variable ``EDS_RETAIN_MEMORY=0`` to leave the allocator alone. It is process-wide,
+applied once, before DuckDB's threads start.
 """
 
 from __future__ import annotations
