@@ -93,16 +93,21 @@ class Session:
 
     def __init__(self, database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int = 1,
                  memory=None, read_only: bool = False):
-        self.backend = DuckDBBackend(database, read_only=read_only)
-        _open_sessions.add(self)
         # The plans' knobs: largest tile a plan creates, join tasks per step, memory budget.
         # One worker by default: kernels already use every core inside a call (docs/DESIGN.md).
+        # Checked before the connection opens, so bad options leave nothing open.
         self.tile_bytes = tile_bytes
         self.workers = workers
         self.memory = parse_memory(memory)
         self._counter = itertools.count()
         self._lock = threading.RLock()
-        self.backend.register_sql_interface(self._einsum_sql)
+        self.backend = DuckDBBackend(database, read_only=read_only)
+        try:
+            self.backend.register_sql_interface(self._einsum_sql)
+        except BaseException:
+            self.backend.close()
+            raise
+        _open_sessions.add(self)
 
     @property
     def connection(self):

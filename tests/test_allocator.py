@@ -53,3 +53,57 @@ def test_repeated_einsum_reuses_freed_buffers():
     # without the tuning each call maps its big buffers afresh (several of them per call)
     assert plain["faults"][-1] > tuned["faults"][-1] + pages, (plain, tuned)
 
+
+
+TRIM_SCRIPT = textwrap.dedent(
+    """
+    import json, numpy as np, eindecomp_sql as eds
+    from eindecomp_sql.backends import allocator
+
+    def rss():
+        return int(open("/proc/self/statm").read().split()[1]) * 4096
+
+    db = eds.connect()
+    x = np.ones(600 << 20, dtype=np.uint8)   # below the 1 GiB mmap threshold: from the heap
+    del x
+    before = rss()
+    db.einsum("i->", np.ones(3))                # a plan run: the free heap is above the cap
+    print(json.dumps({"free_before": before, "after": rss(), "free": allocator.free_bytes()}))
+    """
+)
+
+
+@glibc
+def test_memory_freed_beyond_the_cap_is_handed_back():
+    env = dict(os.environ)
+    env.pop("EDS_RETAIN_MEMORY", None)
+    out = subprocess.run([sys.executable, "-c", TRIM_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    if r["free"] is None:
+        pytest.skip("no mallinfo2 in this glibc (< 2.33): nothing to bound by")
+    assert r["free"] <= allocator.FREE_CAP_BYTES, r
+    # all but at most the cap went back to the system (DuckDB's own malloc_trim may already have
+    # handed back part of it, leaving a free heap top under the cap that stays)
+    assert r["free_before"] - r["after"] >= (600 << 20) - allocator.FREE_CAP_BYTES - (16 << 20), r
+
+
+def test_failed_connect_leaves_no_user_counted():
+    import duckdb
+
+    import eindecomp_sql as eds
+    from eindecomp_sql import EinsumError
+
+    users = allocator._state["users"]
+    with pytest.raises(EinsumError):
+        eds.connect(memory="lots")
+    closed = duckdb.connect()
+    closed.close()
+    with pytest.raises(EinsumError, match="cannot use this DuckDB connection"):
+        eds.connect(closed)
+    assert allocator._state["users"] == users
+    db = eds.connect()
+    assert allocator._state["users"] == users + 1
+    db.close()
+    db.close()  # twice is harmless
+    assert allocator._state["users"] == users

@@ -87,3 +87,19 @@ def test_sql_interface_on_empty_tensors(db):
 def test_explain_names_the_fill(db):
     text = db.explain("ij,jk->ik", np.ones((2, 0)), np.ones((0, 3)))
     assert "fill" in text and "eds_fill" in text.lower()
+
+
+def test_fill_keeps_to_a_memory_budget():
+    db = eds.connect(memory="4MB", tile_bytes=1 << 20)
+    a, b = np.zeros((2000, 0), np.float32), np.zeros((0, 2000), np.float32)
+    plan = db.plan("ij,jk->ik", a, b)
+    assert plan.steps[0].batches > 1 and plan.peak_bytes <= 4_000_000
+    got = db.einsum("ij,jk->ik", a, b, agg="prod")
+    np.testing.assert_array_equal(got.to_numpy(), np.ones((2000, 2000), np.float32))
+    db.close()
+
+
+def test_labels_differing_only_in_case():
+    # DuckDB names are case-insensitive: key columns i and I must not clash in the fill's SQL
+    a, b = np.ones((2, 0)), np.ones((0, 3))
+    np.testing.assert_array_equal(eds.einsum("iJ,JI->iI", a, b), np.einsum("iJ,JI->iI", a, b))

@@ -5,21 +5,23 @@ numpy allocate with ``malloc``, and glibc serves anything above 32 MiB with a ne
 returns it with ``munmap`` when freed. Touching fresh memory costs one page fault per 4 KiB; on
 the virtual machines we measured on that is ~5 us a fault, so handing one 64 MiB tile to a UDF
 took ~100 ms (16,390 faults) against ~20 ms once the buffer is reused: on the 4096² GEMM the
-faults were most of what the SQL path spent beyond numpy (docs/DESIGN.md, "Page faults").
+faults were most of what the SQL path spent beyond numpy (docs/DESIGN.md, "Freed buffers stay in the process").
 
-``retain_freed_memory()`` raises glibc's mmap and trim thresholds so freed buffers up to
-``RETAIN_BYTES`` stay in the heap, and keeps one malloc arena (threads' own arenas cannot hold
-a 64 MiB block and would fall back to ``mmap``). The trade: the process keeps its high-water
-mark of such buffers instead of handing it back at once; ``release_freed_memory()`` hands the
-free part back, and ``detach()`` calls it when the last backend of the process closes. Set the
-environment variable ``EDS_RETAIN_MEMORY=0`` to leave the allocator alone. It is process-wide,
-applied once, before DuckDB's threads start.
+``retain_freed_memory()`` raises glibc's mmap and trim thresholds to ``RETAIN_BYTES`` (1 GiB;
+a larger array still gets its own ``mmap``), so freed buffers below it stay in the heap, and keeps
+one malloc arena (a thread's own arena cannot hold a 64 MiB block and falls back to ``mmap``).
+The trade: the process holds freed memory instead of handing it back at once. That is bounded:
+``bound_free_memory()``, after every plan the backend runs, trims the heap when more than
+``FREE_CAP_BYTES`` lie free in it (whoever freed them), and ``detach()`` trims when the last
+backend of the process closes. Set the environment variable ``EDS_RETAIN_MEMORY=0`` to leave
+the allocator alone. It is process-wide, applied once, before DuckDB's threads start.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
 import threading
@@ -30,11 +32,19 @@ _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 
 RETAIN_BYTES = 1 << 30
+FREE_CAP_BYTES = 320 << 20
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+
 
 _lock = threading.Lock()
 _state: dict = {"tried": False, "retaining": False, "users": 0}
 
 
+@functools.lru_cache(maxsize=1)
 def _libc():
     if not sys.platform.startswith("linux"):
         return None
@@ -75,6 +85,25 @@ def release_freed_memory() -> None:
         libc = _libc()
         if libc is not None:
             libc.malloc_trim(0)
+
+
+def free_bytes() -> int | None:
+    """Bytes free in malloc's heap (glibc >= 2.33's ``mallinfo2``), or None."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return None
+    libc.mallinfo2.restype = _MallInfo2
+    return int(libc.mallinfo2().fordblks)
+
+
+def bound_free_memory() -> None:
+    """Trim the heap when more than ``FREE_CAP_BYTES`` lie free in it: what a 4096² GEMM
+    reuses is ~190 MB of free heap; memory freed beyond the cap (by anyone) is handed back.
+    A 256 MiB trim threshold instead let glibc trim on free and re-faulted both input tiles."""
+    if _state["retaining"]:
+        free = free_bytes()
+        if free is not None and free > FREE_CAP_BYTES:
+            release_freed_memory()
 
 
 def attach() -> None:

@@ -235,13 +235,19 @@ def _compile_retile(step: RetileStep, batch: tuple[int, int] | None = None) -> e
     return outer.from_(select.subquery("retiled"))
 
 
-def _compile_fill(step: FillStep) -> exp.Expression:
+def _compile_fill(step: FillStep, batch: tuple[int, int] | None = None) -> exp.Expression:
     r = step.result
-    keys = [col(k) for k in r.keys]
-    ranges = [f"range({n}) AS {sql(ident(f'g{p}'))}({sql(ident(k))})" for p, (n, k) in enumerate(zip(r.grid, r.keys))]
+    # each range's column is qualified by its alias: key names that differ only in case
+    # (labels i and I) are one name to DuckDB
+    keys = [col(k, f"g{p}") for p, k in enumerate(r.keys)]
+    bounds = [(0, n) for n in r.grid]
+    if batch is not None:
+        bounds[0] = batch
+    ranges = [f"range({lo}, {hi}) AS {sql(ident(f'g{p}'))}({sql(ident(k))})"
+              for p, ((lo, hi), k) in enumerate(zip(bounds, r.keys))]
     return _fill(
         "fill",
-        keys=_join([sql(k) for k in keys]),
+        keys=_join([sql(exp.alias_(k.copy(), ident(name))) for k, name in zip(keys, r.keys)]),
         comma=", " if keys else "",
         spec=sql(exp.Literal.string(kernel_spec(step))),
         key_list=_key_list([k.copy() for k in keys]),
@@ -254,7 +260,7 @@ def compile_step(step: Step, batch: tuple[int, int] | None = None) -> exp.Expres
     if isinstance(step, RetileStep):
         return _compile_retile(step, batch)
     if isinstance(step, FillStep):
-        return _compile_fill(step)
+        return _compile_fill(step, batch)
     return _compile_einsum(step, batch)
 
 
@@ -264,6 +270,8 @@ def batch_bounds(step: Step) -> list[tuple[int, int]] | None:
         return None
     if isinstance(step, RetileStep):
         n = step.target.grid[0]
+    elif isinstance(step, FillStep):
+        n = step.result.grid[0]
     else:
         n = step.pieces[step.batch_label]
     b = step.batches

@@ -20,7 +20,8 @@ from ..notation import Aggregation, EinsumSpec, JoinFunction, parse_agg, parse_j
 from ..notation.spec import describe_label
 from .optimize import optimize
 from .planner import plan_nodes
-from .steps import FillStep, Plan, TiledValue
+from .cost import choose_batches
+from .steps import FillStep, Plan, TiledValue, fill_peak
 from .tiling import DEFAULT_TILE_BYTES, auto_tile
 
 RESULT = "_eds_result"
@@ -47,7 +48,7 @@ def _plan(spec, values, join, agg, out, temporary, workers, budget, max_tile_byt
     # confuse the input A with the output A
     nodes = lower_einsum(parsed, infos, join, agg, RESULT)
     if any(n == 0 for n in parsed.size.values()):
-        return _fill_plan(parsed, nodes[-1].result, agg, out, temporary, max_tile_bytes)
+        return _fill_plan(parsed, nodes[-1].result, agg, out, temporary, max_tile_bytes, budget)
     unique = {v.name: v for v in values}  # an operand given twice is one value
     fixed = {v.name: v.tile for v in unique.values() if v.tile is not None}
     choice = optimize(nodes, {v.name: ValueInfo(v.name, v.shape, v.dtype) for v in unique.values()}, fixed,
@@ -61,7 +62,8 @@ def _plan(spec, values, join, agg, out, temporary, workers, budget, max_tile_byt
     return plan_nodes(nodes, inputs, choice.tiles(nodes), {last.name: target}, budget)
 
 
-def _fill_plan(parsed: EinsumSpec, result: ValueInfo, agg: Aggregation, out, temporary, max_tile_bytes) -> Plan:
+def _fill_plan(parsed: EinsumSpec, result: ValueInfo, agg: Aggregation, out, temporary, max_tile_bytes,
+               budget) -> Plan:
     """A label of size 0: nothing to join. The result is empty when an output label has size
     0, else every element aggregates nothing and is the aggregation's identity (numpy's
     answer: ``np.einsum("ij,jk->ik", a, b)`` with ``j`` of size 0 is all zeros)."""
@@ -76,4 +78,6 @@ def _fill_plan(parsed: EinsumSpec, result: ValueInfo, agg: Aggregation, out, tem
     tile = auto_tile(result.shape, dtype.itemsize, max_tile_bytes or DEFAULT_TILE_BYTES)
     target = TiledValue(result.name, result.shape, result.dtype, tile, tuple(parsed.output), out,
                         temporary=temporary)
-    return Plan((FillStep(target, dtype.type(value).item()),), (), (target,))
+    most = target.grid[0] if target.shape and target.nbytes else 1
+    batches = choose_batches(lambda b: fill_peak(target, b), max(most, 1), budget)
+    return Plan((FillStep(target, dtype.type(value).item(), batches),), (), (target,))

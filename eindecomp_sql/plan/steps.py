@@ -120,6 +120,16 @@ class EinsumStep:
         return f"einsum {self.node.describe()} [{chunks}]{batched} -> {self.result.name}"
 
 
+def fill_peak(result: TiledValue, batches: int) -> int:
+    """Bytes of the largest batch of a fill: whole rows of tiles along the first key."""
+    if not result.shape or result.nbytes == 0:
+        return result.nbytes
+    g = result.grid
+    rows = -(-g[0] // batches)
+    tile_bytes = int(np.prod(result.tile, dtype=np.int64)) * np.dtype(result.dtype).itemsize
+    return min(result.nbytes, rows * int(np.prod(g[1:], dtype=np.int64)) * tile_bytes)
+
+
 @dataclass(frozen=True)
 class FillStep:
     """A result that reads no input: an einsum over a label of size 0, as numpy defines it.
@@ -130,7 +140,7 @@ class FillStep:
 
     result: TiledValue
     value: float | int | bool
-    batches: int = 1
+    batches: int = 1  # statements, over ranges of the first result key
 
     @property
     def costs(self) -> Costs:
@@ -138,13 +148,14 @@ class FillStep:
 
     @property
     def peak_bytes(self) -> int:
-        """The tiles of one kernel call: at most the whole result."""
-        return self.result.nbytes
+        """The tiles of one statement (DuckDB may hand them all to one kernel call)."""
+        return fill_peak(self.result, self.batches)
 
     def describe(self) -> str:
         if self.result.nbytes == 0:
             return f"fill {self.result.name}: empty {self.result.shape}"
-        return f"fill {self.result.name} {self.result.shape} with {self.value!r} (a reduced label has size 0)"
+        batched = f" in {self.batches} batches" if self.batches > 1 else ""
+        return f"fill {self.result.name} {self.result.shape} with {self.value!r}{batched} (a reduced label has size 0)"
 
 
 Step = Union[RetileStep, EinsumStep, FillStep]
