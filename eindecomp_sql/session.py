@@ -21,6 +21,7 @@ from .errors import EinsumError
 from .notation.checks import check_dtype, check_name
 from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, auto_tile, check_tile, plan_einsum
 from .plan.cost import parse_memory
+from .plan.steps import key_names
 from .udfs.tiles import array_from_tiles, tiles_from_array
 
 def as_array(x, where: str) -> np.ndarray:
@@ -260,7 +261,7 @@ class Session:
                 values[v.name] = TiledValue(v.name, tv.shape, tv.dtype, tv.tile, tv.keys, tv.table)
             outs = {}
             for v in gplan.outputs:
-                keys = next(n.output for n in gplan.nodes if n.result.name == v.name)
+                keys = key_names(next(n.output for n in gplan.nodes if n.result.name == v.name))
                 table = targets.get(v.name) or f"_eds_r{next(self._counter)}"
                 outs[v.name] = TiledValue(v.name, v.shape, v.dtype, None, tuple(keys), table,
                                           temporary=v.name not in targets)

@@ -81,3 +81,24 @@ def test_temporary_results_and_drop(db):
     np.testing.assert_array_equal(R.to_numpy(), a.sum(0))
     db.drop("tmp_src")
     assert "tmp_src" not in db.tensors()
+
+
+def test_names_are_case_insensitive_like_duckdb():
+    # DuckDB's table names ignore case: "A" and "a" are one table, and so one catalog entry
+    with eds.connect() as db:
+        db.store("A", np.ones((2, 2), np.float32))
+        db.store("a", np.arange(9, dtype=np.float32).reshape(3, 3), replace=True)
+        assert db.tensors() == ["a"]
+        assert db.tensor("A").shape == (3, 3)
+        np.testing.assert_array_equal(db.tensor("A").to_numpy(), np.arange(9, dtype=np.float32).reshape(3, 3))
+        db.drop("A")
+        assert db.tensors() == []
+
+
+def test_output_labels_differing_only_in_case():
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal(4)
+    with eds.connect() as db:
+        c = db.einsum("iI,I->iI", a, b, out="C")
+        assert c.keys == ("d0", "d1")  # i and I would be one column name to DuckDB
+        np.testing.assert_allclose(c.to_numpy(), np.einsum("iI,I->iI", a, b))

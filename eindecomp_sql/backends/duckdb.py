@@ -89,15 +89,17 @@ class DuckDBBackend:
     def lookup(self, name: str) -> TiledValue | None:
         cur = self._cursor()
         try:
-            row = cur.execute("SELECT shape, dtype, tile, keys FROM eds_catalog WHERE name = ?", [name]).fetchone()
+            # DuckDB's table names are case-insensitive: so is the catalog
+            row = cur.execute("SELECT name, shape, dtype, tile, keys FROM eds_catalog WHERE lower(name) = lower(?)",
+                              [name]).fetchone()
         except duckdb.CatalogException:
             return None
         finally:
             cur.close()
         if row is None:
             return None
-        shape, dtype, tile, keys = row
-        return TiledValue(name, tuple(shape), dtype, tuple(tile), tuple(keys), name)
+        stored, shape, dtype, tile, keys = row
+        return TiledValue(stored, tuple(shape), dtype, tuple(tile), tuple(keys), stored)
 
     def names(self) -> list[str]:
         return [r[0] for r in self._run("SELECT name FROM eds_catalog ORDER BY name")]
@@ -116,7 +118,7 @@ class DuckDBBackend:
         return bool(n[0][0])
 
     def _write_catalog(self, value: TiledValue) -> None:
-        self._run("DELETE FROM eds_catalog WHERE name = ?", [value.table])
+        self._run("DELETE FROM eds_catalog WHERE lower(name) = lower(?)", [value.table])
         self._run(
             "INSERT INTO eds_catalog VALUES (?, ?, ?, ?, ?)",
             [value.table, list(value.shape), value.dtype, list(value.tile), list(value.keys)],
@@ -125,7 +127,7 @@ class DuckDBBackend:
     def drop(self, name: str) -> None:
         with self.lock, self._transaction():
             self._run(drop_table(name).sql(dialect="duckdb"))
-            self._run("DELETE FROM eds_catalog WHERE name = ?", [name])
+            self._run("DELETE FROM eds_catalog WHERE lower(name) = lower(?)", [name])
 
     # -- transactions -----------------------------------------------------------------------
     class _Tx:

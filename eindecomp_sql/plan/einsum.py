@@ -21,7 +21,7 @@ from ..notation.spec import describe_label
 from .optimize import optimize
 from .planner import plan_nodes
 from .cost import choose_batches
-from .steps import FillStep, Plan, TiledValue, fill_peak
+from .steps import FillStep, Plan, TiledValue, fill_peak, key_names
 from .tiling import DEFAULT_TILE_BYTES, auto_tile
 
 RESULT = "_eds_result"
@@ -58,7 +58,7 @@ def _plan(spec, values, join, agg, out, temporary, workers, budget, max_tile_byt
         for name, v in unique.items()
     }
     last = nodes[-1].result
-    target = TiledValue(last.name, last.shape, last.dtype, None, tuple(parsed.output), out, temporary=temporary)
+    target = TiledValue(last.name, last.shape, last.dtype, None, key_names(parsed.output), out, temporary=temporary)
     return plan_nodes(nodes, inputs, choice.tiles(nodes), {last.name: target}, budget)
 
 
@@ -76,7 +76,7 @@ def _fill_plan(parsed: EinsumSpec, result: ValueInfo, agg: Aggregation, out, tem
         value = AGG_IDENTITY[agg.name]
     dtype = np.dtype(result.dtype)
     tile = auto_tile(result.shape, dtype.itemsize, max_tile_bytes or DEFAULT_TILE_BYTES)
-    target = TiledValue(result.name, result.shape, result.dtype, tile, tuple(parsed.output), out,
+    target = TiledValue(result.name, result.shape, result.dtype, tile, key_names(parsed.output), out,
                         temporary=temporary)
     most = target.grid[0] if target.shape and target.nbytes else 1
     batches = choose_batches(lambda b: fill_peak(target, b), max(most, 1), budget)

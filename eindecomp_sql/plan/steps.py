@@ -17,6 +17,15 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
+def key_names(labels) -> tuple[str, ...]:
+    """Key column names for a result: its labels, unless two differ only in case (``i`` and
+    ``I`` are one column name to DuckDB); then ``d0, d1, ...`` as for stored arrays."""
+    labels = tuple(labels)
+    if len({lab.lower() for lab in labels}) == len(labels):
+        return labels
+    return tuple(f"d{k}" for k in range(len(labels)))
+
+
 @dataclass(frozen=True)
 class TiledValue:
     """A value stored as a tiled table: one key column per dimension plus a ``tile`` column.
