@@ -5,7 +5,8 @@ numpy allocate with ``malloc``, and glibc serves anything above 32 MiB with a ne
 returns it with ``munmap`` when freed. Touching fresh memory costs one page fault per 4 KiB; on
 the virtual machines we measured on that is ~5 us a fault, so handing one 64 MiB tile to a UDF
 took ~100 ms (16,390 faults) against ~20 ms once the buffer is reused: on the 4096² GEMM the
-faults were most of what the SQL path spent beyond numpy (docs/DESIGN.md, "Freed buffers stay in the process").
+faults were most of what the SQL path spent beyond numpy (docs/DESIGN.md, item 9, "Freed
+buffers stay in the process").
 
 ``retain_freed_memory()`` raises glibc's mmap and trim thresholds to ``RETAIN_BYTES`` (1 GiB;
 a larger array still gets its own ``mmap``), so freed buffers below it stay in the heap, and keeps
@@ -51,6 +52,8 @@ def _libc():
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.gnu_get_libc_version  # glibc only: musl has no mallopt thresholds
+        if hasattr(libc, "mallinfo2"):  # glibc >= 2.33
+            libc.mallinfo2.restype = _MallInfo2
         return libc
     except (OSError, AttributeError):
         return None
@@ -92,7 +95,6 @@ def free_bytes() -> int | None:
     libc = _libc()
     if libc is None or not hasattr(libc, "mallinfo2"):
         return None
-    libc.mallinfo2.restype = _MallInfo2
     return int(libc.mallinfo2().fordblks)
 
 

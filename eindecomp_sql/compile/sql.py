@@ -18,6 +18,7 @@ import sqlglot
 from sqlglot import exp
 
 from ..plan import EinsumStep, FillStep, Plan, RetileStep, Step, TiledValue
+from ..plan.cost import nbytes
 from ..sql_templates import template
 
 DIALECT = "duckdb"
@@ -97,7 +98,7 @@ def _label_columns(step: EinsumStep) -> tuple[dict[str, exp.Column], list[exp.Ex
     # A label in one piece has key 0 everywhere, so its condition is redundant. Dropping it
     # turns the join into a cross product: ~1 ms faster on small tiles, but ~80 ms slower on
     # two 64 MB tiles (the cross product copies its right side; a hash join's build is cheaper).
-    small = max((_tile_bytes(v) for v in step.inputs), default=0) <= SMALL_TILE_BYTES
+    small = max((nbytes(v.tile, v.dtype) for v in step.inputs), default=0) <= SMALL_TILE_BYTES
     single = _single_tiles(step)
     for k, (op, value) in enumerate(zip(step.node.operands, step.inputs)):
         kept = [key for ax, key in enumerate(value.keys) if ax not in op.dropped]
@@ -112,13 +113,6 @@ def _label_columns(step: EinsumStep) -> tuple[dict[str, exp.Column], list[exp.Ex
 
 
 SMALL_TILE_BYTES = 1 << 20
-
-
-def _tile_bytes(value: TiledValue) -> int:
-    n = 1
-    for t in value.tile:
-        n *= t
-    return n * np.dtype(value.dtype).itemsize
 
 
 def _single_tiles(step: EinsumStep) -> bool:

@@ -78,6 +78,6 @@ def _fill_plan(parsed: EinsumSpec, result: ValueInfo, agg: Aggregation, out, tem
     tile = auto_tile(result.shape, dtype.itemsize, max_tile_bytes or DEFAULT_TILE_BYTES)
     target = TiledValue(result.name, result.shape, result.dtype, tile, key_names(parsed.output), out,
                         temporary=temporary)
-    most = target.grid[0] if target.shape and target.nbytes else 1
-    batches = choose_batches(lambda b: fill_peak(target, b), max(most, 1), budget)
+    most = target.grid[0] if target.shape and target.nbytes else 1  # batches cut the first key
+    batches = choose_batches(lambda b: fill_peak(target, b), most, budget)
     return Plan((FillStep(target, dtype.type(value).item(), batches),), (), (target,))

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import EinsumError
 from ..graph import EinsumNode
-from .cost import Costs, batch_label, retile_peak, step_costs, step_peak
+from .cost import Costs, batch_label, nbytes, retile_peak, step_costs, step_peak
 from .tiling import grid
 
 
@@ -135,8 +135,7 @@ def fill_peak(result: TiledValue, batches: int) -> int:
         return result.nbytes
     g = result.grid
     rows = -(-g[0] // batches)
-    tile_bytes = int(np.prod(result.tile, dtype=np.int64)) * np.dtype(result.dtype).itemsize
-    return min(result.nbytes, rows * int(np.prod(g[1:], dtype=np.int64)) * tile_bytes)
+    return min(result.nbytes, rows * int(np.prod(g[1:], dtype=np.int64)) * nbytes(result.tile, result.dtype))
 
 
 @dataclass(frozen=True)
