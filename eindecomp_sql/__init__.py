@@ -8,7 +8,9 @@ array([[1., 1.],
 
 from .errors import EinsumError
 from .graph import Graph
-from .session import Session, Tensor, connect, einsum
+from .api import einsum
+from .session import Session, connect
+from .tensor import Tensor
 
 __all__ = ["EinsumError", "Graph", "Session", "Tensor", "connect", "einsum"]
 __version__ = "0.1.0"

@@ -10,11 +10,10 @@ import atexit
 import itertools
 import threading
 import weakref
-from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 
+from .arrays import as_array
 from .backends.duckdb import DuckDBBackend
 from .compile import elements_query, single_query, sql_listing
 from .errors import EinsumError
@@ -22,65 +21,8 @@ from .notation.checks import check_dtype, check_name
 from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, auto_tile, check_tile, plan_einsum
 from .plan.cost import parse_memory
 from .plan.steps import key_names
+from .tensor import Tensor
 from .udfs.tiles import array_from_tiles, tiles_from_array
-
-def as_array(x, where: str) -> np.ndarray:
-    try:
-        a = np.asarray(x)
-    except Exception as e:  # noqa: BLE001 - anything numpy cannot read is bad input
-        raise EinsumError(f"{where}: cannot be read as an array ({e})") from None
-    if a.dtype == object:
-        raise EinsumError(f"{where}: cannot be read as a numeric array")
-    check_dtype(a.dtype)
-    return a
-
-
-@dataclass(frozen=True, eq=False)
-class Tensor:
-    """A tensor stored as a tiled table in a session's database."""
-
-    session: "Session"
-    value: TiledValue
-
-    @property
-    def name(self) -> str:
-        return self.value.table
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.value.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(self.value.dtype)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.value.shape)
-
-    @property
-    def tile(self) -> tuple[int, ...]:
-        return self.value.tile
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return self.value.keys
-
-    def to_arrow(self) -> pa.Table:
-        """The tiled table: one int64 key column per dimension, then ``tile`` (C-order bytes)."""
-        return self.session.backend.read_tiles(self.value)
-
-    def to_numpy(self) -> np.ndarray:
-        v = self.value
-        return array_from_tiles(self.to_arrow(), v.shape, v.tile, v.dtype, v.keys)
-
-    def __array__(self, dtype=None, copy=None):
-        a = self.to_numpy()
-        return a if dtype is None else a.astype(dtype)
-
-    def __repr__(self) -> str:
-        v = self.value
-        return f"Tensor({v.table!r}, shape={v.shape}, dtype={v.dtype}, tile={v.tile})"
 
 
 class Session:
@@ -320,38 +262,6 @@ def _close_open_sessions() -> None:
             pass
 
 
-_default: Session | None = None
-_default_lock = threading.Lock()
-
-
-def default_session() -> Session:
-    """The in-memory session ``eds.einsum`` runs on: opened once (a connection costs ~30 ms),
-    closed at exit."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = Session()
-            atexit.register(_close_default)
-        return _default
-
-
-def _close_default() -> None:
-    global _default
-    if _default is not None:
-        _default.close()
-        _default = None
-
-
 def connect(database=None, **kwargs) -> Session:
     """A session over DuckDB: in memory (default), a database file path, or an open connection."""
     return Session(database, **kwargs)
-
-
-def einsum(spec: str, *operands, join=None, agg=None) -> np.ndarray:
-    """``numpy.einsum`` semantics (plus ``join=`` / ``agg=``), run as SQL in an embedded DuckDB.
-
-    >>> einsum("ij,jk->ik", np.eye(2), np.arange(4.).reshape(2, 2))
-    array([[0., 1.],
-           [2., 3.]])
-    """
-    return default_session().einsum_numpy(spec, *operands, join=join, agg=agg)
