@@ -7,8 +7,9 @@ Holds no planning or SQL logic of its own: it resolves operands, calls parse -> 
 from __future__ import annotations
 
 import atexit
+import collections
+import contextlib
 import itertools
-import threading
 import weakref
 
 import numpy as np
@@ -19,6 +20,7 @@ from .compile import elements_query, single_query, sql_listing
 from .errors import EinsumError
 from .notation.checks import check_dtype, check_name
 from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, auto_tile, check_tile, plan_einsum
+from .plan.tiling import check_count
 from .plan.cost import parse_memory
 from .plan.steps import key_names
 from .tensor import Tensor
@@ -39,18 +41,63 @@ class Session:
         # The plans' knobs: largest tile a plan creates, join tasks per step, memory budget.
         # One worker by default: kernels already use every core inside a call (docs/DESIGN.md).
         # Checked before the connection opens, so bad options leave nothing open.
-        self.tile_bytes = tile_bytes
-        self.workers = workers
+        self.tile_bytes = check_count(tile_bytes, "tile_bytes")
+        self.workers = check_count(workers, "workers")
         self.memory = parse_memory(memory)
+        if not isinstance(read_only, bool):
+            raise EinsumError(f"read_only must be True or False, got {read_only!r}")
         self._counter = itertools.count()
-        self._lock = threading.RLock()
         self.backend = DuckDBBackend(database, read_only=read_only)
+        # one lock for the session and its backend: a session is shared between threads, and
+        # every call (plan, register, run, read back) must see the connection to itself
+        self._lock = self.backend.lock
+        # temporary results whose Tensor was collected: dropped at the next call (or at once
+        # when the session is idle), never from inside another call's transaction
+        self._garbage: collections.deque[str] = collections.deque()
+        self._depth = 0
         try:
             self.backend.register_sql_interface(self._einsum_sql)
         except BaseException:
             self.backend.close()
             raise
         _open_sessions.add(self)
+
+    @contextlib.contextmanager
+    def _call(self):
+        """Hold the session for one call: the lock, a check that it is open, and the drop of
+        temporary results collected since the last call."""
+        with self._lock:
+            if self.backend.closed:
+                raise EinsumError("this session is closed; open another with eds.connect()")
+            self._depth += 1
+            try:
+                if self._depth == 1:
+                    self._collect()
+                yield
+            finally:
+                self._depth -= 1
+
+    def _collect(self) -> None:
+        while self._garbage:
+            self.backend.drop_table(self._garbage.popleft())
+
+    def _release(self, table: str) -> None:
+        """A temporary result's Tensor was collected (or closed): drop its table."""
+        self._garbage.append(table)
+        # drop now if no call is in progress (a finalizer can run inside one, on any thread)
+        if self._lock.acquire(blocking=False):
+            try:
+                if self._depth == 0 and not self.backend.closed:
+                    self._collect()
+            finally:
+                self._lock.release()
+
+    def _tensor(self, value: TiledValue) -> Tensor:
+        """A Tensor handle; a temporary result's table lives as long as its handle."""
+        t = Tensor(self, value)
+        if value.temporary:
+            object.__setattr__(t, "_finalizer", weakref.finalize(t, self._release, value.table))
+        return t
 
     @property
     def connection(self):
@@ -69,24 +116,33 @@ class Session:
         keys = tuple(check_name(k, "key column name") for k in keys)
         if len(keys) != a.ndim or len(set(keys)) != len(keys) or "tile" in keys:
             raise EinsumError(f"keys {keys} must name each of the {a.ndim} dimension(s) once (not 'tile')")
+        if len({k.lower() for k in keys}) != len(keys):
+            raise EinsumError(f"keys {keys}: DuckDB's column names ignore case, so these name one column twice")
         value = TiledValue(name, a.shape, dtype, tile, keys, name)
-        self.backend.store_tiles(value, tiles_from_array(a, tile, keys), replace=replace)
-        return Tensor(self, value)
+        with self._call():
+            self.backend.store_tiles(value, tiles_from_array(a, tile, keys), replace=replace)
+        return self._tensor(value)
 
     def tensor(self, name: str) -> Tensor:
         """A stored tensor by name (also after reopening a file database)."""
         check_name(name)
-        v = self.backend.lookup(name)
-        if v is None:
-            raise EinsumError(f"no stored tensor named {name!r}; stored: {', '.join(self.backend.names()) or 'none'}")
-        return Tensor(self, v)
+        with self._call():
+            v = self.backend.lookup(name)
+            if v is None:
+                raise EinsumError(f"no stored tensor named {name!r}; stored: "
+                                  f"{', '.join(self.backend.names()) or 'none'}")
+        return self._tensor(v)
 
     def tensors(self) -> list[str]:
-        return self.backend.names()
+        """Names of the stored tensors (the catalog), sorted."""
+        with self._call():
+            return self.backend.names()
 
     def drop(self, name: str) -> None:
-        self.tensor(name)
-        self.backend.drop(name)
+        """Drop stored tensor ``name``: its table and its catalog entry."""
+        with self._call():
+            self.tensor(name)
+            self.backend.drop(name)
 
     # -- einsum -----------------------------------------------------------------------------
     def _resolve(self, operands) -> tuple[list[TiledValue], dict[str, np.ndarray]]:
@@ -125,8 +181,9 @@ class Session:
 
     def plan(self, spec: str, *operands, join=None, agg=None, out: str | None = None) -> Plan:
         """The plan ``einsum`` would run."""
-        values, _ = self._resolve(operands)
-        return self._plan(spec, values, join, agg, out)
+        with self._call():
+            values, _ = self._resolve(operands)
+            return self._plan(spec, values, join, agg, out)
 
     def explain(self, spec: str, *operands, join=None, agg=None, out: str | None = None) -> str:
         """The plan and the SQL of every step."""
@@ -141,7 +198,7 @@ class Session:
         """
         if out is not None:
             check_name(out, "output name")
-        with self._lock:
+        with self._call():
             values, arrays = self._resolve(operands)
             table = out if out is not None else f"_eds_r{next(self._counter)}"
             p = self._plan(spec, values, join, agg, table, temporary=out is None)
@@ -151,11 +208,11 @@ class Session:
             finally:
                 for t in registered:
                     self.backend.unregister(t)
-        return Tensor(self, p.result)
+            return self._tensor(p.result)
 
     def einsum_numpy(self, spec: str, *operands, join=None, agg=None) -> np.ndarray:
         """Run in this database, return numpy; nothing is stored."""
-        with self._lock:
+        with self._call():
             values, arrays = self._resolve(operands)
             p = self._plan(spec, values, join, agg)
             registered = self._bind(p, arrays)
@@ -184,7 +241,7 @@ class Session:
                 raise EinsumError(f"out names unknown outputs {unknown}; the outputs are {outputs}")
         for t in targets.values():
             check_name(t, "output name")
-        with self._lock:
+        with self._call():
             values, arrays = {}, {}
             for v in gplan.inputs:
                 x = inputs[v.name]
@@ -219,7 +276,7 @@ class Session:
             finally:
                 for t in registered:
                     self.backend.unregister(t)
-        result = {v.name: Tensor(self, v) for v in plan.outputs}
+            result = {v.name: self._tensor(v) for v in plan.outputs}
         return next(iter(result.values())) if len(result) == 1 else result
 
     # -- SQL interface ----------------------------------------------------------------------
@@ -238,7 +295,15 @@ class Session:
         return query.sql(dialect="duckdb")
 
     def close(self) -> None:
-        self.backend.close()
+        """Close the session (and its connection, if the session opened it). Idempotent."""
+        with self._lock:
+            if not self.backend.closed:
+                try:
+                    self._collect()
+                except Exception:  # noqa: BLE001 - temp tables go with the connection anyway
+                    pass
+            self._garbage.clear()
+            self.backend.close()
         _open_sessions.discard(self)
 
     def __enter__(self):
@@ -262,6 +327,31 @@ def _close_open_sessions() -> None:
             pass
 
 
-def connect(database=None, **kwargs) -> Session:
-    """A session over DuckDB: in memory (default), a database file path, or an open connection."""
-    return Session(database, **kwargs)
+def connect(database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int = 1, memory=None,
+            read_only: bool = False) -> Session:
+    """A session over DuckDB.
+
+    Parameters
+    ----------
+    database : None, str, os.PathLike or duckdb.DuckDBPyConnection
+        None or ``":memory:"`` for an in-memory database, a file path (created if missing;
+        tensors stored there are found again after reopening), or an open DuckDB connection to
+        work in (it is not closed with the session).
+    tile_bytes : int
+        The largest tile, in bytes, a plan creates (default 64 MiB). Stored tensors are cut into
+        tiles of at most this size unless ``store(..., tile=)`` says otherwise.
+    workers : int
+        Join tasks per step the optimizer aims for (default 1: kernels already use every core).
+    memory : None, int or str
+        A memory budget (bytes, or a size such as ``"2GB"`` / ``"512MiB"``): a plan whose
+        projected peak exceeds it is refused before anything runs.
+    read_only : bool
+        Open a database file read-only (several processes may do so at once).
+
+    Every bad option raises :class:`EinsumError` here, before a connection opens.
+
+    >>> with connect() as db:
+    ...     db.store("A", np.arange(6.0).reshape(2, 3)).shape
+    (2, 3)
+    """
+    return Session(database, tile_bytes=tile_bytes, workers=workers, memory=memory, read_only=read_only)

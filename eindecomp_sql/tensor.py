@@ -46,6 +46,20 @@ class Tensor:
     def keys(self) -> tuple[str, ...]:
         return self.value.keys
 
+    @property
+    def temporary(self) -> bool:
+        """A result computed without ``out=``: its table is dropped when this handle is
+        collected, or on leaving a ``with`` block."""
+        return self.value.temporary
+
+    def __enter__(self) -> "Tensor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fin = self.__dict__.get("_finalizer")
+        if fin is not None:
+            fin()  # drops the temporary table now (a finalizer runs once)
+
     def to_arrow(self) -> pa.Table:
         """The tiled table: one int64 key column per dimension, then ``tile`` (C-order bytes)."""
         return self.session.backend.read_tiles(self.value)

@@ -68,7 +68,7 @@ def test_elements_column_names_and_types(sdb):
 
 def test_sql_result_composes_with_sql(sdb):
     con = sdb.connection
-    total = con.execute("SELECT sum(value) FROM einsum_elements('ij,jk->ik', 'A', 'B') WHERE i < 3").fetchone()[0]
+    total = con.execute("SELECT sum(value) FROM einsum_elements('ij,jk->ik', 'A', 'B') WHERE i < 3").fetchall()[0][0]
     want = (sdb.arrays["A"] @ sdb.arrays["B"])[:3].sum()
     assert abs(total - want) < 1e-3
 

@@ -3,6 +3,7 @@ each plan step as one statement inside one transaction (a failure leaves nothing
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Callable
 
@@ -36,28 +37,44 @@ class DuckDBBackend:
             self.con = database
             self.owns_connection = False
         else:
-            self.con = duckdb.connect(database or ":memory:", read_only=read_only, config=config or {})
+            self.con = _open(database, read_only, config)
             self.owns_connection = True
         self._closed = True  # until set up: close() then only closes what we opened
+        self._work = None
+        # One lock for everything this backend does on its connection: a session is shared
+        # between threads, and a DuckDB connection runs one statement at a time.
         self.lock = threading.RLock()
         try:
             # Arrow batches of tiles above 2 GiB need 64-bit offsets on export; below that, 32-bit
             # offsets reach the kernels faster (~7 ms per 64 MB). Set per step from its projected peak.
-            self._large_buffers = None
-            self._set_large_buffers(True)
+            self.con.execute("SET arrow_large_buffer_size = true").fetchall()
             from eindecomp_sql.udfs import register_kernels
 
             register_kernels(self.con)
+            # Our own statements run on a cursor of the user's connection (the same database,
+            # the UDFs registered above): a result the user is still fetching on
+            # ``db.connection`` then never blocks a store, an einsum or a read, and interrupting
+            # a plan interrupts only our statement.
+            self._work = self.con.cursor()
+            self._closed = False
+            self._large_buffers = None
+            self._set_large_buffers(True)
             if not read_only:
                 self._run(template("catalog"))
         except BaseException as e:
+            self._closed = True
+            if self._work is not None:
+                self._work.close()
             if self.owns_connection:
                 self.con.close()
             if isinstance(e, duckdb.ConnectionException):
                 raise EinsumError(f"cannot use this DuckDB connection: {e}") from e
             raise
         allocator.attach()  # counted only once set up, so the last close() can trim
-        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def _set_large_buffers(self, on: bool) -> None:
         if on != self._large_buffers:
@@ -65,8 +82,9 @@ class DuckDBBackend:
             self._large_buffers = on
 
     def _run(self, sql: str, params: list | None = None) -> list:
-        """Execute and drain: in DuckDB 2.0 an unfinished result blocks the connection."""
-        return self.con.execute(sql, params).fetchall() if params is not None else self.con.execute(sql).fetchall()
+        """Execute on our cursor and drain (an unfinished result blocks a DuckDB connection)."""
+        self._check_open()
+        return self._work.execute(sql, params).fetchall() if params is not None else self._work.execute(sql).fetchall()
 
     # -- SQL interface ----------------------------------------------------------------------
     def register_sql_interface(self, einsum_sql: Callable[[str, list, str], str]) -> None:
@@ -80,29 +98,26 @@ class DuckDBBackend:
         self.con.create_function("eds_einsum_sql", udf, [text, duckdb.list_type(text), text], text,
                                  side_effects=True)
         for macro, mode in (("einsum", "tiles"), ("einsum_elements", "elements")):
-            self._run(template("macros").format(macro=macro, mode=exp.Literal.string(mode).sql(dialect="duckdb")))
+            # TEMP macros live on the connection that creates them: the user's, not our cursor
+            self.con.execute(template("macros").format(macro=macro, mode=exp.Literal.string(mode).sql(dialect="duckdb")))
 
     # -- catalog ----------------------------------------------------------------------------
-    def _cursor(self):
-        return self.con.cursor()
-
     def lookup(self, name: str) -> TiledValue | None:
-        cur = self._cursor()
-        try:
-            # DuckDB's table names are case-insensitive: so is the catalog
-            row = cur.execute("SELECT name, shape, dtype, tile, keys FROM eds_catalog WHERE lower(name) = lower(?)",
-                              [name]).fetchone()
-        except duckdb.CatalogException:
+        with self.lock:
+            try:
+                # DuckDB's table names are case-insensitive: so is the catalog
+                rows = self._run("SELECT name, shape, dtype, tile, keys FROM eds_catalog WHERE lower(name) = lower(?)",
+                                 [name])
+            except duckdb.CatalogException:
+                return None
+        if not rows:
             return None
-        finally:
-            cur.close()
-        if row is None:
-            return None
-        stored, shape, dtype, tile, keys = row
+        stored, shape, dtype, tile, keys = rows[0]
         return TiledValue(stored, tuple(shape), dtype, tuple(tile), tuple(keys), stored)
 
     def names(self) -> list[str]:
-        return [r[0] for r in self._run("SELECT name FROM eds_catalog ORDER BY name")]
+        with self.lock:
+            return [r[0] for r in self._run("SELECT name FROM eds_catalog ORDER BY name")]
 
     def table_exists(self, table_name: str) -> bool:
         """Whether a table or view of this name (DuckDB compares names case-insensitively)
@@ -123,6 +138,11 @@ class DuckDBBackend:
             "INSERT INTO eds_catalog VALUES (?, ?, ?, ?, ?)",
             [value.table, list(value.shape), value.dtype, list(value.tile), list(value.keys)],
         )
+
+    def drop_table(self, table_name: str) -> None:
+        """Drop a table that is not in the catalog (a temporary result), if it exists."""
+        with self.lock:
+            self._run(drop_table(table_name).sql(dialect="duckdb"))
 
     def drop(self, name: str) -> None:
         with self.lock, self._transaction():
@@ -167,7 +187,7 @@ class DuckDBBackend:
         with self.lock:
             self._check_target(value.table, replace)
             view = "_eds_load"
-            self.con.register(view, tiles)
+            self._work.register(view, tiles)
             try:
                 with self._transaction():
                     stmt = create_table_as(
@@ -179,19 +199,31 @@ class DuckDBBackend:
                     self._run(stmt.sql(dialect="duckdb"))
                     self._write_catalog(value)
             finally:
-                self.con.unregister(view)
+                self._work.unregister(view)
 
     def read_tiles(self, value: TiledValue) -> pa.Table:
         from ..compile import select_value
 
         with self.lock:
-            return self.con.sql(select_value(value).sql(dialect="duckdb")).to_arrow_table()
+            self._check_open()
+            try:
+                return self._work.sql(select_value(value).sql(dialect="duckdb")).to_arrow_table()
+            except duckdb.CatalogException:
+                raise EinsumError(f"tensor {value.table!r} no longer exists in this database (dropped, or "
+                                  "replaced by another session)") from None
 
     def register_arrow(self, name: str, table: pa.Table) -> None:
-        self.con.register(name, table)
+        with self.lock:
+            self._work.register(name, table)
 
     def unregister(self, name: str) -> None:
-        self.con.unregister(name)
+        with self.lock:
+            if not self._closed:
+                self._work.unregister(name)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EinsumError("this session is closed")
 
     # -- execution --------------------------------------------------------------------------
     def execute(self, plan: Plan, replace: bool = False) -> pa.Table | None:
@@ -203,6 +235,7 @@ class DuckDBBackend:
             if join is not None and join.func is not None:
                 CALLABLES[join.func_id] = join.func
         with self.lock:
+            self._check_open()
             for v in plan.outputs:
                 if v.table is not None and not v.temporary:
                     self._check_target(v.table, replace)
@@ -214,7 +247,7 @@ class DuckDBBackend:
                         try:
                             self._set_large_buffers(plan.steps[k].peak_bytes >= LARGE_BUFFER_BYTES)
                             if c.table is None:
-                                parts = [self.con.sql(text).to_arrow_table() for text in c.batches]
+                                parts = [self._work.sql(text).to_arrow_table() for text in c.batches]
                                 out = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
                                 continue
                             # the first batch creates the table, the next ones append to it
@@ -248,6 +281,28 @@ class DuckDBBackend:
             if self._closed:
                 return
             self._closed = True
-        if self.owns_connection:
-            self.con.close()
+            self._work.close()
+            if self.owns_connection:
+                self.con.close()
         allocator.detach()
+
+
+def _open(database, read_only: bool, config: dict | None):
+    """``duckdb.connect`` with its failures said in our words."""
+    if database is None:
+        database = ":memory:"
+    if not isinstance(database, (str, os.PathLike)):
+        raise EinsumError(f"database must be a file path, ':memory:' or a duckdb connection, got "
+                          f"{type(database).__name__}")
+    try:
+        return duckdb.connect(database, read_only=read_only, config=config or {})
+    except duckdb.IOException as e:
+        text = str(e)
+        if "lock" in text.lower():
+            raise EinsumError(f"database {str(database)!r} is locked by another process (DuckDB allows one "
+                              f"writing process per file; open it read_only=True from the others): {text}") from None
+        if "not a valid DuckDB database" in text:
+            raise EinsumError(f"{str(database)!r} is not a DuckDB database file") from None
+        raise EinsumError(f"cannot open database {str(database)!r}: {text}") from None
+    except duckdb.Error as e:
+        raise EinsumError(f"cannot open database {str(database)!r}: {e}") from None

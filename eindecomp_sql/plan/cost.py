@@ -161,19 +161,30 @@ def choose_batches(peak, most: int, budget: int | None) -> int:
 
 
 def parse_memory(memory) -> int | None:
-    """``"2GB"``, ``"512MiB"``, ``1 << 30`` -> bytes; None -> no budget."""
-    if memory is None:
-        return None
-    if isinstance(memory, (int, float)):
-        return int(memory)
+    """``"2GB"``, ``"512MiB"``, ``1 << 30`` -> bytes; None -> no budget. A budget is a positive,
+    finite number of bytes: anything else is an EinsumError, never a ValueError or OverflowError."""
     from ..errors import EinsumError
 
-    text = str(memory).strip().replace(" ", "")
+    if memory is None:
+        return None
+    bad = EinsumError(f"memory budget {memory!r}: write a positive number of bytes or a size such as '2GB' "
+                      "or '512MiB'")
+    if isinstance(memory, bool):
+        raise bad
+    if isinstance(memory, (int, float, np.integer, np.floating)):
+        num, unit = float(memory), ""
+    elif isinstance(memory, str):
+        text = memory.strip().replace(" ", "")
+        num_text = text.rstrip("BbKkMmGgTtIi")
+        unit = text[len(num_text):].upper()
+        try:
+            num = float(num_text)
+        except ValueError:
+            raise bad from None
+    else:
+        raise bad
     units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-    num = text.rstrip("BbKkMmGgTtIi")
-    unit = text[len(num):].upper()
-    try:
-        return int(float(num) * units[unit])
-    except (ValueError, KeyError):
-        raise EinsumError(f"memory budget {memory!r}: write bytes or a size such as '2GB' or '512MiB'") from None
+    if unit not in units or not math.isfinite(num) or num * units[unit] < 1 or not math.isfinite(num * units[unit]):
+        raise bad
+    return int(num * units[unit])

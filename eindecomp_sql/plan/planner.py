@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from ..graph import EinsumNode
 from .cost import choose_batches, max_batches, retile_max_batches, retile_peak, step_peak
-from .steps import EinsumStep, Plan, RetileStep, Step, TiledValue
+from .steps import EinsumStep, Plan, RetileStep, Step, TiledValue, key_names
 
 
 def plan_nodes(
@@ -60,7 +60,8 @@ def plan_nodes(
             result = TiledValue(res.name, res.shape, res.dtype, out_tile, o.keys, o.table, temporary=o.temporary)
         else:
             table = temp_name()
-            result = TiledValue(res.name, res.shape, res.dtype, out_tile, tuple(node.output), table,
+            # key_names: labels that differ only in case (i, I) are one column name to DuckDB
+            result = TiledValue(res.name, res.shape, res.dtype, out_tile, key_names(node.output), table,
                                 temporary=True, scratch=True)
         values[res.name] = result
         step = EinsumStep(node, tuple(step_inputs), result, tuple(sorted(chunk.items())))

@@ -9,6 +9,7 @@ with zeros would be wrong for max, min and prod aggregations.
 from __future__ import annotations
 
 import math
+import operator
 
 from ..errors import EinsumError
 
@@ -38,11 +39,27 @@ def auto_tile(shape: tuple[int, ...], itemsize: int, target_bytes: int = DEFAULT
     return tuple(tile)
 
 
-def check_tile(shape: tuple[int, ...], tile) -> tuple[int, ...]:
+def check_count(x, what: str, minimum: int = 1) -> int:
+    """``x`` as an int of at least ``minimum`` (Python or numpy integers; not bools, floats or
+    strings, which ``int()`` would quietly truncate or parse)."""
+    if isinstance(x, bool):
+        raise EinsumError(f"{what} must be an integer >= {minimum}, got {x!r}")
     try:
-        tile = tuple(int(t) for t in tile)
+        n = operator.index(x)
+    except TypeError:
+        raise EinsumError(f"{what} must be an integer >= {minimum}, got {x!r}") from None
+    if n < minimum:
+        raise EinsumError(f"{what} must be an integer >= {minimum}, got {n}")
+    return n
+
+
+def check_tile(shape: tuple[int, ...], tile) -> tuple[int, ...]:
+    """A user's tile shape: one positive int per dimension (clipped to the shape)."""
+    try:
+        sides = list(tile)
     except TypeError:
         raise EinsumError(f"tile must be a tuple of ints, one per dimension, got {tile!r}") from None
+    tile = tuple(check_count(t, f"tile {tuple(sides)!r}: each side") for t in sides)
     if len(tile) != len(shape):
         raise EinsumError(f"tile {tile} has {len(tile)} dimension(s) but the tensor has shape {shape}")
     if any(t < 1 for t in tile):
