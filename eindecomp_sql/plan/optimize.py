@@ -27,6 +27,8 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import EinsumError
 from ..graph import EinsumNode, ValueInfo
 from .cost import (Costs, max_batches, nbytes, pieces_of, retile_max_batches, retile_peak, step_costs, step_peak,
@@ -35,6 +37,7 @@ from .cost import (Costs, max_batches, nbytes, pieces_of, retile_max_batches, re
 STRATEGIES = ("eindecomp", "data-parallel", "model-parallel", "square-tiles")
 EXACT_CUT_LIMIT = 256  # enumerate cut tilings exactly up to this many combinations
 MAX_PRODUCT_FACTOR = 8  # candidates have between workers and 8x workers join tasks...
+GREEDY_WORK = 4000  # node evaluations the coordinate descent may spend (not a clock)
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class _Problem:
         self.dtypes = {name: v.dtype for name, v in self.values.items()}
         self._cands: dict[str, list[dict[str, int]]] | None = None
         self._facts: dict[str, list[tuple]] = {}
+        self._tables: dict | None = None  # built on the first DP (see _build)
 
     @property
     def cands(self) -> dict[str, list[dict[str, int]]]:
@@ -86,12 +90,21 @@ class _Problem:
         """Per candidate: (pieces, node cost total, output tile, required tile per operand)."""
         name = node.result.name
         if name not in self._facts:
-            self._facts[name] = [
-                (p, self.node_cost(node, p).total, self.out_tile(node, p),
-                 tuple(self.required(node, k, p) for k in range(len(node.operands))))
-                for p in self.cands[name]
-            ]
+            size = node.size
+            axes = [self._axes(node, k) for k in range(len(node.operands))]
+            rows = []
+            for p in self.cands[name]:
+                tile = {lab: tile_of(size[lab], d) for lab, d in p.items()}
+                rows.append((p, self.node_cost(node, p).total, tuple(tile[lab] for lab in node.output),
+                             tuple(tuple(1 if lab is None else tile[lab] for lab in ax) for ax in axes)))
+            self._facts[name] = rows
         return self._facts[name]
+
+    def _axes(self, node: EinsumNode, k: int) -> tuple[str | None, ...]:
+        """The label of every axis of operand ``k``'s value (None: a dropped size-1 axis)."""
+        op = node.operands[k]
+        it = iter(op.labels)
+        return tuple(None if ax in op.dropped else next(it) for ax in range(len(self.values[op.value].shape)))
 
     # -- candidates -------------------------------------------------------------------------
     def _label_options(self, node: EinsumNode) -> dict[str, list[int]]:
@@ -116,12 +129,10 @@ class _Problem:
         hi = max(lo, self.workers) * MAX_PRODUCT_FACTOR
         while True:
             out = []
-            for combo in itertools.product(*(opts[lab] for lab in labels)):
-                p = math.prod(combo)
-                if lo <= p <= hi:
-                    pieces = dict(zip(labels, combo))
-                    if self._fits(node, pieces):
-                        out.append(pieces)
+            for combo in _bounded_products([opts[lab] for lab in labels], lo, hi):
+                pieces = dict(zip(labels, combo))
+                if self._fits(node, pieces):
+                    out.append(pieces)
             if out or hi >= most:
                 break
             hi *= 4  # ...unless the memory budget needs finer cuts
@@ -161,18 +172,8 @@ class _Problem:
         return tuple(tile_of(size[lab], pieces[lab]) for lab in node.output)
 
     def required(self, node: EinsumNode, k: int, pieces: dict[str, int]) -> tuple[int, ...]:
-        op = node.operands[k]
-        v = self.values[op.value]
         size = node.size
-        it = iter(op.labels)
-        out = []
-        for ax in range(len(v.shape)):
-            if ax in op.dropped:
-                out.append(1)
-            else:
-                lab = next(it)
-                out.append(tile_of(size[lab], pieces[lab]))
-        return tuple(out)
+        return tuple(1 if lab is None else tile_of(size[lab], pieces[lab]) for lab in self._axes(node, k))
 
     def node_cost(self, node: EinsumNode, pieces: dict[str, int]) -> Costs:
         return step_costs(node, pieces, self.bytes)
@@ -200,6 +201,10 @@ class _Problem:
         return total
 
     # -- dynamic programming ----------------------------------------------------------------
+    # The DP runs over numpy arrays indexed by candidate: a pass is a handful of vector
+    # operations per edge instead of a Python loop per (candidate, operand), and values used by
+    # several nodes cut the graph into trees whose results are memoized on the tilings of the
+    # cut values they read, so coordinate descent re-runs only the trees a change touches.
     def cut_values(self) -> list[str]:
         cuts = []
         for name, uses in self.consumers.items():
@@ -217,73 +222,154 @@ class _Problem:
                 opts.add(self.required(n, k, p))
         return sorted(opts)
 
-    def dp(self, fix: dict[str, tuple[int, ...]]):
-        """Best cost per candidate of every node given fixed tilings of the cut values.
+    def _build(self) -> None:
+        """Per node, arrays over its candidates; tilings of every value interned as ints."""
+        if self._tables is not None:
+            return
+        ids: dict[str, dict[tuple, int]] = {name: {} for name in self.values}
 
-        Returns (total cost, argmin pieces per node)."""
-        best: dict[str, list[tuple[float, Costs, dict]]] = {}
-        by_tile: dict[str, dict[tuple, tuple[float, int]]] = {}
-        min_of: dict[str, tuple[float, int]] = {}
+        def intern(value, tile):
+            d = ids[value]
+            return d.setdefault(tile, len(d))
+
+        retile_of: dict[tuple[str, tuple], float] = {}
+
+        def retile_cost(value, tile):
+            key = (value, tile)
+            if key not in retile_of:
+                retile_of[key] = self.retile(value, tile).total
+            return retile_of[key]
+
+        tables = {}
         for n in self.nodes:
             name = n.result.name
-            rows = []
-            for _p, cost, made, needs in self.facts(n):
-                if name in fix and made != fix[name]:
-                    rows.append(None)
-                    continue
-                total = cost
-                picks = {}
-                for k, op in enumerate(n.operands):
-                    u = op.value
-                    need = needs[k]
-                    if u in fix or u in self.fixed:
-                        have = fix.get(u, self.fixed.get(u))
-                        if have != need:
-                            total += self.retile(u, need).total
-                    elif u not in self.producer:
-                        pass  # a free input used once: stored the way this node wants it
-                    else:
-                        same = by_tile[u].get(need)
-                        other = min_of[u][0] + self.retile(u, need).total
-                        if same is not None and same[0] <= other:
-                            total += same[0]
-                            picks[u] = same[1]
-                        else:
-                            total += other
-                            picks[u] = min_of[u][1]
-                rows.append((total, picks))
-            best[name] = rows
-            bt: dict[tuple, tuple[float, int]] = {}
             facts = self.facts(n)
-            for ci, row in enumerate(rows):
-                if row is None:
-                    continue
-                t = facts[ci][2]
-                if t not in bt or row[0] < bt[t][0]:
-                    bt[t] = (row[0], ci)
-            by_tile[name] = bt
-            if not bt:
-                return math.inf, None
-            min_of[name] = min(bt.values())
-        # roots: values no single-consumer edge accounts for (sinks and cut values)
+            t = _Tables()
+            t.cost = np.array([f[1] for f in facts], dtype=np.float64)
+            t.made = np.array([intern(name, f[2]) for f in facts], dtype=np.intp)
+            t.needs = [np.array([intern(op.value, f[3][k]) for f in facts], dtype=np.intp)
+                       for k, op in enumerate(n.operands)]
+            t.retile = [np.array([retile_cost(op.value, f[3][k]) for f in facts], dtype=np.float64)
+                        for k, op in enumerate(n.operands)]
+            tables[name] = t
+        for value, tile in self.fixed.items():
+            if value in ids:
+                intern(value, tile)
+        for n in self.nodes:  # the domains are complete now: group candidates by output tiling
+            t = tables[n.result.name]
+            t.domain = len(ids[n.result.name])
+            order = np.argsort(t.made, kind="stable")  # stable: ties go to the lowest candidate
+            uniq, first, counts = np.unique(t.made[order], return_index=True, return_counts=True)
+            groups = np.full((len(uniq), int(counts.max())), len(t.made), dtype=np.intp)
+            for r, (a, c) in enumerate(zip(first, counts)):
+                groups[r, :c] = order[a:a + c]
+            t.uniq, t.groups, t.rows = uniq, groups, np.arange(len(uniq))
+        self._ids = ids
+        self._tables = tables
+        self._fixed_ids = {v: ids[v][t] for v, t in self.fixed.items() if v in ids}
+        # trees: a node's result read by exactly one node belongs to that node's tree
+        cuts = set(self.cut_values())
+        self._cuts = cuts
+        root_of: dict[str, str] = {}
+        for n in reversed(self.nodes):
+            name = n.result.name
+            uses = self.consumers.get(name, [])
+            root_of[name] = root_of[uses[0][0].result.name] if len(uses) == 1 else name
+        trees: dict[str, list[EinsumNode]] = {}
+        for n in self.nodes:
+            trees.setdefault(root_of[n.result.name], []).append(n)
+        self._trees = trees
+        self._leaves = {
+            root: tuple(dict.fromkeys(op.value for n in tree for op in n.operands if op.value in cuts))
+            for root, tree in trees.items()
+        }
+        self._memo: dict[tuple, tuple] = {}
+        self.work = 0  # node evaluations so far (bounds the coordinate descent)
+
+    def _tile_id(self, value: str, tile) -> int:
+        return self._ids[value].get(tile, -1)  # -1: a tiling no candidate makes or needs
+
+    def _eval_node(self, node: EinsumNode, have: dict[str, int], state: dict) -> list:
+        """Cheapest cost of every candidate of ``node`` and everything upstream in ``state``;
+        ``have``: values whose tiling is given (stored inputs, fixed cut values). Stores the
+        node's (best per output tiling, its candidate, overall best, its candidate) in
+        ``state`` and returns, per producer read, the producer candidate each candidate uses."""
+        t = self._tables[node.result.name]
+        rows = t.cost.copy()
+        picks = []
+        for k, op in enumerate(node.operands):
+            u = op.value
+            h = have.get(u)
+            if h is not None:
+                rows += np.where(t.needs[k] == h, 0.0, t.retile[k])
+            elif u in state:
+                bt, arg, mn, mnarg = state[u]
+                need = t.needs[k]
+                same = bt[need]
+                other = t.retile[k] + mn
+                take = same <= other
+                rows += np.where(take, same, other)
+                picks.append((u, np.where(take, arg[need], mnarg)))
+            # else: a free input read once is stored the way each candidate wants it
+        grid = np.append(rows, np.inf)[t.groups]
+        a = grid.argmin(axis=1)
+        bt = np.full(t.domain, np.inf)
+        bt[t.uniq] = grid[t.rows, a]
+        arg = np.zeros(t.domain, dtype=np.intp)
+        arg[t.uniq] = t.groups[t.rows, a]
+        mnarg = int(rows.argmin())
+        state[node.result.name] = (bt, arg, float(rows[mnarg]), mnarg)
+        self.work += 1
+        return picks
+
+    def _tree(self, root: str, leaf_ids: tuple[int, ...]):
+        key = (root, leaf_ids)
+        hit = self._memo.get(key)
+        if hit is None:
+            have = dict(self._fixed_ids)
+            have.update(zip(self._leaves[root], leaf_ids))
+            state: dict = {}
+            picks = {n.result.name: self._eval_node(n, have, state) for n in self._trees[root]}
+            hit = self._memo[key] = (state[root], picks)
+        return hit
+
+    def _root_cost(self, root: str, ids: dict[str, int]) -> tuple[float, int, dict]:
+        (bt, arg, mn, mnarg), picks = self._tree(root, tuple(ids[v] for v in self._leaves[root]))
+        if root not in self._cuts:
+            return mn, mnarg, picks
+        t = ids[root]
+        return (float(bt[t]), int(arg[t]), picks) if t >= 0 else (math.inf, 0, picks)
+
+    def solve(self, fix: dict[str, tuple[int, ...]]):
+        """The cheapest total with every cut value's tiling fixed by ``fix``, and its pieces
+        per node (None when nothing fits)."""
+        self._build()
+        ids = {c: self._tile_id(c, t) for c, t in fix.items()}
         total = 0.0
+        chosen: dict[str, int] = {}
+        for root in self._trees:
+            cost, ci, picks = self._root_cost(root, ids)
+            total += cost
+            _pick(root, ci, picks, chosen)
+        if total == math.inf:
+            return math.inf, None
+        return total, {name: self.cands[name][ci] for name, ci in chosen.items()}
+
+    def relaxed(self):
+        """Pieces per node with every cut value free: each consumer pays for its producer as
+        if it were its only one (a lower bound; its cut tilings seed the search)."""
+        self._build()
+        state: dict = {}
+        picks = {n.result.name: self._eval_node(n, self._fixed_ids, state) for n in self.nodes}
         chosen: dict[str, int] = {}
         for n in reversed(self.nodes):
             name = n.result.name
-            if name in self.consumers and name not in fix:
-                continue  # paid for by its one consumer
-            cost, ci = min_of[name]
-            total += cost
-            self._pick(name, ci, best, chosen)
-        pieces = {name: self.cands[name][ci] for name, ci in chosen.items()}
-        return total, pieces
-
-    def _pick(self, name, ci, best, chosen):
-        if name in chosen:
-            return
-        chosen[name] = ci
-        for u, uci in best[name][ci][1].items():
-            self._pick(u, uci, best, chosen)
+            if name not in self.consumers:
+                bt, arg, mn, mnarg = state[name]
+                if mn == math.inf:
+                    return None
+                _pick(name, mnarg, picks, chosen)
+        return {name: self.cands[name][ci] for name, ci in chosen.items()}
 
     def free_input_tiles(self, pieces, fix) -> dict[str, tuple[int, ...]]:
         tiles = {}
@@ -298,6 +384,48 @@ class _Problem:
         return tiles
 
 
+class _Tables:
+    """A node's candidates as arrays: ``cost`` (node cost), ``made`` (output tiling id),
+    ``needs[k]`` / ``retile[k]`` (tiling id operand k must have, cost of re-tiling it to
+    that), ``groups`` (candidate indices per output tiling, padded with an out-of-range index)."""
+
+    __slots__ = ("cost", "made", "needs", "retile", "domain", "uniq", "groups", "rows")
+
+
+def _bounded_products(options: list[list[int]], lo: int, hi: int):
+    """The combinations of ``itertools.product(*options)`` whose product lies in [lo, hi], in
+    the same order, without visiting the (many more) combinations whose prefix already
+    exceeds ``hi``: options are sorted ascending and positive, so a prefix only grows."""
+    rest = [math.prod(max(o) for o in options[k:]) for k in range(len(options))] + [1]
+
+    def walk(k: int, prefix: tuple[int, ...], prod: int):
+        if k == len(options):
+            if prod >= lo:
+                yield prefix
+            return
+        for d in options[k]:
+            p = prod * d
+            if p > hi:
+                break
+            if p * rest[k + 1] >= lo:  # the largest completion still reaches lo
+                yield from walk(k + 1, prefix + (d,), p)
+
+    return walk(0, (), 1)
+
+
+def _pick(name: str, ci: int, picks: dict, chosen: dict[str, int]) -> None:
+    """Walk back from a node's chosen candidate to the producer candidates it was built on
+    (the first walk to reach a value wins, as values read twice only arise when relaxed)."""
+    stack = [(name, ci)]
+    while stack:
+        name, ci = stack.pop()
+        if name in chosen:
+            continue
+        chosen[name] = ci
+        # reversed: the first operand's producers are walked first (depth first, in order)
+        stack.extend((u, int(arr[ci])) for u, arr in reversed(picks[name]))
+
+
 def optimize(nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ...]], workers: int = 1,
              budget: int | None = None, max_tile_bytes: int | None = None) -> Choice:
     """EinDecomp: the cheapest chunking of every node under the cost model."""
@@ -309,7 +437,7 @@ def optimize(nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ..
         best = (math.inf, None, None)
         for combo in itertools.product(*(options[c] for c in cuts)):
             fix = dict(zip(cuts, combo))
-            total, pieces = prob.dp(fix)
+            total, pieces = prob.solve(fix)
             if pieces is not None and total < best[0]:
                 best = (total, pieces, fix)
         total, pieces, fix = best
@@ -321,12 +449,12 @@ def optimize(nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ..
     return Choice(pieces, tiles, prob.evaluate(pieces, tiles))
 
 
-def _greedy(prob: _Problem, cuts, options, work: int = 1200):
+def _greedy(prob: _Problem, cuts, options, work: int = GREEDY_WORK):
     """Fix every cut value to what its producer (or its first consumer, for inputs) likes best,
-    then try each cut's other options once, keeping improvements. A fixed number of DP passes
-    (not a clock) bounds the work, so a plan does not depend on how busy the machine is: about
-    ``work`` node visits per pass count, well under a second for 100 nodes here."""
-    max_passes = max(8, work // max(len(prob.nodes), 1))
+    or to what a baseline does, whichever is cheapest; then coordinate descent: give each cut
+    in turn its best option with the others held, sweeping until nothing improves. The number
+    of node evaluations (not a clock) bounds the work, so a plan does not depend on how busy
+    the machine is."""
     def cut_tilings(pieces):
         fix = {}
         for c in cuts:
@@ -340,31 +468,40 @@ def _greedy(prob: _Problem, cuts, options, work: int = 1200):
     # start from the best of: every cut at its producer's favourite, or at what each baseline
     # strategy does (so the result never costs more than a baseline)
     starts = []
-    _, free_pieces = prob.dp({})
+    free_pieces = prob.relaxed()
     if free_pieces is not None:
         starts.append(cut_tilings(free_pieces))
     for strategy in STRATEGIES[1:]:
         starts.append(cut_tilings({n.result.name: baseline_pieces(strategy, n, prob.workers) for n in prob.nodes}))
-    total, pieces, fix = math.inf, None, None
+    total, fix = math.inf, None
     for start in starts:
-        t, p = prob.dp(start)
+        t, p = prob.solve(start)
         if p is not None and t < total:
-            total, pieces, fix = t, p, start
-    if pieces is None:
+            total, fix = t, start
+    if fix is None:
         return total, None, {}
-    passes = 0
-    for c in cuts:
-        for opt in options[c]:
-            if opt == fix[c]:
-                continue
-            if passes >= max_passes:
-                return total, pieces, fix
-            passes += 1
-            trial = dict(fix)
-            trial[c] = opt
-            t, p = prob.dp(trial)
-            if p is not None and t < total:
-                total, pieces, fix = t, p, trial
+    # which trees a cut's tiling reaches: those reading it, and the one it is the root of
+    touches = {c: [r for r, leaves in prob._leaves.items() if c in leaves or r == c] for c in cuts}
+    ids = {c: prob._tile_id(c, t) for c, t in fix.items()}
+    improved = True
+    while improved and prob.work < work:
+        improved = False
+        for c in cuts:
+            near = touches[c]
+            rest = sum(prob._root_cost(r, ids)[0] for r in prob._trees if r not in near)
+            best_opt, best = fix[c], total
+            for opt in options[c]:
+                if opt == fix[c] or prob.work >= work:
+                    continue
+                ids[c] = prob._tile_id(c, opt)
+                t = rest + sum(prob._root_cost(r, ids)[0] for r in near)
+                if t < best:
+                    best_opt, best = opt, t
+            fix[c] = best_opt
+            ids[c] = prob._tile_id(c, best_opt)
+            if best < total:
+                total, improved = best, True
+    total, pieces = prob.solve(fix)
     return total, pieces, fix
 
 
