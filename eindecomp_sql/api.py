@@ -7,10 +7,20 @@ import threading
 
 import numpy as np
 
+from .arrays import native, read_array
+from .errors import EinsumError
+from .graph.lower import contraction_path
+from .notation import parse_spec
+from .notation.checks import check_dtype
+from .notation.sublist import FORMS, sublist_spec
 from .session import Session
+from .tensor import Tensor
 
 _default: Session | None = None
 _default_lock = threading.Lock()
+
+CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
+ORDERS = ("C", "F", "A", "K")
 
 
 def default_session() -> Session:
@@ -31,12 +41,157 @@ def _close_default() -> None:
         _default = None
 
 
+def _check_casting(casting) -> str:
+    if not isinstance(casting, str) or casting not in CASTINGS:
+        raise EinsumError(f"casting must be one of {', '.join(map(repr, CASTINGS))} (got {casting!r})")
+    return casting
 
-def einsum(spec: str, *operands, join=None, agg=None) -> np.ndarray:
-    """``numpy.einsum`` semantics (plus ``join=`` / ``agg=``), run as SQL in an embedded DuckDB.
+
+def _check_order(order) -> str:
+    if order is None:
+        return "K"
+    if not isinstance(order, str) or order.upper() not in ORDERS:
+        raise EinsumError(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")
+    return order.upper()
+
+
+def _cast_error(what: str, frm: np.dtype, to: np.dtype, casting: str) -> EinsumError:
+    return EinsumError(f"{what}: cannot cast from dtype {frm.str!r} ({frm.name}) to {to.str!r} ({to.name}) "
+                       f"according to the rule {casting!r} (numpy's einsum refuses this too); pass "
+                       "casting='same_kind' or 'unsafe' to allow it")
+
+
+def _tensor(x) -> Tensor:
+    """A stored operand: a Tensor, or the name of one in the default session."""
+    return x if isinstance(x, Tensor) else default_session().tensor(x)
+
+
+def _is_view_case(spec: str, shapes, dtype, raw: np.dtype) -> bool:
+    """numpy returns a view, with no casting check, of a lone operand whose labels all reach
+    the output (a transpose, a diagonal): casting='no' passes there even for a big-endian one."""
+    parsed = parse_spec(spec, shapes)
+    return set(parsed.inputs[0]) <= set(parsed.output) and (dtype is None or np.can_cast(raw, dtype, "equiv"))
+
+
+def einsum(spec, *operands, out=None, dtype=None, order="K", casting="safe", optimize=False, join=None,
+           agg=None):
+    """Evaluate an (extended) Einstein summation as SQL in an embedded DuckDB, with
+    ``numpy.einsum``'s semantics and arguments.
 
     >>> einsum("ij,jk->ik", np.eye(2), np.arange(4.).reshape(2, 2))
     array([[0., 1.],
            [2., 3.]])
+    >>> einsum(np.arange(4.).reshape(2, 2), [0, 1], [1, 0])  # numpy's sublist form
+    array([[0., 2.],
+           [1., 3.]])
+    >>> einsum("ij->i", np.array([[1., 2.], [3., 4.]]), agg="max")
+    array([2., 4.])
+
+    Parameters
+    ----------
+    spec : str
+        numpy's subscripts: ``"ij,jk->ik"``, implicit output (``"ij,jk"``), repeated labels
+        (diagonals, traces), ``...`` broadcasting, labels ``a-z`` and ``A-Z`` (distinct). Or
+        numpy's sublist form, ``einsum(a, [0, 1], b, [1, 2], [0, 2])`` (ints in [0, 52),
+        ``Ellipsis`` for ``...``).
+    *operands : array_like
+        Arrays (anything numpy reads as numbers: lists, scalars, numeric pyarrow Arrays),
+        stored ``Tensor``s of the default session, or their names. Any byte order (converted
+        to native). Tables, data frames, DuckDB relations and sparse matrices are refused:
+        store tables with ``db.store``; call ``.toarray()`` on a sparse matrix.
+    out : numpy.ndarray, optional
+        Written with the result (numpy's casting rule ``casting`` from the result's dtype to
+        ``out.dtype``) and returned. Its shape must be the result's.
+    dtype : dtype, optional
+        Compute in this dtype: every operand is cast to it first, under ``casting``; a cast the
+        rule forbids is an ``EinsumError`` where numpy raises.
+    order : {'K', 'C', 'F', 'A'}
+        Memory layout of the returned array ('K' and 'C': C order; 'F': Fortran; 'A': Fortran
+        when every array operand is Fortran-contiguous). Ignored with ``out``.
+    casting : {'safe', 'no', 'equiv', 'same_kind', 'unsafe'}
+        numpy's casting rule, for the operands to the computation dtype (``dtype``, else the
+        operands' promoted dtype) and for the result into ``out``.
+    optimize : {False, True, 'greedy', 'optimal', ('greedy', memory_limit), ['einsum_path', ...]}
+        numpy's contraction-path argument (also opt_einsum's path names), checked as numpy
+        does. Values do not depend on it: every step computes in the dtype of the whole einsum,
+        as numpy's unoptimized einsum does. The planner orders many-operand products itself.
+    join : str or callable, optional
+        The element-wise function of the operands (default ``"mul"``). A name: binary
+        ``mul add sub div max min pow`` (``mul add max min`` fold over any number of operands)
+        or, for one operand, ``identity exp log relu neg square sqrt abs sigmoid tanh``. An
+        expression over the operands ``x, y, z, w`` (or ``x0 .. xN``): numbers,
+        ``+ - * / ** %``, comparisons, ``and or not``, ``a if c else b`` and the functions
+        ``exp log relu neg square sqrt abs sigmoid tanh sin cos log1p expm1 sign max min where
+        pow`` — e.g. ``"relu(x - y)"``, ``"x if x > y else 0.5 * y"``. Or a Python callable of
+        numpy arrays, element-wise: it receives broadcastable blocks (one axis per label) and
+        must return numbers of their broadcast shape, of a dtype that depends on its inputs'
+        dtypes only; this is checked on every tile (``EinsumError`` naming the callable).
+    agg : {'sum', 'max', 'min', 'prod'}
+        How values of the labels not in the output combine (default ``"sum"``).
+
+    Returns
+    -------
+    numpy.ndarray (a numpy scalar for a 0-d result, as ``np.einsum``), or ``out``.
+
+    Notes
+    -----
+    dtypes: bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float32, float64,
+    complex64, complex128, with numpy's promotion. ``mul``/``sum`` gives ``np.einsum``'s dtype
+    (bool stays bool); any other join/agg gives the dtype of ``agg.reduce(join(operands))``
+    (max/min of complex compare as numpy does, lexicographically). float16 and bfloat16 are
+    not supported yet, so a join numpy would answer in float16 (``sqrt`` of int8) is an
+    ``EinsumError``: cast the operands to float32. Results are in native byte order.
+    Every bad input is an ``EinsumError`` (a ``ValueError``).
     """
-    return default_session().einsum_numpy(spec, *operands, join=join, agg=agg)
+    if not isinstance(spec, str):
+        spec, operands = sublist_spec((spec,) + operands)
+    else:
+        operands = list(operands)
+    if not operands:
+        raise EinsumError(f"einsum: no operands; einsum takes {FORMS}")
+    casting = _check_casting(casting)
+    order = _check_order(order)
+    path = contraction_path(optimize, len(operands))  # noqa: F841 - checked; see docs/DESIGN.md
+    ct = None if dtype is None else np.dtype(check_dtype(dtype, "einsum dtype"))
+    if dtype is not None and not np.dtype(dtype).isnative:
+        ct = ct.newbyteorder("=")
+    arrays, raw = [], []
+    for k, x in enumerate(operands):
+        if isinstance(x, (Tensor, str)):
+            arrays.append(_tensor(x))
+            raw.append(arrays[-1].dtype)
+        else:
+            a = read_array(x, f"operand {k}")
+            raw.append(a.dtype)
+            arrays.append(a)
+    shapes = [x.shape for x in arrays]
+    compute = ct if ct is not None else np.result_type(*raw)
+    if not (len(arrays) == 1 and out is None and _is_view_case(spec, shapes, ct, raw[0])):
+        for k, d in enumerate(raw):
+            if not np.can_cast(d, compute, casting):
+                raise _cast_error(f"operand {k}", d, compute, casting)
+    if ct is not None:
+        # a stored operand of another dtype is read back to be cast, as numpy would cast it
+        arrays = [x if isinstance(x, Tensor) and x.dtype == ct else np.asarray(x).astype(ct) for x in arrays]
+    arrays = [native(x) if isinstance(x, np.ndarray) else x for x in arrays]
+    session = default_session()
+    if out is not None:
+        if not isinstance(out, np.ndarray):
+            raise EinsumError(f"out must be a numpy array, got {type(out).__name__}")
+        if not out.flags.writeable:
+            raise EinsumError("out is read-only")
+        p = session.plan(spec, *arrays, join=join, agg=agg)  # cached: the run below reuses it
+        shape, rdt = p.result.shape, np.dtype(p.result.dtype)
+        if out.shape != tuple(shape):
+            raise EinsumError(f"out has shape {out.shape} but the einsum {spec!r} gives shape {tuple(shape)}")
+        if ct is None and (join is None or join == "mul") and (agg is None or agg == "sum"):
+            rdt = compute  # as numpy: the iterator's dtype, before it is made native
+        if not np.can_cast(rdt, out.dtype, casting):
+            raise _cast_error("out", rdt, out.dtype, casting)
+    r = session.einsum_numpy(spec, *arrays, join=join, agg=agg)
+    if out is not None:
+        np.copyto(out, r, casting="unsafe")  # the rule was checked above, on numpy's dtypes
+        return out
+    if order == "F" or (order == "A" and all(isinstance(x, np.ndarray) and x.flags.f_contiguous for x in arrays)):
+        r = np.asfortranarray(r)
+    return r[()] if r.ndim == 0 else r

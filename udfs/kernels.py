@@ -50,6 +50,8 @@ class EinsumKernel:
         self.agg = AGG_UFUNC[spec["agg"]]
         jd = spec["join"]
         self.fast = jd.get("name") == "mul" and spec["agg"] == "sum"
+        # a user's callable comes back checked on every call (element-wise numbers of the
+        # dtype its probe gave; notation/numpy_impl.py): an EinsumError naming it otherwise
         self.join = join_callable(_join_function(jd))
         letters = {lab: string.ascii_letters[k] for k, lab in enumerate(self.labels)}
         self.letters = letters
@@ -58,8 +60,9 @@ class EinsumKernel:
         )
         self.all = self.output + self.reduced
         self.matmul = _MatmulPlan.build(self.inputs, self.output) if self.fast and len(self.inputs) == 2 else None
-        # a product BLAS runs (and threads) itself: float matmuls; numpy's integer matmul is not BLAS
-        self.blas = self.matmul is not None and self.out_dtype.kind == "f"
+        # a product BLAS runs (and threads) itself: float and complex matmuls; numpy's integer
+        # matmul is not BLAS
+        self.blas = self.matmul is not None and self.out_dtype.kind in "fc"
         self._diag = []
         for x in self.inputs:
             uniq = tuple(dict.fromkeys(x))

@@ -4,16 +4,86 @@ A many-operand einsum whose join distributes over its aggregation (a semiring su
 mul/sum or add/max) becomes a tree of binary nodes in the order opt_einsum's contraction path
 chooses; any other join (say ``x + y - z`` with sum) stays one n-ary node, because splitting
 it would change its meaning.
+
+``path`` picks the contraction order as ``np.einsum``'s ``optimize=`` does (normalised by
+``contraction_path``): None for opt_einsum's ``"auto"``, a path algorithm's name with an optional
+memory limit, or an explicit list of operand-position tuples.
+
+>>> contraction_path(["einsum_path", (0, 1), (0, 1)], 3)
+((0, 1), (0, 1))
+>>> contraction_path(("greedy", 1000), 3)
+('greedy', 1000)
 """
 
 from __future__ import annotations
 
+import numbers
+
 import opt_einsum
 
+from ..errors import EinsumError
 from ..notation import Aggregation, EinsumSpec, JoinFunction
 from ..notation.functions import is_semiring
 from ..notation.numpy_impl import result_dtype
 from .node import EinsumNode, Operand, ValueInfo
+
+
+# path algorithms opt_einsum knows (numpy's own are "greedy" and "optimal")
+PATH_NAMES = tuple(opt_einsum.paths._PATH_OPTIONS) if hasattr(opt_einsum.paths, "_PATH_OPTIONS") else (
+    "auto", "auto-hq", "optimal", "branch-all", "branch-2", "branch-1", "greedy", "eager", "opportunistic", "dp",
+    "dynamic-programming", "random-greedy", "random-greedy-128")
+
+
+def contraction_path(optimize, n_operands: int):
+    """numpy's ``optimize=`` argument, checked and normalised: None (let the planner choose:
+    ``False``, ``None``), a path algorithm's name (``True`` is numpy's ``"greedy"``), ``(name,
+    memory_limit)``, or an explicit path ``["einsum_path", (0, 1), ...]`` as ``np.einsum_path``
+    returns it: tuples of positions in the list of operands left, each step's result appended
+    at the end. Anything else is an ``EinsumError``."""
+    if optimize is None or optimize is False:
+        return None
+    if optimize is True:
+        return "greedy"
+    if isinstance(optimize, str):
+        if optimize not in PATH_NAMES:
+            raise EinsumError(f"optimize={optimize!r}: use True, False, 'greedy', 'optimal', an explicit path "
+                              f"['einsum_path', (0, 1), ...] or one of opt_einsum's {', '.join(PATH_NAMES)}")
+        return optimize
+    if isinstance(optimize, (list, tuple)) and optimize and isinstance(optimize[0], str):
+        if optimize[0] == "einsum_path":
+            return _explicit_path(optimize[1:], n_operands)
+        if len(optimize) == 2 and isinstance(optimize[1], numbers.Real) and not isinstance(optimize[1], bool):
+            return (contraction_path(optimize[0], n_operands), int(optimize[1]))
+    raise EinsumError(f"optimize={optimize!r:.80}: did not understand the path; numpy's forms are True, False, "
+                      "'greedy', 'optimal', ('greedy', memory_limit) or ['einsum_path', (0, 1), ...]")
+
+
+def _explicit_path(steps, n_operands: int) -> tuple[tuple[int, ...], ...]:
+    left = n_operands
+    out = []
+    for k, step in enumerate(steps):
+        try:
+            pos = tuple(int(p) for p in step)
+        except (TypeError, ValueError):
+            raise EinsumError(f"optimize: step {k} of the einsum_path, {step!r:.40}, is not a tuple of operand "
+                              "positions") from None
+        if not pos or len(set(pos)) != len(pos) or any(not 0 <= p < left for p in pos):
+            raise EinsumError(f"optimize: step {k} of the einsum_path, {step!r:.40}, must name distinct positions "
+                              f"among the {left} operand(s) left at that step")
+        left -= len(pos) - 1
+        out.append(pos)
+    if left != 1:
+        raise EinsumError(f"optimize: invalid einsum_path, {left - 1} more operand(s) have to be contracted")
+    return tuple(out)
+
+
+def _path(text: str, shapes, path) -> list[tuple[int, ...]]:
+    if path is None:
+        return opt_einsum.contract_path(text, *shapes, shapes=True, optimize="auto")[0]
+    if isinstance(path, tuple) and path and isinstance(path[0], tuple):
+        return list(path)
+    name, limit = path if isinstance(path, tuple) else (path, None)
+    return opt_einsum.contract_path(text, *shapes, shapes=True, optimize=name or "auto", memory_limit=limit)[0]
 
 
 def _node(operands, output, sizes, join, agg, dtypes, name, dtype=None) -> EinsumNode:
@@ -32,8 +102,10 @@ def lower_einsum(
     agg: Aggregation,
     result_name: str,
     temp_prefix: str = "_eds_t",
+    path=None,
 ) -> list[EinsumNode]:
-    """Nodes computing ``spec`` over ``inputs``; the last node produces ``result_name``."""
+    """Nodes computing ``spec`` over ``inputs``; the last node produces ``result_name``.
+    ``path`` (see ``contraction_path``) orders the binary nodes of a semiring."""
     sizes = spec.size
     operands = [Operand(v.name, labs, sq) for v, labs, sq in zip(inputs, spec.inputs, spec.squeezed)]
     dtypes = {v.name: v.dtype for v in inputs}
@@ -45,7 +117,7 @@ def lower_einsum(
     text = ",".join("".join(symbol[lab] for lab in op.labels) for op in operands)
     text += "->" + "".join(symbol[lab] for lab in spec.output)
     shapes = [tuple(sizes[lab] for lab in op.labels) for op in operands]
-    path, _ = opt_einsum.contract_path(text, *shapes, shapes=True, optimize="auto")
+    path = _path(text, shapes, path)
 
     # like np.einsum, compute every step of a product in the promoted dtype of all operands
     dtype = result_dtype(join, agg, list(dtypes.values()), True)

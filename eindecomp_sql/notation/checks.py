@@ -4,6 +4,8 @@
 'A_1'
 >>> check_dtype("float32")
 'float32'
+>>> check_dtype(">u2")  # byte order is not part of a dtype's name: arrays enter in native order
+'uint16'
 """
 
 from __future__ import annotations
@@ -14,9 +16,20 @@ import numpy as np
 
 from ..errors import EinsumError
 
-DTYPES = ("float32", "float64", "int32", "int64", "bool")
+# Every dtype a tensor may have. numpy's promotion between any two of them stays in the set
+# (uint64 with a signed int is float64, complex64 with float64 is complex128).
+DTYPES = (
+    "bool",
+    "int8", "int16", "int32", "int64",
+    "uint8", "uint16", "uint32", "uint64",
+    "float32", "float64",
+    "complex64", "complex128",
+)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 RESERVED = ("_eds_", "eds_")
+# dtypes users reach for that are planned but not stored yet: say when, not only "unsupported"
+_LATER = {"float16": "float16 and bfloat16 come with GPU support; cast to float32 for now",
+          "bfloat16": "float16 and bfloat16 come with GPU support; cast to float32 for now"}
 
 
 def check_name(name, what: str = "tensor name") -> str:
@@ -32,8 +45,17 @@ def check_name(name, what: str = "tensor name") -> str:
     return name
 
 
-def check_dtype(dtype) -> str:
-    dt = np.dtype(dtype)
+def check_dtype(dtype, where: str = "") -> str:
+    """The numpy name of a supported dtype (one of ``DTYPES``), or an ``EinsumError``.
+
+    Anything numpy cannot read as a dtype is an ``EinsumError`` too, never a ``TypeError``.
+    """
+    prefix = f"{where}: " if where else ""
+    try:
+        dt = np.dtype(dtype)
+    except Exception as e:  # noqa: BLE001 - numpy raises TypeError/ValueError/... for bad dtypes
+        raise EinsumError(f"{prefix}{dtype!r} is not a dtype ({e})") from None
     if dt.name not in DTYPES:
-        raise EinsumError(f"unsupported dtype {dt.name}: eindecomp_sql stores {', '.join(DTYPES)}")
+        hint = _LATER.get(dt.name, f"eindecomp_sql stores {', '.join(DTYPES)}")
+        raise EinsumError(f"{prefix}unsupported dtype {dt.name}: {hint}")
     return dt.name

@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import EinsumError
+from .checks import check_dtype
 from .functions import Aggregation, JoinFunction, operand_index, parse_join  # noqa: F401
 
 AGG_UFUNC = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
@@ -113,10 +114,83 @@ def _compile_expr(text: str) -> Callable:
     return lambda *xs: eval(code, namespace, {"_x": xs})  # noqa: S307 - AST validated by parse_join
 
 
+NUMERIC_KINDS = "biufc"  # bool, signed, unsigned, float, complex
+
+
+def _shapes(xs) -> str:
+    return ", ".join(str(tuple(np.shape(x))) for x in xs)
+
+
+def _callable_result(join: JoinFunction, xs) -> np.ndarray:
+    """Call a user's join on ``xs`` and check what comes back is element-wise numbers: an array
+    shaped like the inputs broadcast together, of a numeric dtype. Anything else would make
+    the result depend on how the tensors are tiled, so it is an ``EinsumError`` naming the
+    callable."""
+    name = join.label
+    try:
+        r = join.func(*xs)
+    except EinsumError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a user's function failing is bad input, said as ours
+        raise EinsumError(f"join {name} raised {type(e).__name__}: {e} (on inputs of shapes {_shapes(xs)})") from e
+    if r is None:
+        raise EinsumError(f"join {name} returned None; it must return an array of numbers, element-wise in "
+                          f"its inputs (shapes {_shapes(xs)})")
+    try:
+        r = np.asarray(r)
+    except Exception as e:  # noqa: BLE001
+        raise EinsumError(f"join {name} returned a {type(r).__name__} that is not an array ({e})") from None
+    if r.dtype.kind not in NUMERIC_KINDS:
+        raise EinsumError(f"join {name} returned {r.dtype} values (shape {r.shape}); it must return numbers")
+    shapes = [np.shape(x) for x in xs]
+    full = np.broadcast_shapes(*shapes)
+    if r.shape != full:
+        # strict: a result shaped like one input alone (x[:1] of a joined tile) broadcasts too,
+        # so accepting "some of the inputs broadcast" would let tiling-dependent results through
+        raise EinsumError(
+            f"join {name} is not element-wise: on inputs of shapes {_shapes(xs)} it returned shape {r.shape}, "
+            f"where {full} (the inputs broadcast together) was expected; a join must compute each element "
+            "from the same element of its inputs (no sums, no constants: np.full_like(x, c) instead of c; "
+            "a join that ignores an input returns np.broadcast_to(x, np.broadcast_shapes(x.shape, y.shape)))"
+        )
+    if not r.dtype.isnative:
+        r = r.astype(r.dtype.newbyteorder("="))
+    return r
+
+
+def _probes(dtypes: list[np.dtype]) -> list[np.ndarray]:
+    """One small input per operand, as kernels pass them (one axis per label, 1 where the
+    operand lacks the label): operand k has its own axis k of length 2 and shares the last,
+    so a join that is not element-wise (a sum, a constant) shows in its result's shape."""
+    n = len(dtypes)
+    out = []
+    for k, d in enumerate(dtypes):
+        shape = [1] * (n + 1)
+        shape[k] = shape[n] = 2
+        out.append(np.ones(shape, dtype=d))
+    return out
+
+
 def join_callable(join: JoinFunction) -> Callable:
-    """The join as a function of numpy arrays (broadcasting)."""
+    """The join as a function of numpy arrays (broadcasting). A user's callable is checked on
+    every call: element-wise numbers of the dtype its probe gave (``join_dtype``)."""
     if join.func is not None:
-        return lambda *xs: np.asarray(join.func(*xs))
+        seen: dict[tuple[np.dtype, ...], np.dtype] = {}  # input dtypes -> the probe's dtype
+
+        def call(*xs):
+            r = _callable_result(join, xs)
+            key = tuple(np.asarray(x).dtype for x in xs)
+            want = seen.get(key)
+            if want is None:
+                want = seen[key] = join_dtype(join, list(key))
+            if r.dtype != want:
+                raise EinsumError(
+                    f"join {join.label} returned {r.dtype} on inputs of dtypes {[d.name for d in key]}, where a "
+                    f"probe of the same dtypes gave {want}: a join's dtype may depend on its inputs' dtypes only"
+                )
+            return r
+
+        return call
     if join.expr is not None:
         return _compile_expr(join.expr)
     if join.name in UNARY:
@@ -124,18 +198,33 @@ def join_callable(join: JoinFunction) -> Callable:
     return _fold(BINARY[join.name])
 
 
+def join_dtype(join: JoinFunction, dtypes: list[np.dtype]) -> np.dtype:
+    """The dtype of the join's values on inputs of ``dtypes`` (run on small probes)."""
+    dtypes = [np.dtype(d) for d in dtypes]
+    probes = _probes(dtypes)
+    try:
+        with np.errstate(all="ignore"):
+            if join.func is not None:
+                vals = _callable_result(join, probes)
+            else:
+                vals = np.asarray(join_callable(join)(*probes))
+    except EinsumError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a user's join failing on a probe is bad input
+        raise EinsumError(f"join {join.label} failed on a probe of dtypes {[d.name for d in dtypes]}: {e}") from e
+    return vals.dtype
+
+
 def result_dtype(join: JoinFunction, agg: Aggregation, dtypes: list[np.dtype], reduces: bool) -> np.dtype:
-    """The dtype numpy gives for this join/agg on these input dtypes."""
+    """The dtype numpy gives for this join/agg on these input dtypes: ``np.einsum``'s for a
+    product summed, else that of ``agg.reduce(join(inputs))``. A dtype eindecomp_sql does not
+    store (``sqrt`` of int8 is float16 in numpy) is an ``EinsumError``."""
     dtypes = [np.dtype(d) for d in dtypes]
     if join.name == "mul" and agg.name == "sum":
         # np.einsum keeps the promoted input dtype (bool stays bool)
         return np.result_type(*dtypes) if dtypes else np.dtype("float64")
-    ones = [np.ones(2, dtype=d) for d in dtypes]
-    try:
-        with np.errstate(all="ignore"):
-            vals = np.asarray(join_callable(join)(*ones))
-    except Exception as e:  # noqa: BLE001 - a user's join failing on a probe is bad input
-        raise EinsumError(f"join {join.label} failed on a probe of dtypes {[d.name for d in dtypes]}: {e}") from e
+    dt = join_dtype(join, dtypes)
     if reduces:
-        vals = AGG_UFUNC[agg.name].reduce(np.broadcast_to(vals, (2,)), axis=0)
-    return np.asarray(vals).dtype
+        dt = AGG_UFUNC[agg.name].reduce(np.ones(2, dtype=dt), axis=0).dtype
+    where = f"join {join.label} with agg {agg.name} on {', '.join(d.name for d in dtypes) or 'no inputs'}"
+    return np.dtype(check_dtype(dt, f"{where} gives {dt.name}"))

@@ -23,8 +23,9 @@ LETTERS = frozenset(string.ascii_letters)
 class EinsumSpec:
     """A parsed einsum: labels per operand (in axis order), output labels, size of every label.
 
-    ``squeezed[k]`` lists the axes of operand ``k`` that are size-1 broadcast dimensions of an
-    ellipsis; those axes carry no label (the operand is broadcast along the label).
+    ``squeezed[k]`` lists the axes of operand ``k`` of size 1 whose label is larger (or 0) in
+    another operand, numpy's broadcasting; those axes carry no label (the operand is broadcast
+    along the label), every occurrence of a repeated label included.
     """
 
     inputs: tuple[tuple[str, ...], ...]
@@ -164,12 +165,15 @@ def parse_spec(text: str, shapes: list[tuple[int, ...]] | tuple[tuple[int, ...],
                     f"einsum label {describe_label(lab)} has size {d} in operand {k} (axis {ax}) but size "
                     f"{sizes[lab]} in operand {j} (axis {jax}); shapes {shapes}"
                 )
-    # an axis of size 1 whose label is larger elsewhere is broadcast: it carries no label
+    # an axis of size 1 whose label is larger (or 0) elsewhere is broadcast: it carries no
+    # label. Every occurrence of such a label in an operand goes, a repeated one included:
+    # numpy's "ii,i->i" with a (1, 1) and b (3,) is a[0, 0] * b (the size-1 diagonal of a
+    # broadcast along i), not a diagonal of a 3 x 3 tile that a does not have.
     final_inputs: list[tuple[str, ...]] = []
     for labels, shape in zip(inputs, shapes):
         keep, sq = [], []
         for ax, (lab, d) in enumerate(zip(labels, shape)):
-            if d == 1 and sizes[lab] != 1 and labels.count(lab) == 1:
+            if d == 1 and sizes[lab] != 1:
                 sq.append(ax)
             else:
                 keep.append(lab)
