@@ -21,6 +21,7 @@ from .errors import EinsumError
 from .notation.checks import check_dtype, check_name
 from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, auto_tile, check_tile, plan_einsum
 from .plan.tiling import check_count
+from .progress import reporter
 from .plan.cost import parse_memory
 from .plan.steps import key_names
 from .tensor import Tensor
@@ -190,7 +191,8 @@ class Session:
         p = self.plan(spec, *operands, join=join, agg=agg, out=out)
         return p.explain() + "\n\n" + sql_listing(p)
 
-    def einsum(self, spec: str, *operands, join=None, agg=None, out: str | None = None, replace: bool = False):
+    def einsum(self, spec: str, *operands, join=None, agg=None, out: str | None = None, replace: bool = False,
+               progress=None):
         """Run an extended einsum as SQL in this database and return the result as a Tensor.
 
         ``out`` names the result table (kept in the catalog); without it the result is a
@@ -202,22 +204,24 @@ class Session:
             values, arrays = self._resolve(operands)
             table = out if out is not None else f"_eds_r{next(self._counter)}"
             p = self._plan(spec, values, join, agg, table, temporary=out is None)
+            report = reporter(progress)
             registered = self._bind(p, arrays)
             try:
-                self.backend.execute(p, replace=replace)
+                self.backend.execute(p, replace=replace, progress=report)
             finally:
                 for t in registered:
                     self.backend.unregister(t)
             return self._tensor(p.result)
 
-    def einsum_numpy(self, spec: str, *operands, join=None, agg=None) -> np.ndarray:
+    def einsum_numpy(self, spec: str, *operands, join=None, agg=None, progress=None) -> np.ndarray:
         """Run in this database, return numpy; nothing is stored."""
         with self._call():
             values, arrays = self._resolve(operands)
             p = self._plan(spec, values, join, agg)
+            report = reporter(progress)
             registered = self._bind(p, arrays)
             try:
-                tiles = self.backend.execute(p)
+                tiles = self.backend.execute(p, progress=report)
             finally:
                 for t in registered:
                     self.backend.unregister(t)
@@ -232,7 +236,7 @@ class Session:
             targets = {}
         elif isinstance(out, str):
             if len(outputs) != 1:
-                raise EinsumError(f"the graph has {len(outputs)} outputs {outputs}: pass out as a dict")
+                raise EinsumError(f"the plan has {len(outputs)} outputs {outputs}: pass out as a dict")
             targets = {outputs[0]: out}
         else:
             targets = dict(out)
@@ -277,22 +281,15 @@ class Session:
                 for t in registered:
                     self.backend.unregister(t)
             result = {v.name: self._tensor(v) for v in plan.outputs}
-        return next(iter(result.values())) if len(result) == 1 else result
+        # one return type per plan, fixed by how its outputs were asked for (never by count)
+        return next(iter(result.values())) if gplan.single else result
 
     # -- SQL interface ----------------------------------------------------------------------
-    def _einsum_sql(self, spec: str, names: list[str], mode: str) -> str:
-        values = []
-        for name in names:
-            check_name(name)
-            v = self.backend.lookup(name)
-            if v is None:
-                raise EinsumError(f"einsum(): no stored tensor named {name!r}")
-            values.append(v)
-        p = self._plan(spec, values, None, None)
-        query = single_query(p)
-        if mode == "elements":
-            query = elements_query(p.result, p.result.keys, source=query)
-        return query.sql(dialect="duckdb")
+    def _einsum_sql(self, spec: str, names: list[str], mode: str, join=None, agg=None, k=None) -> str:
+        """The query behind ``SELECT * FROM einsum(...)`` (see ``sql_functions.einsum_sql``)."""
+        from .sql_functions import einsum_sql
+
+        return einsum_sql(self, spec, names, mode, join, agg, k)
 
     def close(self) -> None:
         """Close the session (and its connection, if the session opened it). Idempotent."""

@@ -24,6 +24,42 @@ except AttributeError:  # not on Linux
     WORKERS = os.cpu_count() or 1
 
 _pool: ThreadPoolExecutor | None = None
+# Ctrl-C during a plan (backends/running.py): kernels stop between tasks instead of finishing a
+# call that may hold seconds of work; the statement then fails and its transaction rolls back.
+_cancel = threading.Event()
+# output tiles the kernels have finished (count, bytes), for progress reports
+_finished = [0, 0]
+_finished_lock = threading.Lock()
+
+
+class Cancelled(RuntimeError):
+    """Raised inside a kernel when the plan it serves was interrupted."""
+
+
+def cancel() -> None:
+    _cancel.set()
+
+
+def cancel_done() -> None:
+    _cancel.clear()
+
+
+def check_cancelled() -> None:
+    if _cancel.is_set():
+        raise Cancelled("eindecomp_sql: interrupted")
+
+
+def note_tiles(count: int, nbytes: int) -> None:
+    """Kernels call this with the output tiles of each finished call."""
+    with _finished_lock:
+        _finished[0] += count
+        _finished[1] += nbytes
+
+
+def tiles_finished() -> tuple[int, int]:
+    """(tiles, bytes) finished by kernels in this process so far."""
+    with _finished_lock:
+        return _finished[0], _finished[1]
 _controller: ThreadpoolController | None = None
 _lock = threading.Condition()
 _active = 0  # kernel calls in flight with BLAS at one thread
@@ -74,6 +110,7 @@ def run_wide(task: Callable[[], None]) -> bool:
             return False
         _wide = True
     try:
+        check_cancelled()
         task()
     finally:
         with _lock:
@@ -86,10 +123,19 @@ def run_tasks(tasks: list[Callable[[], None]]) -> None:
     """Run ``tasks`` on the workers and wait; re-raise the first failure."""
     _enter()
     try:
+        check_cancelled()
         if len(tasks) == 1:
             tasks[0]()
             return
-        for f in [_get_pool().submit(t) for t in tasks]:
+        for f in [_get_pool().submit(_cancellable(t)) for t in tasks]:
             f.result()
     finally:
         _leave()
+
+
+def _cancellable(task: Callable[[], None]) -> Callable[[], None]:
+    def run():
+        check_cancelled()
+        task()
+
+    return run

@@ -15,9 +15,11 @@ from ..compile import compile_plan, create_table_as, drop_table
 from ..compile.sql import table
 from ..errors import EinsumError
 from ..plan import Plan, TiledValue
+from ..plan.steps import output_tiles
 from ..sql_templates import template
 from ..udfs.kernels import CALLABLES
 from . import allocator
+from .running import Watch, run_interruptible
 
 
 # a step whose projected peak (the tiles of one UDF call) reaches this exports with 64-bit offsets
@@ -87,19 +89,30 @@ class DuckDBBackend:
         return self._work.execute(sql, params).fetchall() if params is not None else self._work.execute(sql).fetchall()
 
     # -- SQL interface ----------------------------------------------------------------------
-    def register_sql_interface(self, einsum_sql: Callable[[str, list, str], str]) -> None:
-        """``einsum(spec, a, ...)`` and ``einsum_elements(...)`` as table macros over a UDF that
-        plans the einsum and returns the query text for ``query()``."""
+    def register_sql_interface(self, einsum_sql: Callable[..., str]) -> None:
+        """``einsum(spec, a, ...)``, ``einsum_elements(...)`` and ``einsum_topk(spec, k, ...)`` as
+        table macros (with ``join :=`` and ``agg :=``) over a UDF that plans the einsum and
+        returns the query text for ``query()``; and the kernels that query may call beyond the
+        plan steps' own (packing ordinary tables into tiles, top-k)."""
+        from eindecomp_sql.udfs.pack import register_pack
+        from eindecomp_sql.udfs.topk import register_topk
+
         text = duckdb.sqltype("VARCHAR")
 
-        def udf(spec, names, mode):
-            return einsum_sql(spec, [n for n in names if n is not None], mode)
+        def udf(spec, names, mode, join, agg, k):
+            return einsum_sql(spec, list(names) if names is not None else [], mode, join, agg, k)
 
-        self.con.create_function("eds_einsum_sql", udf, [text, duckdb.list_type(text), text], text,
-                                 side_effects=True)
-        for macro, mode in (("einsum", "tiles"), ("einsum_elements", "elements")):
+        # NULLs reach the planner (a NULL spec or k gets our message, not a NULL query text)
+        self.con.create_function("eds_einsum_sql", udf, [text, duckdb.list_type(text), text, text, text, text], text,
+                                 side_effects=True, null_handling="special")
+        register_pack(self.con)
+        register_topk(self.con)
+        for macro, mode, k_param, k_arg in (("einsum", "tiles", "", "NULL"),
+                                            ("einsum_elements", "elements", "", "NULL"),
+                                            ("einsum_topk", "topk", "k, ", "CAST(k AS VARCHAR)")):
             # TEMP macros live on the connection that creates them: the user's, not our cursor
-            self.con.execute(template("macros").format(macro=macro, mode=exp.Literal.string(mode).sql(dialect="duckdb")))
+            self.con.execute(template("macros").format(macro=macro, mode=exp.Literal.string(mode).sql(dialect="duckdb"),
+                                                       k_param=k_param, k_arg=k_arg))
 
     # -- catalog ----------------------------------------------------------------------------
     def lookup(self, name: str) -> TiledValue | None:
@@ -226,54 +239,66 @@ class DuckDBBackend:
             raise EinsumError("this session is closed")
 
     # -- execution --------------------------------------------------------------------------
-    def execute(self, plan: Plan, replace: bool = False) -> pa.Table | None:
+    def execute(self, plan: Plan, replace: bool = False, progress=None) -> pa.Table | None:
         """Run the plan's steps, one statement each, in one transaction. Returns the rows of a
-        step with no target table (a plan that answers with rows), else None."""
+        step with no target table (a plan that answers with rows), else None.
+
+        Ctrl-C interrupts the running statement and rolls the transaction back, then raises
+        KeyboardInterrupt; ``progress`` (a callable) receives a :class:`StepProgress` several
+        times a second."""
         compiled = compile_plan(plan)
         for step in plan.steps:  # user callables reach the kernels through a registry, by id
             join = getattr(getattr(step, "node", None), "join", None)
             if join is not None and join.func is not None:
                 CALLABLES[join.func_id] = join.func
+        watch = Watch(progress, [(s.describe(), output_tiles(s)) for s in plan.steps])
         with self.lock:
             self._check_open()
             for v in plan.outputs:
                 if v.table is not None and not v.temporary:
                     self._check_target(v.table, replace)
-            scratch: list[str] = []
-            out = None
-            try:
-                with self._transaction():
-                    for k, c in enumerate(compiled):
-                        try:
-                            self._set_large_buffers(plan.steps[k].peak_bytes >= LARGE_BUFFER_BYTES)
-                            if c.table is None:
-                                parts = [self._work.sql(text).to_arrow_table() for text in c.batches]
-                                out = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-                                continue
+            out = run_interruptible(lambda: self._run_steps(plan, compiled, replace, watch), self._work.interrupt,
+                                    watch)
+        allocator.bound_free_memory()
+        return out
+
+    def _run_steps(self, plan: Plan, compiled, replace: bool, watch: Watch) -> pa.Table | None:
+        scratch: list[str] = []
+        out = None
+        try:
+            with self._transaction():
+                for k, c in enumerate(compiled):
+                    watch.begin(k)
+                    try:
+                        self._set_large_buffers(plan.steps[k].peak_bytes >= LARGE_BUFFER_BYTES)
+                        if c.table is None:
+                            parts = [self._work.sql(text).to_arrow_table() for text in c.batches]
+                            out = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+                        else:
                             # the first batch creates the table, the next ones append to it
                             self._run(c.create[1 if replace else 0])
                             for text in c.inserts:
                                 self._run(text)
                             if c.scratch:
                                 scratch.append(c.table)
-                        except duckdb.Error as e:
-                            raise ExecutionError(f"step {k} ({plan.steps[k].describe()}) failed: {e}") from e
-                    for v in plan.outputs:
-                        if v.table is not None and not v.temporary:
-                            self._write_catalog(v)
-                    for t in scratch:
-                        self._run(drop_table(t).sql(dialect="duckdb"))
-            except BaseException:
-                self._set_large_buffers(True)
-                for t in scratch:  # TEMP tables are not rolled back in every case: be sure
-                    try:
-                        self._run(drop_table(t).sql(dialect="duckdb"))
-                    except duckdb.Error:
-                        pass
-                raise
-            # back to the safe default for whatever the connection runs next (a user's query)
+                    except duckdb.Error as e:
+                        raise ExecutionError(f"step {k} ({plan.steps[k].describe()}) failed: {e}") from e
+                    watch.poll(finished=True)
+                for v in plan.outputs:
+                    if v.table is not None and not v.temporary:
+                        self._write_catalog(v)
+                for t in scratch:
+                    self._run(drop_table(t).sql(dialect="duckdb"))
+        except BaseException:
             self._set_large_buffers(True)
-        allocator.bound_free_memory()
+            for t in scratch:  # TEMP tables are not rolled back in every case: be sure
+                try:
+                    self._run(drop_table(t).sql(dialect="duckdb"))
+                except duckdb.Error:
+                    pass
+            raise
+        # back to the safe default for whatever the connection runs next (a user's query)
+        self._set_large_buffers(True)
         return out
 
     def close(self) -> None:

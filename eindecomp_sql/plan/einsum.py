@@ -59,7 +59,9 @@ def _plan(spec, values, join, agg, out, temporary, workers, budget, max_tile_byt
     }
     last = nodes[-1].result
     target = TiledValue(last.name, last.shape, last.dtype, None, key_names(parsed.output), out, temporary=temporary)
-    return plan_nodes(nodes, inputs, choice.tiles(nodes), {last.name: target}, budget)
+    plan = plan_nodes(nodes, inputs, choice.tiles(nodes), {last.name: target}, budget)
+    plan.check_budget(budget)  # refused before anything runs, as a graph plan is
+    return plan
 
 
 def _fill_plan(parsed: EinsumSpec, result: ValueInfo, agg: Aggregation, out, temporary, max_tile_bytes,
@@ -80,4 +82,6 @@ def _fill_plan(parsed: EinsumSpec, result: ValueInfo, agg: Aggregation, out, tem
                         temporary=temporary)
     most = target.grid[0] if target.shape and target.nbytes else 1  # batches cut the first key
     batches = choose_batches(lambda b: fill_peak(target, b), most, budget)
-    return Plan((FillStep(target, dtype.type(value).item(), batches),), (), (target,))
+    plan = Plan((FillStep(target, dtype.type(value).item(), batches),), (), (target,))
+    plan.check_budget(budget)
+    return plan

@@ -9,12 +9,30 @@ import numpy as np
 
 from ..errors import EinsumError
 from ..graph import EinsumNode
-from .cost import Costs, batch_label, nbytes, retile_peak, step_costs, step_peak
+from .cost import (AGG_WEIGHT, GROUP_WEIGHT, JOIN_WEIGHT, RETILE_WEIGHT, Costs, batch_label, nbytes, retile_peak,
+                   step_costs, step_peak)
 from .tiling import grid
 
 
-def _mb(n: float) -> str:
-    return f"{n / 1e6:.1f} MB"
+def format_bytes(n: float) -> str:
+    """``512 B``, ``12.3 kB``, ``2.1 MB``, ``1.50 GB`` (powers of 1000, as the budgets are)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}" if unit == "GB" else f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def describe_costs(c: Costs) -> str:
+    """The cost model's total in *cost units* (a unit is what one byte fed to a join costs;
+    the other terms are bytes weighted by calibration), with its non-zero terms. Not memory.
+
+    >>> describe_costs(Costs(join=2_000_000, retile=1_000_000))
+    '5,000,000 cost units = join 2.0 MB + 3 x retile 1.0 MB'
+    """
+    terms = [(JOIN_WEIGHT, "join", c.join), (GROUP_WEIGHT, "grouped", c.group), (AGG_WEIGHT, "aggregation", c.agg),
+             (RETILE_WEIGHT, "retile", c.retile)]
+    parts = [f"{'' if w == 1 else f'{w:g} x '}{name} {format_bytes(b)}" for w, name, b in terms if b]
+    return f"{c.total:,.0f} cost units" + (" = " + " + ".join(parts) if parts else "")
 
 
 def key_names(labels) -> tuple[str, ...]:
@@ -169,6 +187,12 @@ class FillStep:
 Step = Union[RetileStep, EinsumStep, FillStep]
 
 
+def output_tiles(step: Step) -> int:
+    """How many tiles a step writes (what progress counts)."""
+    value = step.target if isinstance(step, RetileStep) else step.result
+    return int(np.prod(value.grid, dtype=np.int64)) if value.shape else 1
+
+
 @dataclass(frozen=True)
 class Plan:
     """Steps in execution order, the tiled inputs they read, and the values they keep."""
@@ -211,15 +235,14 @@ class Plan:
                 )
 
     def explain(self) -> str:
-        c = self.costs
-        lines = [f"plan: {len(self.steps)} step(s); cost {_mb(c.total)} (join {_mb(c.join)}, grouped {_mb(c.group)}, "
-                 f"aggregation {_mb(c.agg)}, retile {_mb(c.retile)}); peak {_mb(self.peak_bytes)}"]
+        """Steps with their cost (cost units, from bytes moved) and projected peak memory (bytes)."""
+        lines = [f"plan: {len(self.steps)} step(s); {describe_costs(self.costs)}; "
+                 f"peak memory {format_bytes(self.peak_bytes)}"]
         for v in self.inputs:
             lines.append(f"  input {v.name}: shape {v.shape} {v.dtype} tile {v.tile} grid {v.grid}")
         for k, s in enumerate(self.steps):
-            sc = s.costs
-            lines.append(f"  step {k}: {s.describe()} (join {_mb(sc.join)}, agg {_mb(sc.agg)}, retile "
-                         f"{_mb(sc.retile)}, peak {_mb(s.peak_bytes)})")
+            lines.append(f"  step {k}: {s.describe()} ({describe_costs(s.costs)}; "
+                         f"peak memory {format_bytes(s.peak_bytes)})")
         for r in self.outputs:
             lines.append(f"  result {r.name}: shape {r.shape} {r.dtype} tile {r.tile} grid {r.grid}")
         return "\n".join(lines)

@@ -1,0 +1,71 @@
+"""Ctrl-C during a long plan: KeyboardInterrupt within a second or two, nothing half-written.
+A real subprocess and a real SIGINT; progress reports while a plan runs."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import eindecomp_sql as eds
+
+LONG_PLAN = r"""
+import sys, time, numpy as np, eindecomp_sql as eds
+path = sys.argv[1]
+db = eds.connect(path)
+a = np.random.default_rng(0).standard_normal((3000, 3000))
+A = db.store("A", a, tile=(250, 250))   # 1728 tile products: ~4 s on 2 cores, more under load
+print("ready", flush=True)
+try:
+    db.einsum("ij,jk->ik", A, A, out="C")
+    print("finished", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", time.time(), flush=True)
+    # the session still works, and C was never created
+    print("tensors", sorted(db.tensors()), flush=True)
+    print("sum", float(db.einsum("ij->", A).to_numpy()), flush=True)
+db.close()
+"""
+
+
+def test_ctrl_c_interrupts_a_running_plan(tmp_path):
+    path = str(tmp_path / "t.duckdb")
+    proc = subprocess.Popen([sys.executable, "-c", LONG_PLAN, path], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(1.0)  # the GEMM is running
+        sent = time.time()
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    lines = out.splitlines()
+    assert lines and lines[0].startswith("interrupted"), out + err
+    assert float(lines[0].split()[1]) - sent < 2.5, "KeyboardInterrupt came late"
+    assert lines[1] == "tensors ['A']", out
+    a = np.random.default_rng(0).standard_normal((3000, 3000))
+    assert abs(float(lines[2].split()[1]) - a.sum()) < 1e-6 * abs(a).sum()
+    with eds.connect(path) as db:  # and nothing half-written reached the file
+        assert db.tensors() == ["A"]
+        assert not db.backend.table_exists("C")
+
+
+def test_progress_reports_steps_and_tiles():
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((300, 200))
+    b = rng.standard_normal((200, 100))
+    seen = []
+    with eds.connect() as db:
+        A = db.store("A", a, tile=(64, 64))
+        B = db.store("B", b, tile=(50, 100))  # re-tiled before the product: two steps
+        C = db.einsum("ij,jk->ik", A, B, progress=seen.append)
+        np.testing.assert_allclose(C.to_numpy(), a @ b)
+        steps = len(db.plan("ij,jk->ik", A, B).steps)
+    assert steps >= 2
+    assert {p.step for p in seen} == set(range(1, steps + 1))
+    last = seen[-1]
+    assert last.step == last.steps == steps and last.tiles_done == last.tiles > 0
+    assert all(p.elapsed >= 0 and 0 <= p.tiles_done <= p.tiles for p in seen)
