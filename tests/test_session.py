@@ -193,3 +193,24 @@ except eds.EinsumError as e:
         assert "EinsumError:" in out.stdout and "locked by another process" in out.stdout, out.stdout + out.stderr
     finally:
         holder.close()
+
+
+def test_a_single_einsum_over_the_budget_is_refused_before_it_runs():
+    # stored tiles fix the cut: the product's projected peak cannot fit 1 MB
+    with eds.connect(memory="1MB") as db:
+        A = db.store("A", np.random.default_rng(4).standard_normal((400, 400)), tile=(400, 400))
+        with pytest.raises(EinsumError, match="memory budget"):
+            db.einsum("ij,jk->ik", A, A, out="C")
+        assert db.tensors() == ["A"] and not db.backend.table_exists("C")
+        with pytest.raises(EinsumError, match="memory budget"):
+            db.explain("ij,jk->ik", A, A)
+
+
+def test_a_plan_whose_retile_cannot_fit_is_refused():
+    # 6000² float32 stored in 1500² tiles under 100 MB: a retile of the stored tiles needed
+    # 242 MB and the plan ran anyway (still running after 40 s; numpy ~3 s)
+    from eindecomp_sql.plan import TiledValue, plan_einsum
+
+    a = TiledValue("A", (6000, 6000), "float32", (1500, 1500), ("d0", "d1"), "A")
+    with pytest.raises(EinsumError, match="memory budget"):
+        plan_einsum("ij,jk->ik", (a, a), budget=100_000_000, max_tile_bytes=64 << 20)
