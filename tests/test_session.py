@@ -214,3 +214,11 @@ def test_a_plan_whose_retile_cannot_fit_is_refused():
     a = TiledValue("A", (6000, 6000), "float32", (1500, 1500), ("d0", "d1"), "A")
     with pytest.raises(EinsumError, match="memory budget"):
         plan_einsum("ij,jk->ik", (a, a), budget=100_000_000, max_tile_bytes=64 << 20)
+
+
+@pytest.mark.parametrize("name", ["B2\n", "B2\n; DROP TABLE x", " B2", "B-2", "", "x" * 64, 12])
+def test_names_must_be_plain_identifiers(db, name):
+    with pytest.raises(EinsumError, match="invalid tensor name"):
+        db.store(name, np.ones(2))
+    with pytest.raises(EinsumError, match="invalid"):
+        db.einsum("i->", np.ones(2), out=name)

@@ -35,7 +35,7 @@ _LATER = {"float16": "float16 and bfloat16 come with GPU support; cast to float3
 def check_name(name, what: str = "tensor name") -> str:
     """Names are plain identifiers. They reach SQL only quoted by sqlglot, but a name that is
     not an identifier is refused outright, so nothing that looks like SQL gets in."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):  # fullmatch: "$" also matches before a final newline
         raise EinsumError(
             f"invalid {what} {name!r}: use letters, digits and '_' (starting with a letter or '_'), "
             "at most 63 characters"
