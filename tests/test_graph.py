@@ -1,12 +1,15 @@
 """Graphs of extended einsums: workloads against numpy, plan structure, EXPLAIN, errors."""
 
+import re
+import warnings
+
 import numpy as np
 import pytest
 
 import eindecomp_sql as eds
 from eindecomp_sql import EinsumError
 from eindecomp_sql.graph import Graph
-from eindecomp_sql.plan import RetileStep
+from eindecomp_sql.plan import EinsumStep, RetileStep
 from graphs import attention, chain, ffn, llama_block, random_inputs
 
 WORKLOADS = {"chain": chain, "ffn": ffn, "attention": attention, "llama_block": llama_block}
@@ -64,12 +67,168 @@ def test_named_outputs_and_several_outputs(db):
     g = Graph()
     x = g.input("x", (6, 4), "float64")
     g.reduce(x, 1, agg="max", name="rowmax")
-    g.reduce(x, 0, agg="min", name="colmin")
+    colmin = g.reduce(x, 0, agg="min", name="colmin")
     a = np.random.default_rng(0).standard_normal((6, 4))
-    outs = g.plan().run(db, x=a, out={"rowmax": "gr_rowmax"}, replace=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # outputs named: nothing is left out, nothing to warn about
+        plan = g.plan(outputs=["rowmax", colmin])
+    outs = plan.run(db, x=a, out={"rowmax": "gr_rowmax"}, replace=True)
     np.testing.assert_array_equal(outs["rowmax"].to_numpy(), a.max(1))
     np.testing.assert_array_equal(outs["colmin"].to_numpy(), a.min(0))
     assert "gr_rowmax" in db.tensors()
+
+
+def _dead_end_graph():
+    """y = relu(x @ w) is the last value added; z = sum(x * u) is used by nobody."""
+    g = Graph()
+    x, w, u = g.input("x", (8, 4), "float64"), g.input("w", (4, 3), "float64"), g.input("u", (8, 4), "float64")
+    h = g.einsum("bi,io->bo", x, w, name="h")
+    g.einsum("bi,bi->", x, u, name="z")
+    y = g.map("relu", h, name="y")
+    return g, h, y
+
+
+def test_a_node_nobody_uses_is_left_out_with_a_warning(db):
+    g, h, y = _dead_end_graph()
+    with pytest.warns(UserWarning, match=r"only the last-added value 'y'.*left out: z \(bi,bi->\)"):
+        plan = g.plan()
+    assert [n.result.name for n in plan.nodes] == ["h", "y"]
+    assert [v.name for v in plan.outputs] == ["y"] and plan.unused_inputs == ("u",)
+    xs = random_inputs(g, 4)
+    out = plan.run(db, **xs)  # u is a graph input the plan does not read: accepted, ignored
+    assert isinstance(out, eds.Tensor)
+    np.testing.assert_allclose(out.to_numpy(), np.maximum(xs["x"] @ xs["w"], 0))
+    assert "inputs not read: u" in plan.explain(sql=False)
+    with pytest.raises(EinsumError, match=r"missing inputs \['w'\]"):
+        plan.run(db, x=xs["x"])
+
+
+def test_the_return_type_follows_how_outputs_were_given(db):
+    g, h, y = _dead_end_graph()
+    xs = random_inputs(g, 5)
+    want = {"h": xs["x"] @ xs["w"], "y": np.maximum(xs["x"] @ xs["w"], 0), "z": np.sum(xs["x"] * xs["u"])}
+    for outputs in (y, "y", h, "z"):
+        out = g.plan(outputs=outputs).run(db, **xs)
+        name = outputs if isinstance(outputs, str) else outputs.name
+        assert isinstance(out, eds.Tensor)
+        np.testing.assert_allclose(out.to_numpy(), want[name])
+    for outputs in ([y], ("z",), [h, y], ["z", y, h]):
+        outs = g.plan(outputs=outputs).run(db, **xs)
+        names = [x if isinstance(x, str) else x.name for x in outputs]
+        assert isinstance(outs, dict) and list(outs) == names
+        for name in names:  # h is both an output and read by y
+            np.testing.assert_allclose(outs[name].to_numpy(), want[name])
+    with pytest.raises(EinsumError, match="pass out as a dict"):
+        g.plan(outputs=[h, y]).run(db, out="both", **xs)
+
+
+def test_bad_outputs_are_refused():
+    g, h, y = _dead_end_graph()
+    other = Graph()
+    stranger = other.map("exp", other.input("x", (2,)))
+    cases = [
+        (stranger, "belongs to another graph"),
+        ("nope", "expected a value of this graph, got 'nope'"),
+        (["y", "nope"], r"outputs\[1\]: expected a value of this graph"),
+        ("x", "'x' is a graph input, not computed by any node"),
+        (3, "expected a value of this graph .* got int 3"),
+        ({"y"}, "got set"),
+        ([], "name at least one value"),
+        ([y, "y"], r"outputs\[1\]: 'y' is given twice"),
+    ]
+    for outputs, message in cases:
+        with pytest.raises(EinsumError, match=message):
+            g.plan(outputs=outputs)
+    with pytest.raises(EinsumError, match="no nodes"):
+        Graph().plan()
+
+
+def test_identical_plans_are_cached():
+    g, _ = attention(s=64, d=32, h=4, e=8)
+    p = g.plan(workers=2)
+    assert g.plan(workers=2) is p
+    twin, _ = attention(s=64, d=32, h=4, e=8)  # a plan depends on the nodes, not on the Graph object
+    assert twin.plan(workers=2) is p
+    different = [g.plan(workers=4), g.plan(workers=2, memory="1GB"), g.plan(workers=2, strategy="square-tiles"),
+                 g.plan(workers=2, outputs=[g.nodes[-1].result.name]), g.plan(workers=2, outputs="v4")]
+    assert all(q is not p for q in different) and len({id(q) for q in different}) == len(different)
+    p.pieces["v1"]["h"] = 99  # a caller's edit of what it was handed does not reach the shared plan
+    assert g.plan(workers=2).pieces["v1"]["h"] != 99
+    g.map("relu", g.nodes[-1].result.name)  # a new last node: a new plan
+    assert g.plan(workers=2) is not p
+
+
+def test_callable_joins_are_cached_by_identity():
+    def graph(fn):
+        g = Graph()
+        g.map(fn, g.input("x", (4, 4)))
+        return g
+
+    def double(x):
+        return 2 * x
+
+    assert graph(double).plan() is graph(double).plan()
+    # equal source, different callables: the plan cannot know they are the same function
+    assert graph(lambda x: x + 1).plan() is not graph(lambda x: x + 1).plan()
+
+
+def test_attention_plan_structure():
+    # the benchmark's attention graph: 8 heads, 1024 positions
+    g, _ = attention(s=1024, d=512, h=8, e=64, dtype="float32")
+    p = g.plan(workers=4)
+    assert len(p.nodes) == 11
+    einsums = [s for s in p.plan.steps if isinstance(s, EinsumStep)]
+    assert len(einsums) == 11 and p.retiles <= 1
+    # head-parallel: every projection, score, softmax and value node cuts the heads 4 ways
+    # and nothing else, so no step groups partial results and the softmax never re-tiles
+    for n in p.nodes[:-1]:
+        assert p.pieces[n.result.name] == {lab: 4 if lab == "h" else 1 for lab in n.labels}, n.describe()
+    assert not any(s.grouped for s in einsums[:-1])
+    assert all(p.cost <= c.total for c in p.baselines.values())
+
+
+def test_explain_and_dot():
+    g, _ = attention()
+    p = g.plan(workers=4, memory="1GB")
+    text = p.explain()
+    n = p.nodes[0]
+    chosen = "pieces " + " ".join(f"{lab}:{p.pieces[n.result.name][lab]}" for lab in n.labels)
+    for word in ("data-parallel", "model-parallel", "square-tiles", chosen, "SELECT", "peak memory"):
+        assert word in text
+    # the user's own labels, the join only when it is not mul, the aggregation only when the
+    # node reduces something and it is not sum
+    for node in ("sd,dhe->hse", "hse,hte->hst", "hst->hs agg=max", "hst,hs->hst join=expr(exp(x - y))",
+                 "hst->hs ", "hst,hs->hst join=div", "hse,hed->sd"):
+        assert node in text, node
+    assert "join=mul" not in text and "agg=sum" not in text and "abc" not in text
+    # the cost is in cost units, apart from the peak memory in bytes
+    assert re.search(r"^cost [\d,]+ cost units = join [\d.]+ \w?B", text, re.M)
+    assert re.search(r"^peak memory [\d.]+ \w?B", text, re.M)
+    assert " MB from join" not in text
+    dot = p.to_dot()
+    assert dot.startswith("digraph") and "pieces" in dot
+    # shapes and bytes on nodes and edges
+    assert '"v4" [shape=ellipse, label="v4 = hse,hte->hst\\n(3, 16, 16) float64, 6.1 kB' in dot
+    assert '"x" -> "v1" [label="(16, 24) float64, 3.1 kB"]' in dot
+    assert 'peripheries=2, label="v11' in dot
+
+
+def test_node_describe():
+    g = Graph()
+    x, y = g.input("x", (4, 3)), g.input("y", (3,))
+    s = g.einsum("ij,j->ij", x, y)
+    g.reduce(s, 1)
+    g.reduce(s, 1, agg="max")
+    g.map("relu", s)
+    g.einsum("ij->i", x, join="exp", agg="prod")
+    g.einsum("ij->ij", x, agg="max")  # an aggregation over nothing: not shown
+    g.add(y, s)
+    # right-aligned: the (4,) value was made as "j" but j is axis 0 of the (3, 4) one: i it is
+    g.elementwise("x * y", g.einsum("jk->j", x), g.einsum("ij->ji", s))
+    g.map("exp", x)  # an input has no labels of its own
+    assert [n.describe() for n in g.nodes] == [
+        "ij,j->ij", "ij->i", "ij->i agg=max", "ij->ij join=relu", "ij->i join=exp agg=prod", "ij->ij",
+        "j,ij->ij join=add", "jk->j", "ij->ji", "i,ji->ji join=expr(x * y)", "ab->ab join=exp"]
 
 
 def test_explain_and_dot():

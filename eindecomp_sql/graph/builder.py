@@ -5,13 +5,18 @@ as nodes are added, so mistakes surface at the line that makes them.
 >>> x = g.input("x", (8, 4)); w = g.input("w", (4, 6))
 >>> y = g.map("relu", g.einsum("bi,io->bo", x, w))
 >>> y.shape, [n.describe() for n in g.nodes]
-((8, 6), ['bi,io->bo', 'ab->ab join=relu agg=sum'])
+((8, 6), ['bi,io->bo', 'bo->bo join=relu'])
+
+``map``, ``reduce`` and ``elementwise`` write their einsum with the labels the operand was made
+with (``bo`` above), so EXPLAIN shows the user's letters; only a graph input, which has no
+labels of its own, gets generated ones (``ab``).
 """
 
 from __future__ import annotations
 
 import string
 from dataclasses import dataclass
+from typing import Sequence
 
 from ..errors import EinsumError
 from ..notation import parse_agg, parse_join, parse_spec
@@ -42,6 +47,17 @@ def _letters(n: int, skip: str = "") -> str:
     return "".join([c for c in string.ascii_lowercase if c not in skip][:n])
 
 
+def _pick_labels(wanted: Sequence[Sequence[str | None]]) -> str:
+    """One distinct letter per axis: the first wanted letter of each axis not taken by an
+    earlier axis, else a fresh lowercase letter no axis wants."""
+    everything = {c for w in wanted for c in w if c is not None}
+    fresh = iter(c for c in string.ascii_letters if c not in everything)
+    out: list[str] = []
+    for w in wanted:
+        out.append(next((c for c in w if c is not None and c not in out), None) or next(fresh))
+    return "".join(out)
+
+
 class Graph:
     """A DAG of extended einsum nodes over named values."""
 
@@ -49,6 +65,7 @@ class Graph:
         self._values: dict[str, ValueInfo] = {}
         self._inputs: list[str] = []
         self._nodes: list[EinsumNode] = []
+        self._producer: dict[str, EinsumNode] = {}
         self._counter = 0
 
     # -- building ---------------------------------------------------------------------------
@@ -77,6 +94,14 @@ class Graph:
 
     def _handle(self, v: ValueInfo) -> GraphValue:
         return GraphValue(self, v.name, v.shape, v.dtype)
+
+    def _labels_of(self, v: ValueInfo) -> tuple[str | None, ...]:
+        """The letters the node producing ``v`` wrote for its axes (None where there is no
+        such letter: a graph input, or an ellipsis dimension)."""
+        node = self._producer.get(v.name)
+        if node is None:
+            return (None,) * len(v.shape)
+        return tuple(lab if len(lab) == 1 else None for lab in node.output)
 
     def input(self, name: str, shape, dtype="float32") -> GraphValue:
         """A tensor given when the plan runs (an array, a stored Tensor or its name)."""
@@ -107,12 +132,13 @@ class Graph:
         for node in nodes:
             self._values[node.result.name] = node.result
             self._nodes.append(node)
+            self._producer[node.result.name] = node
         return self._handle(nodes[-1].result)
 
     def map(self, fn, x, name: str | None = None) -> GraphValue:
         """Apply a unary join (``"relu"``, ``"exp"``, ``"x * sigmoid(x)"``, a callable) element-wise."""
         v = self._value(x, "map")
-        s = _letters(len(v.shape))
+        s = _pick_labels([(lab,) for lab in self._labels_of(v)])
         return self.einsum(f"{s}->{s}", x, join=fn, name=name)
 
     def reduce(self, x, axis, agg: str = "sum", name: str | None = None) -> GraphValue:
@@ -122,15 +148,19 @@ class Graph:
         axes = tuple(a % len(v.shape) if -len(v.shape) <= a < len(v.shape) else None for a in axes)
         if None in axes:
             raise EinsumError(f"reduce: axis {axis} out of range for shape {v.shape}")
-        s = _letters(len(v.shape))
+        s = _pick_labels([(lab,) for lab in self._labels_of(v)])
         out = "".join(c for k, c in enumerate(s) if k not in axes)
         return self.einsum(f"{s}->{out}", x, agg=agg, name=name)
 
     def elementwise(self, join, *operands, name: str | None = None) -> GraphValue:
         """A join of operands broadcast against each other the numpy way (right-aligned)."""
         vals = [self._value(x, "elementwise") for x in operands]
+        if not vals:
+            raise EinsumError("elementwise: give at least one operand")
         nd = max(len(v.shape) for v in vals)
-        s = _letters(nd)
+        # numpy aligns axes on the right: axis k of the result is axis k - (nd - ndim) of each operand
+        known = [(nd - len(v.shape), self._labels_of(v)) for v in vals]
+        s = _pick_labels([tuple(labs[k - off] for off, labs in known if k >= off) for k in range(nd)])
         spec = ",".join(s[nd - len(v.shape):] for v in vals) + "->" + s
         return self.einsum(spec, *operands, join=join, name=name)
 
@@ -157,15 +187,66 @@ class Graph:
 
     @property
     def outputs(self) -> tuple[ValueInfo, ...]:
-        """Values no node consumes (the graph's results)."""
+        """Values no node consumes (the graph's sinks). What a plan computes is chosen by
+        ``plan(outputs=...)``: by default only the last-added node's value."""
         used = {op.value for n in self._nodes for op in n.operands}
         return tuple(n.result for n in self._nodes if n.result.name not in used)
 
     def value(self, name: str) -> ValueInfo:
         return self._values[name]
 
-    def plan(self, workers: int = 1, memory=None, strategy: str = "eindecomp"):
-        """Choose a chunking for every node (see ``eindecomp_sql.plan.optimize``)."""
+    def select(self, outputs=None) -> tuple[tuple[ValueInfo, ...], bool]:
+        """The values a plan returns and whether it returns one (a Tensor) or several (a dict).
+
+        ``None``: the last-added node's value; a GraphValue or a value's name: that value; a
+        list or tuple of those: each of them (a dict even for one)."""
+        if not self._nodes:
+            raise EinsumError("the graph has no nodes")
+        if outputs is None:
+            return (self._nodes[-1].result,), True
+        if isinstance(outputs, (list, tuple)):
+            if not outputs:
+                raise EinsumError("outputs=[]: name at least one value of the graph to compute")
+            picked = tuple(self._output(x, f"outputs[{k}]") for k, x in enumerate(outputs))
+            seen = set()
+            for k, v in enumerate(picked):
+                if v.name in seen:
+                    raise EinsumError(f"outputs[{k}]: {v.name!r} is given twice")
+                seen.add(v.name)
+            return picked, False
+        return (self._output(outputs, "outputs"),), True
+
+    def _output(self, x, where: str) -> ValueInfo:
+        if not isinstance(x, (GraphValue, str)):
+            raise EinsumError(f"{where}: expected a value of this graph (a GraphValue or its name), got "
+                              f"{type(x).__name__} {x!r}")
+        v = self._value(x, where)
+        if v.name not in self._producer:
+            raise EinsumError(f"{where}: {v.name!r} is a graph input, not computed by any node")
+        return v
+
+    def needed(self, outputs) -> tuple[EinsumNode, ...]:
+        """The nodes ``outputs`` (value names) depend on, in the order they were added."""
+        want = set(outputs)
+        for n in reversed(self._nodes):
+            if n.result.name in want:
+                want.update(op.value for op in n.operands)
+        return tuple(n for n in self._nodes if n.result.name in want)
+
+    def plan(self, workers: int = 1, memory=None, strategy: str = "eindecomp", outputs=None):
+        """Choose a chunking for every node (see ``eindecomp_sql.plan.optimize``).
+
+        ``outputs``: what ``plan.run`` returns. None (the default): the last-added node's
+        value, as a Tensor; nodes it does not depend on are left out, with a warning naming
+        them. A GraphValue or a value's name: that value, as a Tensor. A list or tuple of
+        them: a dict name -> Tensor (even for one). Either way only the nodes the outputs
+        depend on are planned. Identical plans are cached, so planning again is cheap.
+
+        ``workers``: join tasks to aim for per step; ``memory``: a budget for every step's
+        projected peak (``"2GB"``, bytes; None: no budget); ``strategy``: ``"eindecomp"``
+        (the optimizer) or a baseline, ``"data-parallel"``, ``"model-parallel"``,
+        ``"square-tiles"``.
+        """
         from ..plan.graph_plan import plan_graph
 
-        return plan_graph(self, workers=workers, memory=memory, strategy=strategy)
+        return plan_graph(self, workers=workers, memory=memory, strategy=strategy, outputs=outputs)

@@ -57,10 +57,15 @@ class EinsumNode:
         return tuple(lab for lab in self.labels if lab not in self.output)
 
     def describe(self) -> str:
+        """The node as the spec it computes, in its own labels: ``bo,oi->bi``, plus the join
+        when it is not ``mul`` and the aggregation when the node reduces a label and it is not
+        ``sum`` (an aggregation over nothing never runs, so naming it would only mislead)."""
         lhs = ",".join("".join(_short(lab) for lab in op.labels) for op in self.operands)
         text = f"{lhs}->{''.join(_short(lab) for lab in self.output)}"
-        if not (self.join.name == "mul" and self.agg.name == "sum"):
-            text += f" join={self.join.label} agg={self.agg.name}"
+        if self.join.name != "mul":
+            text += f" join={self.join.label}"
+        if self.reduced and self.agg.name != "sum":
+            text += f" agg={self.agg.name}"
         return text
 
 

@@ -7,18 +7,23 @@ strategies', EXPLAIN text, Graphviz source, and running it on a session.
 >>> p = g.plan(workers=4)
 >>> p.pieces[h.name], p.retiles
 ({'b': 4, 'i': 1, 'o': 1}, 0)
+>>> g.plan(workers=4) is p          # plans are cached: the same graph, options and outputs
+True
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
 
 from ..errors import EinsumError
 from ..graph import EinsumNode, ValueInfo
-from .cost import Costs, parse_memory, tile_of
+from .cost import Costs, nbytes, parse_memory, tile_of
 from .optimize import STRATEGIES, Choice, baseline, optimize
 from .planner import plan_nodes
-from .steps import EinsumStep, Plan, RetileStep, TiledValue
+from .steps import EinsumStep, Plan, RetileStep, TiledValue, describe_costs, format_bytes
 
 
 NL = "\\n"
@@ -26,7 +31,13 @@ NL = "\\n"
 
 @dataclass(frozen=True, eq=False)
 class GraphPlan:
-    """A graph with a chunking for every node; ``plan`` is the step list it runs."""
+    """A graph with a chunking for every node; ``plan`` is the step list it runs.
+
+    ``nodes`` are the nodes the ``outputs`` depend on (others were left out); ``inputs`` the
+    graph inputs they read. ``single``: ``run`` returns one Tensor (outputs given as None or
+    one value) rather than a dict; ``unused_inputs``: graph inputs no kept node reads (``run``
+    accepts and ignores them). Plans are cached and shared: treat them as read-only.
+    """
 
     nodes: tuple[EinsumNode, ...]
     inputs: tuple[ValueInfo, ...]
@@ -37,10 +48,13 @@ class GraphPlan:
     choice: Choice
     plan: Plan
     baselines: dict[str, Costs | None]  # strategy -> its cost (None: over the memory budget)
+    single: bool = True
+    unused_inputs: tuple[str, ...] = ()
 
     @property
     def cost(self) -> float:
-        """The cost model's total for this plan, in (join-equivalent) bytes."""
+        """The cost model's total for this plan, in cost units (a unit is what one byte fed to
+        a join costs; see ``eindecomp_sql.plan.cost``). Not memory: see ``plan.peak_bytes``."""
         return self.choice.costs.total
 
     @property
@@ -49,8 +63,9 @@ class GraphPlan:
 
     @property
     def pieces(self) -> dict[str, dict[str, int]]:
-        """Chunk counts per label of every node, by the node's result name."""
-        return self.choice.pieces
+        """Chunk counts per label of every node, by the node's result name (a copy: the plan
+        itself is shared by everyone who plans the same graph)."""
+        return {name: dict(p) for name, p in self.choice.pieces.items()}
 
     @property
     def retiles(self) -> int:
@@ -63,26 +78,28 @@ class GraphPlan:
         c = self.costs
         lines = [
             f"graph plan ({self.strategy}, workers={self.workers}, memory budget "
-            f"{'none' if self.budget is None else f'{self.budget / 1e6:.0f} MB'}): {len(self.nodes)} node(s), "
+            f"{'none' if self.budget is None else format_bytes(self.budget)}): {len(self.nodes)} node(s), "
             f"{len(self.plan.steps)} step(s), {self.retiles} retile(s)",
-            f"cost {c.total / 1e6:.1f} MB from join {c.join / 1e6:.1f}, grouped {c.group / 1e6:.1f}, aggregation "
-            f"{c.agg / 1e6:.1f}, retile {c.retile / 1e6:.1f} MB (weighted sum); largest step peak "
-            f"{self.plan.peak_bytes / 1e6:.1f} MB",
+            f"outputs: {', '.join(v.name for v in self.outputs)}"
+            + (f"; inputs not read: {', '.join(self.unused_inputs)}" if self.unused_inputs else ""),
+            f"cost {describe_costs(c)}",
+            f"peak memory {format_bytes(self.plan.peak_bytes)} (the largest step's projected peak)",
             "",
-            "cost vs baselines:",
+            "cost vs baselines (cost units):",
         ]
         for strat, bc in self.baselines.items():
             if bc is None:
                 lines.append(f"  {strat:15s} over the memory budget")
             else:
                 ratio = bc.total / c.total if c.total else 1.0
-                lines.append(f"  {strat:15s} {bc.total / 1e6:10.1f} MB  ({ratio:.2f}x this plan)")
+                lines.append(f"  {strat:15s} {bc.total:15,.0f}  ({ratio:.2f}x this plan)")
         lines += ["", "nodes:"]
         for n in self.nodes:
             p = self.pieces[n.result.name]
             size = n.size
             tiles = {lab: tile_of(size[lab], p[lab]) for lab in n.labels}
-            lines.append(f"  {n.result.name} = {n.describe()}  shape {n.result.shape} {n.result.dtype}")
+            lines.append(f"  {n.result.name} = {n.describe()}  shape {n.result.shape} {n.result.dtype} "
+                         f"({format_bytes(nbytes(n.result.shape, n.result.dtype))})")
             lines.append("    pieces " + " ".join(f"{lab}:{p[lab]}" for lab in n.labels)
                          + "   tile " + " ".join(f"{lab}:{tiles[lab]}" for lab in n.labels))
         lines += ["", self.plan.explain()]
@@ -91,29 +108,39 @@ class GraphPlan:
         return "\n".join(lines)
 
     def to_dot(self) -> str:
-        """Graphviz source: inputs, nodes with their chunkings, retiles on the edges."""
+        """Graphviz source: inputs (boxes) and nodes (ellipses; outputs drawn double) with their
+        shape, dtype, bytes and chunking; every edge carries the shape and bytes of the value it
+        moves, and a re-tile on the way is drawn red with its target tile."""
         def q(s):  # a DOT string; NL stays the two characters backslash-n, a DOT line break
             return '"' + str(s).replace('"', r'\"') + '"'
 
-        out = ["digraph eindecomp {", "  rankdir=TB;", "  node [fontname=Helvetica, fontsize=10];"]
+        def size(v) -> str:
+            return f"{v.shape} {v.dtype}, {format_bytes(nbytes(v.shape, v.dtype))}"
+
+        outputs = {v.name for v in self.outputs}
+        out = ["digraph eindecomp {", "  rankdir=TB;", "  node [fontname=Helvetica, fontsize=10];",
+               "  edge [fontname=Helvetica, fontsize=9];"]
         for v in self.inputs:
-            tile = self.plan_input_tile(v.name)
-            label = f"{v.name} {v.shape} {v.dtype}" + NL + f"tile {tile}"
+            label = f"{v.name}" + NL + size(v) + NL + f"tile {self.plan_input_tile(v.name)}"
             out.append(f"  {q(v.name)} [shape=box, label={q(label)}];")
         for n in self.nodes:
             p = self.pieces[n.result.name]
             chunks = " ".join(f"{lab}:{p[lab]}" for lab in n.labels)
-            label = f"{n.result.name} = {n.describe()}" + NL + f"pieces {chunks}"
-            out.append(f"  {q(n.result.name)} [shape=ellipse, label={q(label)}];")
+            label = f"{n.result.name} = {n.describe()}" + NL + size(n.result) + NL + f"pieces {chunks}"
+            extra = ", peripheries=2" if n.result.name in outputs else ""
+            out.append(f"  {q(n.result.name)} [shape=ellipse{extra}, label={q(label)}];")
+        values = {v.name: v for v in self.inputs}
+        values.update((n.result.name, n.result) for n in self.nodes)
         for step in self.plan.steps:
             if not isinstance(step, EinsumStep):
                 continue
             for op, v in zip(step.node.operands, step.inputs):
-                src = op.value
-                if v.name != src:  # the operand was re-tiled on the way
-                    out.append(f"  {q(src)} -> {q(step.node.result.name)} [color=red, label={q('retile ' + str(v.tile))}];")
+                src, dst = q(op.value), q(step.node.result.name)
+                moved = size(values[op.value])
+                if v.name != op.value:  # the operand was re-tiled on the way
+                    out.append(f"  {src} -> {dst} [color=red, label={q(moved + NL + 'retile to tile ' + str(v.tile))}];")
                 else:
-                    out.append(f"  {q(src)} -> {q(step.node.result.name)};")
+                    out.append(f"  {src} -> {dst} [label={q(moved)}];")
         out.append("}")
         return "\n".join(out)
 
@@ -128,12 +155,16 @@ class GraphPlan:
         """Run on session ``db``. Inputs by name: numpy arrays (stored the way the plan cuts
         them), Tensors or stored tensor names (re-tiled if cut differently). ``out``: a table
         name (one output) or {output: table}; without it outputs are temporary tables.
-        Returns the output Tensor, or a dict of them when the graph has several."""
+
+        Returns one ``Tensor`` when the plan was made with ``outputs`` None or one value, a
+        dict name -> Tensor when it was made with a list or tuple (even of one)."""
+        known = {v.name for v in self.inputs} | set(self.unused_inputs)
         missing = [v.name for v in self.inputs if v.name not in inputs]
-        extra = [k for k in inputs if k not in {v.name for v in self.inputs}]
+        extra = [k for k in inputs if k not in known]
         if missing or extra:
             raise EinsumError(f"plan.run: missing inputs {missing}, unknown inputs {extra}")
-        return db.run_graph_plan(self, inputs, out=out, replace=replace)
+        used = {v.name for v in self.inputs}
+        return db.run_graph_plan(self, {k: x for k, x in inputs.items() if k in used}, out=out, replace=replace)
 
     def bind(self, values: dict[str, TiledValue], outputs: dict[str, TiledValue]) -> Plan:
         """The steps for concrete inputs (re-tiles added where a stored input is cut differently)."""
@@ -142,33 +173,55 @@ class GraphPlan:
 
 
 def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp",
-               max_tile_bytes: int | None = None) -> GraphPlan:
-    """Choose every node's chunking with ``strategy`` and build the steps."""
+               max_tile_bytes: int | None = None, outputs=None) -> GraphPlan:
+    """Choose every node's chunking with ``strategy`` and build the steps for ``outputs``
+    (see ``Graph.plan``). Only the nodes the outputs depend on are planned."""
     if strategy not in STRATEGIES:
         raise EinsumError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
-    if not isinstance(workers, int) or workers < 1:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise EinsumError(f"workers must be a positive int, got {workers!r}")
-    nodes = graph.nodes
-    if not nodes:
-        raise EinsumError("the graph has no nodes")
     budget = parse_memory(memory)
-    inputs = {v.name: v for v in graph.inputs}
+    picked, single = graph.select(outputs)
+    nodes = graph.needed([v.name for v in picked])
+    if len(nodes) < len(graph.nodes) and outputs is None:
+        kept = {n.result.name for n in nodes}
+        left = [f"{n.result.name} ({n.describe()})" for n in graph.nodes if n.result.name not in kept]
+        # before outputs= existed every unused node silently became a second output
+        warnings.warn(
+            f"g.plan(): computing only the last-added value {picked[0].name!r}; node(s) it does not depend on "
+            f"are left out: {', '.join(left)}. Pass outputs=[...] to compute several values.",
+            stacklevel=3)
+    read = {op.value for n in nodes for op in n.operands}
+    inputs = tuple(v for v in graph.inputs if v.name in read)
+    unused = tuple(v.name for v in graph.inputs if v.name not in read)
+    return _plan_cached(nodes, inputs, picked, single, unused, workers, budget, strategy, max_tile_bytes)
+
+
+# A plan is a pure function of these arguments, all hashable: nodes compare by value, and a
+# callable join by the identity of the callable (JoinFunction.func_id). The cache key holds the
+# nodes, so it keeps every such callable alive, and an id cannot be reused while a plan made
+# with it is cached.
+@lru_cache(maxsize=128)
+def _plan_cached(nodes: tuple[EinsumNode, ...], inputs: tuple[ValueInfo, ...], picked: tuple[ValueInfo, ...],
+                 single: bool, unused: tuple[str, ...], workers: int, budget: int | None, strategy: str,
+                 max_tile_bytes: int | None) -> GraphPlan:  # noqa: PLR0913
+    free = {v.name: v for v in inputs}
     outputs = {v.name: TiledValue(v.name, v.shape, v.dtype, None, _keys(nodes, v.name), v.name, temporary=True)
-               for v in graph.outputs}
-    choices = {s: baseline(s, nodes, inputs, {}, workers=workers) for s in STRATEGIES[1:]}
+               for v in picked}
+    choices = {s: baseline(s, nodes, free, {}, workers=workers) for s in STRATEGIES[1:]}
     if strategy == "eindecomp":
-        choices["eindecomp"] = optimize(nodes, inputs, {}, workers=workers, budget=budget,
+        choices["eindecomp"] = optimize(nodes, free, {}, workers=workers, budget=budget,
                                         max_tile_bytes=max_tile_bytes)
-    plan = _steps(nodes, inputs, choices[strategy], outputs, budget)
+    plan = _steps(nodes, free, choices[strategy], outputs, budget)
     plan.check_budget(budget)
     baselines: dict[str, Costs | None] = {s: choices[s].costs for s in STRATEGIES[1:]}
     if budget is not None:  # a baseline whose steps cannot fit is reported as such
         for s in STRATEGIES[1:]:
-            steps = plan if s == strategy else _steps(nodes, inputs, choices[s], outputs, budget)
+            steps = plan if s == strategy else _steps(nodes, free, choices[s], outputs, budget)
             if steps.peak_bytes > budget:
                 baselines[s] = None
-    return GraphPlan(tuple(nodes), tuple(graph.inputs), tuple(graph.outputs), strategy, workers, budget,
-                     choices[strategy], plan, baselines)
+    return GraphPlan(nodes, inputs, picked, strategy, workers, budget, choices[strategy], plan,
+                     MappingProxyType(baselines), single, unused)
 
 
 def _steps(nodes, inputs: dict[str, ValueInfo], choice: Choice, outputs, budget) -> Plan:
