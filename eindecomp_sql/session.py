@@ -19,6 +19,7 @@ from .backends.duckdb import DuckDBBackend
 from .compile import elements_query, single_query, sql_listing
 from .errors import EinsumError
 from .notation.checks import check_dtype, check_name
+from .notation.sublist import sublist_spec
 from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, auto_tile, check_tile, plan_einsum
 from .plan.tiling import check_count
 from .progress import reporter
@@ -176,12 +177,21 @@ class Session:
                 names.append(v.table)
         return names
 
+    @staticmethod
+    def _spec_args(spec, operands) -> tuple[str, tuple]:
+        """A spec string and operands, from either of numpy's forms (string or sublists)."""
+        if isinstance(spec, str):
+            return spec, operands
+        s, ops = sublist_spec((spec, *operands))
+        return s, tuple(ops)
+
     def _plan(self, spec, values, join, agg, out=None, temporary=False) -> Plan:
         return plan_einsum(spec, tuple(values), join, agg, out, temporary=temporary, workers=self.workers,
                            budget=self.memory, max_tile_bytes=self.tile_bytes)
 
     def plan(self, spec: str, *operands, join=None, agg=None, out: str | None = None) -> Plan:
         """The plan ``einsum`` would run."""
+        spec, operands = self._spec_args(spec, operands)
         with self._call():
             values, _ = self._resolve(operands)
             return self._plan(spec, values, join, agg, out)
@@ -198,6 +208,7 @@ class Session:
         ``out`` names the result table (kept in the catalog); without it the result is a
         temporary table that lives as long as the connection.
         """
+        spec, operands = self._spec_args(spec, operands)
         if out is not None:
             check_name(out, "output name")
         with self._call():
@@ -215,6 +226,7 @@ class Session:
 
     def einsum_numpy(self, spec: str, *operands, join=None, agg=None, progress=None) -> np.ndarray:
         """Run in this database, return numpy; nothing is stored."""
+        spec, operands = self._spec_args(spec, operands)
         with self._call():
             values, arrays = self._resolve(operands)
             p = self._plan(spec, values, join, agg)

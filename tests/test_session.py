@@ -222,3 +222,11 @@ def test_names_must_be_plain_identifiers(db, name):
         db.store(name, np.ones(2))
     with pytest.raises(EinsumError, match="invalid"):
         db.einsum("i->", np.ones(2), out=name)
+
+
+def test_session_einsum_takes_numpy_sublist_form(db):
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((5, 3)), rng.standard_normal((3, 4))
+    A = db.store("SA", a, tile=(2, 2), replace=True)
+    assert_close(db.einsum(A, [0, 1], b, [1, 2], [0, 2]).to_numpy(), a @ b)
+    assert_close(db.einsum_numpy(a, [0, 1], [1]), a.sum(0))
