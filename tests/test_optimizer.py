@@ -1,6 +1,9 @@
 """The optimizer: equal to the exhaustive optimum on graphs small enough to enumerate, memory
 budgets honoured by batching, and plans that still compute the right thing."""
 
+import itertools
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -8,8 +11,9 @@ from hypothesis import strategies as st
 
 from eindecomp_sql.graph import Graph
 from eindecomp_sql.plan import EinsumStep
-from eindecomp_sql.plan.optimize import exhaustive, optimize
-from graphs import random_inputs
+from eindecomp_sql.plan.optimize import (EXACT_CUT_LIMIT, STRATEGIES, _bounded_products, _greedy, _Problem, baseline,
+                                         exhaustive, optimize)
+from graphs import attention, llama_block, random_inputs
 
 
 def _small_graphs():
@@ -78,3 +82,56 @@ def test_budget_splits_steps_into_batches_and_still_computes(db):
     xs = random_inputs(g, 1)
     got = tight.run(db, **xs).to_numpy()
     np.testing.assert_allclose(got, np.maximum(xs["x"] @ xs["w"], 0))
+
+
+def _greedy_problem(make, workers):
+    g, _ = make()
+    prob = _Problem(g.nodes, {v.name: v for v in g.inputs}, {}, workers, None)
+    cuts = prob.cut_values()
+    options = {c: prob.cut_options(c) for c in cuts}
+    assert math.prod(len(o) for o in options.values()) > EXACT_CUT_LIMIT  # the greedy path
+    return prob, cuts, options
+
+
+@pytest.mark.parametrize("make", [lambda: attention(s=256, d=128, h=8, e=16), llama_block], ids=["attention", "llama"])
+@pytest.mark.parametrize("workers", [2, 4])
+def test_greedy_ends_at_a_local_optimum(make, workers):
+    prob, cuts, options = _greedy_problem(make, workers)
+    total, pieces, fix = _greedy(prob, cuts, options)
+    for c in cuts:  # no single cut value re-tiled on its own makes the plan cheaper
+        for opt in options[c]:
+            assert prob.solve({**fix, c: opt})[0] >= total
+    # what the DP says a fixing costs is what the chosen pieces cost when evaluated from scratch
+    assert prob.evaluate(pieces, prob.free_input_tiles(pieces, fix)).total == pytest.approx(total)
+
+
+@settings(max_examples=30)
+@given(data=st.data(), workers=st.sampled_from([2, 4]))
+def test_dp_totals_match_a_full_evaluation(data, workers):
+    # the per-tree memo and the root lookups must add up to the plain sum over nodes and edges
+    prob, cuts, options = _greedy_problem(llama_block, workers)
+    fix = {c: data.draw(st.sampled_from(options[c])) for c in cuts}
+    total, pieces = prob.solve(fix)
+    if pieces is not None:
+        assert prob.evaluate(pieces, prob.free_input_tiles(pieces, fix)).total == pytest.approx(total)
+
+
+def test_search_work_is_bounded_and_small():
+    # node evaluations, not seconds: a DP pass over the whole graph per trial cost ~1200 of
+    # them on this graph; the memoized trees need well under half
+    prob, cuts, options = _greedy_problem(lambda: attention(s=1024, d=512, h=8, e=64, dtype="float32"), 4)
+    _greedy(prob, cuts, options)
+    assert prob.work < 600
+    prob, cuts, options = _greedy_problem(llama_block, 4)
+    total, pieces, _ = _greedy(prob, cuts, options, work=50)  # cut short: still a valid plan
+    # the relaxed pass and the 4 starts (a node each) come first, one trial may overshoot
+    assert pieces is not None and prob.work <= 50 + 6 * len(prob.nodes)
+    assert total <= min(baseline(s, prob.nodes, prob.inputs, {}, workers=4).costs.total for s in STRATEGIES[1:])
+
+
+@given(options=st.lists(st.lists(st.integers(1, 64), min_size=1, max_size=5).map(lambda v: sorted(set(v))),
+                        max_size=4),
+       lo=st.integers(1, 64), factor=st.sampled_from([1, 2, 8, 30]))
+def test_bounded_products_are_the_filtered_product(options, lo, factor):
+    want = [c for c in itertools.product(*options) if lo <= math.prod(c) <= lo * factor]
+    assert list(_bounded_products(options, lo, lo * factor)) == want
