@@ -1,0 +1,43 @@
+"""Reading an ordinary DuckDB table or view as an einsum operand: its columns and types, then one
+statistics scan (sizes, NULLs, negative indices, repeated keys). What the answers mean is decided
+in ``compile/sql_interface.py``; this module only asks DuckDB.
+
+Runs while DuckDB binds ``SELECT * FROM einsum(...)`` (inside the ``eds_einsum_sql`` UDF), so it
+uses a cursor of its own: the query's own connection cannot run anything until the UDF returns
+(DuckDB refuses with "code running inside a query cannot use that query's connection"). A cursor
+is another connection to the same database, so it sees committed, non-temporary tables and views
+only: TEMP tables, DataFrames registered on the user's connection and tables created in a
+transaction that has not committed yet are not visible from here.
+"""
+
+from __future__ import annotations
+
+import duckdb
+from sqlglot import exp
+
+from ..compile.sql import DIALECT, table
+from ..compile.sql_interface import TableOperand, classify_table, stats_query, with_stats
+from ..errors import EinsumError
+
+
+def read_table_operand(con: duckdb.DuckDBPyConnection, name: str) -> TableOperand | None:
+    """The table or view ``name`` as an operand, or None if there is none by that name."""
+    cur = con.cursor()
+    try:
+        try:
+            rel = cur.sql(exp.select("*").from_(table(name)).limit(0).sql(dialect=DIALECT))
+            columns, types = list(rel.columns), [str(t) for t in rel.types]
+        except duckdb.CatalogException as e:
+            exists = cur.execute(
+                "SELECT (SELECT count(*) FROM duckdb_tables() WHERE lower(table_name) = lower($1)) + "
+                "(SELECT count(*) FROM duckdb_views() WHERE lower(view_name) = lower($1))", [name]).fetchone()[0]
+            if exists:  # a view whose own tables are gone: it exists, it does not bind
+                raise EinsumError(f"einsum(): view {name!r} cannot be read: {e}") from None
+            return None
+        except duckdb.Error as e:
+            raise EinsumError(f"einsum(): table or view {name!r} cannot be read: {e}") from None
+        op = classify_table(name, columns, types)
+        row = cur.execute(stats_query(op).sql(dialect=DIALECT)).fetchone()
+        return with_stats(op, row)
+    finally:
+        cur.close()

@@ -1,0 +1,109 @@
+"""The SQL table functions' planner: ``einsum``, ``einsum_elements`` and ``einsum_topk`` as DuckDB
+table macros call it (through the ``eds_einsum_sql`` UDF) to turn their arguments into one query.
+
+>>> import eindecomp_sql as eds, numpy as np
+>>> db = eds.connect()
+>>> _ = db.store("A", np.arange(6.0).reshape(2, 3))
+>>> db.connection.sql("SELECT * FROM einsum_topk('ij->ij', 2, 'A')").fetchall()
+[(0, 1, 2, 2.0), (0, 2, 1, 1.0), (1, 1, 2, 5.0), (1, 2, 1, 4.0)]
+
+Operands are names: a stored tensor (the catalog is asked first), else an ordinary table or view
+in element form or with a fixed-size array column (``compile/sql_interface.py`` has the rules).
+Stitches the layers like the session does: resolve operands, plan, compile; no SQL of its own.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .backends.tables import read_table_operand
+from .compile import elements_query, single_query
+from .compile.sql_interface import (
+    SQL_TYPES,
+    ArrayTable,
+    array_tile,
+    pack_query,
+    settle_shapes,
+    topk_query,
+    with_ctes,
+)
+from .errors import EinsumError
+from .notation.checks import check_name
+from .plan import TiledValue
+
+MODES = ("tiles", "elements", "topk")
+_COUNT = re.compile(r"^\s*\+?\d+\s*$")
+
+
+def _names(names: list) -> list[str]:
+    """The operand names given, in order; a NULL between two names is an error, not skipped."""
+    names = list(names or [])
+    while names and names[-1] is None:
+        names.pop()
+    if not names:
+        raise EinsumError("einsum(): no operand given; name a stored tensor or a table after the spec")
+    for p, n in enumerate(names):
+        if n is None:
+            raise EinsumError(f"einsum(): operand {p} is NULL but operand {p + 1} is given")
+    return names
+
+
+def _k(k) -> int:
+    if k is None or not _COUNT.match(str(k)) or int(k) < 1:
+        raise EinsumError(f"einsum_topk(): k must be a whole number >= 1, got {k!r}")
+    return min(int(k), 1 << 62)
+
+
+def _resolve(session, name: str):
+    check_name(name, "operand name")
+    value = session.backend.lookup(name)
+    if value is not None:
+        return value
+    op = read_table_operand(session.backend.con, name)
+    if op is None:
+        raise EinsumError(
+            f"einsum(): no stored tensor, table or view named {name!r} (einsum reads tables from another "
+            "connection to the database: TEMP tables, DataFrames registered on this connection and tables "
+            "created in a transaction not yet committed are not visible; use CREATE TABLE / CREATE VIEW "
+            "and COMMIT)")
+    return op
+
+
+def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=None) -> str:
+    """The query answering ``einsum(spec, names...)`` in ``mode`` (tiles, elements or topk)."""
+    if mode not in MODES:
+        raise EinsumError(f"einsum(): unknown mode {mode!r}")
+    if spec is None:
+        raise EinsumError("einsum(): the spec is NULL")
+    count = _k(k) if mode == "topk" else None
+    operands = settle_shapes(spec, [_resolve(session, n) for n in _names(names)])
+    values, tables = [], {}  # tables: CTE name -> the table operand it tiles
+    by_name: dict[str, TiledValue] = {}
+    for op in operands:
+        if isinstance(op, TiledValue):
+            values.append(op)
+            continue
+        key = op.table.lower()
+        if key not in by_name:
+            cte = f"_eds_op{len(by_name)}"
+            tile = array_tile(op, session.tile_bytes) if isinstance(op, ArrayTable) else None  # None: the plan cuts it
+            by_name[key] = TiledValue(op.table, op.shape, op.dtype, tile, tuple(f"d{p}" for p in range(op.ndim)), cte)
+            tables[cte] = op
+        values.append(by_name[key])
+    plan = session._plan(spec, values, join, agg)
+    result = plan.result
+    if mode == "topk":
+        if not result.shape:
+            raise EinsumError(f"einsum_topk(): {spec!r} has no output label to rank (a row is every output "
+                              "label but the last, and the last is ranked)")
+        if result.dtype not in SQL_TYPES:
+            raise EinsumError(f"einsum_topk(): the result is {result.dtype}, which has no order")
+    query = single_query(plan)
+    # a plan that reads no input (a label of size 0) needs no tiling of the tables
+    ctes = [(v.table, pack_query(tables[v.table], v)) for v in plan.inputs if v.table in tables]
+    query = with_ctes(query, ctes)
+    if mode == "elements":
+        query = elements_query(result, result.keys, source=query)
+    elif mode == "topk":
+        query = topk_query(result, count, query)
+    return query.sql(dialect="duckdb")

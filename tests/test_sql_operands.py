@@ -1,0 +1,310 @@
+"""The SQL interface beyond stored tensors: join := / agg :=, and ordinary tables (element form,
+fixed-size array columns) as operands, checked against numpy."""
+
+import threading
+
+import duckdb
+import numpy as np
+import pytest
+
+import eindecomp_sql as eds
+from helpers import assert_close, random_array
+from reference import reference
+
+SQL = {"float32": "FLOAT", "float64": "DOUBLE", "int32": "INTEGER", "int64": "BIGINT", "bool": "BOOLEAN",
+       "int16": "SMALLINT"}
+
+
+def elements(con, query, shape, dtype, params=None):
+    """The rows of an einsum_elements query as a dense array (missing elements stay 0)."""
+    out = np.zeros(shape, dtype)
+    rows = con.execute(query, params or []).fetchall()
+    assert len(rows) == int(np.prod(shape))
+    for r in rows:
+        out[tuple(r[:-1])] = r[-1]
+    return out
+
+
+@pytest.fixture
+def sdb():
+    # small tiles: the plan cuts the tables into several tiles that do not divide the shapes
+    s = eds.connect(tile_bytes=96)
+    yield s
+    s.close()
+
+
+def put_elements(con, name, a, density=0.6, rng=None, index_type="BIGINT", value_name="v"):
+    """Store ``a`` as element rows (a random subset of its elements; the others are 0)."""
+    rng = rng or np.random.default_rng(0)
+    dense = np.zeros_like(a)
+    keep = rng.random(a.shape) < density
+    dense[keep] = a[keep]
+    cols = ", ".join(f"x{p} {index_type}" for p in range(a.ndim))
+    comma = ", " if a.ndim else ""
+    con.execute(f'CREATE OR REPLACE TABLE "{name}"({cols}{comma}"{value_name}" {SQL[a.dtype.name]})')
+    rows = [tuple(int(q) for q in idx) + (a[idx].item(),) for idx in zip(*np.nonzero(keep))]
+    rng.shuffle(rows)  # element rows come in any order
+    if rows:
+        con.executemany(f'INSERT INTO "{name}" VALUES ({", ".join("?" * (a.ndim + 1))})', rows)
+    return dense
+
+
+# -- join := and agg := ----------------------------------------------------------------------
+@pytest.mark.parametrize("join,agg", [("add", "max"), ("sub", "min"), ("relu(x - y)", "sum"), ("max", "prod"),
+                                      ("x * y + 1", "max"), (None, "max"), ("add", None)])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+def test_join_and_agg_from_sql(join, agg, dtype):
+    rng = np.random.default_rng(3)
+    a, b = random_array(rng, (7, 5), dtype), random_array(rng, (5, 6), dtype)
+    with eds.connect() as db:
+        db.store("A", a, tile=(3, 2))
+        db.store("B", b, tile=(2, 4))
+        args = ", ".join(a for a, v in (("join := ?", join), ("agg := ?", agg)) if v is not None)
+        params = [v for v in (join, agg) if v is not None]
+        ref_join = {"relu(x - y)": lambda x, y: np.maximum(x - y, 0), "x * y + 1": lambda x, y: x * y + 1}.get(join, join)
+        want = reference("ij,jk->ik", a, b, join=ref_join or "mul", agg=agg or "sum")
+        got = elements(db.connection, f"SELECT * FROM einsum_elements('ij,jk->ik', 'A', 'B', {args})", want.shape,
+                       db.plan("ij,jk->ik", "A", "B", join=join, agg=agg).result.dtype, params)
+        assert_close(got, want.astype(got.dtype))
+        # the tiled form agrees
+        rel = db.connection.execute(f"SELECT * FROM einsum('ij,jk->ik', 'A', 'B', {args})", params)
+        assert [d[0] for d in rel.description] == ["i", "k", "tile"]
+
+
+def test_join_keyword_unquoted_and_bad_join(sdb):
+    a = np.arange(6.0).reshape(2, 3) - 2
+    sdb.store("A", a)
+    got = sdb.connection.sql("SELECT i, value FROM einsum_elements('ij->i', 'A', join := 'relu', agg := 'max') "
+                             "ORDER BY i").fetchall()
+    assert [v for _, v in got] == list(np.maximum(a, 0).max(1))
+    with pytest.raises(duckdb.Error, match="EinsumError") as e:
+        sdb.connection.sql("SELECT * FROM einsum('ij->i', 'A', join := 'import os')").fetchall()
+    assert "eds_einsum_sql" not in str(e.value)
+    with pytest.raises(duckdb.Error, match="agg"):
+        sdb.connection.sql("SELECT * FROM einsum('ij->i', 'A', agg := 'median')").fetchall()
+
+
+# -- element form ----------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "bool", "int16"])
+@pytest.mark.parametrize("index_type", ["BIGINT", "INTEGER", "UTINYINT"])
+def test_element_table_against_numpy(sdb, dtype, index_type):
+    rng = np.random.default_rng(5)
+    con = sdb.connection
+    # an integer value column must be named 'value' (else every column is an integer)
+    value_name = "value" if dtype.startswith("int") else "v"
+    e = put_elements(con, "E", random_array(rng, (7, 5), dtype), rng=rng, index_type=index_type, value_name=value_name)
+    b = random_array(rng, (5, 6), "float64")
+    sdb.store("B", b, tile=(2, 4))
+    want = np.einsum("ij,jk->ik", e, b)
+    assert_close(elements(con, "SELECT * FROM einsum_elements('ij,jk->ik', 'E', 'B')", want.shape, want.dtype), want)
+    # alone, transposed, reduced, and with itself
+    for spec, want in (("ij->ji", e.T), ("ij->i", np.einsum("ij->i", e)), ("ij,ij->ij", np.einsum("ij,ij->ij", e, e))):
+        n = spec.count(",") + 1
+        got = elements(con, f"SELECT * FROM einsum_elements(?{', ?' * n})", want.shape, want.dtype, [spec] + ["E"] * n)
+        assert_close(got, want)
+
+
+def test_element_table_three_dims_value_column_and_view(sdb):
+    rng = np.random.default_rng(6)
+    con = sdb.connection
+    # the value column is named 'value' and is an integer: the name decides
+    e = put_elements(con, "T3", random_array(rng, (4, 3, 5), "int64"), rng=rng, value_name="value")
+    want = np.einsum("abc->cab", e)
+    assert_close(elements(con, "SELECT * FROM einsum_elements('abc->cab', 'T3')", want.shape, want.dtype), want)
+    # a view that renames and casts
+    con.execute('CREATE VIEW W AS SELECT x2 AS k, x0 AS i, x1 AS j, CAST("value" AS DOUBLE) * 0.5 AS w FROM T3')
+    want = np.einsum("ijk->kij", e * 0.5)
+    assert_close(elements(con, "SELECT * FROM einsum_elements('kij->kij', 'W')", want.shape, want.dtype), want)
+
+
+def test_element_table_grows_to_other_operands(sdb):
+    rng = np.random.default_rng(8)
+    con = sdb.connection
+    con.execute("CREATE TABLE S(i BIGINT, j BIGINT, v DOUBLE)")
+    con.execute("INSERT INTO S VALUES (0, 1, 2.5), (2, 0, -1.0)")  # largest index (2, 1)
+    b = random_array(rng, (4, 6), "float64")
+    sdb.store("B", b, tile=(3, 4))
+    dense = np.zeros((3, 4))
+    dense[0, 1], dense[2, 0] = 2.5, -1.0
+    want = dense @ b
+    assert_close(elements(con, "SELECT * FROM einsum_elements('ij,jk->ik', 'S', 'B')", want.shape, want.dtype), want)
+    # a repeated label takes the larger of its two index columns: diagonal of a 3x3
+    want = np.einsum("ii->i", dense[:3, :3])
+    assert_close(elements(con, "SELECT * FROM einsum_elements('ii->i', 'S')", (3,), "float64"), want)
+    # an index beyond the other operand's size is an error naming both
+    sdb.store("C", rng.standard_normal((2, 2)))
+    with pytest.raises(duckdb.Error, match=r"table 'S' has i up to 2, but operand 1 gives its label 'i' size 2"):
+        con.sql("SELECT * FROM einsum('ij,ij->ij', 'S', 'C')").fetchall()
+    # a size-1 dimension of another operand broadcasts, as in numpy
+    c1 = rng.standard_normal((1, 2))
+    sdb.store("C1", c1)
+    want = dense[:, :2] * c1
+    assert_close(elements(con, "SELECT * FROM einsum_elements('ij,ij->ij', 'S', 'C1')", (3, 2), "float64"), want)
+
+
+def test_empty_and_scalar_element_tables(sdb):
+    con = sdb.connection
+    con.execute("CREATE TABLE Z(i BIGINT, j BIGINT, v DOUBLE)")
+    b = np.arange(12.0).reshape(3, 4)
+    sdb.store("B", b)
+    got = elements(con, "SELECT * FROM einsum_elements('ij,jk->ik', 'Z', 'B')", (0, 4), "float64")
+    assert got.shape == (0, 4)
+    con.execute("CREATE TABLE Z1(value FLOAT)")
+    con.execute("INSERT INTO Z1 VALUES (2.5)")
+    want = np.float32(2.5) * b.astype(np.float32)
+    got = elements(con, "SELECT * FROM einsum_elements(',jk->jk', 'Z1', 'B')", (3, 4), "float64")
+    assert_close(got, want.astype(np.float64))
+
+
+def test_element_table_errors(sdb):
+    con = sdb.connection
+    cases = [
+        ("CREATE TABLE D(i BIGINT, j BIGINT, v DOUBLE); INSERT INTO D VALUES (0, 1, 1.0), (2, 0, 1.5), (0, 1, 2.0)",
+         "D", "ij", r"table 'D' has more than one row for element \(i=0, j=1\)"),
+        ("CREATE TABLE N(i BIGINT, v DOUBLE); INSERT INTO N VALUES (0, 1.0), (-3, 2.0)",
+         "N", "i", r"table 'N': index column 'i' has negative values \(min -3\)"),
+        ("CREATE TABLE U(i BIGINT, v DOUBLE); INSERT INTO U VALUES (0, 1.0), (NULL, 2.0)",
+         "U", "i", r"table 'U': index column 'i' has 1 NULL"),
+        ("CREATE TABLE UV(i BIGINT, v DOUBLE); INSERT INTO UV VALUES (0, NULL)",
+         "UV", "i", r"table 'UV': value column 'v' has 1 NULL"),
+        ("CREATE TABLE AI(i BIGINT, w BIGINT)", "AI", "i", r"all its columns \(i, w\) are integers"),
+        ("CREATE TABLE TV(i BIGINT, a DOUBLE, b DOUBLE)", "TV", "i", r"2 columns are not integers \(a, b\)"),
+        ("CREATE TABLE DC(i BIGINT, v DECIMAL(10, 2))", "DC", "i", r"value column 'v' is DECIMAL\(10,2\); cast it"),
+        ("CREATE TABLE ST(i VARCHAR, value DOUBLE)", "ST", "i", r"column 'i' is VARCHAR, .* must be an integer"),
+        ("CREATE TABLE LS(id BIGINT, a FLOAT[])", "LS", "ij", r"column 'a' is a list of varying length"),
+        ("CREATE TABLE HU(i BIGINT, v DOUBLE); INSERT INTO HU VALUES (1099511627776, 1.0)",
+         "HU", "i", r"goes up to 1099511627776"),
+    ]
+    for create, name, sub, message in cases:
+        con.execute(create)
+        with pytest.raises(duckdb.Error, match=message) as e:
+            con.sql("SELECT * FROM einsum_elements(?, ?)", params=[f"{sub}->{sub}", name]).fetchall()
+        # our words, not a binder message naming our functions
+        assert "EinsumError" in str(e.value) and "Binder" not in str(e.value), str(e.value)
+
+
+def test_wrong_number_of_subscripts_names_the_table(sdb):
+    sdb.connection.execute("CREATE TABLE E2(i BIGINT, j BIGINT, v DOUBLE)")
+    with pytest.raises(duckdb.Error, match=r"table 'E2' .* 2 index column\(s\), but its subscripts 'ijk' name 3"):
+        sdb.connection.sql("SELECT * FROM einsum('ijk->i', 'E2')").fetchall()
+
+
+def test_unknown_temp_and_uncommitted_tables(sdb):
+    con = sdb.connection
+    with pytest.raises(duckdb.Error, match=r"no stored tensor, table or view named 'Nope'"):
+        con.sql("SELECT * FROM einsum('i->i', 'Nope')").fetchall()
+    con.execute("CREATE TEMP TABLE TT(i BIGINT, v DOUBLE)")
+    with pytest.raises(duckdb.Error, match="TEMP tables"):
+        con.sql("SELECT * FROM einsum('i->i', 'TT')").fetchall()
+    with pytest.raises(duckdb.Error, match="operand 1 is NULL but operand 2 is given"):
+        con.sql("SELECT * FROM einsum('i,i,i->i', 'TT', NULL, 'TT')").fetchall()
+    with pytest.raises(duckdb.Error, match="spec is NULL"):
+        con.sql("SELECT * FROM einsum(NULL, 'TT')").fetchall()
+    with pytest.raises(duckdb.Error, match="invalid operand name"):
+        con.sql("SELECT * FROM einsum('i->i', 'x; DROP TABLE TT')").fetchall()
+
+
+def run_with_timeout(fn, seconds=60):
+    """Run ``fn`` in a thread; fail (instead of hanging the suite) if it deadlocks."""
+    out = {}
+
+    def target():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed back to the test
+            out["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "the query did not finish: deadlock?"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_no_deadlock_in_transactions(sdb, threads):
+    """The planning UDF reads tables on a cursor while the user's query (and transaction) holds
+    the connection: it must neither hang nor read what the transaction has not committed."""
+    con = sdb.connection
+    con.execute(f"SET threads = {threads}")
+    rng = np.random.default_rng(9)
+    e = put_elements(con, "E", random_array(rng, (6, 4), "float64"), rng=rng)
+    want = e.sum(1)
+    con.execute("BEGIN")
+    try:
+        con.execute("CREATE TABLE OTHER AS SELECT 1 AS x")  # a write pending in this transaction
+        got = run_with_timeout(lambda: elements(con, "SELECT * FROM einsum_elements('ij->i', 'E')", (6,), "float64"))
+        assert_close(got, want)
+        # a table made in this transaction is invisible to the cursor: our message, no hang
+        con.execute("CREATE TABLE NEW(i BIGINT, v DOUBLE)")
+        with pytest.raises(duckdb.Error, match="not yet committed"):
+            run_with_timeout(lambda: con.sql("SELECT * FROM einsum('i->i', 'NEW')").fetchall())
+    finally:
+        con.execute("ROLLBACK")
+    # rows this transaction added beyond the committed shape stop the query with our message
+    con.execute("BEGIN")
+    try:
+        con.execute("INSERT INTO E VALUES (40, 0, 1.0)")
+        with pytest.raises(duckdb.Error, match="changed after einsum read its shape"):
+            run_with_timeout(lambda: con.sql("SELECT * FROM einsum_elements('ij->i', 'E')").fetchall())
+    finally:
+        con.execute("ROLLBACK")
+    con.execute("RESET threads")
+
+
+# -- array form ------------------------------------------------------------------------------
+@pytest.mark.parametrize("elem", ["FLOAT", "DOUBLE", "INTEGER"])
+@pytest.mark.parametrize("key_type", ["BIGINT", "VARCHAR"])
+def test_array_table_against_numpy(sdb, elem, key_type):
+    rng = np.random.default_rng(10)
+    dtype = {"FLOAT": "float32", "DOUBLE": "float64", "INTEGER": "int32"}[elem]
+    con = sdb.connection
+    rows, width = 11, 3
+    emb = random_array(rng, (rows, width), dtype)
+    ids = rng.permutation(1000)[:rows]  # keys in no order, not 0..n-1
+    keys = [int(i) if key_type == "BIGINT" else f"item{i:04d}" for i in ids]
+    con.execute(f"CREATE TABLE emb(id {key_type}, vec {elem}[{width}])")
+    con.executemany("INSERT INTO emb VALUES (?, ?)", [(k, r.tolist()) for k, r in zip(keys, emb)])
+    ordered = emb[np.argsort(np.array(keys, dtype=object).astype(str if key_type == "VARCHAR" else np.int64),
+                             kind="stable")]
+    q = random_array(rng, (4, width), dtype)
+    sdb.store("Q", q, tile=(3, 2))
+    want = np.einsum("id,jd->ij", q, ordered)
+    got = elements(con, "SELECT * FROM einsum_elements('id,jd->ij', 'Q', 'emb')", want.shape, want.dtype)
+    assert_close(got, want)
+    # the table alone is the matrix in key order
+    assert_close(elements(con, "SELECT * FROM einsum_elements('ij->ij', 'emb')", ordered.shape, ordered.dtype), ordered)
+
+
+def test_array_table_errors(sdb):
+    con = sdb.connection
+    con.execute("CREATE TABLE a1(id BIGINT, v FLOAT[2]); INSERT INTO a1 VALUES (1, [1, NULL])")
+    con.execute("CREATE TABLE a2(id BIGINT, v FLOAT[2]); INSERT INTO a2 VALUES (1, [1, 2]), (1, [3, 4])")
+    con.execute("CREATE TABLE a3(id BIGINT, name VARCHAR, v FLOAT[2])")
+    con.execute("CREATE TABLE a4(v FLOAT[2])")
+    con.execute("CREATE TABLE a5(id BIGINT, v FLOAT[2]); INSERT INTO a5 VALUES (1, NULL)")
+    con.execute("CREATE TABLE a6(id BIGINT, v FLOAT[2][2])")
+    for name, message in (("a1", "column 'v' has NULL elements"), ("a2", "key column 'id' repeats values"),
+                          ("a3", r"and 2 other columns \(id, name\)"), ("a4", "and no other column"),
+                          ("a5", "array column 'v' is NULL in 1 row"), ("a6", "only one-dimensional arrays")):
+        with pytest.raises(duckdb.Error, match=message) as e:
+            con.sql("SELECT * FROM einsum('ij->i', ?)", params=[name]).fetchall()
+        assert "EinsumError" in str(e.value)
+
+
+def test_sql_operand_mix_with_join(sdb):
+    """An element table, an array table and a stored tensor in one extended einsum."""
+    rng = np.random.default_rng(12)
+    con = sdb.connection
+    e = put_elements(con, "E", random_array(rng, (5, 3), "float64"), rng=rng)
+    m = random_array(rng, (3, 4), "float64")
+    con.execute("CREATE TABLE M(id BIGINT, v DOUBLE[4])")
+    con.executemany("INSERT INTO M VALUES (?, ?)", [(i, r.tolist()) for i, r in enumerate(m)])
+    c = random_array(rng, (4,), "float64")
+    sdb.store("C", c, tile=(3,))
+    want = reference("ij,jk,k->ik", e, m, c, join=lambda x, y, z: x + y * z, agg="max")
+    got = elements(con, "SELECT * FROM einsum_elements('ij,jk,k->ik', 'E', 'M', 'C', join := 'x + y * z', "
+                        "agg := 'max')", want.shape, want.dtype)
+    assert_close(got, want)
