@@ -1,0 +1,173 @@
+"""einsum_topk(spec, k, ...): the k largest elements of every output row, against numpy."""
+
+import json
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import eindecomp_sql as eds
+from eindecomp_sql.udfs.tiles import tiles_to_arrow
+from eindecomp_sql.udfs.topk import row_top, topk_tiles
+from helpers import random_array
+from reference import reference
+
+
+def ref_topk(x: np.ndarray, k: int) -> list[tuple]:
+    """(row indices..., rank, index, value): value descending, NaN last, ties by the smaller
+    index; written with Python's sort on exact Python numbers, apart from the kernel."""
+    out = []
+    rows = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+    for r, row in enumerate(rows):
+        vals = [v.item() for v in row]
+
+        def key(j):
+            v = vals[j]
+            nan = isinstance(v, float) and v != v
+            return (nan, 0 if nan else -v, j)
+
+        for rank, j in enumerate(sorted(range(len(vals)), key=key)[:k], 1):
+            out.append((*(int(q) for q in np.unravel_index(r, x.shape[:-1])), rank, j, vals[j]))
+    return out
+
+
+def same_rows(got, want):
+    assert len(got) == len(want), (len(got), len(want))
+    for g, w in zip(got, want):
+        assert g[:-1] == w[:-1], (g, w)
+        gv, wv = g[-1], w[-1]
+        if isinstance(wv, float) and wv != wv:
+            assert gv != gv
+        elif isinstance(wv, float):
+            assert gv == pytest.approx(wv, rel=1e-4, abs=1e-5), (g, w)
+        else:
+            assert gv == wv, (g, w)
+
+
+@pytest.fixture(scope="module")
+def tdb():
+    # small tiles: results are cut into several tiles along the ranked label (and the rows)
+    s = eds.connect(tile_bytes=128)
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "bool", "uint8"])
+@pytest.mark.parametrize("k", [1, 3, 40])
+def test_topk_matches_numpy(tdb, dtype, k):
+    rng = np.random.default_rng(21)
+    a, b = random_array(rng, (7, 5), dtype if dtype != "uint8" else "int64"), random_array(rng, (5, 13), "int64")
+    if dtype == "uint8":
+        a = rng.integers(0, 6, (7, 5)).astype(np.uint8)
+        b = rng.integers(0, 6, (5, 13)).astype(np.uint8)
+    elif dtype != "int64":
+        b = random_array(rng, (5, 13), dtype)
+    tdb.store("A", a, tile=(3, 2), replace=True)
+    tdb.store("B", b, tile=(2, 4), replace=True)
+    want = np.einsum("ij,jk->ik", a, b)
+    rows = tdb.connection.execute("SELECT * FROM einsum_topk('ij,jk->ik', ?, 'A', 'B')", [k]).fetchall()
+    same_rows(rows, ref_topk(want, k))
+    # the tie order is numpy's stable sort of the negated values
+    if dtype.startswith("float") or dtype.startswith("int"):
+        order = np.argsort(-want, axis=1, kind="stable")[:, :k]
+        got = np.array([r[2] for r in rows]).reshape(want.shape[0], -1)
+        np.testing.assert_array_equal(got, order)
+
+
+def test_topk_columns_and_types(tdb):
+    rng = np.random.default_rng(22)
+    tdb.store("A", random_array(rng, (4, 6), "float32"), tile=(3, 4), replace=True)
+    rel = tdb.connection.sql("SELECT * FROM einsum_topk('ij->ij', 2, 'A')")
+    assert rel.columns == ["i", "rank", "j", "value"]
+    assert [str(t) for t in rel.types] == ["BIGINT", "BIGINT", "BIGINT", "FLOAT"]
+
+
+def test_topk_three_dims_one_dim_and_extended(tdb):
+    rng = np.random.default_rng(23)
+    x, y = random_array(rng, (3, 4, 5), "float64"), random_array(rng, (3, 5, 9), "float64")
+    tdb.store("X", x, tile=(2, 3, 2), replace=True)
+    tdb.store("Y", y, tile=(2, 2, 4), replace=True)
+    con = tdb.connection
+    same_rows(con.sql("SELECT * FROM einsum_topk('bij,bjk->bik', 4, 'X', 'Y')").fetchall(),
+              ref_topk(np.einsum("bij,bjk->bik", x, y), 4))
+    # one output label: one row, the whole vector ranked
+    same_rows(con.sql("SELECT * FROM einsum_topk('bij->j', 3, 'X')").fetchall(), ref_topk(x.sum((0, 1)), 3))
+    # with join and agg (max-plus), and the ranked label not last in the inputs
+    want = reference("bij,bjk->kb", x, y, join="add", agg="max")
+    same_rows(con.sql("SELECT * FROM einsum_topk('bij,bjk->kb', 2, 'X', 'Y', join := 'add', agg := 'max')").fetchall(),
+              ref_topk(want, 2))
+
+
+def test_topk_nan_inf_and_signed_zero(tdb):
+    a = np.array([[1.0, np.nan, 3.0, np.inf, -np.inf, 3.0, np.nan],
+                  [np.nan, np.nan, -0.0, 0.0, -1.0, np.nan, -np.inf],
+                  [2.0, -0.0, 0.0, 2.0, 0.0, -0.0, 2.0]])
+    tdb.store("N", a, tile=(2, 3), replace=True)
+    for k in (1, 2, 4, 6, 7):
+        rows = tdb.connection.sql(f"SELECT * FROM einsum_topk('ij->ij', {k}, 'N')").fetchall()
+        same_rows(rows, ref_topk(a, k))
+        got = np.array([r[2] for r in rows]).reshape(3, -1)
+        np.testing.assert_array_equal(got, np.argsort(-a, axis=1, kind="stable")[:, :k])
+
+
+def test_topk_over_tables(tdb):
+    """Similarity search: an array table of queries against an array table of items."""
+    rng = np.random.default_rng(24)
+    con = tdb.connection
+    q, e = random_array(rng, (6, 4), "float32"), random_array(rng, (17, 4), "float32")
+    con.execute("CREATE OR REPLACE TABLE queries(qid BIGINT, v FLOAT[4])")
+    con.execute("CREATE OR REPLACE TABLE items(id BIGINT, v FLOAT[4])")
+    con.executemany("INSERT INTO queries VALUES (?, ?)", [(i, r.tolist()) for i, r in enumerate(q)])
+    con.executemany("INSERT INTO items VALUES (?, ?)", [(i, r.tolist()) for i, r in enumerate(e)])
+    rows = con.sql("SELECT * FROM einsum_topk('id,jd->ij', 5, 'queries', 'items')").fetchall()
+    same_rows(rows, ref_topk(q @ e.T, 5))
+
+
+def test_topk_errors(tdb):
+    tdb.store("A", np.arange(6.0).reshape(2, 3), replace=True)
+    con = tdb.connection
+    for k in ("0", "-1", "2.5", "'x'", "NULL", "true"):
+        with pytest.raises(duckdb.Error, match=r"k must be a whole number >= 1") as e:
+            con.sql(f"SELECT * FROM einsum_topk('ij->ij', {k}, 'A')").fetchall()
+        assert "eds_einsum_sql" not in str(e.value)
+    with pytest.raises(duckdb.Error, match="no output label to rank"):
+        con.sql("SELECT * FROM einsum_topk('ij->', 2, 'A')").fetchall()
+
+
+# -- the kernel -----------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int16", "uint64", "bool"])
+def test_row_top_kernel(dtype):
+    rng = np.random.default_rng(25)
+    for shape, k in (((5, 9), 1), ((5, 9), 4), ((3, 4), 4), ((3, 4), 7), ((40, 33), 6)):
+        if dtype == "uint64":
+            x = rng.integers(2**63, 2**64 - 1, size=shape, dtype=np.uint64)
+            x[:, ::3] = x[:, :1]  # ties among huge values
+        else:
+            x = random_array(rng, shape, dtype)
+        rows, cols = row_top(x, k)
+        got = sorted(zip(rows.tolist(), cols.tolist()))
+        want = [(r, j) for r, _, j, _ in ref_topk(x, k)]
+        assert got == sorted(want)
+
+
+def test_only_k_candidates_per_row_and_tile_leave_the_kernel():
+    """A 300 x 1000 result in 1000/400 -> 3 tiles along the ranked label: at most k candidates
+    per row per tile come back (not 300,000 elements), across several worker blocks."""
+    rng = np.random.default_rng(26)
+    x = rng.standard_normal((300, 1000)).astype(np.float32)
+    tiles, keys = [], []
+    for q in range(3):
+        tiles.append(np.ascontiguousarray(x[:, q * 400:(q + 1) * 400]))
+        keys.append([0, q])
+    spec = json.dumps({"shape": [300, 1000], "tile": [300, 400], "dtype": "float32", "k": 5})
+    out = topk_tiles(pa.array([spec] * 3), pa.array(keys, type=pa.list_(pa.int64())), tiles_to_arrow(tiles))
+    cands = out.flatten()
+    assert len(cands) == 3 * 300 * 5
+    r, i, v = (cands.field(n).to_numpy() for n in ("r", "i", "v"))
+    np.testing.assert_array_equal(v, x[r, i])
+    best = {}
+    for rr, ii, vv in zip(r, i, v):
+        best.setdefault(int(rr), []).append((-float(vv), int(ii)))
+    top = np.array([[j for _, j in sorted(best[rr])[:5]] for rr in range(300)])
+    np.testing.assert_array_equal(top, np.argsort(-x, axis=1, kind="stable")[:, :5])
