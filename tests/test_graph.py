@@ -231,18 +231,6 @@ def test_node_describe():
         "j,ij->ij join=add", "jk->j", "ij->ji", "i,ji->ji join=expr(x * y)", "ab->ab join=exp"]
 
 
-def test_explain_and_dot():
-    g, _ = ffn()
-    p = g.plan(workers=4, memory="1GB")
-    text = p.explain()
-    n = p.nodes[0]
-    chosen = "pieces " + " ".join(f"{lab}:{p.pieces[n.result.name][lab]}" for lab in n.labels)
-    for word in ("data-parallel", "model-parallel", "square-tiles", chosen, "SELECT", "peak"):
-        assert word in text
-    dot = p.to_dot()
-    assert dot.startswith("digraph") and '"x" -> "v1"' in dot and "pieces" in dot
-
-
 def test_memory_budget_refused_before_running():
     g, _ = ffn(b=256, d=64, f=128)
     with pytest.raises(EinsumError, match="fits the memory budget"):
