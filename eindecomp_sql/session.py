@@ -107,23 +107,55 @@ class Session:
         return self.backend.con
 
     # -- tensors ----------------------------------------------------------------------------
-    def store(self, name: str, array, tile=None, keys=None, replace: bool = False) -> Tensor:
-        """Store ``array`` as tiled table ``name`` (tile shape chosen if not given)."""
+    def store(self, name: str, source, tile=None, keys=None, replace: bool = False, *, shape=None, dtype=None,
+              index=None, value=None) -> Tensor:
+        """Store ``source`` as tiled table ``name`` and return its Tensor.
+
+        ``source`` is one of
+          - an array: numpy, or anything numpy reads as numbers (a pyarrow Array, a list, ...);
+          - a table: a pyarrow Table / RecordBatch / RecordBatchReader, a pandas DataFrame, a
+            DuckDB relation (``db.connection.sql(...)``, read by DuckDB), any object with
+            ``__arrow_c_stream__`` (polars), or a path (str or ``pathlib.Path``) to a ``.parquet``
+            file (read by DuckDB);
+        and a table is in one of two forms:
+          - **tiled**: integer key columns and a binary ``tile`` column, as ``Tensor.to_arrow()``
+            and ``Tensor.to_parquet()`` write it. Shape, dtype, tile shape, key names and byte
+            order come from the ``eindecomp_sql.*`` schema metadata (docs/LAYOUT.md); without it,
+            give ``shape=``, ``dtype=`` and ``tile=`` (the tile shape it is cut in). Tiles are
+            checked (one per key, each the right number of bytes) and stored as they are.
+          - **element form**, one row per element (sparse COO: elements not present are 0):
+            integer index columns, one per dimension, and one numeric value column. The value
+            column is ``value=``, else a column named ``value``, else the only column that is
+            not an integer; the index columns are ``index=`` (names, in dimension order), else
+            every other column in order (all must be integers). The shape is ``shape=``, else
+            the table's metadata, else the largest index + 1 in each dimension. Duplicate,
+            negative and out-of-range indices are refused.
+
+        ``tile`` is the tile shape (chosen to fit the session's ``tile_bytes`` if not given),
+        ``keys`` the key column names (``d0, d1, ...``, or a tiled table's own), ``dtype`` a
+        dtype to cast values to (numpy's same_kind rule), ``replace`` overwrites an existing
+        table. Anything else is an ``EinsumError`` that says what to do (scipy sparse: call
+        ``.toarray()``), and a failed store leaves nothing behind.
+
+        >>> db = connect()
+        >>> import pyarrow as pa
+        >>> db.store("T", pa.table({"i": [0, 1], "j": [2, 0], "value": [1.5, -1.0]})).to_numpy()
+        array([[ 0. ,  0. ,  1.5],
+               [-1. ,  0. ,  0. ]])
+        """
         check_name(name)
-        a = as_array(array, f"store({name!r})")
-        dtype = check_dtype(a.dtype)
-        tile = check_tile(a.shape, tile) if tile is not None else auto_tile(a.shape, a.dtype.itemsize, self.tile_bytes)
-        if keys is None:
-            keys = tuple(f"d{k}" for k in range(a.ndim))
-        keys = tuple(check_name(k, "key column name") for k in keys)
-        if len(keys) != a.ndim or len(set(keys)) != len(keys) or "tile" in keys:
-            raise EinsumError(f"keys {keys} must name each of the {a.ndim} dimension(s) once (not 'tile')")
-        if len({k.lower() for k in keys}) != len(keys):
-            raise EinsumError(f"keys {keys}: DuckDB's column names ignore case, so these name one column twice")
-        value = TiledValue(name, a.shape, dtype, tile, keys, name)
+        from . import io
+
+        # read the source before taking the session: a relation may call back into this
+        # session (SELECT ... FROM einsum(...)) from DuckDB's threads
+        incoming = io.read_source(
+            source, f"store({name!r})",
+            io.Wanted(tile, keys, shape, dtype, index, value, tile_bytes=self.tile_bytes),
+            con=self.backend.con)
+        stored = TiledValue(name, incoming.shape, incoming.dtype, incoming.tile, incoming.keys, name)
         with self._call():
-            self.backend.store_tiles(value, tiles_from_array(a, tile, keys), replace=replace)
-        return self._tensor(value)
+            self.backend.store_tiles(stored, incoming.tiles, replace=replace)
+        return self._tensor(stored)
 
     def tensor(self, name: str) -> Tensor:
         """A stored tensor by name (also after reopening a file database)."""

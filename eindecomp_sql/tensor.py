@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pathlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
+from .errors import EinsumError
 from .plan import TiledValue
 from .udfs.tiles import array_from_tiles
 
@@ -60,13 +62,53 @@ class Tensor:
         if fin is not None:
             fin()  # drops the temporary table now (a finalizer runs once)
 
-    def to_arrow(self) -> pa.Table:
-        """The tiled table: one int64 key column per dimension, then ``tile`` (C-order bytes)."""
-        return self.session.backend.read_tiles(self.value)
+    def to_arrow(self, form: str = "tiles") -> pa.Table:
+        """The tensor as an Arrow table, described in its schema metadata (``eindecomp_sql.*``
+        keys: format version, layout, shape, dtype, tile, keys, byte order; docs/LAYOUT.md), so
+        ``db.store(name, table)`` reads it back as it was.
+
+        ``form="tiles"``: the stored table, one int64 key column per dimension then ``tile``
+        (the raw C-order bytes of each tile, edge tiles smaller). ``form="elements"``: one row
+        per element, an int64 index column per dimension (named like the keys) then ``value``
+        (not for complex dtypes: Arrow has no complex type).
+
+        >>> import eindecomp_sql as eds
+        >>> db = eds.connect()
+        >>> db.store("A", np.arange(6.0).reshape(2, 3)).to_arrow("elements").column("value").to_pylist()
+        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        """
+        from .io import elements_table, tensor_metadata
+
+        v = self.value
+        if form == "tiles":
+            table = self.session.backend.read_tiles(v)
+        elif form == "elements":
+            # the whole tensor is in memory here, and its index columns next to it
+            table = elements_table(self.to_numpy(), v.keys)
+        else:
+            raise EinsumError(f"to_arrow(form={form!r}): form is 'tiles' or 'elements'")
+        return table.replace_schema_metadata(tensor_metadata(v.shape, v.dtype, v.tile, v.keys, form, v.table))
+
+    def to_parquet(self, path, form: str = "tiles") -> pathlib.Path:
+        """Write ``to_arrow(form)`` to a Parquet file at ``path``, metadata included, atomically
+        (a temporary file in the same directory renamed over ``path``: a failure leaves no
+        half-written file). ``db.store(name, path)`` and ``pyarrow.parquet.read_table(path)``
+        read it back. Returns the path.
+
+        >>> import eindecomp_sql as eds, tempfile, pathlib
+        >>> db, tmp = eds.connect(), pathlib.Path(tempfile.mkdtemp())
+        >>> p = db.store("A", np.arange(6.0).reshape(2, 3)).to_parquet(tmp / "A.parquet")
+        >>> db.store("B", p).to_numpy()
+        array([[0., 1., 2.],
+               [3., 4., 5.]])
+        """
+        from .io import write_parquet
+
+        return write_parquet(self.to_arrow(form), path)
 
     def to_numpy(self) -> np.ndarray:
         v = self.value
-        return array_from_tiles(self.to_arrow(), v.shape, v.tile, v.dtype, v.keys)
+        return array_from_tiles(self.session.backend.read_tiles(v), v.shape, v.tile, v.dtype, v.keys)
 
     def __array__(self, dtype=None, copy=None):
         a = self.to_numpy()
