@@ -4,6 +4,7 @@ for real in DuckDB, next to numpy and dask.array on the same graph. Also: cost-m
 calibration (predicted vs measured) and the time to plan a 100-node graph.
 
     .venv/bin/python bench/graphs_run.py          # writes bench/graphs_results.json
+    .venv/bin/python bench/graphs_run.py --planning   # planning times only (cold and cached), nothing written
 """
 
 from __future__ import annotations
@@ -86,11 +87,11 @@ def grid_choices(g, workers):
 
 def plan_from_choice(g, choice, name) -> GraphPlan:
     inputs = {v.name: v for v in g.inputs}
-    outputs = {v.name: TiledValue(v.name, v.shape, v.dtype, None,
-                                           next(n.output for n in g.nodes if n.result.name == v.name), v.name,
-                                           temporary=True) for v in g.outputs}
+    last = g.nodes[-1].result  # what g.plan() computes: the last-added value
+    outputs = {last.name: TiledValue(last.name, last.shape, last.dtype, None, g.nodes[-1].output, last.name,
+                                     temporary=True)}
     plan = _steps(g.nodes, inputs, choice, outputs, None)
-    return GraphPlan(g.nodes, g.inputs, g.outputs, name, WORKERS, None, choice, plan, {})
+    return GraphPlan(g.nodes, g.inputs, (last,), name, WORKERS, None, choice, plan, {}, single=True)
 
 
 def bench_workload(name, make, reps=3):
@@ -160,15 +161,49 @@ def planning_time_100_nodes():
         w2 = g.input(f"w2_{k}", (4096, 1024))
         a = g.map("relu", g.einsum("bi,io->bo", h, w1))
         h = g.add(h, g.einsum("bo,oi->bi", a, w2))
+    from eindecomp_sql.plan.graph_plan import _plan_cached
+
     ts = []
     for _ in range(3):  # median of 3: the machine is shared
+        _plan_cached.cache_clear()  # cold: a cached plan would measure nothing
         t = time.perf_counter()
         g.plan(workers=4)
         ts.append(time.perf_counter() - t)
     return len(g.nodes), float(np.median(ts))
 
 
+def planning_times(reps: int = 7) -> dict:
+    """Seconds to plan each workload (the benchmark's sizes) at workers 1, 2, 4, 8: cold (a
+    freshly built graph and an empty plan cache) and cached (the same call again); medians of
+    ``reps`` rounds, as the machine is shared."""
+    from eindecomp_sql.plan.graph_plan import _plan_cached
+
+    out = {}
+    for name, make in WORKLOADS.items():
+        for workers in (1, 2, 4, 8):
+            cold, cached = [], []
+            for _ in range(reps):
+                _plan_cached.cache_clear()
+                g, _ = make()
+                t = time.perf_counter()
+                g.plan(workers=workers)
+                cold.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                g.plan(workers=workers)
+                cached.append(time.perf_counter() - t)
+            row = {"nodes": len(g.nodes), "cold": float(np.median(cold)), "cached": float(np.median(cached))}
+            out[f"{name} workers={workers}"] = row
+            print(f"  plan {name:12s} ({row['nodes']:2d} nodes) workers={workers}: cold {row['cold'] * 1e3:6.1f} ms"
+                  f"  cached {row['cached'] * 1e3:6.3f} ms", flush=True)
+    return out
+
+
 def main():
+    if "--planning" in sys.argv[1:]:
+        planning_times()
+        n, t = planning_time_100_nodes()
+        print(f"planning a {n}-node graph: {t:.3f} s")
+        return
     results = {"workers": WORKERS, "workloads": {}}
     only = sys.argv[1:]
     for name, make in WORKLOADS.items():
@@ -176,6 +211,7 @@ def main():
             continue
         print(f"graph {name} ...", flush=True)
         results["workloads"][name] = bench_workload(name, make)
+    results["planning_times"] = planning_times()
     n, t = planning_time_100_nodes()
     results["planning"] = {"nodes": n, "seconds": t}
     print(f"planning a {n}-node graph: {t:.3f} s")
