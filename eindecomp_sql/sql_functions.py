@@ -22,6 +22,7 @@ from .compile.sql_interface import (
     SQL_TYPES,
     ArrayTable,
     array_tile,
+    fuse_topk,
     pack_query,
     settle_shapes,
     topk_query,
@@ -99,11 +100,13 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
         if result.dtype not in SQL_TYPES:
             raise EinsumError(f"einsum_topk(): the result is {result.dtype}, which has no order")
     query = single_query(plan)
+    fused = fuse_topk(query, result, count) if mode == "topk" else None
+    query = fused if fused is not None else query
     # a plan that reads no input (a label of size 0) needs no tiling of the tables
     ctes = [(v.table, pack_query(tables[v.table], v)) for v in plan.inputs if v.table in tables]
     query = with_ctes(query, ctes)
     if mode == "elements":
         query = elements_query(result, result.keys, source=query)
     elif mode == "topk":
-        query = topk_query(result, count, query)
+        query = topk_query(result, count, query, fused=fused is not None)
     return query.sql(dialect="duckdb")

@@ -171,3 +171,36 @@ def test_only_k_candidates_per_row_and_tile_leave_the_kernel():
         best.setdefault(int(rr), []).append((-float(vv), int(ii)))
     top = np.array([[j for _, j in sorted(best[rr])[:5]] for rr in range(300)])
     np.testing.assert_array_equal(top, np.argsort(-x, axis=1, kind="stable")[:, :5])
+
+
+def test_fused_and_unfused_paths(tdb):
+    """The top-k runs inside the einsum kernel when the last step is a binary (or unary) einsum
+    with a dtype DOUBLE holds exactly; otherwise a separate kernel reads the result tiles.
+    Both give numpy's answer."""
+    rng = np.random.default_rng(27)
+    con = tdb.connection
+    a, b, c = (random_array(rng, s, "float64") for s in ((6, 9), (9, 11), (11,)))
+    tdb.store("A", a, tile=(4, 4), replace=True)  # j cut in 3: the last step groups
+    tdb.store("B", b, tile=(4, 4), replace=True)
+    tdb.store("C", c, tile=(4,), replace=True)
+    cases = [
+        ("ij,jk->ik", ["A", "B"], None, "eds_topk_eds_einsum_group2", np.einsum("ij,jk->ik", a, b)),
+        ("ij->ji", ["A"], None, "eds_topk_eds_einsum1", a.T),
+        # a three-operand join that is not a semiring stays one 3-ary step: not fused
+        ("ij,jk,k->ik", ["A", "B", "C"], "x * y + z", "eds_topk_float64(",
+         reference("ij,jk,k->ik", a, b, c, join=lambda x, y, z: x * y + z, agg="sum")),
+    ]
+    for spec, names, join, kernel, want in cases:
+        assert kernel in tdb._einsum_sql(spec, names, "topk", join, None, "3").lower()
+        args = ", ".join("?" * len(names)) + (", join := ?" if join else "")
+        rows = con.execute(f"SELECT * FROM einsum_topk(?, 3, {args})", [spec, *names] + ([join] if join else [])).fetchall()
+        same_rows(rows, ref_topk(want, 3))
+    # int64 values are not exact in DOUBLE: the separate kernel keeps them exact
+    big = np.array([[2**62 + 1, 2**62, 2**62 + 3], [5, -(2**62), 2**62 - 1]], dtype=np.int64)
+    tdb.store("I", big, replace=True)
+    assert "eds_topk_int64(" in tdb._einsum_sql("ij->ij", ["I"], "topk", None, None, "2").lower()
+    same_rows(con.sql("SELECT * FROM einsum_topk('ij->ij', 2, 'I')").fetchall(), ref_topk(big, 2))
+    # a label of size 0: the plan fills the result (all zeros here), no einsum kernel to fuse
+    tdb.store("Z1", np.zeros((3, 0)), replace=True)
+    tdb.store("Z2", np.zeros((0, 4)), replace=True)
+    same_rows(con.sql("SELECT * FROM einsum_topk('ij,jk->ik', 2, 'Z1', 'Z2')").fetchall(), ref_topk(np.zeros((3, 4)), 2))

@@ -15,12 +15,13 @@ per tile; SQL ranks the candidates of a row across tiles (``sql_templates/topk.s
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 
 from .pool import WORKERS, run_tasks
-from .register import _key_rows, _spec
+from .register import _key_rows, _spec, _with_arity, einsum_groups, einsum_rows
 from .tiles import blob_views, tile_view
 
 SQL_TYPES = {
@@ -29,6 +30,8 @@ SQL_TYPES = {
     "uint8": "UTINYINT", "uint16": "USMALLINT", "uint32": "UINTEGER", "uint64": "UBIGINT",
     "float32": "FLOAT", "float64": "DOUBLE",
 }
+# einsum kernels that have a fused top-k twin (a product's last step is binary after lowering)
+FUSED_ARITIES = (1, 2)
 # a task handles at least this many elements: below it, splitting costs more than it saves
 MIN_TASK_ELEMENTS = 1 << 16
 
@@ -41,19 +44,10 @@ def _row_top_nan(x: np.ndarray, nan: np.ndarray, k: int) -> tuple[np.ndarray, np
     return np.repeat(np.arange(R), k), order.reshape(-1)
 
 
-def row_top(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row and column of the ``k`` largest elements of every row of the 2-D ``x`` (all of a row
-    when it has at most ``k``), in no particular order within a row."""
-    R, L = x.shape
-    if L <= k:
-        return np.repeat(np.arange(R), L), np.tile(np.arange(L), R)
-    if x.dtype == np.bool_:
-        x = x.view(np.uint8)
-    if x.dtype.kind == "f":
-        nan = np.isnan(x)
-        if nan.any():
-            return _row_top_nan(x, nan, k)
-    # the k-th largest value of each row; everything at least as large is a candidate
+def _row_top_partition(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exactly: the k-th largest value of each row by ``np.partition``; everything above it,
+    and of the values equal to it those with the smallest indices."""
+    L = x.shape[1]
     thr = np.partition(x, L - k, axis=1)[:, L - k:L - k + 1]
     take = x >= thr
     over = np.nonzero(np.count_nonzero(take, axis=1) > k)[0]
@@ -64,6 +58,41 @@ def row_top(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         need = k - np.count_nonzero(gt, axis=1)[:, None]
         take[over] = gt | (eq & (np.cumsum(eq, axis=1) <= need))
     return np.nonzero(take)
+
+
+def row_top(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row and column of the ``k`` largest elements of every row of the 2-D ``x`` (all of a row
+    when it has at most ``k``), in no particular order within a row.
+
+    Cheap bound first: cut the first k*(L//k) elements of a row into k blocks; the smallest of
+    the k block maxima is k distinct elements' minimum, so at most the row's k-th largest value.
+    Only elements at or above it are candidates (typically a few times k, found in two passes
+    over the tile, against a full ``np.partition`` copy), and the candidates are ordered exactly.
+    Rows made to defeat the bound (ascending values) fall back to ``np.partition``.
+    """
+    R, L = x.shape
+    if L <= k:
+        return np.repeat(np.arange(R), L), np.tile(np.arange(L), R)
+    if x.dtype == np.bool_:
+        x = x.view(np.uint8)
+    block = L // k
+    bound = x[:, :k * block].reshape(R, k, block).max(axis=2).min(axis=1, keepdims=True)
+    if x.dtype.kind == "f" and (np.isnan(bound).any() or np.isnan(x[:, k * block:]).any()):
+        nan = np.isnan(x)  # NaN in a block maximum means NaN in the row (max propagates NaN)
+        if nan.any():
+            return _row_top_nan(x, nan, k)
+    cand = x >= bound
+    if np.count_nonzero(cand) > max(8 * k * R, x.size // 16):
+        return _row_top_partition(x, k)
+    rows, cols = np.nonzero(cand)
+    vals = x[rows, cols]
+    # by row, then value ascending, then index descending: a row's best k are its last k
+    order = np.lexsort((-cols, vals, rows))
+    rows, cols = rows[order], cols[order]
+    counts = np.bincount(rows, minlength=R)
+    ends = np.cumsum(counts)
+    keep = np.arange(rows.size) >= (ends - np.minimum(counts, k))[rows]
+    return rows[keep], cols[keep]
 
 
 def _tile_candidates(x2: np.ndarray, key: list[int], ext: tuple[int, ...], shape, tile, k: int, row0: int):
@@ -81,14 +110,12 @@ def _tile_candidates(x2: np.ndarray, key: list[int], ext: tuple[int, ...], shape
     return r, i, values
 
 
-def topk_tiles(spec_arr, keys_arr, tile_arr) -> pa.Array:
-    spec = json.loads(_spec(spec_arr))
+def _candidates(spec: dict, keys: list[list[int]], views: list) -> tuple[np.ndarray, ...]:
+    """Offsets (per tile) and the r, i, v arrays of every tile's candidates."""
     shape, tile, dtype, k = spec["shape"], spec["tile"], np.dtype(spec["dtype"]), int(spec["k"])
-    keys = [kk.tolist() for kk in _key_rows(keys_arr)]
-    views = blob_views(tile_arr)
     parts: list[list] = []  # per tile, the candidates of each of its row blocks
     tasks = []
-    for g, (key, raw) in enumerate(zip(keys, views)):
+    for key, raw in zip(keys, views):
         ext = tuple(min(t, n - q * t) for q, n, t in zip(key, shape, tile))
         x = tile_view(raw, dtype, ext)
         x2 = x.reshape(-1, ext[-1]) if ext[-1] else x.reshape(0, 0)
@@ -112,20 +139,52 @@ def topk_tiles(spec_arr, keys_arr, tile_arr) -> pa.Array:
     def cat(q, dt):
         return np.concatenate([p[q] for p in flat]) if flat else np.empty(0, dt)
 
-    structs = pa.StructArray.from_arrays(
-        [pa.array(cat(0, np.int64)), pa.array(cat(1, np.int64)), pa.array(cat(2, dtype))], names=["r", "i", "v"])
+    return offsets, cat(0, np.int64), cat(1, np.int64), cat(2, dtype)
+
+
+def _as_list(offsets, r, i, v) -> pa.Array:
+    structs = pa.StructArray.from_arrays([pa.array(r), pa.array(i), pa.array(v)], names=["r", "i", "v"])
     return pa.ListArray.from_arrays(pa.array(offsets), structs)
 
 
+def topk_tiles(spec_arr, keys_arr, tile_arr) -> pa.Array:
+    """``eds_topk_<dtype>(spec, key, tile)``: one tile's candidates."""
+    spec = json.loads(_spec(spec_arr))
+    return _as_list(*_candidates(spec, [kk.tolist() for kk in _key_rows(keys_arr)], blob_views(tile_arr)))
+
+
+def _fused(kernel: Callable, names: list[str]) -> Callable:
+    """``eds_topk_<einsum kernel>(topk spec, result key, <the kernel's own arguments>)``: the
+    einsum's result tiles never leave the call, only their candidates (values as DOUBLE: the
+    SQL casts them back; only dtypes DOUBLE holds exactly are fused)."""
+
+    def fused(topk_spec_arr, out_keys_arr, *args):
+        tiles = kernel(*args)
+        spec = json.loads(_spec(topk_spec_arr))
+        offsets, r, i, v = _candidates(spec, [kk.tolist() for kk in _key_rows(out_keys_arr)], blob_views(tiles))
+        return _as_list(offsets, r, i, v.astype(np.float64))
+
+    return _with_arity(fused, ["topk_spec", "out_keys"] + names)
+
+
 def register_topk(con) -> None:
-    """Register the top-k kernels on ``con``, one per value type."""
+    """Register the top-k kernels on ``con``: one per value type, and the einsum kernels of
+    arity 1 and 2 fused with a top-k (``compile/sql_interface.fuse_topk`` decides when)."""
     import duckdb
 
     text = duckdb.sqltype("VARCHAR")
     keys = duckdb.list_type(duckdb.sqltype("BIGINT"))
     blob = duckdb.sqltype("BLOB")
     bigint = duckdb.sqltype("BIGINT")
+    opts = dict(type="arrow", side_effects=False)
     for dtype, sqltype in SQL_TYPES.items():
         cand = duckdb.list_type(duckdb.struct_type({"r": bigint, "i": bigint, "v": duckdb.sqltype(sqltype)}))
-        con.create_function(f"eds_topk_{dtype}", topk_tiles, [text, keys, blob], cand, type="arrow",
-                            side_effects=False)
+        con.create_function(f"eds_topk_{dtype}", topk_tiles, [text, keys, blob], cand, **opts)
+    cand = duckdb.list_type(duckdb.struct_type({"r": bigint, "i": bigint, "v": duckdb.sqltype("DOUBLE")}))
+    for n in FUSED_ARITIES:
+        tiles = [f"t{q}" for q in range(n)]
+        con.create_function(f"eds_topk_eds_einsum{n}", _fused(einsum_rows, ["spec", "keys"] + tiles),
+                            [text, keys, text, keys] + [blob] * n, cand, **opts)
+        member = duckdb.list_type(duckdb.struct_type({"k": keys, **{t: blob for t in tiles}}))
+        con.create_function(f"eds_topk_eds_einsum_group{n}", _fused(einsum_groups, ["spec", "keys", "members"]),
+                            [text, keys, text, keys, member], cand, **opts)

@@ -354,8 +354,43 @@ def with_ctes(query: exp.Expression, ctes: list[tuple[str, exp.Expression]]) -> 
     return query
 
 
-def topk_query(result: TiledValue, k: int, source: exp.Expression) -> exp.Expression:
-    """The ``k`` largest elements of every row of ``result`` (the tiles ``source`` returns).
+# einsum kernels with a fused top-k twin (udfs/topk.py registers eds_topk_<kernel>), and the
+# result dtypes whose values the twin may hand over as DOUBLE exactly
+_FUSABLE = re.compile(r"^eds_einsum(_group)?[12]$", re.IGNORECASE)
+_EXACT_IN_DOUBLE = {"bool", "int8", "int16", "int32", "uint8", "uint16", "uint32", "float32", "float64"}
+
+
+def _topk_spec(result: TiledValue, k: int) -> str:
+    return json.dumps({"shape": list(result.shape), "tile": list(result.tile), "dtype": result.dtype, "k": k},
+                      separators=(",", ":"), sort_keys=True)
+
+
+def fuse_topk(query: exp.Select, result: TiledValue, k: int) -> exp.Select | None:
+    """``query`` (a plan's single query, whose last step is a binary einsum) with its kernel
+    swapped for the fused top-k twin, so the result tiles never leave the kernel; None when
+    the last step is another kind or the dtype is not exact in DOUBLE.
+
+    Measured on the 1000 x 20000 (dim 128) similarity top-5: 0.21-0.27 s fused against
+    0.27-0.40 s with the result tiles (80 MB) handed to a separate top-k kernel."""
+    if result.dtype not in _EXACT_IN_DOUBLE or not isinstance(query, exp.Select):
+        return None
+    *keys, last = query.expressions
+    call = last.this if isinstance(last, exp.Alias) else None
+    if not isinstance(call, exp.Anonymous) or not _FUSABLE.match(call.name) or last.alias != "tile":
+        return None
+    key_list = exp.cast(exp.Array(expressions=[(c.this if isinstance(c, exp.Alias) else c).copy() for c in keys]),
+                        "BIGINT[]")
+    fused = exp.Anonymous(this=f"eds_topk_{call.name.lower()}",
+                          expressions=[exp.Literal.string(_topk_spec(result, k)), key_list,
+                                       *[a.copy() for a in call.expressions]])
+    query = query.copy()
+    query.expressions[-1].set("this", fused)
+    return query
+
+
+def topk_query(result: TiledValue, k: int, source: exp.Expression, fused: bool = False) -> exp.Expression:
+    """The ``k`` largest elements of every row of ``result`` (the tiles ``source`` returns, or
+    with ``fused`` the candidates ``fuse_topk``'s kernel returns in the tile column).
 
     A row is every output label but the last; the last is ranked. Each tile is cut to its
     top ``k`` per row inside the kernel (``udfs/topk.py``), so only ``k`` candidates per row
@@ -365,19 +400,17 @@ def topk_query(result: TiledValue, k: int, source: exp.Expression) -> exp.Expres
     rows, last = keys[:-1], keys[-1]
     strides = [math.prod(result.shape[p + 1:len(rows)]) for p in range(len(rows))]
     row_cols = [f"(r // {s}) % {n} AS {_sql(ident(name))}, " for s, n, name in zip(strides, result.shape, rows)]
-    spec = json.dumps({"shape": list(result.shape), "tile": list(result.tile), "dtype": result.dtype, "k": k},
-                      separators=(",", ":"), sort_keys=True)
     floating = result.dtype.startswith("float")
+    kernel = f"eds_topk_{result.dtype}({_lit(_topk_spec(result, k))}, {_key_list([_sql(col(c)) for c in keys])}, tile)"
     return _fill(
         "topk",
         row_cols="".join(row_cols),
         last=_sql(ident(last)),
         k=str(k),
+        value=f"CAST(v AS {SQL_TYPES[result.dtype]})",
         nan_last="isnan(cand.v), " if floating else "",
         # -0.0 and 0.0 tie, as in numpy
         order_value="cand.v + 0.0" if floating else "cand.v",
-        kernel=f"eds_topk_{result.dtype}",
-        spec=_lit(spec),
-        key_list=_key_list([_sql(col(key)) for key in keys]),
+        candidates="tile" if fused else kernel,
         source=_sql(source.subquery("src")),
     )
