@@ -339,7 +339,8 @@ def _element_columns(table: pa.Table, want: Wanted, where: str) -> tuple[list[st
         if not cols:
             raise EinsumError(f"{where}: the table has no columns")
         if index is None and len(others) == len(cols):
-            raise EinsumError(f"{where}: no integer columns ({', '.join(map(repr, cols))}); a table in element form "
+            typed = ", ".join(f"{c!r} ({_type_word(table.schema.field(c).type)})" for c in cols)
+            raise EinsumError(f"{where}: no integer columns ({typed}); a table in element form "
                               "has integer index columns, one per dimension, and one numeric value column")
         if named:
             value = named[0]

@@ -1,0 +1,393 @@
+"""Data in and out: db.store of tables (tiled and element form, from pyarrow, DuckDB relations,
+Parquet files and Arrow exporters), Tensor.to_arrow / to_parquet with their metadata, and the
+plain-SQL element macro checked in a DuckDB that has none of our functions."""
+
+import json
+import os
+import pathlib
+import sys
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import eindecomp_sql as eds
+from eindecomp_sql import EinsumError, io
+from eindecomp_sql.notation.checks import DTYPES
+
+MACRO_FILE = pathlib.Path(__file__).resolve().parents[1] / "sql_templates" / "elements_macro.sql"
+REAL = [d for d in DTYPES if np.dtype(d).kind != "c"]
+
+
+def rand(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    """Random values over a dtype's whole range: negatives, huge and tiny magnitudes, and for
+    floats subnormals, signed zeros, infinities and NaN; complex with both parts random."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64))
+    if dt.kind == "b":
+        return rng.random(shape) < 0.5
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return rng.integers(info.min, info.max, size=shape, dtype=dt, endpoint=True)
+    if dt.kind == "c":
+        part = np.dtype(f"float{dt.itemsize * 4}")
+        out = np.empty(shape, dt)
+        out.real, out.imag = rand(rng, shape, part), rand(rng, shape, part)
+        return out
+    info = np.finfo(dt)
+    a = (rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n)).astype(dt)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, info.smallest_subnormal, -info.smallest_subnormal * 3,
+                        info.max, -info.max, info.tiny, info.smallest_subnormal * 12345], dtype=dt)
+    k = min(n, len(special))
+    a[rng.choice(n, k, replace=False)] = special[rng.permutation(len(special))[:k]] if n else a[:0]
+    return a.reshape(shape)
+
+
+def same(got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    np.testing.assert_array_equal(got, want)  # NaN equals NaN here
+    if want.dtype.kind == "f":
+        assert (np.signbit(got) == np.signbit(want)).all()
+
+
+def assert_nothing_left(db, name):
+    assert name not in db.tensors()
+    assert db.connection.execute("SELECT count(*) FROM duckdb_tables() WHERE lower(table_name) = lower(?)",
+                                 [name]).fetchall()[0][0] == 0
+
+
+def elements_of(a: np.ndarray, rng, names=("i", "j", "k")) -> pa.Table:
+    """The nonzero elements of ``a`` as (index..., value) rows in random order."""
+    given = (a != 0) | np.signbit(a) if a.dtype.kind == "f" else a != 0  # -0.0 is given, +0.0 absent
+    idx = np.nonzero(given)
+    order = rng.permutation(len(idx[0])) if a.ndim else np.arange(1)
+    cols = {names[p]: pa.array(ix[order].astype(np.int64)) for p, ix in enumerate(idx)}
+    cols["value"] = pa.array(a[idx][order])
+    return pa.table(cols)
+
+
+# -- tiled form: to_arrow / to_parquet round trips ------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tiled_round_trips_every_dtype(db, tmp_path, dtype):
+    rng = np.random.default_rng(abs(hash(dtype)) % 2**32)
+    a = rand(rng, (7, 5, 3), dtype)
+    T = db.store("io_src", a, tile=(3, 2, 2), keys=("x", "y", "z"), replace=True)
+    table = T.to_arrow()
+    meta = io.read_metadata(table.schema.metadata, "test")
+    assert meta == {"format_version": 1, "layout": "tiles", "shape": [7, 5, 3], "dtype": dtype, "tile": [3, 2, 2],
+                    "keys": ["x", "y", "z"], "byte_order": sys.byteorder, "name": "io_src"}
+    assert table.column_names == ["x", "y", "z", "tile"]
+    # Arrow table, its Parquet file (by str and by Path), and pyarrow's reading of that file
+    path = T.to_parquet(tmp_path / "t.parquet")
+    assert path == tmp_path / "t.parquet" and os.listdir(tmp_path) == ["t.parquet"]
+    for k, source in enumerate([table, str(path), path, pq.read_table(path), table.to_batches()[0]]):
+        U = db.store(f"io_rt{k}", source, replace=True)
+        assert (U.shape, U.dtype, U.tile, U.keys) == ((7, 5, 3), np.dtype(dtype), (3, 2, 2), ("x", "y", "z"))
+        same(U.to_numpy(), a)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int16", "bool", "complex64"])
+def test_tiled_source_recut_renamed_cast(db, dtype):
+    rng = np.random.default_rng(3)
+    a = rand(rng, (5, 6), dtype)
+    table = db.store("io_rc", a, tile=(2, 4), replace=True).to_arrow()
+    U = db.store("io_rc2", table, tile=(3, 5), keys=("r", "c"), replace=True)
+    assert U.tile == (3, 5) and U.keys == ("r", "c")
+    same(U.to_numpy(), a)
+    if dtype != "complex64":
+        V = db.store("io_rc3", table, dtype="complex128", replace=True)
+        same(V.to_numpy(), a.astype("complex128"))
+
+
+def test_tiled_big_endian_tiles_are_swapped(db):
+    rng = np.random.default_rng(4)
+    a = rand(rng, (5, 3), "float64")
+    table = db.store("io_le", a, tile=(2, 2), replace=True).to_arrow()
+    swapped = [np.frombuffer(b.as_py(), "<f8").astype(">f8").tobytes() for b in table.column("tile")]
+    meta = dict(table.schema.metadata)
+    meta[b"eindecomp_sql.byte_order"] = json.dumps("big").encode()
+    big = table.set_column(2, "tile", pa.array(swapped, pa.binary())).replace_schema_metadata(meta)
+    same(db.store("io_be", big, replace=True).to_numpy(), a)
+
+
+def test_tiled_without_metadata_from_a_duckdb_table(db):
+    """A plain DuckDB table of tiles (no Arrow metadata) stores once shape, dtype and tile are said."""
+    rng = np.random.default_rng(5)
+    a = rand(rng, (9, 4), "int32")
+    db.store("io_plain", a, tile=(4, 3), replace=True)
+    rel = db.connection.table("io_plain")
+    with pytest.raises(EinsumError, match="shape=, dtype= and tile="):
+        db.store("io_plain2", rel)
+    assert_nothing_left(db, "io_plain2")
+    U = db.store("io_plain2", rel, shape=(9, 4), dtype="int32", tile=(4, 3), replace=True)
+    same(U.to_numpy(), a)
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda t: t.slice(1), "tile rows"),                                              # a tile missing
+    (lambda t: pa.concat_tables([t.slice(0, t.num_rows - 1), t.slice(0, 1)]), "more than once"),
+    (lambda t: t.set_column(2, "tile", pa.array([b"\0" * 8] * t.num_rows, pa.binary())), "bytes"),
+    (lambda t: t.set_column(0, "d0", pa.array([7] * t.num_rows, pa.int64())), "keys 0..2"),
+    (lambda t: t.drop_columns(["d1"]), "key column 'd1' is missing"),
+    (lambda t: t.replace_schema_metadata({**t.schema.metadata, b"eindecomp_sql.format_version": b"9"}), "format 9"),
+    (lambda t: t.replace_schema_metadata({**t.schema.metadata, b"eindecomp_sql.dtype": b'"float16"'}), "float16"),
+    (lambda t: t.replace_schema_metadata({**t.schema.metadata, b"eindecomp_sql.shape": b"[5"}), "not JSON"),
+])
+def test_bad_tiled_tables_are_refused_and_leave_nothing(db, damage, match):
+    rng = np.random.default_rng(6)
+    a = rand(rng, (5, 3), "float32")
+    table = db.store("io_ok", a, tile=(2, 2), replace=True).to_arrow()
+    with pytest.raises(EinsumError, match=match):
+        db.store("io_bad", damage(table))
+    assert_nothing_left(db, "io_bad")
+    # replace=True over an existing tensor: the old one stays as it was
+    with pytest.raises(EinsumError, match=match):
+        db.store("io_ok", damage(table), replace=True)
+    same(db.tensor("io_ok").to_numpy(), a)
+
+
+# -- element form ------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", REAL)
+def test_elements_from_every_table_kind(db, tmp_path, dtype):
+    rng = np.random.default_rng(7 + REAL.index(dtype))
+    a = rand(rng, (6, 5, 4), dtype)
+    a[rng.random(a.shape) < 0.4] = 0  # sparse: only nonzeros are given
+    a[-1, -1, -1] = 1                 # so that max index + 1 is the shape
+    table = elements_of(a, rng)
+    pq.write_table(table, tmp_path / "e.parquet")  # a Parquet file with no metadata of ours
+    con = duckdb.connect()
+    con.register("el", table)
+    sources = [table, table.to_batches()[0], pa.RecordBatchReader.from_batches(table.schema, table.to_batches()),
+               con.sql("SELECT * FROM el"), tmp_path / "e.parquet", _Exporter(table)]
+    for k, source in enumerate(sources):
+        U = db.store(f"io_el{k}", source, tile=(4, 2, 3), replace=True)
+        assert (U.tile, U.keys) == ((4, 2, 3), ("d0", "d1", "d2"))
+        same(U.to_numpy(), a)
+    con.close()
+
+
+class _Exporter:
+    """An object that only speaks the Arrow C stream protocol (as polars and others do)."""
+
+    def __init__(self, table):
+        self._table = table
+
+    def __arrow_c_stream__(self, requested_schema=None):
+        return self._table.__arrow_c_stream__(requested_schema)
+
+
+def test_elements_value_and_index_columns(db):
+    rng = np.random.default_rng(8)
+    a = rng.integers(-50, 50, (4, 3)).astype(np.int64)
+    i, j = np.indices(a.shape).reshape(2, -1)
+    ints = pa.table({"i": i, "j": j, "v": a.reshape(-1)})
+    with pytest.raises(EinsumError, match="every column .* is an integer"):
+        db.store("io_iv", ints)
+    same(db.store("io_iv", ints, value="v", replace=True).to_numpy(), a)
+    # index= in another order is the transpose; a column named "value" is the value wherever it is
+    same(db.store("io_iv", ints, index=["j", "i"], value="v", replace=True).to_numpy(), a.T)
+    named = pa.table({"value": a.reshape(-1).astype(np.float32), "row": i, "col": j})
+    same(db.store("io_iv", named, replace=True).to_numpy(), a.astype(np.float32))
+    # extra columns are ignored once index= and value= name what to read
+    extra = ints.append_column("note", pa.array(["x"] * len(i)))
+    same(db.store("io_iv", extra, index=("i", "j"), value="v", replace=True).to_numpy(), a)
+    # a float value column without the name "value" is found; dtype= casts it
+    f = pa.table({"i": i, "j": j, "w": a.reshape(-1).astype(np.float64) / 3})
+    same(db.store("io_iv", f, dtype="float32", replace=True).to_numpy(), (a / 3).astype(np.float32))
+
+
+def test_elements_shape_and_empty(db):
+    rng = np.random.default_rng(9)
+    t = pa.table({"i": [2, 0], "j": [1, 4], "value": rng.standard_normal(2)})
+    want = np.zeros((6, 7))
+    want[2, 1], want[0, 4] = t.column("value").to_numpy()
+    same(db.store("io_sh", t, shape=(6, 7), tile=(4, 4), replace=True).to_numpy(), want)
+    same(db.store("io_sh", t, replace=True).to_numpy(), want[:3, :5])  # max index + 1
+    empty = pa.table({"i": pa.array([], pa.int32()), "value": pa.array([], pa.float32())})
+    same(db.store("io_sh", empty, replace=True).to_numpy(), np.zeros(0, np.float32))
+    same(db.store("io_sh", empty, shape=(3,), replace=True).to_numpy(), np.zeros(3, np.float32))
+
+
+@pytest.mark.parametrize("dtype", REAL)
+def test_to_arrow_elements_round_trip(db, tmp_path, dtype):
+    rng = np.random.default_rng(10)
+    for shape in [(5, 3), (4, 0), (7,)]:
+        a = rand(rng, shape, dtype)
+        T = db.store("io_er", a, tile=tuple(max(1, n // 2) for n in shape), replace=True)
+        table = T.to_arrow("elements")
+        assert table.column_names == [*T.keys, "value"] and table.num_rows == a.size
+        assert io.read_metadata(table.schema.metadata, "t")["layout"] == "elements"
+        U = db.store("io_er2", table, replace=True)
+        assert (U.shape, U.tile, U.keys) == (T.shape, T.tile, T.keys)
+        same(U.to_numpy(), a)
+        V = db.store("io_er3", T.to_parquet(tmp_path / "e.parquet", form="elements"), replace=True)
+        same(V.to_numpy(), a)
+
+
+def test_to_arrow_refusals(db):
+    T = db.store("io_c", np.array([1 + 2j, 3j]), replace=True)
+    with pytest.raises(EinsumError, match="complex"):
+        T.to_arrow("elements")
+    with pytest.raises(EinsumError, match="form"):
+        T.to_arrow("rows")
+    with pytest.raises(EinsumError, match="'value'"):
+        db.store("io_v", np.ones((2, 2)), keys=("value", "k"), replace=True).to_arrow("elements")
+
+
+BAD_ELEMENTS = [
+    (pa.table({"i": [0, 1, 0], "j": [2, 0, 2], "value": [1.0, 2.0, 3.0]}), {}, r"index \(i=0, j=2\) appears more than once \(rows 0 and 2\)"),
+    (pa.table({"i": [0, -3], "value": [1.0, 2.0]}), {}, "'i' holds -3 at row 1"),
+    (pa.table({"i": [0, 5], "value": [1.0, 2.0]}), {"shape": (4,)}, "holds 5 at row 1, outside shape"),
+    (pa.table({"i": [0, 1], "value": [1.0, 2.0]}), {"shape": (4, 4)}, "2 dimension"),
+    (pa.table({"i": [0, 1], "j": [0, 1], "v": [1, 2]}), {}, "value='...'"),
+    (pa.table({"i": [0, 1], "name": ["a", "b"], "v": [1.0, 2.0]}), {}, "'name' \\(strings\\)"),
+    (pa.table({"i": [0, 1], "name": ["a", "b"]}), {}, "'name' holds strings"),
+    (pa.table({"i": [0, 1], "x": [1.0, 2.0], "y": [1.0, 2.0]}), {}, "several columns"),
+    (pa.table({"x": [0.0, 1.0], "y": [1.0, 2.0]}), {}, "no integer columns"),
+    (pa.table({"i": [0.0, 1.0], "value": [1.0, 2.0]}), {}, r"no integer columns \('i' \(double\)"),
+    (pa.table({"i": [0.0, 1.0], "value": [1.0, 2.0]}), {"index": ["i"]}, "'i' holds double, not integers"),
+    (pa.table({"i": [0, None], "value": [1.0, 2.0]}), {}, "null"),
+    (pa.table({"i": [0, 1], "value": [1.0, None]}), {}, "null"),
+    (pa.table({"i": [0, 1], "value": [1.5, 2.0]}), {"dtype": "int32"}, "same_kind"),
+    (pa.table({"i": [0, 1], "value": pa.array([1, 2], pa.float16())}), {}, "float16"),
+    (pa.table({"i": [0, 1], "value": [1.0, 2.0]}), {"value": "nope"}, "'nope' is not a column"),
+    (pa.table({"i": [0, 1], "value": [1.0, 2.0]}), {"index": ["i", "i"]}, "twice"),
+    (pa.table({"value": [1.0]}), {}, "no integer columns"),
+    (pa.table({"i": [0, 1], "j": [0, 0], "value": [1.0, 2.0]}), {"keys": ("a", "A")}, "ignore case"),
+    (np.ones(3), {"value": "v"}, "element form"),
+    ("matrix.csv", {}, r"\.parquet"),
+    ("missing.parquet", {}, "no such Parquet file"),
+]
+
+
+@pytest.mark.parametrize("source, kwargs, match", BAD_ELEMENTS)
+def test_bad_sources_are_refused_and_leave_nothing(db, source, kwargs, match):
+    with pytest.raises(EinsumError, match=match):
+        db.store("io_bad_el", source, **kwargs)
+    assert_nothing_left(db, "io_bad_el")
+
+
+def test_not_parquet_and_sparse(db, tmp_path):
+    p = tmp_path / "junk.parquet"
+    p.write_bytes(b"not parquet at all")
+    with pytest.raises(EinsumError, match="could not read"):
+        db.store("io_junk", p)
+    assert_nothing_left(db, "io_junk")
+    fake = type("coo_matrix", (), {"__module__": "scipy.sparse._coo", "todense": lambda self: None})()
+    with pytest.raises(EinsumError, match=r"\.toarray\(\)"):
+        db.store("io_sparse", fake)
+    assert_nothing_left(db, "io_sparse")
+
+
+def test_store_of_a_table_no_longer_stores_its_columns_as_a_matrix(db):
+    """The silent wrong result of issue 7: (i, j, value) used to become a (rows, 3) float matrix."""
+    t = pa.table({"i": [0, 1, 2], "j": [1, 0, 1], "value": [10.5, -2.0, 7.25]})
+    T = db.store("io_ijv", t, replace=True)
+    assert T.shape == (3, 2)
+    same(T.to_numpy(), np.array([[0, 10.5], [-2.0, 0], [0, 7.25]]))
+
+
+def test_relation_that_runs_einsum_in_this_session(db):
+    """A relation on the session's own connection that calls back into the session (the
+    einsum_elements table macro) is read before the session is taken: no deadlock."""
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((5, 4))
+    db.store("io_A", a, tile=(2, 3), replace=True)
+    rel = db.connection.sql("SELECT * FROM einsum_elements('ij->ji', 'io_A')")
+    same(db.store("io_At", rel, replace=True).to_numpy(), a.T)
+
+
+# -- to_parquet is atomic ------------------------------------------------------------------------
+def test_to_parquet_failure_leaves_nothing_half_written(db, tmp_path, monkeypatch):
+    rng = np.random.default_rng(12)
+    T = db.store("io_pq", rng.standard_normal((40, 30)), tile=(16, 16), replace=True)
+    target = tmp_path / "t.parquet"
+    T.to_parquet(target)
+    before = target.read_bytes()
+
+    def broken(table, where, **kw):
+        pathlib.Path(where).write_bytes(b"PAR1 half")  # starts writing, then fails
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pq, "write_table", broken)
+    with pytest.raises(EinsumError, match="disk full"):
+        T.to_parquet(target)
+    with pytest.raises(EinsumError, match="disk full"):
+        T.to_parquet(tmp_path / "new.parquet")
+    assert sorted(os.listdir(tmp_path)) == ["t.parquet"]  # no temp file, no new file
+    assert target.read_bytes() == before                   # the old file intact
+    monkeypatch.undo()
+    with pytest.raises(EinsumError, match="cannot write"):
+        T.to_parquet(tmp_path / "no" / "such" / "dir.parquet")
+
+
+# -- the plain-SQL element macro -----------------------------------------------------------------
+def test_element_macro_in_a_plain_duckdb(tmp_path):
+    """The macro file, pasted into a DuckDB with none of our functions, decodes every dtype."""
+    rng = np.random.default_rng(13)
+    path = tmp_path / "tensors.duckdb"
+    arrays = {}
+    with eds.connect(path) as db:
+        for k, dtype in enumerate(DTYPES):
+            shape = [(7, 5), (3, 4, 5), (11,), ()][k % 4]
+            arrays[dtype] = a = rand(rng, shape, dtype)
+            tile = tuple(max(1, (n + 1) // 2) for n in a.shape)
+            db.store(f"t_{dtype}", a, tile=tile)
+    con = duckdb.connect(str(path))
+    assert con.execute("SELECT count(*) FROM duckdb_functions() WHERE function_name LIKE 'eds%'").fetchall()[0][0] == 0
+    con.execute(MACRO_FILE.read_text())
+    for dtype, a in arrays.items():
+        decoder = f"eds_{dtype}"
+        rows = con.execute(f"SELECT index, value, {decoder}(raw) FROM eds_elements('t_{dtype}')").fetchall()
+        assert len(rows) == a.size
+        exact = np.zeros(a.shape, a.dtype)
+        as_double = np.zeros(a.shape, np.float64)
+        seen = np.zeros(a.shape, bool)
+        for index, value, decoded in rows:
+            at = tuple(index)
+            assert not seen[at]
+            seen[at] = True
+            exact[at] = complex(decoded["re"], decoded["im"]) if a.dtype.kind == "c" else decoded
+            as_double[at] = np.nan if value is None else value
+        assert seen.all()
+        same(exact, a)
+        if a.dtype.kind == "c":
+            assert np.isnan(as_double).all()  # value is NULL for complex tensors
+        else:
+            same(as_double, a.astype(np.float64))
+    con.close()
+
+
+def test_element_macro_from_python_on_a_session(db):
+    rng = np.random.default_rng(14)
+    a = rand(rng, (6, 7), "float32")
+    db.store("io_mac", a, tile=(4, 3), replace=True)
+    io.create_element_macros(db.connection)
+    got = np.zeros(a.shape, np.float32)
+    for i, j, v in db.connection.sql("SELECT index[1], index[2], eds_float32(raw) FROM eds_elements('io_mac')").fetchall():
+        got[i, j] = v
+    same(got, a)
+    assert io.element_macros_sql() == MACRO_FILE.read_text()
+
+
+# -- property: element tables against numpy ------------------------------------------------------
+@given(st.data())
+def test_element_tables_match_numpy(db, data):
+    ndim = data.draw(st.integers(1, 3))
+    shape = tuple(data.draw(st.integers(0, 6)) for _ in range(ndim))
+    dtype = data.draw(st.sampled_from(REAL))
+    tile = tuple(data.draw(st.integers(1, max(n, 1))) for n in shape)
+    seed = data.draw(st.integers(0, 2**31))
+    rng = np.random.default_rng(seed)
+    a = rand(rng, shape, dtype)
+    a[rng.random(shape) < data.draw(st.floats(0, 1))] = 0
+    table = elements_of(a, rng)
+    T = db.store("io_prop", table, shape=shape, tile=tile, replace=True)
+    assert T.tile == tuple(min(t, max(n, 1)) for t, n in zip(tile, shape))
+    same(T.to_numpy(), a)
+    same(db.store("io_prop2", T.to_arrow(), replace=True).to_numpy(), a)
