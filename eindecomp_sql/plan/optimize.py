@@ -31,8 +31,8 @@ import numpy as np
 
 from ..errors import EinsumError
 from ..graph import EinsumNode, ValueInfo
-from .cost import (Costs, max_batches, nbytes, pieces_of, retile_max_batches, retile_peak, step_costs, step_peak,
-                   tile_of)
+from .cost import (AGG_WEIGHT, GROUP_WEIGHT, JOIN_WEIGHT, RETILE_WEIGHT, Costs, max_batches, nbytes, pieces_of,
+                   retile_max_batches, retile_peak, step_costs, step_peak, tile_of)
 
 STRATEGIES = ("eindecomp", "data-parallel", "model-parallel", "square-tiles")
 EXACT_CUT_LIMIT = 256  # enumerate cut tilings exactly up to this many combinations
@@ -77,7 +77,6 @@ class _Problem:
         self.bytes = {name: nbytes(v.shape, v.dtype) for name, v in self.values.items()}
         self.dtypes = {name: v.dtype for name, v in self.values.items()}
         self._cands: dict[str, list[dict[str, int]]] | None = None
-        self._facts: dict[str, list[tuple]] = {}
         self._tables: dict | None = None  # built on the first DP (see _build)
 
     @property
@@ -86,19 +85,20 @@ class _Problem:
             self._cands = {n.result.name: self._candidates(n) for n in self.nodes}
         return self._cands
 
-    def facts(self, node: EinsumNode) -> list[tuple]:
-        """Per candidate: (pieces, node cost total, output tile, required tile per operand)."""
-        name = node.result.name
-        if name not in self._facts:
-            size = node.size
-            axes = [self._axes(node, k) for k in range(len(node.operands))]
-            rows = []
-            for p in self.cands[name]:
-                tile = {lab: tile_of(size[lab], d) for lab, d in p.items()}
-                rows.append((p, self.node_cost(node, p).total, tuple(tile[lab] for lab in node.output),
-                             tuple(tuple(1 if lab is None else tile[lab] for lab in ax) for ax in axes)))
-            self._facts[name] = rows
-        return self._facts[name]
+    def _node_costs(self, node: EinsumNode, pieces: np.ndarray, col: dict[str, int]) -> np.ndarray:
+        """``step_costs(node, p, ...).total`` for every candidate (a row of ``pieces``) at once;
+        the same sums in the same order (tests check the DP against ``evaluate``)."""
+        def prod(labels):
+            idx = [col[lab] for lab in labels]
+            return pieces[:, idx].prod(axis=1) if idx else np.ones(len(pieces), dtype=np.int64)
+
+        join = np.zeros(len(pieces), dtype=np.int64)
+        for op in node.operands:
+            join += self.bytes[op.value] * prod([lab for lab in node.labels if lab not in op.labels])
+        red = prod(node.reduced)
+        agg = nbytes(node.result.shape, node.result.dtype) * (red - 1)
+        group = np.where(red > 1, join, 0)
+        return JOIN_WEIGHT * join + GROUP_WEIGHT * group + AGG_WEIGHT * agg + RETILE_WEIGHT * 0
 
     def _axes(self, node: EinsumNode, k: int) -> tuple[str | None, ...]:
         """The label of every axis of operand ``k``'s value (None: a dropped size-1 axis)."""
@@ -240,30 +240,53 @@ class _Problem:
                 retile_of[key] = self.retile(value, tile).total
             return retile_of[key]
 
+        def intern_rows(value, mat):
+            """Tiling ids of the rows of ``mat`` (candidates x axes), and those rows as tuples."""
+            d = ids[value]
+            rows = list(map(tuple, mat.tolist()))
+            return np.array([d.setdefault(row, len(d)) for row in rows], dtype=np.intp), rows
+
         tables = {}
         for n in self.nodes:
             name = n.result.name
-            facts = self.facts(n)
+            cands = self.cands[name]
+            labels = n.labels
+            col = {lab: i for i, lab in enumerate(labels)}
+            pieces = np.array([[p[lab] for lab in labels] for p in cands], dtype=np.int64).reshape(len(cands), -1)
+            size = np.array([n.size[lab] for lab in labels], dtype=np.int64)
+            tile = -(-size // pieces)  # tile_of, per candidate and label
             t = _Tables()
-            t.cost = np.array([f[1] for f in facts], dtype=np.float64)
-            t.made = np.array([intern(name, f[2]) for f in facts], dtype=np.intp)
-            t.needs = [np.array([intern(op.value, f[3][k]) for f in facts], dtype=np.intp)
-                       for k, op in enumerate(n.operands)]
-            t.retile = [np.array([retile_cost(op.value, f[3][k]) for f in facts], dtype=np.float64)
-                        for k, op in enumerate(n.operands)]
+            t.cost = self._node_costs(n, pieces, col)
+            t.made = intern_rows(name, tile[:, [col[lab] for lab in n.output]])[0]
+            t.needs, t.retile = [], []
+            for k, op in enumerate(n.operands):
+                axes = self._axes(n, k)
+                ones = np.ones(len(cands), dtype=np.int64)
+                mat = np.stack([ones if lab is None else tile[:, col[lab]] for lab in axes], axis=1) if axes \
+                    else np.zeros((len(cands), 0), dtype=np.int64)
+                need, rows = intern_rows(op.value, mat)
+                t.needs.append(need)
+                t.retile.append(np.array([retile_cost(op.value, row) for row in rows], dtype=np.float64))
             tables[name] = t
         for value, tile in self.fixed.items():
             if value in ids:
                 intern(value, tile)
         for n in self.nodes:  # the domains are complete now: group candidates by output tiling
             t = tables[n.result.name]
-            t.domain = len(ids[n.result.name])
             order = np.argsort(t.made, kind="stable")  # stable: ties go to the lowest candidate
             uniq, first, counts = np.unique(t.made[order], return_index=True, return_counts=True)
             groups = np.full((len(uniq), int(counts.max())), len(t.made), dtype=np.intp)
             for r, (a, c) in enumerate(zip(first, counts)):
                 groups[r, :c] = order[a:a + c]
-            t.uniq, t.groups, t.rows = uniq, groups, np.arange(len(uniq))
+            t.groups, t.rows = groups, np.arange(len(uniq))
+            t.cost_ext = np.append(t.cost, np.inf)
+            # tiling id -> row of groups; ids no candidate makes go to the extra (inf) row
+            t.pos = np.full(len(ids[n.result.name]), len(uniq), dtype=np.intp)
+            t.pos[uniq] = t.rows
+        for n in self.nodes:
+            t = tables[n.result.name]
+            t.at = [tables[op.value].pos[need] if op.value in tables else None
+                    for op, need in zip(n.operands, t.needs)]
         self._ids = ids
         self._tables = tables
         self._fixed_ids = {v: ids[v][t] for v, t in self.fixed.items() if v in ids}
@@ -295,7 +318,8 @@ class _Problem:
         node's (best per output tiling, its candidate, overall best, its candidate) in
         ``state`` and returns, per producer read, the producer candidate each candidate uses."""
         t = self._tables[node.result.name]
-        rows = t.cost.copy()
+        ext = t.cost_ext.copy()  # one slot more, always inf: where a missing tiling points
+        rows = ext[:-1]
         picks = []
         for k, op in enumerate(node.operands):
             u = op.value
@@ -303,22 +327,20 @@ class _Problem:
             if h is not None:
                 rows += np.where(t.needs[k] == h, 0.0, t.retile[k])
             elif u in state:
-                bt, arg, mn, mnarg = state[u]
-                need = t.needs[k]
-                same = bt[need]
+                best, arg, mn, mnarg = state[u]
+                at = t.at[k]  # the producer's row for each needed tiling (or its inf slot)
+                same = best[at]
                 other = t.retile[k] + mn
                 take = same <= other
                 rows += np.where(take, same, other)
-                picks.append((u, np.where(take, arg[need], mnarg)))
+                picks.append((u, np.where(take, arg[at], mnarg)))
             # else: a free input read once is stored the way each candidate wants it
-        grid = np.append(rows, np.inf)[t.groups]
+        grid = ext[t.groups]
         a = grid.argmin(axis=1)
-        bt = np.full(t.domain, np.inf)
-        bt[t.uniq] = grid[t.rows, a]
-        arg = np.zeros(t.domain, dtype=np.intp)
-        arg[t.uniq] = t.groups[t.rows, a]
+        best = np.append(grid[t.rows, a], np.inf)
+        arg = np.append(t.groups[t.rows, a], 0)
         mnarg = int(rows.argmin())
-        state[node.result.name] = (bt, arg, float(rows[mnarg]), mnarg)
+        state[node.result.name] = (best, arg, float(rows[mnarg]), mnarg)
         self.work += 1
         return picks
 
@@ -334,11 +356,12 @@ class _Problem:
         return hit
 
     def _root_cost(self, root: str, ids: dict[str, int]) -> tuple[float, int, dict]:
-        (bt, arg, mn, mnarg), picks = self._tree(root, tuple(ids[v] for v in self._leaves[root]))
+        (best, arg, mn, mnarg), picks = self._tree(root, tuple(ids[v] for v in self._leaves[root]))
         if root not in self._cuts:
             return mn, mnarg, picks
         t = ids[root]
-        return (float(bt[t]), int(arg[t]), picks) if t >= 0 else (math.inf, 0, picks)
+        r = self._tables[root].pos[t] if t >= 0 else -1  # -1: the inf slot
+        return float(best[r]), int(arg[r]), picks
 
     def solve(self, fix: dict[str, tuple[int, ...]]):
         """The cheapest total with every cut value's tiling fixed by ``fix``, and its pieces
@@ -385,11 +408,13 @@ class _Problem:
 
 
 class _Tables:
-    """A node's candidates as arrays: ``cost`` (node cost), ``made`` (output tiling id),
-    ``needs[k]`` / ``retile[k]`` (tiling id operand k must have, cost of re-tiling it to
-    that), ``groups`` (candidate indices per output tiling, padded with an out-of-range index)."""
+    """A node's candidates as arrays: ``cost`` (node cost; ``cost_ext`` with an inf slot
+    appended), ``made`` (output tiling id), ``needs[k]`` / ``retile[k]`` (tiling id operand k
+    must have, cost of re-tiling it to that), ``at[k]`` (the row of operand k's producer that
+    makes that tiling), ``groups`` (candidate indices per output tiling, one row per tiling,
+    padded with the inf slot), ``pos`` (tiling id -> row of ``groups``)."""
 
-    __slots__ = ("cost", "made", "needs", "retile", "domain", "uniq", "groups", "rows")
+    __slots__ = ("cost", "cost_ext", "made", "needs", "retile", "at", "groups", "rows", "pos")
 
 
 def _bounded_products(options: list[list[int]], lo: int, hi: int):
