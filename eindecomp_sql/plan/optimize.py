@@ -11,7 +11,14 @@ producer used by this node alone costs either nothing (the producer already make
 this node needs) or a retile of the producer's value. Values used by several nodes are where
 the DAG is cut into trees: their tiling is fixed first — by enumerating all combinations when
 there are few (then the result is the exact optimum), else greedily (each fixed to its
-producer's best), refined by one coordinate-descent sweep.
+producer's best, or to a baseline's choice), refined by coordinate descent: each cut value in
+turn gets its best tiling with the others held, until no change helps or a fixed number of
+node evaluations is spent.
+
+Speed (planning must cost less than running): a DP pass is a few numpy operations per edge
+over arrays indexed by candidate, and each tree's result is memoized on the tilings of the
+cut values it reads, so a coordinate-descent trial re-runs only the trees that read the cut
+value being changed (the tree it is the root of is a lookup by tiling).
 
 >>> from eindecomp_sql.graph import Graph
 >>> g = Graph(); x = g.input("x", (256, 32)); w = g.input("w", (32, 16))
