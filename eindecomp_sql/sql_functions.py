@@ -14,7 +14,11 @@ Stitches the layers like the session does: resolve operands, plan, compile; no S
 
 from __future__ import annotations
 
+import math
+import os
 import re
+
+import numpy as np
 
 from .backends.tables import read_table_operand
 from .compile import elements_query, single_query
@@ -56,18 +60,38 @@ def _k(k) -> int:
 
 
 def _resolve(session, name: str):
-    check_name(name, "operand name")
+    check_name(name)
     value = session.backend.lookup(name)
     if value is not None:
         return value
     op = read_table_operand(session.backend.con, name)
     if op is None:
         raise EinsumError(
-            f"einsum(): no stored tensor, table or view named {name!r} (einsum reads tables from another "
+            f"einsum(): no stored tensor named {name!r}, nor a table or view (einsum reads tables from another "
             "connection to the database: TEMP tables, DataFrames registered on this connection and tables "
             "created in a transaction not yet committed are not visible; use CREATE TABLE / CREATE VIEW "
             "and COMMIT)")
     return op
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_dense(session, op) -> None:
+    """A table is tiled dense: refuse one whose dense form cannot fit (a sparse table with large
+    indices would otherwise run for hours writing zeros)."""
+    nbytes = math.prod(op.shape) * np.dtype(op.dtype).itemsize
+    limit = session.memory or _memory_bytes()
+    if limit is not None and nbytes > limit:
+        what = "the session's memory budget" if session.memory else "this machine's memory"
+        raise EinsumError(
+            f"einsum(): {op.describe()} is read as a dense {op.shape} {op.dtype} tensor of {nbytes / 2**30:.1f} GiB, "
+            f"more than {what} ({limit / 2**30:.1f} GiB); einsum computes on dense tiles (renumber the indices "
+            "densely, or select a part of the table in a view)")
 
 
 def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=None) -> str:
@@ -78,6 +102,9 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
         raise EinsumError("einsum(): the spec is NULL")
     count = _k(k) if mode == "topk" else None
     operands = settle_shapes(spec, [_resolve(session, n) for n in _names(names)])
+    for op in operands:
+        if not isinstance(op, TiledValue):
+            _check_dense(session, op)
     values, tables = [], {}  # tables: CTE name -> the table operand it tiles
     by_name: dict[str, TiledValue] = {}
     for op in operands:

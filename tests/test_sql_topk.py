@@ -1,17 +1,18 @@
 """einsum_topk(spec, k, ...): the k largest elements of every output row, against numpy."""
 
 import json
+import math
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
-
-import eindecomp_sql as eds
 from eindecomp_sql.udfs.tiles import tiles_to_arrow
 from eindecomp_sql.udfs.topk import row_top, topk_tiles
 from helpers import random_array
 from reference import reference
+
+import eindecomp_sql as eds
 
 
 def ref_topk(x: np.ndarray, k: int) -> list[tuple]:
@@ -22,9 +23,9 @@ def ref_topk(x: np.ndarray, k: int) -> list[tuple]:
     for r, row in enumerate(rows):
         vals = [v.item() for v in row]
 
-        def key(j):
+        def key(j, vals=vals):
             v = vals[j]
-            nan = isinstance(v, float) and v != v
+            nan = isinstance(v, float) and math.isnan(v)
             return (nan, 0 if nan else -v, j)
 
         for rank, j in enumerate(sorted(range(len(vals)), key=key)[:k], 1):
@@ -37,8 +38,8 @@ def same_rows(got, want):
     for g, w in zip(got, want):
         assert g[:-1] == w[:-1], (g, w)
         gv, wv = g[-1], w[-1]
-        if isinstance(wv, float) and wv != wv:
-            assert gv != gv
+        if isinstance(wv, float) and math.isnan(wv):
+            assert math.isnan(gv)
         elif isinstance(wv, float):
             assert gv == pytest.approx(wv, rel=1e-4, abs=1e-5), (g, w)
         else:
@@ -69,7 +70,7 @@ def test_topk_matches_numpy(tdb, dtype, k):
     rows = tdb.connection.execute("SELECT * FROM einsum_topk('ij,jk->ik', ?, 'A', 'B')", [k]).fetchall()
     same_rows(rows, ref_topk(want, k))
     # the tie order is numpy's stable sort of the negated values
-    if dtype.startswith("float") or dtype.startswith("int"):
+    if dtype.startswith(("float", "int")):
         order = np.argsort(-want, axis=1, kind="stable")[:, :k]
         got = np.array([r[2] for r in rows]).reshape(want.shape[0], -1)
         np.testing.assert_array_equal(got, order)

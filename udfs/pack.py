@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from eindecomp_sql.errors import EinsumError
+
 from .register import _key_rows, _spec
 from .tiles import TileWriter, _as_array
 

@@ -15,7 +15,7 @@ per tile; SQL ranks the candidates of a row across tiles (``sql_templates/topk.s
 from __future__ import annotations
 
 import json
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -176,7 +176,7 @@ def register_topk(con) -> None:
     keys = duckdb.list_type(duckdb.sqltype("BIGINT"))
     blob = duckdb.sqltype("BLOB")
     bigint = duckdb.sqltype("BIGINT")
-    opts = dict(type="arrow", side_effects=False)
+    opts = {"type": "arrow", "side_effects": False}
     for dtype, sqltype in SQL_TYPES.items():
         cand = duckdb.list_type(duckdb.struct_type({"r": bigint, "i": bigint, "v": duckdb.sqltype(sqltype)}))
         con.create_function(f"eds_topk_{dtype}", topk_tiles, [text, keys, blob], cand, **opts)

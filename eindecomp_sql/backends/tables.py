@@ -16,7 +16,12 @@ import duckdb
 from sqlglot import exp
 
 from ..compile.sql import DIALECT, table
-from ..compile.sql_interface import TableOperand, classify_table, stats_query, with_stats
+from ..compile.sql_interface import (
+    TableOperand,
+    classify_table,
+    stats_query,
+    with_stats,
+)
 from ..errors import EinsumError
 
 
