@@ -19,7 +19,7 @@
 --
 -- A tile is the raw C-order bytes of a dense sub-array, little-endian; DuckDB has no cast from
 -- BLOB to numbers, so each element's bytes are sliced out of the tile (tile[a:b]), written as
--- hex, reversed byte by byte into a '0x...' literal that casts to an unsigned integer holding
+-- hex, reversed into a "0x..." literal that casts to an unsigned integer holding
 -- the raw bits, and those bits are turned into the number: two's complement for signed
 -- integers, IEEE-754 sign / exponent / mantissa arithmetic for floats (subnormals, signed
 -- zeros, infinities and NaN included; NaN payloads are not kept).
@@ -27,51 +27,45 @@
 -- Needs DuckDB 1.3 or later (the `lambda p:` syntax); everything here is a TEMP macro of the
 -- session that runs it, so nothing is written to the database file.
 
--- hex digits of little-endian bytes, byte order reversed (1, 2, 4 or 8 bytes: 2-16 digits)
-CREATE OR REPLACE TEMP MACRO eds_le_hex(h) AS
-  CASE length(CAST(h AS VARCHAR))
-    WHEN 2 THEN h
-    WHEN 4 THEN substr(h, 3, 2) || substr(h, 1, 2)
-    WHEN 8 THEN substr(h, 7, 2) || substr(h, 5, 2) || substr(h, 3, 2) || substr(h, 1, 2)
-    WHEN 16 THEN substr(h, 15, 2) || substr(h, 13, 2) || substr(h, 11, 2) || substr(h, 9, 2)
-              || substr(h, 7, 2) || substr(h, 5, 2) || substr(h, 3, 2) || substr(h, 1, 2)
-  END;
+-- the unsigned integer whose bits are the little-endian bytes b (1, 2, 4 or 8 of them): hex()
+-- writes the bytes in memory order, reverse() puts the last byte first (with each byte's two
+-- hex digits swapped, undone by the nibble swap), and DuckDB casts '0x...' text to UBIGINT
+CREATE OR REPLACE TEMP MACRO eds_nibble_swap(x) AS
+  ((x & CAST(1085102592571150095 AS UBIGINT)) << 4) | ((x >> 4) & CAST(1085102592571150095 AS UBIGINT));
+CREATE OR REPLACE TEMP MACRO eds_bits(b) AS
+  eds_nibble_swap(CAST('0x' || reverse(hex(CAST(b AS BLOB))) AS UBIGINT));
 
--- the unsigned integer whose bits are the little-endian bytes b: DuckDB casts '0x...' text
-CREATE OR REPLACE TEMP MACRO eds_bits(b) AS CAST('0x' || eds_le_hex(hex(CAST(b AS BLOB))) AS UBIGINT);
-
--- IEEE-754 from raw bits: sign s, biased exponent e (all ones: inf or nan), mantissa m of mbits
--- bits; subnormals (e = 0) have no implicit leading one. Every product below is an integer of at
--- most 53 bits times a power of two, so it is exact in DOUBLE.
-CREATE OR REPLACE TEMP MACRO eds_ieee(s, e, m, mbits, emax, bias) AS
-  CASE
-    WHEN e = emax AND m = 0 THEN CASE WHEN s = 1 THEN CAST('-inf' AS DOUBLE) ELSE CAST('inf' AS DOUBLE) END
+-- IEEE-754 from raw bits u: sign, biased exponent e (all ones: inf or nan) and mantissa m of
+-- mbits bits; subnormals (e = 0) have no implicit leading one. Every product below is an
+-- integer of at most 53 bits times a power of two, so it is exact in DOUBLE.
+CREATE OR REPLACE TEMP MACRO eds_ieee(negative, e, m, mbits, emax, bias) AS
+  CASE WHEN negative THEN CAST(-1.0 AS DOUBLE) ELSE CAST(1.0 AS DOUBLE) END * CASE
+    WHEN e = emax AND m = 0 THEN CAST('inf' AS DOUBLE)
     WHEN e = emax THEN CAST('nan' AS DOUBLE)
-    WHEN e = 0 THEN CASE WHEN s = 1 THEN CAST(-1.0 AS DOUBLE) ELSE CAST(1.0 AS DOUBLE) END
-                    * CAST(m AS DOUBLE) * pow(CAST(2.0 AS DOUBLE), CAST(1 - bias - mbits AS DOUBLE))
-    ELSE CASE WHEN s = 1 THEN CAST(-1.0 AS DOUBLE) ELSE CAST(1.0 AS DOUBLE) END
-         * CAST(m + pow(CAST(2.0 AS DOUBLE), CAST(mbits AS DOUBLE)) AS DOUBLE)
-         * pow(CAST(2.0 AS DOUBLE), CAST(CAST(e AS BIGINT) - bias - mbits AS DOUBLE))
+    WHEN e = 0 THEN CAST(m AS DOUBLE) * pow(CAST(2.0 AS DOUBLE), CAST(1 - bias - mbits AS DOUBLE))
+    ELSE (CAST(m AS DOUBLE) + pow(CAST(2.0 AS DOUBLE), CAST(mbits AS DOUBLE)))
+         * pow(CAST(2.0 AS DOUBLE), CAST(e - bias - mbits AS DOUBLE))
   END;
 
-CREATE OR REPLACE TEMP MACRO eds_float64(b) AS
-  eds_ieee(eds_bits(b) >> 63, CAST((eds_bits(b) >> 52) & 2047 AS BIGINT),
-           CAST(eds_bits(b) & 4503599627370495 AS BIGINT), 52, 2047, 1023);
-CREATE OR REPLACE TEMP MACRO eds_float32(b) AS
-  CAST(eds_ieee(eds_bits(b) >> 31, CAST((eds_bits(b) >> 23) & 255 AS BIGINT),
-                CAST(eds_bits(b) & 8388607 AS BIGINT), 23, 255, 127) AS FLOAT);
+-- decoders of raw bits u (an unsigned integer), one per dtype
+CREATE OR REPLACE TEMP MACRO eds_float64_bits(u) AS
+  eds_ieee(u >= CAST(9223372036854775808 AS UBIGINT), CAST((u >> 52) & 2047 AS BIGINT),
+           CAST(u & 4503599627370495 AS BIGINT), 52, 2047, 1023);
+CREATE OR REPLACE TEMP MACRO eds_float32_bits(u) AS
+  CAST(eds_ieee(u >= 2147483648, CAST((u >> 23) & 255 AS BIGINT), CAST(u & 8388607 AS BIGINT), 23, 255, 127)
+       AS FLOAT);
+-- two's complement: n-bit patterns at or above 2^(n-1) stand for u - 2^n
+CREATE OR REPLACE TEMP MACRO eds_signed_bits(u, n) AS
+  CASE WHEN CAST(u AS HUGEINT) >= CAST(pow(2, n - 1) AS HUGEINT)
+       THEN CAST(u AS HUGEINT) - CAST(pow(2, n) AS HUGEINT) ELSE CAST(u AS HUGEINT) END;
 
--- two's complement: bits at or above 2^(n-1) stand for bits - 2^n
-CREATE OR REPLACE TEMP MACRO eds_signed(u, n) AS
-  CAST(CASE WHEN CAST(u AS HUGEINT) >= CAST(pow(2, n - 1) AS HUGEINT)
-            THEN CAST(u AS HUGEINT) - CAST(pow(2, n) AS HUGEINT) ELSE CAST(u AS HUGEINT) END AS BIGINT);
-CREATE OR REPLACE TEMP MACRO eds_int8(b) AS CAST(eds_signed(eds_bits(b), 8) AS TINYINT);
-CREATE OR REPLACE TEMP MACRO eds_int16(b) AS CAST(eds_signed(eds_bits(b), 16) AS SMALLINT);
-CREATE OR REPLACE TEMP MACRO eds_int32(b) AS CAST(eds_signed(eds_bits(b), 32) AS INTEGER);
-CREATE OR REPLACE TEMP MACRO eds_int64(b) AS
-  CAST(CASE WHEN eds_bits(b) >= CAST(9223372036854775808 AS UBIGINT)
-            THEN CAST(eds_bits(b) AS HUGEINT) - CAST(18446744073709551616 AS HUGEINT)
-            ELSE CAST(eds_bits(b) AS HUGEINT) END AS BIGINT);
+-- decoders of one element's little-endian bytes b, exact in DuckDB's type for each dtype
+CREATE OR REPLACE TEMP MACRO eds_float64(b) AS eds_float64_bits(eds_bits(b));
+CREATE OR REPLACE TEMP MACRO eds_float32(b) AS eds_float32_bits(eds_bits(b));
+CREATE OR REPLACE TEMP MACRO eds_int8(b) AS CAST(eds_signed_bits(eds_bits(b), 8) AS TINYINT);
+CREATE OR REPLACE TEMP MACRO eds_int16(b) AS CAST(eds_signed_bits(eds_bits(b), 16) AS SMALLINT);
+CREATE OR REPLACE TEMP MACRO eds_int32(b) AS CAST(eds_signed_bits(eds_bits(b), 32) AS INTEGER);
+CREATE OR REPLACE TEMP MACRO eds_int64(b) AS CAST(eds_signed_bits(eds_bits(b), 64) AS BIGINT);
 CREATE OR REPLACE TEMP MACRO eds_uint8(b) AS CAST(eds_bits(b) AS UTINYINT);
 CREATE OR REPLACE TEMP MACRO eds_uint16(b) AS CAST(eds_bits(b) AS USMALLINT);
 CREATE OR REPLACE TEMP MACRO eds_uint32(b) AS CAST(eds_bits(b) AS UINTEGER);
@@ -90,25 +84,24 @@ CREATE OR REPLACE TEMP MACRO eds_itemsize(dtype) AS
     WHEN 'complex128' THEN 16
   END;
 
--- one element's bytes as DOUBLE (NULL for complex)
-CREATE OR REPLACE TEMP MACRO eds_double(b, dtype) AS
+-- an element's raw bits u as DOUBLE (NULL for complex)
+CREATE OR REPLACE TEMP MACRO eds_double_bits(u, dtype) AS
   CASE dtype
-    WHEN 'float64' THEN eds_float64(b)
-    WHEN 'float32' THEN CAST(eds_float32(b) AS DOUBLE)
-    WHEN 'bool' THEN CAST(eds_bits(b) <> 0 AS DOUBLE)
-    WHEN 'int8' THEN CAST(eds_signed(eds_bits(b), 8) AS DOUBLE)
-    WHEN 'int16' THEN CAST(eds_signed(eds_bits(b), 16) AS DOUBLE)
-    WHEN 'int32' THEN CAST(eds_signed(eds_bits(b), 32) AS DOUBLE)
-    WHEN 'int64' THEN CAST(eds_int64(b) AS DOUBLE)
-    WHEN 'uint8' THEN CAST(eds_bits(b) AS DOUBLE)
-    WHEN 'uint16' THEN CAST(eds_bits(b) AS DOUBLE)
-    WHEN 'uint32' THEN CAST(eds_bits(b) AS DOUBLE)
-    WHEN 'uint64' THEN CAST(eds_bits(b) AS DOUBLE)
+    WHEN 'float64' THEN eds_float64_bits(u)
+    WHEN 'float32' THEN CAST(eds_float32_bits(u) AS DOUBLE)
+    WHEN 'bool' THEN CAST(u <> 0 AS DOUBLE)
+    WHEN 'int8' THEN CAST(eds_signed_bits(u, 8) AS DOUBLE)
+    WHEN 'int16' THEN CAST(eds_signed_bits(u, 16) AS DOUBLE)
+    WHEN 'int32' THEN CAST(eds_signed_bits(u, 32) AS DOUBLE)
+    WHEN 'int64' THEN CAST(eds_signed_bits(u, 64) AS DOUBLE)
+    WHEN 'uint8' THEN CAST(u AS DOUBLE) WHEN 'uint16' THEN CAST(u AS DOUBLE)
+    WHEN 'uint32' THEN CAST(u AS DOUBLE) WHEN 'uint64' THEN CAST(u AS DOUBLE)
   END;
 
 -- Element rows. A tile with keys k covers [k*t, min((k+1)*t, n)) of each dimension (edge tiles
 -- are smaller); its elements are in C order, so element `off` of a tile of extents x sits at
--- coordinate k*t + (off // (product of the later extents)) % x in each dimension.
+-- coordinate k*t + (off // (product of the later extents)) % x in each dimension. Each step is
+-- its own CTE so the bytes and bits of an element are computed once, not once per use.
 CREATE OR REPLACE TEMP MACRO eds_elements(tensor) AS TABLE
 WITH info AS (
   SELECT shape, tile AS tshape, dtype, eds_itemsize(dtype) AS itemsize
@@ -125,14 +118,22 @@ extents AS (
 ),
 strides AS (
   SELECT *, list_transform(range(1, len(shape) + 1),
-                           lambda p: coalesce(list_product(ext[p + 1:]), 1)) AS stride
+                           lambda p: CAST(coalesce(list_product(ext[p + 1:]), 1) AS BIGINT)) AS stride
   FROM extents
 ),
 cells AS (
-  SELECT *, unnest(range(octet_length(bytes) // itemsize)) AS off FROM strides
+  SELECT k, tshape, ext, stride, dtype, itemsize, bytes,
+         unnest(range(octet_length(bytes) // itemsize)) AS off
+  FROM strides
+),
+raws AS (
+  SELECT k, tshape, ext, stride, dtype, off, bytes[off * itemsize + 1:(off + 1) * itemsize] AS raw FROM cells
+),
+bits AS (
+  SELECT *, CASE WHEN octet_length(raw) <= 8 THEN eds_bits(raw) END AS u FROM raws
 )
-SELECT list_transform(range(1, len(shape) + 1),
-                      lambda p: k[p] * tshape[p] + (off // CAST(stride[p] AS BIGINT)) % ext[p]) AS index,
-       eds_double(bytes[off * itemsize + 1:(off + 1) * itemsize], dtype) AS value,
-       bytes[off * itemsize + 1:(off + 1) * itemsize] AS raw
-FROM cells;
+SELECT list_transform(range(1, len(k) + 1),
+                      lambda p: k[p] * tshape[p] + (off // stride[p]) % ext[p]) AS index,
+       eds_double_bits(u, dtype) AS value,
+       raw
+FROM bits;
