@@ -30,12 +30,13 @@ from importlib import resources
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .arrays import as_array
 from .errors import EinsumError
 from .notation.checks import check_dtype, check_name
 from .plan import DEFAULT_TILE_BYTES, auto_tile, check_tile
-from .udfs.tiles import array_from_tiles, blob_views, tiles_from_array
+from .udfs.tiles import array_from_tiles, tiles_from_array
 
 # Schema metadata this package writes on a tensor's Arrow table and Parquet file.
 PREFIX = "eindecomp_sql."
@@ -341,7 +342,8 @@ def _element_columns(table: pa.Table, want: Wanted, where: str) -> tuple[list[st
         if index is None and len(others) == len(cols):
             typed = ", ".join(f"{c!r} ({_type_word(table.schema.field(c).type)})" for c in cols)
             raise EinsumError(f"{where}: no integer columns ({typed}); a table in element form "
-                              "has integer index columns, one per dimension, and one numeric value column")
+                              "has integer index columns, one per dimension, and one numeric value column "
+                              "(a DataFrame's index is not read: .reset_index() makes it a column)")
         if named:
             value = named[0]
         elif index is not None and len(rest) == 1:
@@ -484,7 +486,7 @@ def _from_tiles(table: pa.Table, meta: dict, want: Wanted, where: str) -> Incomi
     itemsize = np.dtype(dtype).itemsize
     ext = [np.minimum(t, n - col * t) for col, t, n in zip(kcols, tile, shape)]
     want_bytes = np.prod(np.stack(ext), axis=0) * itemsize if ext else np.full(table.num_rows, itemsize)
-    got = np.array([v.nbytes for v in blob_views(tcol)], dtype=np.int64)
+    got = pc.binary_length(tcol).to_numpy().astype(np.int64)
     bad = np.nonzero(got != want_bytes)[0]
     if bad.size:
         r = int(bad[0])
