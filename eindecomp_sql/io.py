@@ -483,6 +483,8 @@ def _from_tiles(table: pa.Table, meta: dict, want: Wanted, where: str) -> Incomi
     idx = np.stack(kcols) if kcols else np.zeros((0, table.num_rows), np.int64)
     _check_unique(idx, grid, list(keys), where)
     tcol = _no_nulls(table, TILE, where)
+    if pa.types.is_binary_view(tcol.type):  # no length kernel for views in pyarrow (26)
+        tcol = tcol.cast(pa.large_binary())
     itemsize = np.dtype(dtype).itemsize
     ext = [np.minimum(t, n - col * t) for col, t, n in zip(kcols, tile, shape)]
     want_bytes = np.prod(np.stack(ext), axis=0) * itemsize if ext else np.full(table.num_rows, itemsize)
