@@ -5,8 +5,11 @@ import threading
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 import pytest
 from helpers import assert_close, random_array
+from hypothesis import given
+from hypothesis import strategies as st
 from reference import reference
 
 import eindecomp_sql as eds
@@ -320,3 +323,44 @@ def test_dense_form_too_large_is_refused(sdb):
         small.connection.execute("CREATE TABLE SQ(i BIGINT, j BIGINT, v DOUBLE); INSERT INTO SQ VALUES (999, 999, 1.0)")
         with pytest.raises(duckdb.Error, match="more than the session's memory budget"):
             small.connection.sql("SELECT * FROM einsum('ij->i', 'SQ')").fetchall()
+
+
+@st.composite
+def table_case(draw):
+    """An element table of 1-3 dimensions (sizes 1-7, random density), a permutation or a
+    reduction of it, the session's tile bytes (so tiles rarely divide the shape), a dtype."""
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(draw(st.integers(1, 7)) for _ in range(ndim))
+    labels = "abc"[:ndim]
+    out = "".join(draw(st.permutations(labels))[: draw(st.integers(0, ndim))])
+    return shape, f"{labels}->{out}", draw(st.sampled_from([8, 24, 40, 200, 1 << 20])), \
+        draw(st.sampled_from(["float32", "float64", "int32", "int64", "bool"])), \
+        draw(st.floats(0.0, 1.0)), draw(st.integers(0, 2**32 - 1))
+
+
+@pytest.fixture(scope="module")
+def pdb():
+    s = eds.connect()
+    yield s
+    s.close()
+
+
+@given(table_case())
+def test_element_tables_property(pdb, case):
+    shape, spec, tile_bytes, dtype, density, seed = case
+    rng = np.random.default_rng(seed)
+    pdb.tile_bytes = tile_bytes  # how finely the plan may cut the table
+    con = pdb.connection
+    e = random_array(rng, shape, dtype)
+    keep = rng.random(shape) < density
+    keep[tuple(n - 1 for n in shape)] = True  # the largest index present decides the shape
+    e[~keep] = 0
+    idx = np.nonzero(keep)
+    order = rng.permutation(idx[0].size)  # element rows in any order
+    cols = {f"x{p}": idx[p][order].astype(np.int64) for p in range(len(shape))}
+    con.register("_rows", pa.table({**cols, "value": e[idx][order]}))
+    con.execute("CREATE OR REPLACE TABLE E AS SELECT * FROM _rows")
+    con.unregister("_rows")
+    want = np.einsum(spec, e)
+    got = elements(con, "SELECT * FROM einsum_elements(?, 'E')", want.shape, want.dtype, [spec])
+    assert_close(got, want)
