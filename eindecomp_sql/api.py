@@ -61,20 +61,34 @@ def _cast_error(what: str, frm: np.dtype, to: np.dtype, casting: str) -> EinsumE
                        "casting='same_kind' or 'unsafe' to allow it")
 
 
+def _computation_dtype(dtype, raw: list[np.dtype], out, casting: str) -> np.dtype:
+    """The dtype numpy's einsum computes in: ``dtype``, else the operands' promoted dtype (with
+    ``out``'s: bool operands summed into an int64 ``out`` count). Every operand must cast to it
+    under ``casting``; a dtype eindecomp_sql does not compute in is an ``EinsumError``."""
+    ct = dtype if dtype is not None else np.result_type(*raw, *([out.dtype] if out is not None else []))
+    for k, d in enumerate(raw):
+        if not np.can_cast(d, ct, casting):
+            raise _cast_error(f"operand {k}", d, ct, casting)
+    if dtype is None and out is not None:
+        check_dtype(ct, f"out of dtype {out.dtype} makes numpy's einsum compute in {ct.name}, which eindecomp_sql "
+                        "cannot:")
+    return ct
+
+
 def _tensor(x) -> Tensor:
     """A stored operand: a Tensor, or the name of one in the default session."""
     return x if isinstance(x, Tensor) else default_session().tensor(x)
 
 
-def _is_view_case(spec: str, shapes, dtype, raw: np.dtype) -> bool:
-    """numpy returns a view, with no casting check, of a lone operand whose labels all reach
-    the output (a transpose, a diagonal): casting='no' passes there even for a big-endian one."""
+def _is_view_case(spec: str, shapes) -> bool:
+    """numpy answers a lone operand whose labels all reach the output (a copy, a transpose, a
+    diagonal) with a view of it when there is no ``out``: ``dtype`` and ``casting`` are not
+    looked at (``np.einsum("ij->ji", a_float32, dtype="int8")`` is float32). So do we."""
     parsed = parse_spec(spec, shapes)
-    return set(parsed.inputs[0]) <= set(parsed.output) and (dtype is None or np.can_cast(raw, dtype, "equiv"))
+    return len(shapes) == 1 and set(parsed.inputs[0]) <= set(parsed.output)
 
 
-def einsum(spec, *operands, out=None, dtype=None, order="K", casting="safe", optimize=False, join=None,
-           agg=None):
+def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=False, join=None, agg=None):
     """Evaluate an (extended) Einstein summation as SQL in an embedded DuckDB, with
     ``numpy.einsum``'s semantics and arguments.
 
@@ -86,6 +100,8 @@ def einsum(spec, *operands, out=None, dtype=None, order="K", casting="safe", opt
            [1., 3.]])
     >>> einsum("ij->i", np.array([[1., 2.], [3., 4.]]), agg="max")
     array([2., 4.])
+
+    Called as ``einsum(spec, *operands, ...)`` or ``einsum(a, [0, 1], b, [1, 2], [0, 2], ...)``.
 
     Parameters
     ----------
@@ -143,18 +159,17 @@ def einsum(spec, *operands, out=None, dtype=None, order="K", casting="safe", opt
     ``EinsumError``: cast the operands to float32. Results are in native byte order.
     Every bad input is an ``EinsumError`` (a ``ValueError``).
     """
+    if not operands:
+        raise EinsumError(f"einsum: no spec and no operands; einsum takes {FORMS}")
+    spec, *operands = operands
     if not isinstance(spec, str):
-        spec, operands = sublist_spec((spec,) + operands)
-    else:
-        operands = list(operands)
+        spec, operands = sublist_spec((spec, *operands))
     if not operands:
         raise EinsumError(f"einsum: no operands; einsum takes {FORMS}")
     casting = _check_casting(casting)
     order = _check_order(order)
     path = contraction_path(optimize, len(operands))  # noqa: F841 - checked; see docs/DESIGN.md
     ct = None if dtype is None else np.dtype(check_dtype(dtype, "einsum dtype"))
-    if dtype is not None and not np.dtype(dtype).isnative:
-        ct = ct.newbyteorder("=")
     arrays, raw = [], []
     for k, x in enumerate(operands):
         if isinstance(x, (Tensor, str)):
@@ -164,34 +179,37 @@ def einsum(spec, *operands, out=None, dtype=None, order="K", casting="safe", opt
             a = read_array(x, f"operand {k}")
             raw.append(a.dtype)
             arrays.append(a)
-    shapes = [x.shape for x in arrays]
-    compute = ct if ct is not None else np.result_type(*raw)
-    if not (len(arrays) == 1 and out is None and _is_view_case(spec, shapes, ct, raw[0])):
-        for k, d in enumerate(raw):
-            if not np.can_cast(d, compute, casting):
-                raise _cast_error(f"operand {k}", d, compute, casting)
-    if ct is not None:
-        # a stored operand of another dtype is read back to be cast, as numpy would cast it
-        arrays = [x if isinstance(x, Tensor) and x.dtype == ct else np.asarray(x).astype(ct) for x in arrays]
-    arrays = [native(x) if isinstance(x, np.ndarray) else x for x in arrays]
-    session = default_session()
     if out is not None:
         if not isinstance(out, np.ndarray):
             raise EinsumError(f"out must be a numpy array, got {type(out).__name__}")
         if not out.flags.writeable:
             raise EinsumError("out is read-only")
-        p = session.plan(spec, *arrays, join=join, agg=agg)  # cached: the run below reuses it
-        shape, rdt = p.result.shape, np.dtype(p.result.dtype)
-        if out.shape != tuple(shape):
-            raise EinsumError(f"out has shape {out.shape} but the einsum {spec!r} gives shape {tuple(shape)}")
-        if ct is None and (join is None or join == "mul") and (agg is None or agg == "sum"):
-            rdt = compute  # as numpy: the iterator's dtype, before it is made native
-        if not np.can_cast(rdt, out.dtype, casting):
-            raise _cast_error("out", rdt, out.dtype, casting)
+    plain = join in (None, "mul") and agg in (None, "sum")
+    shapes = [x.shape for x in arrays]
+    compute = None
+    if not (out is None and _is_view_case(spec, shapes)):
+        compute = _computation_dtype(ct, raw, out if plain else None, casting)
+        if ct is not None or compute != np.result_type(*raw):
+            # a stored operand of another dtype is read back to be cast, as numpy would cast it
+            arrays = [x if x.dtype == compute and (isinstance(x, Tensor) or x.dtype.isnative)
+                      else np.asarray(x).astype(compute) for x in arrays]
+    arrays = [native(x) if isinstance(x, np.ndarray) else x for x in arrays]
+    session = default_session()
+    if out is not None:
+        parsed = parse_spec(spec, shapes)
+        shape = tuple(parsed.size[lab] for lab in parsed.output)
+        if out.shape != shape:
+            raise EinsumError(f"out has shape {out.shape} but the einsum {spec!r} gives shape {shape}")
+        # numpy reads and writes out in the computation dtype; another join's result dtype is
+        # the plan's (cached: the run below reuses the plan)
+        rdt = compute if plain else np.dtype(session.plan(spec, *arrays, join=join, agg=agg).result.dtype)
+        for frm, to in ((rdt, out.dtype), (out.dtype, rdt) if plain else (rdt, out.dtype)):
+            if not np.can_cast(frm, to, casting):
+                raise _cast_error("out", frm, to, casting)
     r = session.einsum_numpy(spec, *arrays, join=join, agg=agg)
     if out is not None:
         np.copyto(out, r, casting="unsafe")  # the rule was checked above, on numpy's dtypes
         return out
     if order == "F" or (order == "A" and all(isinstance(x, np.ndarray) and x.flags.f_contiguous for x in arrays)):
-        r = np.asfortranarray(r)
+        r = np.asarray(r, order="F")
     return r[()] if r.ndim == 0 else r

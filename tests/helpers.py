@@ -13,8 +13,10 @@ settings.register_profile(
 )
 settings.load_profile("default")
 
-DTYPES = ["float32", "float64", "int32", "int64", "bool"]
-
+DTYPES = ["float32", "float64", "int32", "int64", "bool", "int8", "int16", "uint8", "uint16", "uint32", "uint64",
+          "complex64", "complex128"]
+# byte orders an array may come in: native, and the other one ('>' on this little-endian machine)
+BYTE_ORDERS = ["=", "S"]
 
 
 def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
@@ -24,18 +26,34 @@ def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
         return rng.random(shape) < 0.5
     if dtype.kind == "i":
         return rng.integers(-4, 5, size=shape).astype(dtype)
+    if dtype.kind == "u":
+        return rng.integers(0, 6, size=shape).astype(dtype)
+    if dtype.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
 
 
+def with_byte_order(a: np.ndarray, order: str) -> np.ndarray:
+    """``a`` in byte order ``order`` ('=' native, 'S' swapped), same values."""
+    return a if order == "=" else a.astype(a.dtype.newbyteorder("S"))
+
+
+def error_scale(spec: str, arrays) -> np.ndarray:
+    """The einsum of the magnitudes: what rounding errors of a float result scale with."""
+    return np.einsum(spec, *[np.abs(np.asarray(a)).astype(np.float64) for a in arrays])
+
+
 def assert_close(got: np.ndarray, want: np.ndarray, scale: np.ndarray | None = None):
+    """Same shape, same dtype (byte order aside: results are native), values equal for ints and
+    bools, within rounding (relative to ``scale``) for floats and complex."""
     got = np.asarray(got)
     want = np.asarray(want)
     assert got.shape == want.shape, (got.shape, want.shape)
-    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    assert got.dtype == want.dtype.newbyteorder("="), (got.dtype, want.dtype)
     if want.dtype.kind in "biu":
         np.testing.assert_array_equal(got, want)
         return
-    eps = 1e-4 if want.dtype == np.float32 else 1e-10
+    eps = 1e-4 if want.dtype in (np.float32, np.complex64) else 1e-10
     bound = eps * (np.abs(scale) if scale is not None else np.abs(want)) + eps
     both_nan = np.isnan(got) & np.isnan(want)
     same_inf = np.isinf(want) & (got == want)
@@ -43,26 +61,38 @@ def assert_close(got: np.ndarray, want: np.ndarray, scale: np.ndarray | None = N
     assert ok.all(), f"max abs error {np.nanmax(np.abs(got - want))}; got\n{got}\nwant\n{want}"
 
 
-LABELS = "abcde"
+# Labels that differ only in case (a/A, b/B, c/C) are distinct labels, as in numpy.
+LABELS = "abcdABC"
 
 
 @st.composite
-def einsum_case(draw, max_operands=3, min_size=1):
-    """A random spec (explicit or implicit output) with shapes, dtypes, tile shapes and a seed."""
+def einsum_case(draw, max_operands=5, min_size=1, max_size=5, dtypes=tuple(DTYPES)):
+    """A random spec (explicit or implicit output) with shapes, dtypes, tile shapes and a seed.
+
+    Written to find what narrower generators missed: 1-5 operands drawing their labels from a
+    small pool (labels repeat across operands and inside one: diagonals, traces), labels that
+    differ only in case, a label of size n (0 with ``min_size=0``) seen as size 1 by some
+    operands (numpy's broadcasting, through repeated labels too), tiles that cut every
+    dimension longer than 1 into several pieces, unevenly, and every dtype.
+    """
     n = draw(st.integers(1, max_operands))
-    sizes = {c: draw(st.integers(min_size, 7)) for c in LABELS}
-    operands = []
+    pool = draw(st.lists(st.sampled_from(LABELS), min_size=1, max_size=5, unique=True))
+    sizes = {c: draw(st.integers(min_size, max_size)) for c in pool}
+    operands, shapes = [], []
     for _ in range(n):
-        k = draw(st.integers(0, 3))
-        operands.append("".join(draw(st.sampled_from(LABELS)) for _ in range(k)))
+        k = draw(st.integers(0, 4))
+        labels = "".join(draw(st.sampled_from(pool)) for _ in range(k))
+        # each operand sees each of its labels at full size or (broadcast) at size 1
+        seen = {c: 1 if draw(st.integers(0, 3)) == 0 else sizes[c] for c in dict.fromkeys(labels)}
+        operands.append(labels)
+        shapes.append(tuple(seen[c] for c in labels))
     used = sorted(set("".join(operands)))
     if draw(st.booleans()):
         out = "".join(draw(st.permutations(used))[: draw(st.integers(0, len(used)))])
         spec = ",".join(operands) + "->" + out
     else:
         spec = ",".join(operands)
-    dtypes = [draw(st.sampled_from(DTYPES)) for _ in range(n)]
-    shapes = [tuple(sizes[c] for c in s) for s in operands]
-    tiles = [tuple(draw(st.integers(1, max(d, 1))) for d in shape) for shape in shapes]
+    dts = [draw(st.sampled_from(dtypes)) for _ in range(n)]
+    tiles = [tuple(draw(st.integers(1, max(d - 1, 1))) for d in shape) for shape in shapes]
     seed = draw(st.integers(0, 2**31))
-    return spec, shapes, dtypes, tiles, seed
+    return spec, shapes, dts, tiles, seed

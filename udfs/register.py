@@ -18,7 +18,13 @@ from .pool import WORKERS, run_tasks, run_wide
 from .tiles import TileWriter, _as_array, blob_views, tile_view
 
 MAX_ARITY = 8
-VALUE_TYPES = {"float32": "FLOAT", "float64": "DOUBLE", "int32": "INTEGER", "int64": "BIGINT", "bool": "BOOLEAN"}
+# the DuckDB type of each dtype's elements (einsum_elements); DuckDB has no complex type, so
+# complex tensors have no element rows (compile/sql.py refuses them)
+VALUE_TYPES = {
+    "float32": "FLOAT", "float64": "DOUBLE", "bool": "BOOLEAN",
+    "int8": "TINYINT", "int16": "SMALLINT", "int32": "INTEGER", "int64": "BIGINT",
+    "uint8": "UTINYINT", "uint16": "USMALLINT", "uint32": "UINTEGER", "uint64": "UBIGINT",
+}
 
 
 def _spec(arr) -> str:

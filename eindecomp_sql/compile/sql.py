@@ -341,12 +341,21 @@ def select_value(value: TiledValue) -> exp.Expression:
     return exp.select(*[col(k) for k in value.keys], col(TILE)).from_(table(value.table))
 
 
-_VALUES_FN = {"float32": "eds_values_float32", "float64": "eds_values_float64", "int32": "eds_values_int32",
-              "int64": "eds_values_int64", "bool": "eds_values_bool"}
+# the UDF decoding a tile of each dtype into its typed elements (udfs/register.py VALUE_TYPES)
+_VALUES_FN = {dt: f"eds_values_{dt}" for dt in (
+    "float32", "float64", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")}
 
 
 def elements_query(value: TiledValue, labels: tuple[str, ...], source: exp.Expression | None = None) -> exp.Expression:
-    """One row per element of ``value``: a column per label, then ``value``."""
+    """One row per element of ``value``: a column per label, then ``value``.
+
+    Complex tensors have none: DuckDB has no complex type, so they are an ``EinsumError``
+    (read them with ``einsum()``'s tiles or ``Tensor.to_numpy()``)."""
+    if value.dtype not in _VALUES_FN:
+        from ..errors import EinsumError
+
+        raise EinsumError(f"einsum_elements: the result is {value.dtype}, which has no DuckDB type (DuckDB has "
+                          "no complex numbers); use einsum() for its tiles or Tensor.to_numpy() in Python")
     src = source.subquery("src") if source is not None else table(value.table)
     keys = [col(k) for k in value.keys]
     exts = [f"least({t}, {n} - {sql(k)} * {t})" for k, n, t in zip(keys, value.shape, value.tile)]

@@ -1,0 +1,252 @@
+"""numpy's interface on eds.einsum: out=, dtype=, order=, casting=, optimize= and the sublist
+form, compared with np.einsum on the same inputs, errors included (numpy's TypeError and
+ValueError become EinsumError)."""
+
+import inspect
+import pydoc
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import eindecomp_sql as eds
+from eindecomp_sql import EinsumError
+from eindecomp_sql.graph.lower import contraction_path, lower_einsum
+from eindecomp_sql.graph.node import ValueInfo
+from eindecomp_sql.notation import parse_agg, parse_join, parse_spec
+from eindecomp_sql.notation.checks import DTYPES as SUPPORTED
+from eindecomp_sql.notation.functions import AGGREGATIONS, BINARY_JOINS, EXPR_FUNCTIONS, UNARY_JOINS
+
+from helpers import BYTE_ORDERS, DTYPES, assert_close, einsum_case, error_scale, random_array, with_byte_order
+
+CASTINGS = ["no", "equiv", "safe", "same_kind", "unsafe"]
+ORDERS = st.lists(st.sampled_from(BYTE_ORDERS), min_size=5, max_size=5)
+
+
+def _numpy(spec, arrays, **kw):
+    """np.einsum (unoptimized: our dtype semantics) or the exception it raises."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", np.exceptions.ComplexWarning)
+        try:
+            return np.einsum(spec, *arrays, **kw), None
+        except (TypeError, ValueError) as e:
+            return None, e
+
+
+@given(
+    einsum_case(max_operands=3),
+    st.sampled_from([None] + DTYPES + ["float16"]),
+    st.sampled_from(CASTINGS),
+    st.sampled_from([None] + DTYPES + ["float16"]),
+    st.sampled_from(["K", "C", "F", "A", "c", None]),
+    st.sampled_from([False, True, "greedy", "optimal", ("greedy", 10**6)]),
+    ORDERS,
+)
+def test_numpy_keywords_match_numpy(case, dtype, casting, out_dtype, order, optimize, byte_orders):
+    spec, shapes, dtypes, _, seed = case
+    rng = np.random.default_rng(seed)
+    arrays = [with_byte_order(random_array(rng, s, d), o) for s, d, o in zip(shapes, dtypes, byte_orders)]
+    shape = np.einsum(spec, *arrays).shape
+    np_out = None if out_dtype is None else np.zeros(shape, out_dtype)
+    our_out = None if out_dtype is None else np.zeros(shape, out_dtype)
+    kw = dict(dtype=dtype, casting=casting, order=order)
+    want, err = _numpy(spec, arrays, out=np_out, **kw)
+    if err is not None:
+        with pytest.raises(EinsumError):
+            eds.einsum(spec, *arrays, out=our_out, optimize=optimize, **kw)
+        return
+    parsed = parse_spec(spec, shapes)
+    view = out_dtype is None and len(arrays) == 1 and set(parsed.inputs[0]) <= set(parsed.output)
+    computes_in = np.dtype(dtype) if dtype else np.result_type(*arrays, *([np_out] if out_dtype else []))
+    if computes_in == np.float16 and not view:  # numpy computes in float16; we do not (yet)
+        with pytest.raises(EinsumError, match="float16"):
+            eds.einsum(spec, *arrays, out=our_out, optimize=optimize, **kw)
+        return
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", np.exceptions.ComplexWarning)
+        got = eds.einsum(spec, *arrays, out=our_out, optimize=optimize, **kw)
+    if our_out is not None:
+        assert got is our_out
+    assert type(got) is type(want)  # a numpy scalar for a 0-d result, as np.einsum
+    scale = error_scale(spec, arrays) if np.asarray(want).dtype.kind in "fc" else None
+    if np.asarray(want).dtype.kind in "iub" and dtype is not None and np.dtype(dtype).kind in "fc":
+        scale = None  # computed in floats, cast to ints: equal but for rounding at the cast
+    assert_close(got, want, scale)
+    if our_out is None and np.ndim(got) >= 2:
+        if (order or "K").upper() == "F":
+            assert got.flags.f_contiguous
+        if (order or "K").upper() == "C":
+            assert got.flags.c_contiguous
+
+
+def _sublists(spec: str, arrays):
+    """spec -> numpy's sublist form (A-Z as 0-25, a-z as 26-51, as numpy's C einsum maps them)."""
+    code = {c: k for k, c in enumerate("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")}
+    lhs, _, out = spec.partition("->")
+    args = []
+    for a, s in zip(arrays, lhs.split(",")):
+        args += [a, [code[c] for c in s]]
+    if "->" in spec:
+        args.append([code[c] for c in out])
+    return args
+
+
+@given(einsum_case(max_operands=4, dtypes=("float64", "int64", "complex64")))
+def test_sublist_form_matches_numpy(case):
+    spec, shapes, dtypes, _, seed = case
+    rng = np.random.default_rng(seed)
+    arrays = [random_array(rng, s, d) for s, d in zip(shapes, dtypes)]
+    args = _sublists(spec, arrays)
+    assert_close(eds.einsum(*args), np.einsum(*args), error_scale(spec, arrays))
+
+
+def test_sublist_form_with_ellipsis_and_numpy_ints():
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 4, 5))
+    for args in ([a, [Ellipsis, 0, 1], b, [Ellipsis, 1, 2], [Ellipsis, 0, 2]],
+                 [a, [Ellipsis, 0, 1], b, [Ellipsis, 1, 2]],
+                 [a, np.array([7, 0, 1]), [0]],
+                 [a, (np.int64(40), 0, 1), [40, 1]]):
+        assert_close(eds.einsum(*args), np.einsum(*args))
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        ((["ij"], np.ones((2, 2))), "subscript"),  # a spec that is neither a str nor sublists
+        ((np.ones(2), [0, 52]), "valid range"),
+        ((np.ones(2), [0, "x"]), "int in \\[0, 52\\)"),
+        ((np.ones(2), [True]), "int in \\[0, 52\\)"),
+        ((np.ones(2), 3), "list of ints"),
+        ((np.ones(2), "ij"), "list of ints"),
+        ((np.ones(2), [Ellipsis, Ellipsis]), "more than one Ellipsis"),
+        ((np.ones(2),), "without a subscript list"),
+        ((np.ones((2, 3)), [0, 1], np.ones((2, 3)), [1, 0]), "label"),
+        ((None, [0]), "numbers"),
+        ((), "no operands"),
+    ],
+)
+def test_bad_sublist_forms_are_einsum_errors(args, match):
+    with pytest.raises(EinsumError, match=match):
+        eds.einsum(*args)
+
+
+def test_no_operands_and_a_non_string_spec():
+    with pytest.raises(EinsumError, match="no operands"):
+        eds.einsum("->")
+    with pytest.raises(EinsumError):
+        eds.einsum(3, np.ones(2))
+    with pytest.raises(EinsumError):
+        eds.einsum(b"i", np.ones(2))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(casting="Safe"), "casting must be one of"),
+        (dict(casting=None), "casting must be one of"),
+        (dict(order="x"), "order must be one of"),
+        (dict(order=1), "order must be one of"),
+        (dict(order="CF"), "order must be one of"),
+        (dict(dtype="foo"), "not a dtype"),
+        (dict(dtype=np.float16, casting="unsafe"), "float16"),
+        (dict(dtype=np.longdouble, casting="unsafe"), "unsupported dtype"),
+        (dict(dtype=np.float32), "rule 'safe'"),
+        (dict(out=[0.0, 0.0]), "out must be a numpy array"),
+        (dict(out=np.zeros(3)), "shape"),
+        (dict(out=np.zeros((2, 1))), "shape"),
+        (dict(out=np.zeros(2, np.float32)), "rule 'safe'"),
+        (dict(out=np.zeros(2, np.int64), casting="same_kind"), "same_kind"),
+        (dict(optimize="bogus"), "optimize"),
+        (dict(optimize=3), "did not understand"),
+        (dict(optimize=[]), "did not understand"),
+        (dict(optimize=[(0, 1)]), "did not understand"),
+        (dict(optimize=["einsum_path"]), "more operand"),
+        (dict(optimize=["einsum_path", (0, 5)]), "distinct positions"),
+        (dict(optimize=["einsum_path", (0, 0)]), "distinct positions"),
+        (dict(optimize=["einsum_path", "ab"]), "not a tuple"),
+    ],
+)
+def test_bad_keywords_are_einsum_errors(kwargs, match):
+    a = np.arange(6.0).reshape(2, 3)
+    with pytest.raises(EinsumError, match=match):
+        eds.einsum("ij,jk->i", a, a.T, **kwargs)
+
+
+def test_read_only_out():
+    out = np.zeros(2)
+    out.flags.writeable = False
+    with pytest.raises(EinsumError, match="read-only"):
+        eds.einsum("ij->i", np.ones((2, 3)), out=out)
+
+
+def test_out_is_written_and_returned_with_numpy_casting():
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((5, 7)), rng.standard_normal((7, 3))
+    out = np.full((5, 3), np.nan)
+    assert eds.einsum("ij,jk->ik", a, b, out=out) is out
+    assert_close(out, a @ b)
+    out32 = np.zeros((5, 3), np.float32)
+    eds.einsum("ij,jk->ik", a, b, out=out32, casting="same_kind")
+    assert_close(out32, (a @ b).astype(np.float32))
+    fortran = np.zeros((3, 5), order="F")  # any layout, written in place
+    eds.einsum("ij,jk->ki", a, b, out=fortran)
+    assert_close(fortran, (a @ b).T)
+    big = np.zeros((5, 3), ">f8")
+    eds.einsum("ij,jk->ik", a, b, out=big, casting="equiv")
+    assert_close(big.astype("<f8"), a @ b)
+    scalar = np.zeros(())
+    assert eds.einsum("ij,ij->", a, a, out=scalar) is scalar
+    assert_close(scalar, np.einsum("ij,ij->", a, a))
+
+
+def test_extended_join_with_numpy_keywords():
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    got = eds.einsum("ij->i", a, agg="max", dtype=np.float64)
+    assert_close(got, a.max(1).astype(np.float64))
+    out = np.zeros(3, np.int64)
+    assert eds.einsum("ij->i", a, join="x + 1", agg="min", out=out) is out
+    np.testing.assert_array_equal(out, a.min(1) + 1)
+    with pytest.raises(EinsumError, match="rule 'safe'"):
+        eds.einsum("ij,ij->i", a, a, join="div", out=np.zeros(3, np.int64))
+
+
+@pytest.mark.parametrize("optimize", ["greedy", "optimal", True, "dp", ("optimal", 100)])
+def test_optimize_names_and_explicit_paths(optimize):
+    rng = np.random.default_rng(6)
+    arrays = [rng.standard_normal(s) for s in [(3, 4), (4, 5), (5, 6), (6, 2)]]
+    spec = "ab,bc,cd,de->ae"
+    want = np.einsum(spec, *arrays)
+    assert_close(eds.einsum(spec, *arrays, optimize=optimize), want)
+    path = np.einsum_path(spec, *arrays, optimize=optimize if optimize != "dp" else "greedy")[0]
+    assert_close(eds.einsum(spec, *arrays, optimize=path), want)
+    assert_close(eds.einsum(spec, *arrays, optimize=path, join="add", agg="max"),
+                 (arrays[0][:, :, None, None, None] + arrays[1][None, :, :, None, None]
+                  + arrays[2][None, None, :, :, None] + arrays[3][None, None, None, :, :]).max(axis=(1, 2, 3)))
+
+
+def test_lower_einsum_follows_an_explicit_path():
+    """optimize's explicit path orders the binary nodes of a semiring (numpy's positions:
+    operands left, each result appended)."""
+    spec = parse_spec("ab,bc,cd->ad", [(2, 3), (3, 4), (4, 5)])
+    infos = [ValueInfo(n, s, "float64") for n, s in zip("xyz", [(2, 3), (3, 4), (4, 5)])]
+    mul, total = parse_join("mul", 3), parse_agg("sum")
+    path = contraction_path(["einsum_path", (1, 2), (0, 1)], 3)
+    nodes = lower_einsum(spec, infos, mul, total, "r", path=path)
+    assert [[op.value for op in n.operands] for n in nodes] == [["y", "z"], ["x", "_eds_t0"]]
+    nodes = lower_einsum(spec, infos, mul, total, "r", path=contraction_path(["einsum_path", (0, 1), (0, 1)], 3))
+    assert [[op.value for op in n.operands] for n in nodes] == [["x", "y"], ["z", "_eds_t0"]]
+    assert contraction_path(False, 3) is None and contraction_path(None, 3) is None
+    assert contraction_path(True, 3) == "greedy"
+
+
+def test_help_lists_parameters_joins_aggregations_and_dtypes():
+    text = pydoc.render_doc(eds.einsum, renderer=pydoc.plaintext)
+    for name in ["spec"] + list(inspect.signature(eds.einsum).parameters):
+        assert name in text, name
+    for word in BINARY_JOINS + UNARY_JOINS + tuple(EXPR_FUNCTIONS) + AGGREGATIONS + SUPPORTED:
+        assert word in text, word
+    for word in ("sublist", "casting", "float16", "Ellipsis", "callable"):
+        assert word in text, word
