@@ -21,16 +21,12 @@ import re
 import numpy as np
 
 from .backends.tables import read_table_operand
-from .compile import elements_query, single_query
 from .compile.sql_interface import (
     SQL_TYPES,
     ArrayTable,
     array_tile,
-    fuse_topk,
-    pack_query,
+    interface_query,
     settle_shapes,
-    topk_query,
-    with_ctes,
 )
 from .errors import EinsumError
 from .notation.checks import check_name
@@ -126,14 +122,6 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
                               "label but the last, and the last is ranked)")
         if result.dtype not in SQL_TYPES:
             raise EinsumError(f"einsum_topk(): the result is {result.dtype}, which has no order")
-    query = single_query(plan)
-    fused = fuse_topk(query, result, count) if mode == "topk" else None
-    query = fused if fused is not None else query
     # a plan that reads no input (a label of size 0) needs no tiling of the tables
-    ctes = [(v.table, pack_query(tables[v.table], v)) for v in plan.inputs if v.table in tables]
-    query = with_ctes(query, ctes)
-    if mode == "elements":
-        query = elements_query(result, result.keys, source=query)
-    elif mode == "topk":
-        query = topk_query(result, count, query, fused=fused is not None)
-    return query.sql(dialect="duckdb")
+    read = tuple((v.table, tables[v.table]) for v in plan.inputs if v.table in tables)
+    return interface_query(plan, read, mode, count)

@@ -28,6 +28,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import sqlglot
 from sqlglot import exp
@@ -35,9 +36,9 @@ from sqlglot import exp
 from ..errors import EinsumError
 from ..notation.checks import check_dtype
 from ..notation.spec import parse_spec
-from ..plan import TiledValue
+from ..plan import Plan, TiledValue
 from ..sql_templates import template
-from .sql import DIALECT, col, ident, table
+from .sql import DIALECT, col, elements_query, ident, single_query, table
 
 # numpy dtype -> DuckDB type, for every dtype a table's value can have (DuckDB has no complex)
 SQL_TYPES = {
@@ -414,3 +415,24 @@ def topk_query(result: TiledValue, k: int, source: exp.Expression, fused: bool =
         candidates="tile" if fused else kernel,
         source=_sql(source.subquery("src")),
     )
+
+
+@lru_cache(maxsize=256)
+def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mode: str, k: int | None) -> str:
+    """The whole answer of a SQL table function as DuckDB SQL: the plan as one query, preceded
+    by the tiling of every table operand it reads (``tables``: CTE name and operand), then cut to
+    elements or to the top ``k`` per row by ``mode`` (tiles, elements, topk).
+
+    Cached: plans and operands are frozen, and sqlglot takes ~10-30 ms to parse and print each
+    layer, so a query repeated over unchanged tables pays for it once."""
+    result = plan.result
+    query = single_query(plan)
+    fused = fuse_topk(query, result, k) if mode == "topk" else None
+    query = fused if fused is not None else query
+    by_table = {v.table: v for v in plan.inputs}
+    query = with_ctes(query, [(cte, pack_query(op, by_table[cte])) for cte, op in tables])
+    if mode == "elements":
+        query = elements_query(result, result.keys, source=query)
+    elif mode == "topk":
+        query = topk_query(result, k, query, fused=fused is not None)
+    return query.sql(dialect=DIALECT)
