@@ -158,7 +158,7 @@ def as_table(x, where: str, con=None) -> pa.Table | None:
         return x.read_all()
     if isinstance(x, duckdb.DuckDBPyRelation):
         try:
-            # DuckDB runs the relation (on its own connection) and hands back Arrow
+            # DuckDB runs the relation (on its own connection) and hands back Arrow, whole in memory
             return x.to_arrow_table()
         except duckdb.Error as e:
             raise EinsumError(f"{where}: DuckDB could not run the relation: {e}") from None
