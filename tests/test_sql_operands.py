@@ -277,7 +277,12 @@ def test_array_table_against_numpy(sdb, elem, key_type):
     want = np.einsum("id,jd->ij", q, ordered)
     got = elements(con, "SELECT * FROM einsum_elements('id,jd->ij', 'Q', 'emb')", want.shape, want.dtype)
     assert_close(got, want)
-    # the table alone is the matrix in key order
+    # the table alone is the matrix in key order; rows in several tiles (numbered by a window)
+    assert "row_number" in sdb._einsum_sql("ij->ij", ["emb"], "tiles").lower()
+    assert_close(elements(con, "SELECT * FROM einsum_elements('ij->ij', 'emb')", ordered.shape, ordered.dtype), ordered)
+    # and in one tile (one ordered list, no window)
+    sdb.tile_bytes = 1 << 20
+    assert "row_number" not in sdb._einsum_sql("ij->ij", ["emb"], "tiles").lower()
     assert_close(elements(con, "SELECT * FROM einsum_elements('ij->ij', 'emb')", ordered.shape, ordered.dtype), ordered)
 
 

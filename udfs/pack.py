@@ -4,8 +4,8 @@ are not stored tensors (``compile/sql_interface.py`` writes the SQL that groups 
 - ``eds_pack_<dtype>(spec, key, [{o, v}, ...])``: element rows of one tile (``o`` the element's
   C-order offset in a full tile, ``v`` its value) -> the tile's bytes; missing elements are 0,
   two rows for one element are an error.
-- ``eds_pack_rows_<dtype>(spec, key, [{o, a}, ...])``: whole rows of a matrix (``o`` the row
-  within the tile, ``a`` its array) -> the tile's bytes.
+- ``eds_pack_rows_<dtype>(spec, key, [array, ...])``: whole rows of a matrix, in row order ->
+  the tile's bytes.
 """
 
 from __future__ import annotations
@@ -90,25 +90,24 @@ def pack_rows(spec_arr, keys_arr, members_arr) -> pa.Array:
     spec = json.loads(_spec(spec_arr))
     table, (rows, width), tile, dtype = spec["table"], spec["shape"], spec["tile"], np.dtype(spec["dtype"])
     keys = [k.tolist() for k in _key_rows(keys_arr)]
-    offsets, fields = _fields(members_arr)
-    arrays = fields["a"]
+    groups = _as_array(members_arr)  # per tile, its rows' arrays in row order
+    offsets = groups.offsets.to_numpy()
+    arrays = groups.values
     if arrays.null_count or arrays.values.null_count:
         raise EinsumError(f"einsum(): table {table!r}: column {spec['column']!r} has NULL elements; "
                           "replace them (list_transform(a, x -> coalesce(x, 0)) in a view) or leave those rows out")
-    lengths = np.diff(arrays.offsets.to_numpy())
+    starts = arrays.offsets.to_numpy()
+    lengths = np.diff(starts)
     if lengths.size and (lengths != width).any():
         raise _changed(table, f"an array that is not {width} long")
-    starts = arrays.offsets.to_numpy()
     flat = _numpy(arrays.values, dtype)
-    o_all = _numpy(fields["o"], np.int64)
     writer = TileWriter(dtype, [_extent(k, (rows, width), tile) for k in keys])
     for g, key in enumerate(keys):
         a, b = offsets[g], offsets[g + 1]
         out = writer.out(g)
-        o = o_all[a:b]
-        if key[0] * tile[0] >= rows or b - a != out.shape[0] or np.unique(o).size != out.shape[0]:
+        if key[0] * tile[0] >= rows or b - a != out.shape[0]:
             raise _changed(table, f"not {rows} rows")
-        out[o] = flat[starts[a]:starts[b]].reshape(b - a, width)
+        out[...] = flat[starts[a]:starts[b]].reshape(b - a, width)
     return writer.array()
 
 
@@ -125,6 +124,6 @@ def register_pack(con) -> None:
         element = duckdb.list_type(duckdb.struct_type({"o": bigint, "v": value}))
         con.create_function(f"eds_pack_{dtype}", pack_elements, [text, keys, element], blob, type="arrow",
                             side_effects=False)
-        row = duckdb.list_type(duckdb.struct_type({"o": bigint, "a": duckdb.list_type(value)}))
+        row = duckdb.list_type(duckdb.list_type(value))
         con.create_function(f"eds_pack_rows_{dtype}", pack_rows, [text, keys, row], blob, type="arrow",
                             side_effects=False)

@@ -325,17 +325,23 @@ def pack_rows(op: ArrayTable, tiled: TiledValue) -> exp.Expression:
     spec = json.dumps({"table": op.table, "column": op.column, "shape": list(tiled.shape), "tile": list(tiled.tile),
                        "dtype": op.dtype}, separators=(",", ":"), sort_keys=True)
     k0, k1 = (_sql(ident(k)) for k in tiled.keys)
+    key, column = _sql(col(op.key, "src")), _sql(col(op.column, "src"))
+    single = tiled.grid[0] <= 1
+    numbered = (f"JOIN (SELECT {_sql(col(op.key))} AS nk, row_number() OVER (ORDER BY {_sql(col(op.key))}) - 1 "
+                f"AS r FROM {_sql(table(op.table))}) AS numbered ON numbered.nk = {key}")
     return _fill(
         "pack_rows",
+        tile_key="CAST(0 AS BIGINT)" if single else f"numbered.r // {t0}",
         k0=k0,
         k1=k1,
-        t0=str(t0),
         kernel=f"eds_pack_rows_{op.dtype}",
         spec=_lit(spec),
+        column=column,
         list_type=f"{SQL_TYPES[op.dtype]}[]",
-        key=_sql(col(op.key)),
-        column=_sql(col(op.column)),
-        source=_sql(table(op.table)),
+        order=key if single else "numbered.r",
+        source=f"{_sql(table(op.table))} AS src",
+        numbered="" if single else numbered,
+        group_by="" if single else f"GROUP BY numbered.r // {t0}",
     )
 
 
