@@ -8,7 +8,7 @@ per tile; SQL ranks the candidates of a row across tiles (``sql_templates/topk.s
 
 >>> x = np.array([[3, 1, 3, 2], [0, 5, 5, 5]])
 >>> rows, cols = row_top(x, 2)
->>> cols.reshape(2, 2).tolist()
+>>> np.sort(cols.reshape(2, 2), axis=1).tolist()  # ties: the smaller indices win
 [[0, 2], [1, 2]]
 """
 

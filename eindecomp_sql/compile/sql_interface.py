@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+import numpy as np
 import sqlglot
 from sqlglot import exp
 
@@ -257,8 +258,6 @@ def settle_shapes(spec: str, operands: list) -> list:
 
 def array_tile(op: ArrayTable, tile_bytes: int) -> tuple[int, int]:
     """Whole rows, as many per tile as ``tile_bytes`` allows (halving, as auto tiles do)."""
-    import numpy as np
-
     t0 = max(op.rows, 1)
     row_bytes = max(op.width, 1) * np.dtype(op.dtype).itemsize
     while t0 > 1 and t0 * row_bytes > tile_bytes:
