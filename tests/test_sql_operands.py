@@ -369,3 +369,40 @@ def test_element_tables_property(pdb, case):
     want = np.einsum(spec, e)
     got = elements(con, "SELECT * FROM einsum_elements(?, 'E')", want.shape, want.dtype, [spec])
     assert_close(got, want)
+
+
+def test_sql_einsum_next_to_python_einsum_in_threads():
+    """A thread running SQL einsums over a table (the planning UDF takes the session's lock to
+    read the catalog) next to one running Python einsums (which hold that lock while they run):
+    both finish, with numpy's answers."""
+    rng = np.random.default_rng(13)
+    with eds.connect() as db:
+        con = db.connection
+        e = put_elements(con, "E", random_array(rng, (9, 6), "float64"), rng=rng)
+        b = random_array(rng, (6, 5), "float64")
+        db.store("B", b, tile=(4, 4))
+        want = e @ b
+        errors = []
+
+        def sql_side():
+            try:
+                for _ in range(15):
+                    got = elements(con, "SELECT * FROM einsum_elements('ij,jk->ik', 'E', 'B')", want.shape, want.dtype)
+                    assert_close(got, want)
+            except BaseException as x:  # noqa: BLE001 - reported below
+                errors.append(x)
+
+        def python_side():
+            try:
+                for _ in range(15):
+                    assert_close(db.einsum_numpy("jk,kl->jl", "B", b.T.copy()), b @ b.T)
+            except BaseException as x:  # noqa: BLE001 - reported below
+                errors.append(x)
+
+        threads = [threading.Thread(target=f, daemon=True) for f in (sql_side, python_side)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads), "deadlock"
+        assert not errors, errors
