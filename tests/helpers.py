@@ -43,9 +43,10 @@ def error_scale(spec: str, arrays) -> np.ndarray:
     return np.einsum(spec, *[np.abs(np.asarray(a)).astype(np.float64) for a in arrays])
 
 
-def assert_close(got: np.ndarray, want: np.ndarray, scale: np.ndarray | None = None):
+def assert_close(got: np.ndarray, want: np.ndarray, scale: np.ndarray | None = None, eps: float | None = None):
     """Same shape, same dtype (byte order aside: results are native), values equal for ints and
-    bools, within rounding (relative to ``scale``) for floats and complex."""
+    bools, within rounding (``eps`` relative to ``scale``; by default the result dtype's) for
+    floats and complex."""
     got = np.asarray(got)
     want = np.asarray(want)
     assert got.shape == want.shape, (got.shape, want.shape)
@@ -53,7 +54,8 @@ def assert_close(got: np.ndarray, want: np.ndarray, scale: np.ndarray | None = N
     if want.dtype.kind in "biu":
         np.testing.assert_array_equal(got, want)
         return
-    eps = 1e-4 if want.dtype in (np.float32, np.complex64) else 1e-10
+    if eps is None:
+        eps = 1e-4 if want.dtype in (np.float32, np.complex64) else 1e-10
     bound = eps * (np.abs(scale) if scale is not None else np.abs(want)) + eps
     both_nan = np.isnan(got) & np.isnan(want)
     same_inf = np.isinf(want) & (got == want)

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import eindecomp_sql as eds
-from helpers import DTYPES, assert_close, random_array
+from helpers import DTYPES, assert_close, einsum_case, error_scale, random_array
 from reference import reference
 
 BINARY = ["mul", "add", "sub", "div", "max", "min"]
@@ -104,3 +104,132 @@ def test_many_operand_non_semiring_stays_one_node(db):
     # a semiring (add, max) is lowered to binary nodes and still right
     got = eds.einsum("ij,jk,kl->il", a, c, rng.standard_normal((2, 3)), join="add", agg="max")
     assert got.shape == (3, 3)
+
+
+def _explicit(spec: str) -> str:
+    """numpy's implicit output made explicit: the labels seen once, in sorted (ASCII) order."""
+    if "->" in spec:
+        return spec
+    letters = spec.replace(",", "")
+    return spec + "->" + "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+
+
+JOINS_ANY = ["mul", "add", "max", "min", "x0 * 2 + x0", "max(x0, 0)"]
+JOINS_TWO = ["sub", "div", "relu(x - y)", "x if x > y else y", "x * y + 1"]
+
+
+@given(einsum_case(), st.sampled_from(AGGS), st.integers(0, 10), st.lists(st.sampled_from(["stored", "array"]),
+                                                                          min_size=5, max_size=5))
+def test_extended_joins_on_generated_cases(db, case, agg, pick, kinds):
+    """Joins and aggregations over the widened cases (repeated and case-only labels, size-1
+    broadcasts, multi-piece tiles, every dtype), stored and array operands, against the plain
+    numpy reference. A join numpy refuses on these dtypes must be our EinsumError."""
+    spec, shapes, dtypes, tiles, seed = case
+    spec = _explicit(spec)
+    joins = JOINS_ANY + (JOINS_TWO if len(shapes) == 2 else [])
+    join = joins[pick % len(joins)]
+    rng = np.random.default_rng(seed)
+    arrays = [random_array(rng, s, d) for s, d in zip(shapes, dtypes)]
+    if agg == "prod":  # keep products in range
+        arrays = [np.where(np.abs(a) > 2, a / 4, a) if a.dtype.kind in "fc" else a for a in arrays]
+    fn = {"x0 * 2 + x0": lambda *xs: xs[0] * 2 + xs[0], "max(x0, 0)": lambda *xs: np.maximum(xs[0], 0),
+          "relu(x - y)": lambda x, y: np.maximum(x - y, np.zeros((), np.result_type(x, y))),
+          "x if x > y else y": lambda x, y: np.where(x > y, x, y), "x * y + 1": lambda x, y: x * y + 1}.get(join, join)
+    with np.errstate(all="ignore"):
+        try:
+            want = reference(spec, *arrays, join=fn, agg=agg)
+        except TypeError:  # numpy refuses (bool - bool, complex comparisons): so must we
+            with pytest.raises(eds.EinsumError):
+                eds.einsum(spec, *arrays, join=join, agg=agg)
+            return
+        except ValueError:  # max/min over an empty set: numpy refuses, so must we
+            with pytest.raises(eds.EinsumError):
+                eds.einsum(spec, *arrays, join=join, agg=agg)
+            return
+        if want.dtype == np.float16:  # sqrt/exp of small ints is float16 in numpy; not stored yet
+            with pytest.raises(eds.EinsumError, match="float16"):
+                eds.einsum(spec, *arrays, join=join, agg=agg)
+            return
+        operands = [db.store(f"g{k}", a, tile=t, replace=True) if kind == "stored" else a
+                    for k, (a, t, kind) in enumerate(zip(arrays, tiles, kinds))]
+        got = db.einsum(spec, *operands, join=join, agg=agg).to_numpy()
+    # rounding: numpy folds a join left to right in each pair's dtype, a semiring lowered to
+    # binary nodes computes every step in the dtype of all operands; both are right to the
+    # precision of the narrowest float, relative to the magnitudes of the terms
+    narrow = any(np.dtype(d) in (np.float32, np.complex64) for d in dtypes)
+    mags = [np.abs(a).astype(np.float64) for a in arrays]
+    with np.errstate(all="ignore"):
+        scale = np.abs(want) + 4 * sum(reference(spec, *mags, join=j, agg="sum" if agg == "sum" else "max")
+                                       for j in (lambda *xs: sum(xs), lambda *xs: np.prod(np.broadcast_arrays(*xs), 0)))
+    assert_close(got, want, scale, eps=1e-4 if narrow else None)
+
+
+def _tile_dependent_shape(x, y):
+    r = x * y
+    return r if r.size <= 8 else r[:1]  # element-wise on the probe, not on real tiles
+
+
+def _tile_dependent_dtype(x, y):
+    r = x * y
+    return r if r.size <= 8 else r.astype(np.float32)
+
+
+def _tile_dependent_strings(x, y):
+    r = x * y
+    return r if r.size <= 8 else r.astype(str)
+
+
+def _sums(x, y):
+    return x.sum()
+
+
+def _raises(x, y):
+    raise KeyError("boom")
+
+
+@pytest.mark.parametrize(
+    "fn,match",
+    [
+        (_sums, "_sums\\) is not element-wise.*returned shape \\(\\)"),
+        (lambda x, y: None, "<lambda>\\) returned None"),
+        (lambda x, y: np.full(np.broadcast_shapes(x.shape, y.shape), "s"), "<lambda>\\) returned <U1 values"),
+        (lambda x, y: 2.0, "<lambda>\\) is not element-wise"),
+        (lambda x, y: x, "<lambda>\\) is not element-wise"),
+        (lambda x, y: (x * y)[..., :1], "<lambda>\\) is not element-wise"),
+        (lambda x, y: (x * y).astype(np.float16), "float16"),
+        (lambda x, y: (x * y).astype(object), "returned object values"),
+        (_raises, "_raises\\) raised KeyError"),
+        (_tile_dependent_shape, "_tile_dependent_shape\\) is not element-wise"),
+        (_tile_dependent_dtype, "_tile_dependent_dtype\\) returned float32.*probe.*gave float64"),
+        (_tile_dependent_strings, "_tile_dependent_strings\\) returned <U"),
+    ],
+)
+def test_callable_joins_are_checked_on_every_tile(db, fn, match):
+    """A callable that is not element-wise made results depend on the tiling; one returning
+    strings, None or a wrong shape raised TypeError/ValueError from numpy. Each is an
+    EinsumError naming the callable (from the probe, or from the tile where it goes wrong)."""
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((5, 6)), rng.standard_normal((6, 4))
+    A = db.store("cj_a", a, tile=(2, 3), replace=True)
+    B = db.store("cj_b", b, tile=(3, 2), replace=True)
+    before = db.tensors()
+    with pytest.raises(eds.EinsumError, match=match):
+        db.einsum("ij,jk->ik", A, B, join=fn, out="cj_out")
+    assert db.tensors() == before  # nothing half-written
+    with pytest.raises(eds.EinsumError, match=match):
+        eds.einsum("ij,jk->ik", a, b, join=fn)
+
+
+def test_element_wise_callables_still_run_on_every_tiling(db):
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((7, 6)), rng.standard_normal((6, 5))
+
+    def hinge(x, y):
+        return np.maximum(1 - x * y, np.zeros((), x.dtype))
+
+    want = reference("ij,jk->ik", a, b, join=hinge, agg="sum")
+    for ta, tb in [((7, 6), (6, 5)), ((2, 3), (3, 2)), ((1, 1), (1, 1)), ((3, 5), (4, 4))]:
+        A = db.store("ok_a", a, tile=ta, replace=True)
+        B = db.store("ok_b", b, tile=tb, replace=True)
+        assert_close(db.einsum("ij,jk->ik", A, B, join=hinge).to_numpy(), want)
+    assert_close(eds.einsum("ij,jk->ik", a, b, join=hinge), want)
