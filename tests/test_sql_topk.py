@@ -150,6 +150,13 @@ def test_row_top_kernel(dtype):
         got = sorted(zip(rows.tolist(), cols.tolist()))
         want = [(r, j) for r, _, j, _ in ref_topk(x, k)]
         assert got == sorted(want)
+    # rows that defeat the block-maxima bound (ascending: most of a row is above it) take the
+    # np.partition path; with ties (small ints) too
+    for x in (np.tile(np.arange(64, dtype=dtype if dtype != "bool" else "int8"), (6, 1)),
+              (rng.integers(0, 3, (6, 64)) * np.arange(64) // 16).astype(dtype)):
+        for k in (1, 5, 17):
+            rows, cols = row_top(x, k)
+            assert sorted(zip(rows.tolist(), cols.tolist())) == sorted((r, j) for r, _, j, _ in ref_topk(x, k))
 
 
 def test_only_k_candidates_per_row_and_tile_leave_the_kernel():
