@@ -114,7 +114,16 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
             by_name[key] = TiledValue(op.table, op.shape, op.dtype, tile, tuple(f"d{p}" for p in range(op.ndim)), cte)
             tables[cte] = op
         values.append(by_name[key])
-    plan = session._plan(spec, values, join, agg)
+    try:
+        plan = session._plan(spec, values, join, agg)
+    except EinsumError as e:
+        if "operand" not in str(e):
+            raise
+        # in SQL the operands are names: say which is which
+        named = "; ".join(
+            f"{p} = {op.describe() if not isinstance(op, TiledValue) else f'stored tensor {op.name!r}'}, "
+            f"shape {op.shape}" for p, op in enumerate(operands))
+        raise EinsumError(f"{e}\n    operands: {named}") from None
     result = plan.result
     if mode == "topk":
         if not result.shape:

@@ -186,6 +186,21 @@ def test_element_table_errors(sdb):
         assert "EinsumError" in str(e.value) and "Binder" not in str(e.value), str(e.value)
 
 
+def test_size_mismatch_names_the_operands(sdb):
+    sdb.store("A", np.ones((2, 3)))
+    sdb.store("B", np.ones((4, 2)))
+    con = sdb.connection
+    con.execute("CREATE TABLE E3(i BIGINT, j BIGINT, v DOUBLE); INSERT INTO E3 VALUES (4, 1, 1.0)")
+    with pytest.raises(duckdb.Error, match=r"table 'E3' \(operand 1\) has i up to 4, but operand 0 gives i's label "
+                                           r"'j' size 3"):
+        con.sql("SELECT * FROM einsum('ij,jk->ik', 'A', 'E3')").fetchall()
+    con.execute("CREATE TABLE E4(i BIGINT, j BIGINT, v DOUBLE); INSERT INTO E4 VALUES (1, 1, 1.0)")
+    with pytest.raises(duckdb.Error, match=r"(?s)label 'j' has size 4 .* operands: 0 = stored tensor 'A', shape "
+                                           r"\(2, 3\); 1 = stored tensor 'B', shape \(4, 2\); 2 = table 'E4' "
+                                           r"\(element form: indices i, j, value v\), shape \(2, 2\)"):
+        con.sql("SELECT * FROM einsum('ij,jk,kl->il', 'A', 'B', 'E4')").fetchall()
+
+
 def test_wrong_number_of_subscripts_names_the_table(sdb):
     sdb.connection.execute("CREATE TABLE E2(i BIGINT, j BIGINT, v DOUBLE)")
     with pytest.raises(duckdb.Error, match=r"table 'E2' .* 2 index column\(s\), but its subscripts 'ijk' name 3"):

@@ -250,8 +250,8 @@ def settle_shapes(spec: str, operands: list) -> list:
             if lab in fixed and size > fixed[lab][0]:
                 other, j = fixed[lab]
                 raise EinsumError(
-                    f"einsum(): table {op.table!r} has {c} up to {size - 1}, but operand {j} gives its label "
-                    f"{lab!r} size {other}")
+                    f"einsum(): table {op.table!r} (operand {k}) has {c} up to {size - 1}, but operand {j} gives "
+                    f"{c}'s label {lab!r} size {other}")
         out[k] = replace(op, shape=tuple(target[lab] for lab in labels))
     return out
 
