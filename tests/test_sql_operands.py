@@ -136,7 +136,7 @@ def test_element_table_grows_to_other_operands(sdb):
     assert_close(elements(con, "SELECT * FROM einsum_elements('ii->i', 'S')", (3,), "float64"), want)
     # an index beyond the other operand's size is an error naming both
     sdb.store("C", rng.standard_normal((2, 2)))
-    with pytest.raises(duckdb.Error, match=r"table 'S' has i up to 2, but operand 1 gives its label 'i' size 2"):
+    with pytest.raises(duckdb.Error, match=r"table 'S' \(operand 0\) has i up to 2, but operand 1 gives i's label 'i' size 2"):
         con.sql("SELECT * FROM einsum('ij,ij->ij', 'S', 'C')").fetchall()
     # a size-1 dimension of another operand broadcasts, as in numpy
     c1 = rng.standard_normal((1, 2))
