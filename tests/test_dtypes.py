@@ -44,8 +44,7 @@ def test_stored_retiled_and_read_back(db, dtype):
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16", "uint32", "uint64", "complex64",
                                    "complex128"])
-@pytest.mark.parametrize("join,agg", [("add", "max"), ("max", "min"), ("sub", "sum"), ("mul", "prod"),
-                                      ("div", "sum"), ("x * y + 1", "min")])
+@pytest.mark.parametrize("join,agg", [("add", "max"), ("max", "min"), ("sub", "prod"), ("x * y + 1", "sum")])
 def test_extended_joins_on_new_dtypes(db, dtype, join, agg):
     """Where numpy defines the operation, its answer (complex max/min compare as numpy does:
     real part first, then imaginary); unsigned subtraction wraps as in numpy."""
@@ -54,8 +53,6 @@ def test_extended_joins_on_new_dtypes(db, dtype, join, agg):
     rng = np.random.default_rng(7)
     a = random_array(rng, (4, 5), dtype)
     b = random_array(rng, (5, 3), dtype)
-    if join == "div":
-        b = np.where(b == 0, np.ones((), b.dtype), b)
     fn = {"x * y + 1": lambda x, y: x * y + 1}.get(join, join)
     with np.errstate(all="ignore"):
         want = reference("ij,jk->ik", a, b, join=fn, agg=agg)

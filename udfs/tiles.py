@@ -80,7 +80,12 @@ def tiles_to_arrow(tiles: list[np.ndarray]) -> pa.Array:
 
 
 def tiles_from_array(array: np.ndarray, tile: tuple[int, ...], keys: tuple[str, ...]) -> pa.Table:
-    """Cut ``array`` into C-order tiles: a table of one int64 key column per dimension + tile."""
+    """Cut ``array`` into C-order tiles: a table of one int64 key column per dimension + tile.
+
+    Tiles are raw bytes that kernels read in the machine's byte order, so an array in the
+    other order is converted here too (callers pass native arrays; this is the last guard)."""
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
     shape = array.shape
     grid = [-(-n // t) for n, t in zip(shape, tile)]
     coords = np.indices(grid).reshape(len(grid), -1).T if grid else np.zeros((1, 0), dtype=np.int64)
