@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import inspect
 import threading
 
 import numpy as np
@@ -88,7 +89,8 @@ def _is_view_case(spec: str, shapes) -> bool:
     return len(shapes) == 1 and set(parsed.inputs[0]) <= set(parsed.output)
 
 
-def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=False, join=None, agg=None):
+def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=False, join=None, agg=None,
+           progress=None):
     """Evaluate an (extended) Einstein summation as SQL in an embedded DuckDB, with
     ``numpy.einsum``'s semantics and arguments.
 
@@ -120,7 +122,10 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
         ``out.dtype``) and returned. Its shape must be the result's.
     dtype : dtype, optional
         Compute in this dtype: every operand is cast to it first, under ``casting``; a cast the
-        rule forbids is an ``EinsumError`` where numpy raises.
+        rule forbids is an ``EinsumError`` where numpy raises. Without it, the operands'
+        promoted dtype, with ``out``'s when given (numpy's: bools summed into an int ``out``
+        count). As in numpy, a lone operand whose labels all reach the output (a copy, a
+        transpose, a diagonal) keeps its dtype: numpy returns a view there and ignores it.
     order : {'K', 'C', 'F', 'A'}
         Memory layout of the returned array ('K' and 'C': C order; 'F': Fortran; 'A': Fortran
         when every array operand is Fortran-contiguous). Ignored with ``out``.
@@ -129,8 +134,9 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
         operands' promoted dtype) and for the result into ``out``.
     optimize : {False, True, 'greedy', 'optimal', ('greedy', memory_limit), ['einsum_path', ...]}
         numpy's contraction-path argument (also opt_einsum's path names), checked as numpy
-        does. Values do not depend on it: every step computes in the dtype of the whole einsum,
-        as numpy's unoptimized einsum does. The planner orders many-operand products itself.
+        checks it (an invalid path is an ``EinsumError``). Values never depend on it: every
+        step computes in the dtype of the whole einsum, as numpy's unoptimized einsum does.
+        The planner chooses the order of a many-operand product.
     join : str or callable, optional
         The element-wise function of the operands (default ``"mul"``). A name: binary
         ``mul add sub div max min pow`` (``mul add max min`` fold over any number of operands)
@@ -144,6 +150,9 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
         dtypes only; this is checked on every tile (``EinsumError`` naming the callable).
     agg : {'sum', 'max', 'min', 'prod'}
         How values of the labels not in the output combine (default ``"sum"``).
+    progress : bool or callable, optional
+        ``True`` draws a progress bar on stderr; a callable receives a ``StepProgress`` (step k
+        of n, tiles done, bytes, elapsed) several times a second; None or False: nothing.
 
     Returns
     -------
@@ -206,10 +215,18 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
         for frm, to in ((rdt, out.dtype), (out.dtype, rdt) if plain else (rdt, out.dtype)):
             if not np.can_cast(frm, to, casting):
                 raise _cast_error("out", frm, to, casting)
-    r = session.einsum_numpy(spec, *arrays, join=join, agg=agg)
+    r = session.einsum_numpy(spec, *arrays, join=join, agg=agg, progress=progress)
     if out is not None:
         np.copyto(out, r, casting="unsafe")  # the rule was checked above, on numpy's dtypes
         return out
     if order == "F" or (order == "A" and all(isinstance(x, np.ndarray) and x.flags.f_contiguous for x in arrays)):
         r = np.asarray(r, order="F")
     return r[()] if r.ndim == 0 else r
+
+
+# help() shows the call as numpy documents its own: the spec first, then the operands
+_P = inspect.Parameter
+einsum.__signature__ = inspect.Signature(
+    [_P("spec", _P.POSITIONAL_ONLY), _P("operands", _P.VAR_POSITIONAL)]
+    + [p for p in inspect.signature(einsum).parameters.values() if p.kind is _P.KEYWORD_ONLY]
+)

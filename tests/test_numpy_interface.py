@@ -244,9 +244,18 @@ def test_lower_einsum_follows_an_explicit_path():
 
 def test_help_lists_parameters_joins_aggregations_and_dtypes():
     text = pydoc.render_doc(eds.einsum, renderer=pydoc.plaintext)
-    for name in ["spec"] + list(inspect.signature(eds.einsum).parameters):
+    for name in inspect.signature(eds.einsum).parameters:
         assert name in text, name
     for word in BINARY_JOINS + UNARY_JOINS + tuple(EXPR_FUNCTIONS) + AGGREGATIONS + SUPPORTED:
         assert word in text, word
     for word in ("sublist", "casting", "float16", "Ellipsis", "callable"):
         assert word in text, word
+
+
+def test_progress_reaches_the_plan():
+    seen = []
+    a = np.random.default_rng(1).standard_normal((40, 30))
+    assert_close(eds.einsum("ij,jk->ik", a, a.T, progress=seen.append), a @ a.T)
+    assert seen and seen[-1].tiles_done == seen[-1].tiles
+    with pytest.raises(EinsumError, match="progress"):
+        eds.einsum("ij->", a, progress="yes")
