@@ -53,7 +53,7 @@ def _refuse_tables(x, where: str) -> None:
     mod, name = _module(x), type(x).__name__
     if isinstance(x, (pa.Table, pa.RecordBatch, pa.RecordBatchReader)):
         raise EinsumError(f"{where}: a pyarrow {name} is a table, not an array; {_STORE_TABLE}")
-    if mod.startswith("duckdb"):
+    if mod.startswith("duckdb") and "Relation" in name:
         raise EinsumError(f"{where}: a DuckDB {name} is a table, not an array; {_STORE_TABLE} "
                           "(or fetch it with .fetchnumpy())")
     if mod.startswith("scipy.sparse") or (mod.startswith("sparse") and hasattr(x, "todense")):
