@@ -89,7 +89,17 @@ class _Problem:
     @property
     def cands(self) -> dict[str, list[dict[str, int]]]:
         if self._cands is None:  # only the optimizer needs them, not the baselines
-            self._cands = {n.result.name: self._candidates(n) for n in self.nodes}
+            # nodes alike in everything candidates depend on (the layers of a deep network)
+            # share one list; nobody edits it (chosen pieces are copied out)
+            shared: dict[tuple, list[dict[str, int]]] = {}
+            self._cands = {}
+            for n in self.nodes:
+                key = (n.output, n.sizes, n.result.dtype, tuple(
+                    (op.labels, op.dropped, self.dtypes[op.value], self.fixed.get(op.value),
+                     len(self.values[op.value].shape)) for op in n.operands))
+                if key not in shared:
+                    shared[key] = self._candidates(n)
+                self._cands[n.result.name] = shared[key]
         return self._cands
 
     def _node_costs(self, node: EinsumNode, pieces: np.ndarray, col: dict[str, int]) -> np.ndarray:
@@ -383,7 +393,7 @@ class _Problem:
             _pick(root, ci, picks, chosen)
         if total == math.inf:
             return math.inf, None
-        return total, {name: self.cands[name][ci] for name, ci in chosen.items()}
+        return total, {name: dict(self.cands[name][ci]) for name, ci in chosen.items()}
 
     def relaxed(self):
         """Pieces per node with every cut value free: each consumer pays for its producer as
@@ -399,7 +409,7 @@ class _Problem:
                 if mn == math.inf:
                     return None
                 _pick(name, mnarg, picks, chosen)
-        return {name: self.cands[name][ci] for name, ci in chosen.items()}
+        return {name: dict(self.cands[name][ci]) for name, ci in chosen.items()}
 
     def free_input_tiles(self, pieces, fix) -> dict[str, tuple[int, ...]]:
         tiles = {}
