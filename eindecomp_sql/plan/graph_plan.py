@@ -95,7 +95,7 @@ class GraphPlan:
                 lines.append(f"  {strat:15s} {bc.total:15,.0f}  ({ratio:.2f}x this plan)")
         lines += ["", "nodes:"]
         for n in self.nodes:
-            p = self.pieces[n.result.name]
+            p = self.choice.pieces[n.result.name]  # read only: no copy per node
             size = n.size
             tiles = {lab: tile_of(size[lab], p[lab]) for lab in n.labels}
             lines.append(f"  {n.result.name} = {n.describe()}  shape {n.result.shape} {n.result.dtype} "
@@ -124,7 +124,7 @@ class GraphPlan:
             label = f"{v.name}" + NL + size(v) + NL + f"tile {self.plan_input_tile(v.name)}"
             out.append(f"  {q(v.name)} [shape=box, label={q(label)}];")
         for n in self.nodes:
-            p = self.pieces[n.result.name]
+            p = self.choice.pieces[n.result.name]  # read only: no copy per node
             chunks = " ".join(f"{lab}:{p[lab]}" for lab in n.labels)
             label = f"{n.result.name} = {n.describe()}" + NL + size(n.result) + NL + f"pieces {chunks}"
             extra = ", peripheries=2" if n.result.name in outputs else ""
