@@ -15,8 +15,8 @@ labels of its own, gets generated ones (``ab``).
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..errors import EinsumError
 from ..notation import parse_agg, parse_join, parse_spec

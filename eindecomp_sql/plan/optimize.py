@@ -405,7 +405,7 @@ class _Problem:
         for n in reversed(self.nodes):
             name = n.result.name
             if name not in self.consumers:
-                bt, arg, mn, mnarg = state[name]
+                _, _, mn, mnarg = state[name]
                 if mn == math.inf:
                     return None
                 _pick(name, mnarg, picks, chosen)
