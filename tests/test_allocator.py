@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent(
     a = rng.standard_normal((3000, 3000)).astype(np.float32)   # 36 MB: above glibc's 32 MiB mmap cap
     b = rng.standard_normal((3000, 3000)).astype(np.float32)
     faults = []
-    for _ in range(3):
+    for _ in range(6):
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         c = eds.einsum("ij,ij->ij", a, b, join="add")
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
@@ -48,10 +48,14 @@ def test_repeated_einsum_reuses_freed_buffers():
     tuned, plain = _run(None), _run("0")
     assert tuned["retaining"] and not plain["retaining"]
     pages = 3000 * 3000 * 4 // 4096  # one 36 MB buffer in 4 KiB pages
-    # the first call faults its buffers in; later calls find them in the heap again
-    assert tuned["faults"][-1] < pages // 4, tuned
+    # the first call faults its buffers in; later calls find them in the heap again. Medians of
+    # the later calls: glibc now and then places a buffer where the heap must grow (or DuckDB's
+    # own threads trim it), and one such call is not what this measures
+    tuned_later = sorted(tuned["faults"][1:])[2]
+    plain_later = sorted(plain["faults"][1:])[2]
+    assert tuned_later < pages // 4, tuned
     # without the tuning each call maps its big buffers afresh (several of them per call)
-    assert plain["faults"][-1] > tuned["faults"][-1] + pages, (plain, tuned)
+    assert plain_later > tuned_later + pages, (plain, tuned)
 
 
 
@@ -68,7 +72,7 @@ TRIM_SCRIPT = textwrap.dedent(
     del x
     before = rss()
     db.einsum("i->", np.ones(3))                # a plan run: the free heap is above the cap
-    print(json.dumps({"free_before": before, "after": rss(), "free": allocator.free_bytes()}))
+    print(json.dumps({"free_before": before, "after": rss(), "free": allocator.resident_free_bytes()}))
     """
 )
 

@@ -42,7 +42,11 @@ class _MallInfo2(ctypes.Structure):
 
 
 _lock = threading.Lock()
-_state: dict = {"tried": False, "retaining": False, "users": 0}
+# "trimmed": free heap bytes that the last trim handed back to the system. malloc_trim cannot
+# shrink a heap whose top is in use; it then releases the free pages in place (madvise), and
+# mallinfo2 still counts them as free. Without this baseline every later plan would trim
+# again, handing back the very buffers the tuning keeps for reuse.
+_state: dict = {"tried": False, "retaining": False, "users": 0, "trimmed": 0}
 
 
 @functools.lru_cache(maxsize=1)
@@ -103,9 +107,20 @@ def bound_free_memory() -> None:
     reuses is ~190 MB of free heap; memory freed beyond the cap (by anyone) is handed back.
     A 256 MiB trim threshold instead let glibc trim on free and re-faulted both input tiles."""
     if _state["retaining"]:
-        free = free_bytes()
+        free = resident_free_bytes()
         if free is not None and free > FREE_CAP_BYTES:
             release_freed_memory()
+            _state["trimmed"] = free_bytes() or 0
+
+
+def resident_free_bytes() -> int | None:
+    """Free heap bytes that are still resident: free bytes beyond what the last trim handed
+    back (memory reused since then lowers that baseline: it is resident again)."""
+    free = free_bytes()
+    if free is None:
+        return None
+    _state["trimmed"] = min(_state["trimmed"], free)
+    return free - _state["trimmed"]
 
 
 def attach() -> None:

@@ -1,16 +1,27 @@
 """Running a plan so that Ctrl-C stops it and a caller can watch it.
 
-While DuckDB runs a statement the calling thread sits inside a C++ call, and Python runs signal
+While DuckDB runs a statement the main thread sits inside a C++ call, and Python runs signal
 handlers only between bytecodes of the main thread: a Ctrl-C waited until the statement ended
-(a 6000³ GEMM ran ~20 s on) or surfaced as DuckDB's own "Query interrupted" RuntimeError. So the
-statements run on a helper thread while the main thread waits in short joins; a
-KeyboardInterrupt there interrupts the connection, asks the tile kernels to stop between tasks
-(``udfs.pool.cancel``), waits for the transaction to roll back, and re-raises
-KeyboardInterrupt. The same waiting loop polls progress.
+(a 6000³ GEMM ran ~20 s on) or surfaced as DuckDB's own "Query interrupted" RuntimeError.
+
+So while a plan runs (on the main thread, as before) a watchdog thread waits on a socket that
+Python's C-level signal handler writes to at once (``signal.set_wakeup_fd``). On SIGINT it
+interrupts the connection and asks the tile kernels to stop between tasks
+(``udfs.pool.cancel``); the statement fails, the transaction rolls back, and then the caller's
+SIGINT handler runs: KeyboardInterrupt for Python's default one. Our own Python-level handler
+only records the signal meanwhile, so nothing is raised half-way through a rollback. The
+watchdog also polls progress.
+
+(A first version ran the statements on a helper thread while the main thread waited; the
+tile buffers the allocator tuning keeps for reuse were then page-faulted in afresh on many
+calls — DuckDB's client thread is not a neutral choice — so DuckDB stays on the calling thread.)
 """
 
 from __future__ import annotations
 
+import select
+import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -65,42 +76,56 @@ class Watch:
 
 def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
                       watch: Watch | None = None) -> object:
-    """``work()`` on a helper thread; Ctrl-C (in the main thread) interrupts it cleanly."""
-    if threading.current_thread() is not threading.main_thread():
-        # signals reach only the main thread: another thread has nothing to wait for
+    """``work()`` on this thread; Ctrl-C interrupts it cleanly, progress is polled."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main else None
+    # signals reach only the main thread; a SIGINT that is ignored, or handled by C code we
+    # cannot call, is left alone
+    catch = main and callable(previous)
+    if not catch and (watch is None or watch.report is None):
         return work()
-    box: dict = {}
-    # an Event, not Thread.join/is_alive: a join that a KeyboardInterrupt cuts short can leave
-    # the thread marked as stopped while it still runs (seen on CPython 3.11)
-    done = threading.Event()
+    hit = threading.Event()
+    stop = threading.Event()
+    reader, writer = socket.socketpair() if catch else (None, None)
+    old_fd = None
+    if catch:
+        writer.setblocking(False)
+        signal.signal(signal.SIGINT, lambda signum, frame: hit.set())
+        old_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
 
-    def target():
-        try:
-            box["value"] = work()
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
-            box["error"] = e
-        finally:
-            done.set()
-
-    runner = threading.Thread(target=target, name="eds-plan", daemon=True)
-    interrupted = False
-    runner.start()
-    while not done.is_set():
-        try:
-            if not done.wait(TICK_SECONDS) and watch is not None and not interrupted:
+    def watchdog():
+        while not stop.is_set():
+            if reader is not None:
+                ready, _, _ = select.select([reader], [], [], TICK_SECONDS)
+                if ready and signal.SIGINT in reader.recv(64):
+                    hit.set()
+                    pool.cancel()
+                    try:
+                        interrupt()
+                    except Exception:  # noqa: BLE001 - the statement may have just finished
+                        pass
+            else:
+                stop.wait(TICK_SECONDS)
+            if watch is not None and not hit.is_set() and not stop.is_set():
                 watch.poll()
-        except KeyboardInterrupt:
-            # interrupt the statement and the kernels, then wait for the rollback: what runs
-            # after us must find the database as it was
-            interrupted = True
-            pool.cancel()
-            try:
-                interrupt()
-            except Exception:  # noqa: BLE001 - the statement may have just finished
-                pass
-    if interrupted:
+
+    dog = threading.Thread(target=watchdog, name="eds-watchdog", daemon=True)
+    dog.start()
+    try:
+        result = work()
+    except BaseException:
+        if not hit.is_set():
+            raise
+        result = None  # the interrupted statement's error: the SIGINT handler speaks instead
+    finally:
+        stop.set()
+        dog.join()
+        if catch:
+            signal.set_wakeup_fd(old_fd)
+            signal.signal(signal.SIGINT, previous)
+            reader.close()
+            writer.close()
+    if hit.is_set():
         pool.cancel_done()
-        raise KeyboardInterrupt
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+        previous(signal.SIGINT, None)  # Python's default: raise KeyboardInterrupt
+    return result
