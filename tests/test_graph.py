@@ -248,6 +248,9 @@ def test_graph_errors():
         g.einsum("ij,jk->ik", x, x)
     with pytest.raises(EinsumError, match="already has a value"):
         g.input("x", (2,))
+    for shape in ("ab", "12", (2.5, 2), (2, "3"), 3, None):
+        with pytest.raises(EinsumError, match=r"input 's': shape must be a tuple of ints"):
+            g.input("s", shape)
     with pytest.raises(EinsumError, match="unsupported dtype"):
         g.input("y", (2,), "float16")
     with pytest.raises(EinsumError, match="another graph"):

@@ -14,6 +14,7 @@ labels of its own, gets generated ones (``ab``).
 
 from __future__ import annotations
 
+import operator
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -107,7 +108,10 @@ class Graph:
         """A tensor given when the plan runs (an array, a stored Tensor or its name)."""
         self._check_new_name(name)
         try:
-            shape = tuple(int(d) for d in shape)
+            # operator.index: ints and numpy ints only; int() would take "12" as (1, 2) and 2.5 as 2
+            if isinstance(shape, (str, bytes)):
+                raise TypeError
+            shape = tuple(operator.index(d) for d in shape)
         except TypeError:
             raise EinsumError(f"input {name!r}: shape must be a tuple of ints, got {shape!r}") from None
         if any(d < 1 for d in shape):
