@@ -136,7 +136,9 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
         numpy's contraction-path argument (also opt_einsum's path names), checked as numpy
         checks it (an invalid path is an ``EinsumError``). Values never depend on it: every
         step computes in the dtype of the whole einsum, as numpy's unoptimized einsum does.
-        The planner chooses the order of a many-operand product.
+        It orders the binary products of a many-operand product (a semiring join/agg): an
+        explicit path is followed, a name picks opt_einsum's algorithm; ``False`` lets the
+        planner choose (opt_einsum's ``"auto"``).
     join : str or callable, optional
         The element-wise function of the operands (default ``"mul"``). A name: binary
         ``mul add sub div max min pow`` (``mul add max min`` fold over any number of operands)
@@ -177,7 +179,7 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
         raise EinsumError(f"einsum: no operands; einsum takes {FORMS}")
     casting = _check_casting(casting)
     order = _check_order(order)
-    path = contraction_path(optimize, len(operands))  # noqa: F841 - checked; see docs/DESIGN.md
+    path = contraction_path(optimize, len(operands))
     ct = None if dtype is None else np.dtype(check_dtype(dtype, "einsum dtype"))
     arrays, raw = [], []
     for k, x in enumerate(operands):
@@ -215,7 +217,7 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
         for frm, to in ((rdt, out.dtype), (out.dtype, rdt) if plain else (rdt, out.dtype)):
             if not np.can_cast(frm, to, casting):
                 raise _cast_error("out", frm, to, casting)
-    r = session.einsum_numpy(spec, *arrays, join=join, agg=agg, progress=progress)
+    r = session.einsum_numpy(spec, *arrays, join=join, agg=agg, progress=progress, path=path)
     if out is not None:
         np.copyto(out, r, casting="unsafe")  # the rule was checked above, on numpy's dtypes
         return out

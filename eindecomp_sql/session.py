@@ -16,11 +16,11 @@ import numpy as np
 
 from .arrays import as_array
 from .backends.duckdb import DuckDBBackend
-from .compile import elements_query, single_query, sql_listing
+from .compile import sql_listing
 from .errors import EinsumError
-from .notation.checks import check_dtype, check_name
+from .notation.checks import check_name
 from .notation.sublist import sublist_spec
-from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, auto_tile, check_tile, plan_einsum
+from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, plan_einsum
 from .plan.tiling import check_count
 from .progress import reporter
 from .plan.cost import parse_memory
@@ -217,9 +217,9 @@ class Session:
         s, ops = sublist_spec((spec, *operands))
         return s, tuple(ops)
 
-    def _plan(self, spec, values, join, agg, out=None, temporary=False) -> Plan:
+    def _plan(self, spec, values, join, agg, out=None, temporary=False, path=None) -> Plan:
         return plan_einsum(spec, tuple(values), join, agg, out, temporary=temporary, workers=self.workers,
-                           budget=self.memory, max_tile_bytes=self.tile_bytes)
+                           budget=self.memory, max_tile_bytes=self.tile_bytes, path=path)
 
     def plan(self, spec: str, *operands, join=None, agg=None, out: str | None = None) -> Plan:
         """The plan ``einsum`` would run."""
@@ -256,12 +256,13 @@ class Session:
                     self.backend.unregister(t)
             return self._tensor(p.result)
 
-    def einsum_numpy(self, spec: str, *operands, join=None, agg=None, progress=None) -> np.ndarray:
-        """Run in this database, return numpy; nothing is stored."""
+    def einsum_numpy(self, spec: str, *operands, join=None, agg=None, progress=None, path=None) -> np.ndarray:
+        """Run in this database, return numpy; nothing is stored. ``path``: a contraction
+        order for a many-operand product (``graph.lower.contraction_path``), else the planner's."""
         spec, operands = self._spec_args(spec, operands)
         with self._call():
             values, arrays = self._resolve(operands)
-            p = self._plan(spec, values, join, agg)
+            p = self._plan(spec, values, join, agg, path=path)
             report = reporter(progress)
             registered = self._bind(p, arrays)
             try:

@@ -62,7 +62,7 @@ def test_unsupported_dtype_and_non_numeric(db):
     with pytest.raises(EinsumError, match="unsupported dtype float16"):
         eds.einsum("ij->i", np.ones((2, 2), np.float16))
     with pytest.raises(EinsumError, match="unsupported dtype"):
-        db.store("c", np.ones(3, np.complex64))
+        db.store("c", np.ones(3, np.longdouble))
     with pytest.raises(EinsumError, match="numeric"):
         eds.einsum("i->", np.array(["a", None], dtype=object))
 

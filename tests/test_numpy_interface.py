@@ -259,3 +259,18 @@ def test_progress_reaches_the_plan():
     assert seen and seen[-1].tiles_done == seen[-1].tiles
     with pytest.raises(EinsumError, match="progress"):
         eds.einsum("ij->", a, progress="yes")
+
+
+def test_optimize_path_orders_the_products():
+    from eindecomp_sql.plan import TiledValue, plan_einsum
+
+    vals = tuple(TiledValue(n, s, "float64", None, ("d0", "d1"), n)
+                 for n, s in (("A", (4, 5)), ("B", (5, 6)), ("C", (6, 3))))
+    first = {path: plan_einsum("ij,jk,kl->il", vals, path=path).steps[0].node
+             for path in (((0, 1), (0, 1)), ((1, 2), (0, 1)))}
+    assert [op.value for op in first[((0, 1), (0, 1))].operands] == ["A", "B"]
+    assert [op.value for op in first[((1, 2), (0, 1))].operands] == ["B", "C"]
+    rng = np.random.default_rng(8)
+    a, b, c = rng.random((4, 5)), rng.random((5, 6)), rng.random((6, 3))
+    for optimize in (["einsum_path", (1, 2), (0, 1)], "optimal", True, False):
+        np.testing.assert_allclose(eds.einsum("ij,jk,kl->il", a, b, c, optimize=optimize), a @ b @ c)

@@ -31,22 +31,22 @@ AGG_IDENTITY = {"sum": 0, "prod": 1}
 
 def plan_einsum(spec: str, values: tuple[TiledValue, ...], join=None, agg=None, out: str | None = None, *,
                 temporary: bool = False, workers: int = 1, budget: int | None = None,
-                max_tile_bytes: int | None = None) -> Plan:
+                max_tile_bytes: int | None = None, path=None) -> Plan:
     """The plan computing ``spec`` over ``values``; the result goes to table ``out`` (None:
     returned as rows). Values with ``tile`` None are free: the plan chooses their tiling."""
     j = join if isinstance(join, JoinFunction) else parse_join(join, len(values))
     a = agg if isinstance(agg, Aggregation) else parse_agg(agg)
-    return _plan(spec, tuple(values), j, a, out, temporary, workers, budget, max_tile_bytes)
+    return _plan(spec, tuple(values), j, a, out, temporary, workers, budget, max_tile_bytes, path)
 
 
 @lru_cache(maxsize=1024)
-def _plan(spec, values, join, agg, out, temporary, workers, budget, max_tile_bytes) -> Plan:
+def _plan(spec, values, join, agg, out, temporary, workers, budget, max_tile_bytes, path) -> Plan:
     # cached: a small einsum repeated in a loop pays for parsing and planning once
     parsed = parse_spec(spec, [v.shape for v in values])
     infos = [ValueInfo(v.name, v.shape, v.dtype) for v in values]
     # the result is named apart from every table: `einsum("ij->ji", "A", out="A")` must not
     # confuse the input A with the output A
-    nodes = lower_einsum(parsed, infos, join, agg, RESULT)
+    nodes = lower_einsum(parsed, infos, join, agg, RESULT, path=path)
     if any(n == 0 for n in parsed.size.values()):
         return _fill_plan(parsed, nodes[-1].result, agg, out, temporary, max_tile_bytes, budget)
     unique = {v.name: v for v in values}  # an operand given twice is one value
@@ -77,11 +77,14 @@ def _fill_plan(parsed: EinsumSpec, result: ValueInfo, agg: Aggregation, out, tem
                               f"nothing is undefined (numpy raises for a zero-size {agg.name} too)")
         value = AGG_IDENTITY[agg.name]
     dtype = np.dtype(result.dtype)
+    fill = dtype.type(value).item()
+    if isinstance(fill, complex):  # JSON has no complex numbers; the kernel casts 0 / 1 itself
+        fill = value
     tile = auto_tile(result.shape, dtype.itemsize, max_tile_bytes or DEFAULT_TILE_BYTES)
     target = TiledValue(result.name, result.shape, result.dtype, tile, key_names(parsed.output), out,
                         temporary=temporary)
     most = target.grid[0] if target.shape and target.nbytes else 1  # batches cut the first key
     batches = choose_batches(lambda b: fill_peak(target, b), most, budget)
-    plan = Plan((FillStep(target, dtype.type(value).item(), batches),), (), (target,))
+    plan = Plan((FillStep(target, fill, batches),), (), (target,))
     plan.check_budget(budget)
     return plan
