@@ -1,0 +1,107 @@
+"""A sweep of bad inputs across the public API: every one ends in EinsumError (a ValueError)
+naming the problem, never another exception type, and leaves the database as it was."""
+
+import numpy as np
+import pytest
+
+import eindecomp_sql as eds
+from eindecomp_sql import EinsumError
+
+A = np.arange(12.0).reshape(3, 4)
+
+
+def _calls():
+    """(id, fn(db, T) -> anything): each must raise EinsumError."""
+    cases = {
+        # einsum specs and operands
+        "spec not a string": lambda db, T: db.einsum(["ij"], A),
+        "spec None": lambda db, T: db.einsum(None, A),
+        "bad subscript": lambda db, T: db.einsum("i1", A),
+        "operand count": lambda db, T: db.einsum("ij,jk", A),
+        "shape mismatch": lambda db, T: db.einsum("ij,ij", A, A.T),
+        "object operand": lambda db, T: db.einsum("i", np.array(["a", "b"], dtype=object)),
+        "string operand array": lambda db, T: db.einsum("i", np.array(["a", "b"])),
+        "float16": lambda db, T: db.einsum("i", np.ones(2, np.float16)),
+        "datetime": lambda db, T: db.einsum("i", np.array(["2020-01-01"], dtype="datetime64[D]")),
+        "ragged": lambda db, T: db.einsum("i", [[1, 2], [3]]),
+        "None operand": lambda db, T: db.einsum("i", None),
+        "dict operand": lambda db, T: db.einsum("i", {"a": 1}),
+        "unknown name": lambda db, T: db.einsum("ij->", "Nope"),
+        "bad name operand": lambda db, T: db.einsum("ij->", "x; DROP TABLE T"),
+        "join not str": lambda db, T: db.einsum("ij->", T, join=3),
+        "join unknown": lambda db, T: db.einsum("ij->", T, join="nope"),
+        "agg unknown": lambda db, T: db.einsum("ij->", T, agg="mean"),
+        "agg not str": lambda db, T: db.einsum("ij->", T, agg=["sum"]),
+        "callable returns str": lambda db, T: db.einsum("ij,ij->", A, A, join=lambda x, y: "s"),
+        "callable returns None": lambda db, T: db.einsum("ij,ij->", A, A, join=lambda x, y: None),
+        "callable wrong shape": lambda db, T: db.einsum("ij,ij->i", A, A, join=lambda x, y: x.sum()),
+        "callable raises": lambda db, T: db.einsum("ij,ij->i", A, A, join=lambda x, y: 1 / 0),
+        "out bad name": lambda db, T: db.einsum("ij->", T, out="a b"),
+        "out exists": lambda db, T: db.einsum("ij->ij", T, out="T"),
+        "progress bad": lambda db, T: db.einsum("ij->", T, progress="yes"),
+        # store
+        "store bad name": lambda db, T: db.store("1x", A),
+        "store reserved name": lambda db, T: db.store("eds_catalog", A),
+        "store exists": lambda db, T: db.store("T", A),
+        "store tile strings": lambda db, T: db.store("U", A, tile=("a", "b")),
+        "store tile nan": lambda db, T: db.store("U", A, tile=(float("nan"), 2)),
+        "store tile inf": lambda db, T: db.store("U", A, tile=(float("inf"), 2)),
+        "store tile length": lambda db, T: db.store("U", A, tile=(2,)),
+        "store keys length": lambda db, T: db.store("U", A, keys=("x",)),
+        "store keys tile": lambda db, T: db.store("U", A, keys=("x", "tile")),
+        "store keys case": lambda db, T: db.store("U", A, keys=("x", "X")),
+        "store keys bad": lambda db, T: db.store("U", A, keys=("x", "y z")),
+        "store object": lambda db, T: db.store("U", np.array([object()])),
+        # catalog
+        "tensor unknown": lambda db, T: db.tensor("Nope"),
+        "tensor bad name": lambda db, T: db.tensor("a\n"),
+        "drop unknown": lambda db, T: db.drop("Nope"),
+        "replace not bool-like target": lambda db, T: db.einsum("ij->", T, out=""),
+    }
+    return cases
+
+
+CASES = _calls()
+
+
+@pytest.fixture(scope="module")
+def sweep_db():
+    with eds.connect() as db:
+        db.store("T", A, tile=(2, 3))
+        yield db
+
+
+def _state(db):
+    tables = db.backend._run("SELECT table_name FROM duckdb_tables() ORDER BY table_name")
+    return db.tensors(), tables
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_an_einsum_error_and_changes_nothing(sweep_db, case):
+    T = sweep_db.tensor("T")
+    before = _state(sweep_db)
+    with pytest.raises(EinsumError) as e:
+        CASES[case](sweep_db, T)
+    assert str(e.value).strip(), "the message must say what is wrong"
+    assert _state(sweep_db) == before
+    np.testing.assert_array_equal(T.to_numpy(), A)
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: eds.connect(123),
+    lambda: eds.connect(memory="1e400GB"),
+    lambda: eds.connect(memory=float("nan")),
+    lambda: eds.connect(workers="x"),
+    lambda: eds.connect(tile_bytes=0),
+    lambda: eds.einsum(["ij"], A),
+    lambda: eds.einsum("ij", A, order="Q"),
+    lambda: eds.einsum("ij", A, casting="nope"),
+    lambda: eds.einsum("ij", A, dtype="not a dtype"),
+    lambda: eds.Graph().input("x", "ab"),
+    lambda: eds.Graph().input("x", (2, -1)),
+    lambda: eds.Graph().input("x", (2, 2), dtype="float16"),
+    lambda: eds.Graph().input("x y", (2, 2)),
+])
+def test_bad_input_outside_a_session(bad):
+    with pytest.raises(EinsumError):
+        bad()
