@@ -10,6 +10,8 @@ import time
 import numpy as np
 
 import eindecomp_sql as eds
+from eindecomp_sql.plan.steps import output_tiles
+from eindecomp_sql.udfs import pool
 
 LONG_PLAN = r"""
 import sys, time, numpy as np, eindecomp_sql as eds
@@ -61,9 +63,15 @@ def test_progress_reports_steps_and_tiles():
     with eds.connect() as db:
         A = db.store("A", a, tile=(64, 64))
         B = db.store("B", b, tile=(50, 100))  # re-tiled before the product: two steps
+        before = pool.tiles_finished()
         C = db.einsum("ij,jk->ik", A, B, progress=seen.append)
+        after = pool.tiles_finished()
         np.testing.assert_allclose(C.to_numpy(), a @ b)
-        steps = len(db.plan("ij,jk->ik", A, B).steps)
+        plan = db.plan("ij,jk->ik", A, B)
+        steps = len(plan.steps)
+    # the kernels count every output tile once, with its bytes
+    assert after[0] - before[0] == sum(output_tiles(s) for s in plan.steps)
+    assert after[1] - before[1] >= a.shape[0] * b.shape[1] * 8
     assert steps >= 2
     assert {p.step for p in seen} == set(range(1, steps + 1))
     last = seen[-1]

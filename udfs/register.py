@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from .kernels import einsum_kernel, retile_kernel
-from .pool import WORKERS, run_tasks, run_wide
+from .pool import WORKERS, check_cancelled, note_tiles, run_tasks, run_wide
 from .tiles import TileWriter, _as_array, blob_views, tile_view
 
 MAX_ARITY = 8
@@ -60,9 +60,15 @@ def _run(kernel, items: list) -> None:
     """Too few tiles to give every worker its own: a float product runs whole, one tile after
     the other, with BLAS threading each (see ``run_wide``); anything else is cut into tasks."""
     if kernel.blas and len(items) < 2 * WORKERS and WORKERS > 1:
-        if run_wide(lambda: [fn(None) for _, fn, _ in items]):
+        if run_wide(lambda: [(check_cancelled(), fn(None)) for _, fn, _ in items]):
             return
     run_tasks(_tasks_for(kernel, items))
+
+
+def _finished(writer: TileWriter) -> pa.Array:
+    """The output tiles of one kernel call, counted for progress reports."""
+    note_tiles(len(writer.shapes), int(writer.offsets[-1]))
+    return writer.array()
 
 
 def einsum_rows(spec_arr, keys_arr, *tile_arrs) -> pa.Array:
@@ -82,7 +88,7 @@ def einsum_rows(spec_arr, keys_arr, *tile_arrs) -> pa.Array:
 
         items.append((ext, fn, 1))
     _run(kernel, items)
-    return writer.array()
+    return _finished(writer)
 
 
 def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
@@ -112,7 +118,7 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
 
         items.append((kernel.extents(b), fn, len(rows)))
     _run(kernel, items)
-    return writer.array()
+    return _finished(writer)
 
 
 def retile_split(spec_arr, keys_arr, tile_arr) -> pa.Array:
@@ -164,7 +170,7 @@ def retile_assemble(spec_arr, keys_arr, members_arr) -> pa.Array:
             old = mkeys[m]
             idx = kernel.piece_index(old, new, "dst")
             out[idx] = tile_view(views[m], kernel.dtype, tuple(s.stop - s.start for s in idx))
-    return writer.array()
+    return _finished(writer)
 
 
 def fill_tiles(spec_arr, keys_arr) -> pa.Array:
@@ -174,7 +180,7 @@ def fill_tiles(spec_arr, keys_arr) -> pa.Array:
     shapes = [tuple(min(t, n - k * t) for k, t, n in zip(key.tolist(), tile, shape)) for key in _key_rows(keys_arr)]
     writer = TileWriter(dtype, shapes)
     writer.buffer.view(dtype).fill(spec["value"])
-    return writer.array()
+    return _finished(writer)
 
 
 def _values(dtype: str):
