@@ -15,23 +15,23 @@ from .errors import EinsumError
 
 
 class _Bar:
-    """One tqdm bar per plan, over all its steps' output tiles."""
+    """A tqdm bar over the output tiles of the running step (reset at each step, so its rate
+    and ETA are the step's)."""
 
     def __init__(self):
         self.bar = None
-        self.base = 0  # tiles of the steps already finished
         self.step = 0
 
     def __call__(self, p: StepProgress) -> None:
         from tqdm.auto import tqdm
 
         if self.bar is None:
-            self.bar = tqdm(total=None, unit="tile", desc="eindecomp_sql", leave=False)
+            self.bar = tqdm(total=p.tiles, unit="tile", leave=False)
         if p.step != self.step:
             self.step = p.step
-            self.base = self.bar.n
-        self.bar.set_description(f"step {p.step}/{p.steps}", refresh=False)
-        self.bar.update(max(0, self.base + p.tiles_done - self.bar.n))
+            self.bar.reset(total=p.tiles)
+            self.bar.set_description(f"step {p.step}/{p.steps}", refresh=False)
+        self.bar.update(max(0, p.tiles_done - self.bar.n))
         if p.step == p.steps and p.tiles_done == p.tiles:
             self.bar.close()
 
