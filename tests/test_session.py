@@ -230,3 +230,18 @@ def test_session_einsum_takes_numpy_sublist_form(db):
     A = db.store("SA", a, tile=(2, 2), replace=True)
     assert_close(db.einsum(A, [0, 1], b, [1, 2], [0, 2]).to_numpy(), a @ b)
     assert_close(db.einsum_numpy(a, [0, 1], [1]), a.sum(0))
+
+
+def test_a_budget_never_buys_degenerate_tilings():
+    # 12000² float32 under 300 MB: cut into 72M tile pairs of (2, 12000) x (12000, 1) before
+    from eindecomp_sql.plan import TiledValue, plan_einsum
+    from eindecomp_sql.plan.optimize import MAX_JOIN_TASKS
+
+    a = TiledValue("A", (12000, 12000), "float32", None, ("d0", "d1"), "A")
+    with pytest.raises(EinsumError, match="give more memory"):
+        plan_einsum("ij,jk->ik", (a, a), budget=300_000_000, max_tile_bytes=64 << 20)
+    plan = plan_einsum("ij,jk->ik", (a, a), budget=2_000_000_000, max_tile_bytes=64 << 20)
+    for step in plan.steps:
+        if hasattr(step, "pieces"):
+            assert np.prod(list(step.pieces.values())) <= MAX_JOIN_TASKS
+        assert step.peak_bytes <= 2_000_000_000

@@ -44,6 +44,10 @@ from .cost import (AGG_WEIGHT, GROUP_WEIGHT, JOIN_WEIGHT, RETILE_WEIGHT, Costs, 
 STRATEGIES = ("eindecomp", "data-parallel", "model-parallel", "square-tiles")
 EXACT_CUT_LIMIT = 256  # enumerate cut tilings exactly up to this many combinations
 MAX_PRODUCT_FACTOR = 8  # candidates have between workers and 8x workers join tasks...
+# ...and a memory budget may push that up to this many, no further: cutting finer only to fit
+# a budget ended in plans such as 72M tile pairs of (2, 12000) x (12000, 1) for a 12000² GEMM
+# under 300 MB (still running after 600 s, numpy ~20 s). Such a budget is refused instead.
+MAX_JOIN_TASKS = 1 << 14
 GREEDY_WORK = 4000  # node evaluations the coordinate descent may spend (not a clock)
 
 
@@ -144,26 +148,29 @@ class _Problem:
         most = math.prod(max(v) for v in opts.values())
         lo = min(self.workers, most)
         hi = max(lo, self.workers) * MAX_PRODUCT_FACTOR
+        cap = max(hi, MAX_JOIN_TASKS)
         while True:
             out = []
             for combo in _bounded_products([opts[lab] for lab in labels], lo, hi):
                 pieces = dict(zip(labels, combo))
                 if self._fits(node, pieces):
                     out.append(pieces)
-            if out or hi >= most:
+            if out or hi >= min(most, cap):
                 break
-            hi *= 4  # ...unless the memory budget needs finer cuts
+            hi = min(hi * 4, cap)  # ...unless the memory budget needs finer cuts
         # the baselines' chunkings are always candidates, so EinDecomp never costs more
         for strategy in STRATEGIES[1:]:
             p = baseline_pieces(strategy, node, self.workers)
             if p not in out and self._fits(node, p):
                 out.append(p)
         if not out:
+            smallest = min(self._best_peak(node, dict(zip(labels, c)))
+                           for c in _bounded_products([opts[lab] for lab in labels], 1, cap))
             raise EinsumError(
                 f"no chunking of node {node.describe()} -> {node.result.name} fits the memory budget of "
-                f"{self.budget} bytes (smallest projected peak: "
-                f"{min(self._best_peak(node, dict(zip(labels, c))) for c in itertools.product(*(opts[lab] for lab in labels)))} bytes"
-                f"{'' if self.max_tile is None else f'; tiles capped at {self.max_tile} bytes'})"
+                f"{self.budget / 1e6:.1f} MB: the smallest projected peak with at most {cap} tile tuples per step is "
+                f"{smallest / 1e6:.1f} MB{'' if self.max_tile is None else f' (tiles capped at {self.max_tile / 1e6:.1f} MB)'}"
+                "; give more memory"
             )
         return out
 
