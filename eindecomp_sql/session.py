@@ -274,7 +274,7 @@ class Session:
         return array_from_tiles(tiles, r.shape, r.tile, r.dtype, r.keys)
 
     # -- graphs -----------------------------------------------------------------------------
-    def run_graph_plan(self, gplan, inputs: dict, out=None, replace: bool = False):
+    def run_graph_plan(self, gplan, inputs: dict, out=None, replace: bool = False, progress=None):
         """Run a ``GraphPlan`` (see ``GraphPlan.run``)."""
         outputs = [v.name for v in gplan.outputs]
         if out is None:
@@ -321,7 +321,7 @@ class Session:
                     tv = values[name]
                     self.backend.register_arrow(tv.table, tiles_from_array(a, tv.tile, tv.keys))
                     registered.append(tv.table)
-                self.backend.execute(plan, replace=replace)
+                self.backend.execute(plan, replace=replace, progress=reporter(progress))
             finally:
                 for t in registered:
                     self.backend.unregister(t)

@@ -77,3 +77,18 @@ def test_progress_reports_steps_and_tiles():
     last = seen[-1]
     assert last.step == last.steps == steps and last.tiles_done == last.tiles > 0
     assert all(p.elapsed >= 0 and 0 <= p.tiles_done <= p.tiles for p in seen)
+
+
+def test_progress_of_a_graph_plan():
+    g = eds.Graph()
+    x = g.input("x", (64, 32), "float64")
+    w = g.input("w", (32, 48), "float64")
+    y = g.map("relu", g.einsum("bi,io->bo", x, w))
+    plan = g.plan(workers=2, outputs=y)
+    rng = np.random.default_rng(6)
+    xs, ws = rng.standard_normal((64, 32)), rng.standard_normal((32, 48))
+    seen = []
+    with eds.connect() as db:
+        out = plan.run(db, x=xs, w=ws, progress=seen.append)
+        np.testing.assert_allclose(out.to_numpy(), np.maximum(xs @ ws, 0))
+    assert seen and seen[-1].step == seen[-1].steps == len(plan.plan.steps)

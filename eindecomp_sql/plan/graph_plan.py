@@ -151,10 +151,11 @@ class GraphPlan:
         return None
 
     # -- running ----------------------------------------------------------------------------
-    def run(self, db, out=None, replace: bool = False, **inputs):
+    def run(self, db, out=None, replace: bool = False, progress=None, **inputs):
         """Run on session ``db``. Inputs by name: numpy arrays (stored the way the plan cuts
         them), Tensors or stored tensor names (re-tiled if cut differently). ``out``: a table
-        name (one output) or {output: table}; without it outputs are temporary tables.
+        name (one output) or {output: table}; without it outputs are temporary tables (dropped
+        when their Tensor is collected). ``progress``: as for ``Session.einsum``.
 
         Returns one ``Tensor`` when the plan was made with ``outputs`` None or one value, a
         dict name -> Tensor when it was made with a list or tuple (even of one)."""
@@ -164,7 +165,8 @@ class GraphPlan:
         if missing or extra:
             raise EinsumError(f"plan.run: missing inputs {missing}, unknown inputs {extra}")
         used = {v.name for v in self.inputs}
-        return db.run_graph_plan(self, {k: x for k, x in inputs.items() if k in used}, out=out, replace=replace)
+        return db.run_graph_plan(self, {k: x for k, x in inputs.items() if k in used}, out=out, replace=replace,
+                                 progress=progress)
 
     def bind(self, values: dict[str, TiledValue], outputs: dict[str, TiledValue]) -> Plan:
         """The steps for concrete inputs (re-tiles added where a stored input is cut differently)."""
