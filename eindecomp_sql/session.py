@@ -237,8 +237,21 @@ class Session:
                progress=None):
         """Run an extended einsum as SQL in this database and return the result as a Tensor.
 
-        ``out`` names the result table (kept in the catalog); without it the result is a
-        temporary table that lives as long as the connection.
+        ``spec`` and ``operands`` as ``eds.einsum`` takes them (a subscript string, or numpy's
+        sublist form); operands are stored ``Tensor``s, their names, or arrays (cut the way the
+        plan wants and registered for this call only). ``join`` / ``agg``: the extended notation
+        (see ``help(eds.einsum)`` for the grammar). ``out`` names the result table (entered in
+        the catalog, kept); without it the result is a TEMP table dropped when the returned
+        Tensor is collected or leaves a ``with`` block. ``replace=True`` overwrites an existing
+        ``out``. ``progress``: ``True`` draws a bar, a callable receives a ``StepProgress``
+        several times a second. Ctrl-C stops the plan (KeyboardInterrupt) and leaves nothing
+        written; a plan over the session's ``memory`` budget is refused before it runs.
+
+        >>> db = connect()
+        >>> A = db.store("A", np.arange(6.0).reshape(2, 3))
+        >>> db.einsum("ij,kj->ik", A, A, out="G").to_numpy()
+        array([[ 5., 14.],
+               [14., 50.]])
         """
         spec, operands = self._spec_args(spec, operands)
         if out is not None:
@@ -349,6 +362,7 @@ class Session:
         _open_sessions.discard(self)
 
     def __enter__(self):
+        """``with connect() as db``: the session closes on leaving the block."""
         return self
 
     def __exit__(self, *exc):

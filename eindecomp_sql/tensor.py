@@ -26,26 +26,32 @@ class Tensor:
 
     @property
     def name(self) -> str:
+        """The table holding the tiles."""
         return self.value.table
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The tensor's shape."""
         return self.value.shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The tensor's numpy dtype."""
         return np.dtype(self.value.dtype)
 
     @property
     def ndim(self) -> int:
+        """Number of dimensions."""
         return len(self.value.shape)
 
     @property
     def tile(self) -> tuple[int, ...]:
+        """The tile shape it is stored in (edge tiles are smaller)."""
         return self.value.tile
 
     @property
     def keys(self) -> tuple[str, ...]:
+        """The key column names, one per dimension."""
         return self.value.keys
 
     @property
@@ -55,6 +61,7 @@ class Tensor:
         return self.value.temporary
 
     def __enter__(self) -> "Tensor":
+        """``with`` a temporary result: its table is dropped on leaving the block."""
         return self
 
     def __exit__(self, *exc) -> None:
@@ -107,6 +114,7 @@ class Tensor:
         return write_parquet(self.to_arrow(form), path)
 
     def to_numpy(self) -> np.ndarray:
+        """The whole tensor as a numpy array (native byte order)."""
         v = self.value
         return array_from_tiles(self.session.backend.read_tiles(v), v.shape, v.tile, v.dtype, v.keys)
 

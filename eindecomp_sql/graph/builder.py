@@ -38,6 +38,7 @@ class GraphValue:
 
     @property
     def ndim(self) -> int:
+        """Number of dimensions."""
         return len(self.shape)
 
     def __repr__(self) -> str:
@@ -169,24 +170,30 @@ class Graph:
         return self.einsum(spec, *operands, join=join, name=name)
 
     def add(self, x, y, name=None):
+        """``x + y`` element-wise, broadcast the numpy way."""
         return self.elementwise("add", x, y, name=name)
 
     def sub(self, x, y, name=None):
+        """``x - y`` element-wise, broadcast the numpy way."""
         return self.elementwise("sub", x, y, name=name)
 
     def mul(self, x, y, name=None):
+        """``x * y`` element-wise, broadcast the numpy way."""
         return self.elementwise("mul", x, y, name=name)
 
     def div(self, x, y, name=None):
+        """``x / y`` element-wise, broadcast the numpy way."""
         return self.elementwise("div", x, y, name=name)
 
     # -- reading ----------------------------------------------------------------------------
     @property
     def nodes(self) -> tuple[EinsumNode, ...]:
+        """The einsum nodes, in the order they were added (a topological order)."""
         return tuple(self._nodes)
 
     @property
     def inputs(self) -> tuple[ValueInfo, ...]:
+        """The graph's inputs (shape and dtype), in the order they were declared."""
         return tuple(self._values[n] for n in self._inputs)
 
     @property
@@ -197,6 +204,7 @@ class Graph:
         return tuple(n.result for n in self._nodes if n.result.name not in used)
 
     def value(self, name: str) -> ValueInfo:
+        """The shape-level description of value ``name``."""
         return self._values[name]
 
     def select(self, outputs=None) -> tuple[tuple[ValueInfo, ...], bool]:

@@ -59,6 +59,7 @@ class GraphPlan:
 
     @property
     def costs(self) -> Costs:
+        """The cost model's terms (join, grouped, aggregation, retile bytes) of this plan."""
         return self.choice.costs
 
     @property
@@ -69,10 +70,12 @@ class GraphPlan:
 
     @property
     def retiles(self) -> int:
+        """How many retile steps the plan has."""
         return sum(isinstance(s, RetileStep) for s in self.plan.steps)
 
     # -- explaining -------------------------------------------------------------------------
     def explain(self, sql: bool = True) -> str:
+        """The plan as text: chunk counts, tile shapes, cost units against the baselines, projected peaks, and (``sql=True``) every step's SQL."""
         from ..compile import sql_listing
 
         c = self.costs
@@ -145,6 +148,7 @@ class GraphPlan:
         return "\n".join(out)
 
     def plan_input_tile(self, name: str) -> tuple[int, ...] | None:
+        """The tile shape the plan cuts free input ``name`` into (None if it reads no such input)."""
         for v in self.plan.inputs:
             if v.name == name:
                 return v.tile
