@@ -69,24 +69,30 @@ LABELS = "abcdABC"
 
 
 @st.composite
-def einsum_case(draw, max_operands=5, min_size=1, max_size=5, dtypes=tuple(DTYPES)):
+def einsum_case(draw, max_operands=5, min_size=1, max_size=5, dtypes=tuple(DTYPES), empty=False):
     """A random spec (explicit or implicit output) with shapes, dtypes, tile shapes and a seed.
 
     Written to find what narrower generators missed: 1-5 operands drawing their labels from a
     small pool (labels repeat across operands and inside one: diagonals, traces), labels that
     differ only in case, a label of size n (0 with ``min_size=0``) seen as size 1 by some
     operands (numpy's broadcasting, through repeated labels too), tiles that cut every
-    dimension longer than 1 into several pieces, unevenly, and every dtype.
+    dimension longer than 1 into several pieces, unevenly, and every dtype. ``empty=True``: one
+    label has size 0 and the first operand has it (drawn so, not filtered: most draws would miss).
     """
     n = draw(st.integers(1, max_operands))
     pool = draw(st.lists(st.sampled_from(LABELS), min_size=1, max_size=5, unique=True))
     sizes = {c: draw(st.integers(min_size, max_size)) for c in pool}
+    zero = draw(st.sampled_from(pool)) if empty else None
+    if zero is not None:
+        sizes[zero] = 0
     operands, shapes = [], []
-    for _ in range(n):
+    for q in range(n):
         k = draw(st.integers(0, 4))
         labels = "".join(draw(st.sampled_from(pool)) for _ in range(k))
+        if q == 0 and zero is not None and zero not in labels:
+            labels = zero + labels
         # each operand sees each of its labels at full size or (broadcast) at size 1
-        seen = {c: 1 if draw(st.integers(0, 3)) == 0 else sizes[c] for c in dict.fromkeys(labels)}
+        seen = {c: 1 if draw(st.integers(0, 3)) == 0 and c != zero else sizes[c] for c in dict.fromkeys(labels)}
         operands.append(labels)
         shapes.append(tuple(seen[c] for c in labels))
     used = sorted(set("".join(operands)))
