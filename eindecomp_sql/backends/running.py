@@ -119,6 +119,11 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
         result = None  # the interrupted statement's error: the SIGINT handler speaks instead
     finally:
         stop.set()
+        if writer is not None:
+            try:  # wake the watchdog out of select() now, not at its next tick (~50 ms a plan)
+                writer.send(b"\0")
+            except OSError:
+                pass
         dog.join()
         if catch:
             signal.set_wakeup_fd(old_fd)
