@@ -74,6 +74,10 @@ def check_keys(keys, ndim: int) -> tuple[str, ...]:
     """Key column names: one valid, distinct (ignoring case, as DuckDB does) name per dimension."""
     if isinstance(keys, str):
         raise EinsumError(f"keys must be a tuple of {ndim} column name(s), got the string {keys!r}")
+    try:
+        keys = tuple(keys)
+    except TypeError:
+        raise EinsumError(f"keys must be a tuple of {ndim} column name(s), got {keys!r}") from None
     keys = tuple(check_name(k, "key column name") for k in keys)
     if len(keys) != ndim or len(set(keys)) != len(keys) or TILE in keys:
         raise EinsumError(f"keys {keys} must name each of the {ndim} dimension(s) once (not 'tile')")
@@ -95,13 +99,32 @@ def _shape_arg(shape, where: str) -> tuple[int, ...] | None:
     return tuple(int(n) for n in sides)
 
 
+def _exact_cast(a: np.ndarray, dtype, where: str) -> np.ndarray:
+    """``a`` as ``dtype`` when no value changes beyond rounding: same_kind lets int64 -> int8
+    wrap (300 -> 44) and float64 -> float32 overflow to inf, silently."""
+    dtype = np.dtype(dtype)
+    if np.can_cast(a.dtype, dtype, "safe"):
+        return a.astype(dtype)
+    with np.errstate(all="ignore"):
+        b = a.astype(dtype)
+    if dtype.kind in "biu":
+        bad = b.astype(a.dtype) != a
+    else:  # float / complex narrowing: rounding is expected, overflow to inf is not
+        bad = np.isinf(b) & ~np.isinf(a)
+    if np.any(bad):
+        at = tuple(int(k) for k in np.unravel_index(int(np.argmax(bad)), a.shape)) if a.ndim else ()
+        raise EinsumError(f"{where}: value {a[at].item()!r} at {at} does not fit dtype={dtype.name} "
+                          f"(it would become {b[at].item()!r})")
+    return b
+
+
 def _from_array(a: np.ndarray, want: Wanted, where: str) -> Incoming:
     """Cut a dense array into tiles (the whole array is in memory here)."""
     if want.dtype is not None and a.dtype != want.dtype:
         if not np.can_cast(a.dtype, want.dtype, "same_kind"):
             raise EinsumError(f"{where}: cannot cast {a.dtype} values to dtype={want.dtype} "
                               "(numpy's same_kind rule)")
-        a = a.astype(want.dtype)
+        a = _exact_cast(a, want.dtype, where)
     dtype = check_dtype(a.dtype, where)
     if want.tile is not None:
         tile = check_tile(a.shape, want.tile)
@@ -200,6 +223,11 @@ def read_parquet(path, where: str, con=None) -> pa.Table:
     except duckdb.Error as e:
         raise EinsumError(f"{where}: cannot read {p!r}: the connection is closed ({e})") from None
     try:
+        # DuckDB reads a path as a glob pattern ('[', '*', '?'): x[1].parquet could read x1.parquet
+        matched = [r[0] for r in cur.execute("SELECT file FROM glob(?)", [p]).fetchall()]
+        if any(ch in p for ch in "*?[") and [os.path.realpath(m) for m in matched] != [os.path.realpath(p)]:
+            raise EinsumError(f"{where}: {p!r} reads as a file pattern in DuckDB (it matches {len(matched)} "
+                              "file(s)); rename the file without '*', '?' or '['")
         table = cur.read_parquet(p).to_arrow_table()
         meta = dict(cur.execute("SELECT key, value FROM parquet_kv_metadata(?)", [p]).fetchall())
     except duckdb.Error as e:
@@ -257,6 +285,9 @@ def read_metadata(raw: dict | None, where: str) -> dict:
                           f"got {out.get('layout')!r}")
     if out.get("byte_order", sys.byteorder) not in ("little", "big"):
         raise EinsumError(f"{where}: schema metadata {PREFIX}byte_order must be 'little' or 'big'")
+    for field in ("shape", "tile"):  # lists of non-negative ints, whatever wrote them
+        if field in out:
+            out[field] = list(_shape_arg(out[field], f"{where}: schema metadata {PREFIX}{field}"))
     return out
 
 
@@ -290,7 +321,10 @@ def _names_arg(names, what: str, where: str) -> tuple[str, ...] | None:
         return None
     if isinstance(names, str):
         names = (names,)
-    names = tuple(names)
+    try:
+        names = tuple(names)
+    except TypeError:
+        raise EinsumError(f"{where}: {what}= must be column names, got {names!r}") from None
     if not all(isinstance(n, str) for n in names):
         raise EinsumError(f"{where}: {what}= must be column names, got {names!r}")
     return names
@@ -339,7 +373,7 @@ def _element_columns(table: pa.Table, want: Wanted, where: str) -> tuple[list[st
         others = [c for c in rest if _kind(table.schema.field(c).type) != "int"]
         if not cols:
             raise EinsumError(f"{where}: the table has no columns")
-        if index is None and len(others) == len(cols):
+        if index is None and len(others) == len(cols) and not (len(cols) == 1 and named):
             typed = ", ".join(f"{c!r} ({_type_word(table.schema.field(c).type)})" for c in cols)
             raise EinsumError(f"{where}: no integer columns ({typed}); a table in element form "
                               "has integer index columns, one per dimension, and one numeric value column "
@@ -371,9 +405,7 @@ def _element_columns(table: pa.Table, want: Wanted, where: str) -> tuple[list[st
         index = [c for c in cols if c != value]
     if value in index:
         raise EinsumError(f"{where}: column {value!r} cannot be both an index and the value")
-    if not index:
-        raise EinsumError(f"{where}: a table in element form needs integer index columns next to the value "
-                          f"column {value!r}; found none (store a 0-d tensor as a numpy array)")
+    # no index columns: a 0-d tensor, its one value in one row (as Tensor.to_arrow("elements") writes it)
     return index, value
 
 
@@ -392,9 +424,12 @@ def _from_elements(table: pa.Table, meta: dict, want: Wanted, where: str) -> Inc
         if not np.can_cast(vals.dtype, dtype, "same_kind"):
             raise EinsumError(f"{where}: cannot cast value column {value!r} ({vals.dtype}) to {dtype} "
                               "(numpy's same_kind rule)")
-        vals = vals.astype(dtype)
-    idx = np.stack([_index_array(table, c, where) for c in index]) if table.num_rows else \
-        np.zeros((len(index), 0), np.int64)
+        vals = _exact_cast(vals, dtype, f"{where}: value column {value!r}")
+    if not index and table.num_rows > 1:  # a lone value column: a 0-d tensor, one element
+        raise EinsumError(f"{where}: a table with only a value column is a 0-d tensor and holds one row, "
+                          f"not {table.num_rows}")
+    idx = np.stack([_index_array(table, c, where) for c in index]) if table.num_rows and index else \
+        np.zeros((len(index), table.num_rows if not index else 0), np.int64)
     for c, col in zip(index, idx):
         if col.size and col.min() < 0:
             row = int(np.argmax(col < 0))
@@ -409,13 +444,16 @@ def _from_elements(table: pa.Table, meta: dict, want: Wanted, where: str) -> Inc
         if col.size and col.max() >= n:
             row = int(np.argmax(col >= n))
             raise EinsumError(f"{where}: index column {c!r} holds {col[row]} at row {row}, outside shape {shape}")
-    _check_unique(idx, shape, index, where)
     nbytes = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
-    try:
+    try:  # before the duplicate check, whose flat indices must fit an int64
         dense = np.zeros(shape, dtype=dtype)
     except (MemoryError, ValueError):
         raise EinsumError(f"{where}: shape {shape} would take {nbytes / 2**30:.1f} GiB as a dense array") from None
-    dense[tuple(idx)] = vals
+    _check_unique(idx, shape, index, where)
+    if index:
+        dense[tuple(idx)] = vals
+    elif len(vals):
+        dense[()] = vals[0]
     # a table Tensor.to_arrow("elements") wrote comes back with its keys and tiles
     keys, tile = want.keys, want.tile
     if meta.get("shape") == list(shape):

@@ -107,11 +107,13 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
         if isinstance(op, TiledValue):
             values.append(op)
             continue
-        key = op.table.lower()
+        # one tiling per table and shape: a table used twice may be grown to two shapes
+        key = (op.table.lower(), op.shape)
         if key not in by_name:
             cte = f"_eds_op{len(by_name)}"
             tile = array_tile(op, session.tile_bytes) if isinstance(op, ArrayTable) else None  # None: the plan cuts it
-            by_name[key] = TiledValue(op.table, op.shape, op.dtype, tile, tuple(f"d{p}" for p in range(op.ndim)), cte)
+            # named after its CTE: the plan tells values apart by name, and one table may be two
+            by_name[key] = TiledValue(cte, op.shape, op.dtype, tile, tuple(f"d{p}" for p in range(op.ndim)), cte)
             tables[cte] = op
         values.append(by_name[key])
     try:

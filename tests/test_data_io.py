@@ -258,7 +258,7 @@ BAD_ELEMENTS = [
     (pa.table({"i": [0, 1], "value": pa.array([1, 2], pa.float16())}), {}, "float16"),
     (pa.table({"i": [0, 1], "value": [1.0, 2.0]}), {"value": "nope"}, "'nope' is not a column"),
     (pa.table({"i": [0, 1], "value": [1.0, 2.0]}), {"index": ["i", "i"]}, "twice"),
-    (pa.table({"value": [1.0]}), {}, "no integer columns"),
+    (pa.table({"value": [1.0, 2.0]}), {}, "0-d tensor and holds one row"),
     (pa.table({"i": [0, 1], "j": [0, 0], "value": [1.0, 2.0]}), {"keys": ("a", "A")}, "ignore case"),
     (np.ones(3), {"value": "v"}, "element form"),
     ("matrix.csv", {}, r"\.parquet"),
@@ -392,3 +392,50 @@ def test_element_tables_match_numpy(db, data):
     assert T.tile == tuple(min(t, max(n, 1)) for t, n in zip(tile, shape))
     same(T.to_numpy(), a)
     same(db.store("io_prop2", T.to_arrow(), replace=True).to_numpy(), a)
+
+
+def test_a_parquet_path_that_reads_as_a_pattern_is_refused(tmp_path):
+    # DuckDB expands '[1]': x[1].parquet read x1.parquet's values
+    with eds.connect() as db:
+        db.store("A", np.arange(6.0).reshape(2, 3)).to_parquet(str(tmp_path / "x1.parquet"))
+        db.store("B", np.full((2, 3), 7.0)).to_parquet(str(tmp_path / "x[1].parquet"))
+        with pytest.raises(EinsumError, match="file pattern"):
+            db.store("C", str(tmp_path / "x[1].parquet"))
+        assert "C" not in db.tensors()
+
+
+@pytest.mark.parametrize("source,dtype", [
+    (np.array([300, -1]), "int8"),
+    (np.array([1e300, 1.0]), "float32"),
+    (pa.table({"i": [0, 1], "value": [70000, 2]}), "int8"),
+    (np.array([70000, 1]), "int16"),
+])
+def test_dtype_casts_that_change_values_are_refused(source, dtype):
+    with eds.connect() as db:
+        with pytest.raises(EinsumError, match="does not fit"):
+            db.store("T", source, dtype=dtype)
+        assert db.tensors() == []
+        np.testing.assert_array_equal(db.store("U", np.array([3, -1]), dtype="int8").to_numpy(),
+                                      np.array([3, -1], np.int8))
+
+
+def test_bad_shapes_keys_and_index_arguments_are_einsum_errors():
+    with eds.connect() as db:
+        t = db.store("T", np.arange(24.0).reshape(2, 3, 4), tile=(1, 2, 3)).to_arrow()
+        md = dict(t.schema.metadata)
+        md[b"eindecomp_sql.shape"] = b'["x", "y", "z"]'
+        for bad in (lambda: db.store("T2", t.replace_schema_metadata(md)),
+                    lambda: db.store("K", np.ones((2, 2)), keys=5),
+                    lambda: db.store("K2", pa.table({"i": [0], "value": [1.0]}), index=5),
+                    lambda: db.store("X", pa.table({"i": [0, 2**40], "j": [0, 2**40], "value": [1.0, 2.0]}))):
+            with pytest.raises(EinsumError):
+                bad()
+        assert db.tensors() == ["T"]
+
+
+def test_a_0d_tensor_round_trips_through_element_form():
+    with eds.connect() as db:
+        t = db.store("S", np.array(3.5)).to_arrow(form="elements")
+        assert db.store("S2", t).to_numpy() == np.array(3.5)
+        with pytest.raises(EinsumError, match="0-d"):
+            db.store("S3", pa.table({"value": [1.0, 2.0]}))

@@ -421,3 +421,19 @@ def test_sql_einsum_next_to_python_einsum_in_threads():
             t.join(120)
         assert not any(t.is_alive() for t in threads), "deadlock"
         assert not errors, errors
+
+
+def test_one_element_table_used_twice_with_two_shapes():
+    # E is 2x3 by its own extent; as the right operand of ij,jk it is grown to 3x3
+    with eds.connect() as db:
+        con = db.connection
+        con.execute("CREATE TABLE E(i BIGINT, j BIGINT, v DOUBLE)")
+        con.execute("INSERT INTO E VALUES (0, 0, 1.5), (0, 2, -2.0), (1, 1, 3.0)")
+        e = np.zeros((2, 3))
+        e[0, 0], e[0, 2], e[1, 1] = 1.5, -2.0, 3.0
+        want = e @ np.vstack([e, np.zeros((1, 3))])
+        rows = con.sql("SELECT * FROM einsum_elements('ij,jk->ik', 'E', 'E')").fetchall()
+        got = np.zeros(want.shape)
+        for i, k, v in rows:
+            got[i, k] = v
+        np.testing.assert_allclose(got, want)

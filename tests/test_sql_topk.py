@@ -212,3 +212,19 @@ def test_fused_and_unfused_paths(tdb):
     tdb.store("Z1", np.zeros((3, 0)), replace=True)
     tdb.store("Z2", np.zeros((0, 4)), replace=True)
     same_rows(con.sql("SELECT * FROM einsum_topk('ij,jk->ik', 2, 'Z1', 'Z2')").fetchall(), ref_topk(np.zeros((3, 4)), 2))
+
+
+def test_rows_come_in_order_whatever_the_labels_are_called():
+    # ORDER BY r bound to an output column named "r" (the last label): rows came out of order
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((2, 4, 3))
+    with eds.connect() as db:
+        db.store("A", a, tile=(1, 2, 2))
+        for spec in ("rab->rab", "riv->riv", "vir->vir"):
+            rows = db.connection.sql(f"SELECT * FROM einsum_topk('{spec}', 2, 'A')").fetchall()
+            want = []
+            for x in range(2):
+                for y in range(4):
+                    for k, j in enumerate(np.argsort(-a[x, y], kind="stable")[:2]):
+                        want.append((x, y, k + 1, int(j), float(a[x, y, j])))
+            assert [tuple(r) for r in rows] == want, spec

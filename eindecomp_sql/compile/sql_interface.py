@@ -405,7 +405,7 @@ def topk_query(result: TiledValue, k: int, source: exp.Expression, fused: bool =
     keys = list(result.keys)
     rows, last = keys[:-1], keys[-1]
     strides = [math.prod(result.shape[p + 1:len(rows)]) for p in range(len(rows))]
-    row_cols = [f"(r // {s}) % {n} AS {_sql(ident(name))}, " for s, n, name in zip(strides, result.shape, rows)]
+    row_cols = [f"(_eds_r // {s}) % {n} AS {_sql(ident(name))}, " for s, n, name in zip(strides, result.shape, rows)]
     floating = result.dtype.startswith("float")
     kernel = f"eds_topk_{result.dtype}({_lit(_topk_spec(result, k))}, {_key_list([_sql(col(c)) for c in keys])}, tile)"
     return _fill(
@@ -413,7 +413,7 @@ def topk_query(result: TiledValue, k: int, source: exp.Expression, fused: bool =
         row_cols="".join(row_cols),
         last=_sql(ident(last)),
         k=str(k),
-        value=f"CAST(v AS {SQL_TYPES[result.dtype]})",
+        value=f"CAST(_eds_v AS {SQL_TYPES[result.dtype]})",
         nan_last="isnan(cand.v), " if floating else "",
         # -0.0 and 0.0 tie, as in numpy
         order_value="cand.v + 0.0" if floating else "cand.v",
