@@ -19,14 +19,9 @@ from eindecomp_sql.errors import EinsumError
 
 from .register import _key_rows, _spec
 from .tiles import TileWriter, _as_array
+from eindecomp_sql.notation.checks import SQL_TYPES
 
 # dtype -> DuckDB type of the values the kernels take (DuckDB has no complex type)
-SQL_TYPES = {
-    "bool": "BOOLEAN",
-    "int8": "TINYINT", "int16": "SMALLINT", "int32": "INTEGER", "int64": "BIGINT",
-    "uint8": "UTINYINT", "uint16": "USMALLINT", "uint32": "UINTEGER", "uint64": "UBIGINT",
-    "float32": "FLOAT", "float64": "DOUBLE",
-}
 
 
 def _fields(list_arr) -> tuple[np.ndarray, dict[str, pa.Array]]:

@@ -16,15 +16,11 @@ import pyarrow as pa
 from .kernels import einsum_kernel, retile_kernel
 from .pool import WORKERS, check_cancelled, note_tiles, run_tasks, run_wide
 from .tiles import TileWriter, _as_array, blob_views, tile_view
+from eindecomp_sql.notation.checks import SQL_TYPES
 
 MAX_ARITY = 8
 # the DuckDB type of each dtype's elements (einsum_elements); DuckDB has no complex type, so
 # complex tensors have no element rows (compile/sql.py refuses them)
-VALUE_TYPES = {
-    "float32": "FLOAT", "float64": "DOUBLE", "bool": "BOOLEAN",
-    "int8": "TINYINT", "int16": "SMALLINT", "int32": "INTEGER", "int64": "BIGINT",
-    "uint8": "UTINYINT", "uint16": "USMALLINT", "uint32": "UINTEGER", "uint64": "UBIGINT",
-}
 
 
 def _spec(arr) -> str:
@@ -230,7 +226,7 @@ def register_kernels(con) -> None:
     piece = duckdb.struct_type({"k": keys, "t": blob})
     con.create_function("eds_assemble", retile_assemble, [text, keys, duckdb.list_type(piece)], blob, **opts)
     con.create_function("eds_fill", fill_tiles, [text, keys], blob, **opts)
-    for name, sqltype in VALUE_TYPES.items():
+    for name, sqltype in SQL_TYPES.items():  # element rows: every dtype with a DuckDB type
         con.create_function(
             f"eds_values_{name}", _values(name), [blob], duckdb.list_type(duckdb.sqltype(sqltype)), **opts
         )

@@ -23,13 +23,8 @@ import pyarrow as pa
 from .pool import WORKERS, run_tasks
 from .register import _key_rows, _spec, _with_arity, einsum_groups, einsum_rows
 from .tiles import blob_views, tile_view
+from eindecomp_sql.notation.checks import SQL_TYPES
 
-SQL_TYPES = {
-    "bool": "BOOLEAN",
-    "int8": "TINYINT", "int16": "SMALLINT", "int32": "INTEGER", "int64": "BIGINT",
-    "uint8": "UTINYINT", "uint16": "USMALLINT", "uint32": "UINTEGER", "uint64": "UBIGINT",
-    "float32": "FLOAT", "float64": "DOUBLE",
-}
 # einsum kernels that have a fused top-k twin (a product's last step is binary after lowering)
 FUSED_ARITIES = (1, 2)
 # a task handles at least this many elements: below it, splitting costs more than it saves

@@ -341,7 +341,7 @@ def select_value(value: TiledValue) -> exp.Expression:
     return exp.select(*[col(k) for k in value.keys], col(TILE)).from_(table(value.table))
 
 
-# the UDF decoding a tile of each dtype into its typed elements (udfs/register.py VALUE_TYPES)
+# the UDF decoding a tile of each dtype into its typed elements (notation/checks.py SQL_TYPES)
 _VALUES_FN = {dt: f"eds_values_{dt}" for dt in (
     "float32", "float64", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")}
 

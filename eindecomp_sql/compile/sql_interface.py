@@ -40,14 +40,9 @@ from ..notation.spec import parse_spec
 from ..plan import Plan, TiledValue
 from ..sql_templates import template
 from .sql import DIALECT, col, elements_query, ident, single_query, table
+from ..notation.checks import SQL_TYPES
 
 # numpy dtype -> DuckDB type, for every dtype a table's value can have (DuckDB has no complex)
-SQL_TYPES = {
-    "bool": "BOOLEAN",
-    "int8": "TINYINT", "int16": "SMALLINT", "int32": "INTEGER", "int64": "BIGINT",
-    "uint8": "UTINYINT", "uint16": "USMALLINT", "uint32": "UINTEGER", "uint64": "UBIGINT",
-    "float32": "FLOAT", "float64": "DOUBLE",
-}
 DTYPE_OF = {v: k for k, v in SQL_TYPES.items()}
 INDEX_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
                "HUGEINT", "UHUGEINT"}

@@ -26,6 +26,14 @@ DTYPES = (
     "complex64", "complex128",
 )
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+# The DuckDB type of each dtype's values (element rows, packed tables, top-k values); complex
+# has none (DuckDB has no complex type)
+SQL_TYPES = {
+    "bool": "BOOLEAN",
+    "int8": "TINYINT", "int16": "SMALLINT", "int32": "INTEGER", "int64": "BIGINT",
+    "uint8": "UTINYINT", "uint16": "USMALLINT", "uint32": "UINTEGER", "uint64": "UBIGINT",
+    "float32": "FLOAT", "float64": "DOUBLE",
+}
 RESERVED = ("_eds_", "eds_")
 # dtypes users reach for that are planned but not stored yet: say when, not only "unsupported"
 _LATER = {"float16": "float16 and bfloat16 come with GPU support; cast to float32 for now",
