@@ -72,7 +72,7 @@ def _computation_dtype(dtype, raw: list[np.dtype], out, casting: str) -> np.dtyp
             raise _cast_error(f"operand {k}", d, ct, casting)
     if dtype is None and out is not None:
         check_dtype(ct, f"out of dtype {out.dtype} makes numpy's einsum compute in {ct.name}, which eindecomp_sql "
-                        "cannot:")
+                        "cannot")
     return ct
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import atexit
 import collections
+import collections.abc
+import dataclasses
 import contextlib
 import itertools
 import weakref
@@ -96,6 +98,10 @@ class Session:
 
     def _tensor(self, value: TiledValue) -> Tensor:
         """A Tensor handle; a temporary result's table lives as long as its handle."""
+        # a value is named after its table: plans tell operands apart by name, and every
+        # result of db.einsum (or two graphs' outputs) would otherwise share one
+        if value.name != value.table:
+            value = dataclasses.replace(value, name=value.table)
         t = Tensor(self, value)
         if value.temporary:
             object.__setattr__(t, "_finalizer", weakref.finalize(t, self._release, value.table))
@@ -289,6 +295,8 @@ class Session:
     # -- graphs -----------------------------------------------------------------------------
     def run_graph_plan(self, gplan, inputs: dict, out=None, replace: bool = False, progress=None):
         """Run a ``GraphPlan`` (see ``GraphPlan.run``)."""
+        if not isinstance(replace, bool):
+            raise EinsumError(f"replace must be True or False, got {replace!r}")
         outputs = [v.name for v in gplan.outputs]
         if out is None:
             targets = {}
@@ -296,8 +304,10 @@ class Session:
             if len(outputs) != 1:
                 raise EinsumError(f"the plan has {len(outputs)} outputs {outputs}: pass out as a dict")
             targets = {outputs[0]: out}
-        else:
+        elif isinstance(out, collections.abc.Mapping):
             targets = dict(out)
+        else:
+            raise EinsumError(f"out must be a table name or a dict {{output: table name}}, got {out!r:.60}")
             unknown = [k for k in targets if k not in outputs]
             if unknown:
                 raise EinsumError(f"out names unknown outputs {unknown}; the outputs are {outputs}")

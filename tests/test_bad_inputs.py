@@ -105,3 +105,25 @@ def test_bad_input_is_an_einsum_error_and_changes_nothing(sweep_db, case):
 def test_bad_input_outside_a_session(bad):
     with pytest.raises(EinsumError):
         bad()
+
+
+def test_more_bad_inputs_from_review():
+    a, b, c = np.ones((2, 3)), np.ones((3, 4)), np.ones((4, 2))
+    np.testing.assert_allclose(eds.einsum("ij,jk,kl->il", a, b, c, optimize=("greedy", 0)), a @ b @ c)
+    np.testing.assert_allclose(eds.einsum("ij,jk,kl->il", a, b, c, optimize=("greedy", float("inf"))), a @ b @ c)
+    for bad in (("greedy", float("nan")), ["einsum_path", (0.5, 1), (0, 1)]):
+        with pytest.raises(EinsumError):
+            eds.einsum("ij,jk,kl->il", a, b, c, optimize=bad)
+    g = eds.Graph()
+    x = g.input("x", (2, 3), "float64")
+    g.map("relu", x)
+    plan = g.plan()
+    with eds.connect() as db:
+        for kwargs in (dict(out=5), dict(out=["a"]), dict(replace="x")):
+            with pytest.raises(EinsumError):
+                plan.run(db, x=a, **kwargs)
+        assert db.tensors() == []
+    with pytest.raises(EinsumError, match="at most 52 labels"):
+        gg = eds.Graph()
+        eds_x = gg.input("x", (1,) * 53)
+        gg.map("relu", eds_x)

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import eindecomp_sql as eds
-from helpers import DTYPES, assert_close, einsum_case, error_scale, random_array
+from helpers import DTYPES, assert_close, einsum_case, random_array
 from reference import reference
 
 BINARY = ["mul", "add", "sub", "div", "max", "min"]

@@ -8,10 +8,10 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 import eindecomp_sql as eds
 from eindecomp_sql.plan.steps import output_tiles
-from eindecomp_sql.udfs import pool
 
 LONG_PLAN = r"""
 import sys, time, numpy as np, eindecomp_sql as eds
@@ -63,9 +63,9 @@ def test_progress_reports_steps_and_tiles():
     with eds.connect() as db:
         A = db.store("A", a, tile=(64, 64))
         B = db.store("B", b, tile=(50, 100))  # re-tiled before the product: two steps
-        before = pool.tiles_finished()
+        before = db.backend.kernels.finished()
         C = db.einsum("ij,jk->ik", A, B, progress=seen.append)
-        after = pool.tiles_finished()
+        after = db.backend.kernels.finished()
         np.testing.assert_allclose(C.to_numpy(), a @ b)
         plan = db.plan("ij,jk->ik", A, B)
         steps = len(plan.steps)
@@ -92,3 +92,54 @@ def test_progress_of_a_graph_plan():
         out = plan.run(db, x=xs, w=ws, progress=seen.append)
         np.testing.assert_allclose(out.to_numpy(), np.maximum(xs @ ws, 0))
     assert seen and seen[-1].step == seen[-1].steps == len(plan.plan.steps)
+
+
+def test_cancelling_one_sessions_plans_leaves_another_session_alone():
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((40, 30))
+    with eds.connect() as one, eds.connect() as two:
+        A1, A2 = one.store("A", a, tile=(8, 8)), two.store("A", a, tile=(8, 8))
+        one.backend.kernels.cancel.set()  # as a Ctrl-C in session one's plan does
+        try:
+            np.testing.assert_allclose(two.einsum("ij,kj->ik", A2, A2).to_numpy(), a @ a.T)
+            with pytest.raises(eds.EinsumError, match="interrupted"):
+                one.einsum("ij,kj->ik", A1, A1, out="G")
+            assert not one.backend.table_exists("G")
+        finally:
+            one.backend.kernels.cancel.clear()
+        np.testing.assert_allclose(one.einsum("ij,kj->ik", A1, A1).to_numpy(), a @ a.T)
+
+
+def test_a_progress_callback_that_raises_stops_the_plan():
+    rng = np.random.default_rng(10)
+    a = rng.standard_normal((1500, 1500))
+
+    def boom(p):
+        raise RuntimeError("callback says no")
+
+    with eds.connect() as db:
+        A = db.store("A", a, tile=(250, 250))
+        with pytest.raises(RuntimeError, match="callback says no"):
+            db.einsum("ij,jk->ik", A, A, out="C", progress=boom)
+        assert db.tensors() == ["A"] and not db.backend.table_exists("C")
+        np.testing.assert_allclose(db.einsum("ij->", A).to_numpy(), a.sum())
+
+
+def test_ctrl_c_with_a_handler_that_does_not_raise(tmp_path):
+    # asyncio's handler only cancels its task; a flag-setting handler returns: the interrupted
+    # plan still has no result to give, so KeyboardInterrupt is raised, not a broken Tensor
+    code = LONG_PLAN.replace('print("ready", flush=True)',
+                             'import signal\nsignal.signal(signal.SIGINT, lambda *a: print("handler", flush=True))\n'
+                             'print("ready", flush=True)')
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "t.duckdb")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(1.0)
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    lines = out.splitlines()
+    assert lines[:1] == ["handler"] and lines[1].startswith("interrupted"), out + err
+    assert "tensors ['A']" in lines, out

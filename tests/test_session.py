@@ -245,3 +245,25 @@ def test_a_budget_never_buys_degenerate_tilings():
         if hasattr(step, "pieces"):
             assert np.prod(list(step.pieces.values())) <= MAX_JOIN_TASKS
         assert step.peak_bytes <= 2_000_000_000
+
+
+def test_results_used_as_operands_are_told_apart():
+    # every db.einsum result was a value named _eds_result (KeyError when used again), and two
+    # graphs' outputs shared their graph value's name (silently merged into one operand)
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((4, 4)), rng.standard_normal((4, 4))
+    with eds.connect() as db:
+        A = db.store("A", a, tile=(2, 2))
+        t = db.einsum("ij,jk->ik", A, A)
+        u = db.einsum("ij->ji", A, out="U")
+        assert_close(db.einsum_numpy("ij,jk->ik", t, A), a @ a @ a)
+        assert_close(db.einsum("ij,jk->ik", t, u).to_numpy(), (a @ a) @ a.T)
+
+        def scaled(k):
+            g = eds.Graph()
+            x = g.input("x", (4, 4), "float64")
+            g.map(f"{k} * x", x)
+            return g.plan()
+
+        t1, t2 = scaled(2).run(db, x=a), scaled(3).run(db, x=b)
+        assert_close(db.einsum_numpy("ij,jk->ik", t1, t2), (2 * a) @ (3 * b))

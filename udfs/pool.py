@@ -11,6 +11,7 @@ DuckDB's threads fell from ~60-95 to 2-7 GFLOP/s for 256² matmuls.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -24,42 +25,69 @@ except AttributeError:  # not on Linux
     WORKERS = os.cpu_count() or 1
 
 _pool: ThreadPoolExecutor | None = None
-# Ctrl-C during a plan (backends/running.py): kernels stop between tasks instead of finishing a
-# call that may hold seconds of work; the statement then fails and its transaction rolls back.
-_cancel = threading.Event()
-# output tiles the kernels have finished (count, bytes), for progress reports
-_finished = [0, 0]
-_finished_lock = threading.Lock()
-
-
 class Cancelled(RuntimeError):
     """Raised inside a kernel when the plan it serves was interrupted."""
 
 
-def cancel() -> None:
-    _cancel.set()
+class KernelState:
+    """What one connection's kernels share with its backend: a cancel flag (Ctrl-C during a
+    plan, backends/running.py: kernels stop between tasks instead of finishing a call that may
+    hold seconds of work; the statement fails and rolls back) and a count of the output tiles
+    finished (progress). One per backend, so interrupting one session's plan never cancels
+    another's, and concurrent plans do not count each other's tiles."""
+
+    def __init__(self):
+        self.cancel = threading.Event()
+        self._lock = threading.Lock()
+        self._tiles = 0
+        self._bytes = 0
+
+    def note(self, count: int, nbytes: int) -> None:
+        with self._lock:
+            self._tiles += count
+            self._bytes += nbytes
+
+    def finished(self) -> tuple[int, int]:
+        """(tiles, bytes) the kernels of this connection have finished so far."""
+        with self._lock:
+            return self._tiles, self._bytes
 
 
-def cancel_done() -> None:
-    _cancel.clear()
+_local = threading.local()
 
 
-def check_cancelled() -> None:
-    if _cancel.is_set():
+def current() -> KernelState | None:
+    """The state of the connection whose kernel call runs on this thread (None outside one)."""
+    return getattr(_local, "state", None)
+
+
+def serving(fn: Callable, state: KernelState | None) -> Callable:
+    """``fn`` (a UDF) running with ``state`` as this thread's current kernel state."""
+    @functools.wraps(fn)  # keeps the signature: DuckDB checks a UDF's parameter count
+    def udf(*args):
+        before = getattr(_local, "state", None)
+        _local.state = state
+        try:
+            return fn(*args)
+        finally:
+            _local.state = before
+
+    return udf
+
+
+def check_cancelled(state: KernelState | None = None) -> None:
+    state = state if state is not None else current()
+    if state is not None and state.cancel.is_set():
         raise Cancelled("eindecomp_sql: interrupted")
 
 
 def note_tiles(count: int, nbytes: int) -> None:
     """Kernels call this with the output tiles of each finished call."""
-    with _finished_lock:
-        _finished[0] += count
-        _finished[1] += nbytes
+    state = current()
+    if state is not None:
+        state.note(count, nbytes)
 
 
-def tiles_finished() -> tuple[int, int]:
-    """(tiles, bytes) finished by kernels in this process so far."""
-    with _finished_lock:
-        return _finished[0], _finished[1]
 _controller: ThreadpoolController | None = None
 _lock = threading.Condition()
 _active = 0  # kernel calls in flight with BLAS at one thread
@@ -121,21 +149,22 @@ def run_wide(task: Callable[[], None]) -> bool:
 
 def run_tasks(tasks: list[Callable[[], None]]) -> None:
     """Run ``tasks`` on the workers and wait; re-raise the first failure."""
+    state = current()  # the pool's threads check the caller's flag, not their own
     _enter()
     try:
-        check_cancelled()
+        check_cancelled(state)
         if len(tasks) == 1:
             tasks[0]()
             return
-        for f in [_get_pool().submit(_cancellable(t)) for t in tasks]:
+        for f in [_get_pool().submit(_cancellable(t, state)) for t in tasks]:
             f.result()
     finally:
         _leave()
 
 
-def _cancellable(task: Callable[[], None]) -> Callable[[], None]:
+def _cancellable(task: Callable[[], None], state: KernelState | None) -> Callable[[], None]:
     def run():
-        check_cancelled()
+        check_cancelled(state)
         task()
 
     return run

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from .kernels import einsum_kernel, retile_kernel
-from .pool import WORKERS, check_cancelled, note_tiles, run_tasks, run_wide
+from .pool import WORKERS, KernelState, check_cancelled, note_tiles, run_tasks, run_wide, serving
 from .tiles import TileWriter, _as_array, blob_views, tile_view
 from eindecomp_sql.notation.checks import SQL_TYPES
 
@@ -208,9 +208,13 @@ def _with_arity(fn: Callable, names: list[str]) -> Callable:
     return wrapper
 
 
-def register_kernels(con) -> None:
-    """Register every tile UDF on ``con`` (idempotent per connection)."""
+def register_kernels(con, state: KernelState | None = None) -> None:
+    """Register every tile UDF on ``con`` (idempotent per connection); ``state`` is the
+    connection's cancel flag and tile count (``pool.KernelState``)."""
     import duckdb
+
+    def create_function(name, fn, *args, **kw):
+        con.create_function(name, serving(fn, state), *args, **kw)
 
     blob = duckdb.sqltype("BLOB")
     text = duckdb.sqltype("VARCHAR")
@@ -218,16 +222,16 @@ def register_kernels(con) -> None:
     opts = dict(type="arrow", side_effects=False)
     for n in range(1, MAX_ARITY + 1):
         rows = _with_arity(einsum_rows, ["spec", "keys"] + [f"t{k}" for k in range(n)])
-        con.create_function(f"eds_einsum{n}", rows, [text, keys] + [blob] * n, blob, **opts)
+        create_function(f"eds_einsum{n}", rows, [text, keys] + [blob] * n, blob, **opts)
         member = duckdb.struct_type({"k": keys, **{f"t{k}": blob for k in range(n)}})
-        con.create_function(f"eds_einsum_group{n}", einsum_groups, [text, keys, duckdb.list_type(member)], blob, **opts)
+        create_function(f"eds_einsum_group{n}", einsum_groups, [text, keys, duckdb.list_type(member)], blob, **opts)
     cut = duckdb.struct_type({"n": keys, "k": keys, "t": blob})
-    con.create_function("eds_split", retile_split, [text, keys, blob], duckdb.list_type(cut), **opts)
+    create_function("eds_split", retile_split, [text, keys, blob], duckdb.list_type(cut), **opts)
     piece = duckdb.struct_type({"k": keys, "t": blob})
-    con.create_function("eds_assemble", retile_assemble, [text, keys, duckdb.list_type(piece)], blob, **opts)
-    con.create_function("eds_fill", fill_tiles, [text, keys], blob, **opts)
+    create_function("eds_assemble", retile_assemble, [text, keys, duckdb.list_type(piece)], blob, **opts)
+    create_function("eds_fill", fill_tiles, [text, keys], blob, **opts)
     for name, sqltype in SQL_TYPES.items():  # element rows: every dtype with a DuckDB type
-        con.create_function(
+        create_function(
             f"eds_values_{name}", _values(name), [blob], duckdb.list_type(duckdb.sqltype(sqltype)), **opts
         )
 

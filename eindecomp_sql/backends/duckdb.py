@@ -20,6 +20,7 @@ from ..sql_templates import template
 from ..udfs.kernels import CALLABLES
 from . import allocator
 from .running import Watch, run_interruptible
+from ..udfs.pool import KernelState
 
 
 # a step whose projected peak (the tiles of one UDF call) reaches this exports with 64-bit offsets
@@ -52,7 +53,8 @@ class DuckDBBackend:
             self.con.execute("SET arrow_large_buffer_size = true").fetchall()
             from eindecomp_sql.udfs import register_kernels
 
-            register_kernels(self.con)
+            self.kernels = KernelState()  # this connection's cancel flag and tile count
+            register_kernels(self.con, self.kernels)
             # Our own statements run on a cursor of the user's connection (the same database,
             # the UDFs registered above): a result the user is still fetching on
             # ``db.connection`` then never blocks a store, an einsum or a read, and interrupting
@@ -251,14 +253,14 @@ class DuckDBBackend:
             join = getattr(getattr(step, "node", None), "join", None)
             if join is not None and join.func is not None:
                 CALLABLES[join.func_id] = join.func
-        watch = Watch(progress, [(s.describe(), output_tiles(s)) for s in plan.steps])
+        watch = Watch(progress, [(s.describe(), output_tiles(s)) for s in plan.steps], self.kernels)
         with self.lock:
             self._check_open()
             for v in plan.outputs:
                 if v.table is not None and not v.temporary:
                     self._check_target(v.table, replace)
             out = run_interruptible(lambda: self._run_steps(plan, compiled, replace, watch), self._work.interrupt,
-                                    watch)
+                                    self.kernels, watch)
         allocator.bound_free_memory()
         return out
 

@@ -7,7 +7,7 @@ handlers only between bytecodes of the main thread: a Ctrl-C waited until the st
 So while a plan runs (on the main thread, as before) a watchdog thread waits on a socket that
 Python's C-level signal handler writes to at once (``signal.set_wakeup_fd``). On SIGINT it
 interrupts the connection and asks the tile kernels to stop between tasks
-(``udfs.pool.cancel``); the statement fails, the transaction rolls back, and then the caller's
+(the connection's ``udfs.pool.KernelState``); the statement fails, the transaction rolls back, and then the caller's
 SIGINT handler runs: KeyboardInterrupt for Python's default one. Our own Python-level handler
 only records the signal meanwhile, so nothing is raised half-way through a rollback. The
 watchdog also polls progress.
@@ -19,6 +19,7 @@ calls — DuckDB's client thread is not a neutral choice — so DuckDB stays on 
 
 from __future__ import annotations
 
+import os
 import select
 import signal
 import socket
@@ -50,33 +51,36 @@ class StepProgress:
 
 
 class Watch:
-    """Progress of one plan: the backend says which step runs, the kernels count tiles."""
+    """Progress of one plan: the backend says which step runs, its kernels count tiles."""
 
-    def __init__(self, report: Callable[[StepProgress], None] | None, steps: list[tuple[str, int]]):
+    def __init__(self, report: Callable[[StepProgress], None] | None, steps: list[tuple[str, int]],
+                 kernels: pool.KernelState):
         self.report = report
         self.steps = steps  # (description, output tiles) per step
+        self.kernels = kernels
         self.start = time.perf_counter()
         self.current = 0
-        self._base = pool.tiles_finished()
+        self._base = kernels.finished()
 
     def begin(self, k: int) -> None:
         self.current = k
-        self._base = pool.tiles_finished()
+        self._base = self.kernels.finished()
 
     def poll(self, finished: bool = False) -> None:
         if self.report is None or not self.steps:
             return
         desc, total = self.steps[self.current]
-        tiles, nbytes = (a - b for a, b in zip(pool.tiles_finished(), self._base))
+        tiles, nbytes = (a - b for a, b in zip(self.kernels.finished(), self._base))
         if finished:
             tiles = total
         self.report(StepProgress(self.current + 1, len(self.steps), desc, min(tiles, total), total, nbytes,
                                  time.perf_counter() - self.start))
 
 
-def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
+def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None], kernels: pool.KernelState,
                       watch: Watch | None = None) -> object:
-    """``work()`` on this thread; Ctrl-C interrupts it cleanly, progress is polled."""
+    """``work()`` on this thread; Ctrl-C interrupts it cleanly, progress is polled. A progress
+    callback that raises stops the plan the same way, and its error is raised."""
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGINT) if main else None
     # signals reach only the main thread; a SIGINT that is ignored, or handled by C code we
@@ -86,37 +90,53 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
         return work()
     hit = threading.Event()
     stop = threading.Event()
+    failed: list[BaseException] = []  # a progress callback's error
     reader, writer = socket.socketpair() if catch else (None, None)
-    old_fd = None
+    old_fd = -1
     if catch:
         writer.setblocking(False)
         signal.signal(signal.SIGINT, lambda signum, frame: hit.set())
         old_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
 
+    def stop_plan():
+        kernels.cancel.set()
+        try:
+            interrupt()
+        except Exception:  # noqa: BLE001 - the statement may have just finished
+            pass
+
     def watchdog():
         while not stop.is_set():
             if reader is not None:
                 ready, _, _ = select.select([reader], [], [], TICK_SECONDS)
-                if ready and signal.SIGINT in reader.recv(64):
-                    hit.set()
-                    pool.cancel()
+                data = reader.recv(64) if ready else b""
+                others = bytes(b for b in data if b not in (0, signal.SIGINT))
+                if others and old_fd != -1:  # other signals: to whoever listened before (asyncio)
                     try:
-                        interrupt()
-                    except Exception:  # noqa: BLE001 - the statement may have just finished
+                        os.write(old_fd, others)
+                    except OSError:
                         pass
+                if signal.SIGINT in data:
+                    hit.set()
+                    stop_plan()
             else:
                 stop.wait(TICK_SECONDS)
-            if watch is not None and not hit.is_set() and not stop.is_set():
-                watch.poll()
+            if watch is not None and not hit.is_set() and not failed and not stop.is_set():
+                try:
+                    watch.poll()
+                except BaseException as e:  # noqa: BLE001 - raised on the calling thread
+                    failed.append(e)
+                    stop_plan()
 
     dog = threading.Thread(target=watchdog, name="eds-watchdog", daemon=True)
     dog.start()
+    error = None
     try:
         result = work()
-    except BaseException:
-        if not hit.is_set():
+    except BaseException as e:
+        if not (hit.is_set() or failed):
             raise
-        result = None  # the interrupted statement's error: the SIGINT handler speaks instead
+        result, error = None, e  # the stopped statement's error: what stopped it speaks instead
     finally:
         stop.set()
         if writer is not None:
@@ -125,12 +145,16 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
             except OSError:
                 pass
         dog.join()
+        kernels.cancel.clear()
         if catch:
             signal.set_wakeup_fd(old_fd)
             signal.signal(signal.SIGINT, previous)
             reader.close()
             writer.close()
     if hit.is_set():
-        pool.cancel_done()
-        previous(signal.SIGINT, None)  # Python's default: raise KeyboardInterrupt
+        previous(signal.SIGINT, None)  # Python's default raises KeyboardInterrupt here
+        # a handler that returns (asyncio's cancels its task; a flag-setter) still gets no result
+        raise KeyboardInterrupt from error
+    if failed:
+        raise failed[0]
     return result

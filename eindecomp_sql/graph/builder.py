@@ -56,7 +56,10 @@ def _pick_labels(wanted: Sequence[Sequence[str | None]]) -> str:
     fresh = iter(c for c in string.ascii_letters if c not in everything)
     out: list[str] = []
     for w in wanted:
-        out.append(next((c for c in w if c is not None and c not in out), None) or next(fresh))
+        pick = next((c for c in w if c is not None and c not in out), None) or next(fresh, None)
+        if pick is None:
+            raise EinsumError(f"{len(wanted)} dimensions: an einsum has at most {len(string.ascii_letters)} labels")
+        out.append(pick)
     return "".join(out)
 
 

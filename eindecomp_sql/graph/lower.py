@@ -17,7 +17,9 @@ memory limit, or an explicit list of operand-position tuples.
 
 from __future__ import annotations
 
+import math
 import numbers
+import operator
 
 import opt_einsum
 
@@ -53,7 +55,12 @@ def contraction_path(optimize, n_operands: int):
         if optimize[0] == "einsum_path":
             return _explicit_path(optimize[1:], n_operands)
         if len(optimize) == 2 and isinstance(optimize[1], numbers.Real) and not isinstance(optimize[1], bool):
-            return (contraction_path(optimize[0], n_operands), int(optimize[1]))
+            limit = float(optimize[1])
+            if math.isnan(limit):
+                raise EinsumError(f"optimize={optimize!r:.80}: the memory limit is NaN")
+            # numpy takes any limit; opt_einsum wants a positive int: inf is no limit, <= 0 the least
+            name = contraction_path(optimize[0], n_operands)
+            return name if math.isinf(limit) and limit > 0 else (name, max(1, int(min(limit, 2**62))))
     raise EinsumError(f"optimize={optimize!r:.80}: did not understand the path; numpy's forms are True, False, "
                       "'greedy', 'optimal', ('greedy', memory_limit) or ['einsum_path', (0, 1), ...]")
 
@@ -63,7 +70,7 @@ def _explicit_path(steps, n_operands: int) -> tuple[tuple[int, ...], ...]:
     out = []
     for k, step in enumerate(steps):
         try:
-            pos = tuple(int(p) for p in step)
+            pos = tuple(operator.index(p) for p in step)  # not int(): 0.5 is no position
         except (TypeError, ValueError):
             raise EinsumError(f"optimize: step {k} of the einsum_path, {step!r:.40}, is not a tuple of operand "
                               "positions") from None
