@@ -7,10 +7,24 @@ array([[1., 1.],
 """
 
 from .errors import EinsumError
-from .graph import Graph
-from .api import einsum
-from .session import Session, connect
-from .tensor import Tensor
+
+# The engine-facing names load on first use: the pure layers (``eindecomp_sql.notation``,
+# ``.graph``, ``.plan``) then import without duckdb, pyarrow or sqlglot (~0.3 s of imports).
+_LAZY = {"einsum": "api", "Session": "session", "connect": "session", "Tensor": "tensor", "Graph": "graph"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
 
 __all__ = ["EinsumError", "Graph", "Session", "Tensor", "connect", "einsum"]
 __version__ = "0.1.0"
