@@ -31,6 +31,10 @@ from .tensor import Tensor
 from .udfs.tiles import array_from_tiles, tiles_from_array
 
 
+# the table name temporary results are planned under (see Session.einsum)
+TEMP_RESULT = "_eds_result_table"
+
+
 class Session:
     """eindecomp_sql on one DuckDB database.
 
@@ -264,16 +268,20 @@ class Session:
             check_name(out, "output name")
         with self._call():
             values, arrays = self._resolve(operands)
-            table = out if out is not None else f"_eds_r{next(self._counter)}"
+            # a temporary result is planned under one placeholder name and written to a fresh
+            # table: the plan and its SQL are the same on every call (cached)
+            table = out if out is not None else TEMP_RESULT
             p = self._plan(spec, values, join, agg, table, temporary=out is None)
             report = reporter(progress)
+            tables = None if out is not None else {TEMP_RESULT: f"_eds_r{next(self._counter)}"}
             registered = self._bind(p, arrays)
             try:
-                self.backend.execute(p, replace=replace, progress=report)
+                self.backend.execute(p, replace=replace, progress=report, tables=tables)
             finally:
                 for t in registered:
                     self.backend.unregister(t)
-            return self._tensor(p.result)
+            result = p.result if tables is None else dataclasses.replace(p.result, table=tables[TEMP_RESULT])
+            return self._tensor(result)
 
     def einsum_numpy(self, spec: str, *operands, join=None, agg=None, progress=None, path=None) -> np.ndarray:
         """Run in this database, return numpy; nothing is stored. ``path``: a contraction
@@ -330,10 +338,13 @@ class Session:
                 if tv.shape != v.shape or tv.dtype != v.dtype:
                     raise EinsumError(f"input {v.name!r}: the graph wants {v.shape} {v.dtype}, got {tv.shape} {tv.dtype}")
                 values[v.name] = TiledValue(v.name, tv.shape, tv.dtype, tv.tile, tv.keys, tv.table)
-            outs = {}
-            for v in gplan.outputs:
+            outs, tables = {}, {}
+            for k, v in enumerate(gplan.outputs):
                 keys = key_names(next(n.output for n in gplan.nodes if n.result.name == v.name))
-                table = targets.get(v.name) or f"_eds_r{next(self._counter)}"
+                table = targets.get(v.name)
+                if table is None:  # planned under a placeholder, as in einsum: the SQL is cached
+                    table = f"{TEMP_RESULT}{k}"
+                    tables[table] = f"_eds_r{next(self._counter)}"
                 outs[v.name] = TiledValue(v.name, v.shape, v.dtype, None, tuple(keys), table,
                                           temporary=v.name not in targets)
             plan = gplan.bind(values, outs)
@@ -344,11 +355,12 @@ class Session:
                     tv = values[name]
                     self.backend.register_arrow(tv.table, tiles_from_array(a, tv.tile, tv.keys))
                     registered.append(tv.table)
-                self.backend.execute(plan, replace=replace, progress=reporter(progress))
+                self.backend.execute(plan, replace=replace, progress=reporter(progress), tables=tables)
             finally:
                 for t in registered:
                     self.backend.unregister(t)
-            result = {v.name: self._tensor(v) for v in plan.outputs}
+            result = {v.name: self._tensor(dataclasses.replace(v, table=tables.get(v.table, v.table)))
+                      for v in plan.outputs}
         # one return type per plan, fixed by how its outputs were asked for (never by count)
         return next(iter(result.values())) if gplan.single else result
 

@@ -267,3 +267,42 @@ def test_results_used_as_operands_are_told_apart():
 
         t1, t2 = scaled(2).run(db, x=a), scaled(3).run(db, x=b)
         assert_close(db.einsum_numpy("ij,jk->ik", t1, t2), (2 * a) @ (3 * b))
+
+
+def test_a_repeated_einsum_is_planned_and_compiled_once():
+    from eindecomp_sql.compile import compile_plan
+    from eindecomp_sql.plan.einsum import _plan
+
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((64, 64))
+    with eds.connect() as db:
+        A = db.store("A", a)
+        results = [db.einsum("ij,jk->ik", A, A) for _ in range(3)]  # distinct tables...
+        assert len({r.name for r in results}) == 3
+        for r in results:
+            assert_close(r.to_numpy(), a @ a)
+        plans, compiled = _plan.cache_info(), compile_plan.cache_info()
+        more = [db.einsum("ij,jk->ik", A, A) for _ in range(5)]
+        assert _plan.cache_info().misses == plans.misses  # ...one plan, one compiled SQL
+        assert compile_plan.cache_info().misses == compiled.misses
+        assert_close(more[-1].to_numpy(), a @ a)
+
+
+def test_a_repeated_graph_run_reuses_its_compiled_sql():
+    from eindecomp_sql.compile import compile_plan
+
+    g = eds.Graph()
+    x = g.input("x", (16, 8), "float64")
+    h = g.einsum("ij,kj->ik", x, x)
+    y = g.map("relu", h)
+    plan = g.plan(outputs=[h, y])  # h is an output and read by y
+    a = np.random.default_rng(13).standard_normal((16, 8))
+    with eds.connect() as db:
+        first = plan.run(db, x=a)
+        misses = compile_plan.cache_info().misses
+        second = plan.run(db, x=a)
+        assert compile_plan.cache_info().misses == misses
+        assert first["h"].name != second["h"].name
+        for out in (first, second):
+            assert_close(out["h"].to_numpy(), a @ a.T)
+            assert_close(out["y"].to_numpy(), np.maximum(a @ a.T, 0))

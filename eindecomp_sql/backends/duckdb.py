@@ -3,6 +3,7 @@ each plan step as one statement inside one transaction (a failure leaves nothing
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from typing import Callable
@@ -12,7 +13,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from ..compile import compile_plan, create_table_as, drop_table
-from ..compile.sql import table
+from ..compile.sql import CompiledStep, ident, table
 from ..errors import EinsumError
 from ..plan import Plan, TiledValue
 from ..plan.steps import output_tiles
@@ -241,14 +242,19 @@ class DuckDBBackend:
             raise EinsumError("this session is closed")
 
     # -- execution --------------------------------------------------------------------------
-    def execute(self, plan: Plan, replace: bool = False, progress=None) -> pa.Table | None:
+    def execute(self, plan: Plan, replace: bool = False, progress=None,
+                tables: dict[str, str] | None = None) -> pa.Table | None:
         """Run the plan's steps, one statement each, in one transaction. Returns the rows of a
         step with no target table (a plan that answers with rows), else None.
 
         Ctrl-C interrupts the running statement and rolls the transaction back, then raises
         KeyboardInterrupt; ``progress`` (a callable) receives a :class:`StepProgress` several
-        times a second."""
+        times a second. ``tables`` maps result table names the plan was made with to the tables
+        this run writes: the session plans temporary results under one stable placeholder, so a
+        repeated einsum finds its plan and SQL in the caches."""
         compiled = compile_plan(plan)
+        if tables:
+            compiled = tuple(_renamed(c, tables) for c in compiled)
         for step in plan.steps:  # user callables reach the kernels through a registry, by id
             join = getattr(getattr(step, "node", None), "join", None)
             if join is not None and join.func is not None:
@@ -312,6 +318,23 @@ class DuckDBBackend:
             if self.owns_connection:
                 self.con.close()
         allocator.detach()
+
+
+def _renamed(c: CompiledStep, tables: dict[str, str]) -> CompiledStep:
+    """A compiled step with every table of ``tables`` (written here, or read: a graph output
+    may feed a later step) renamed. Names are checked identifiers quoted by sqlglot, and a
+    placeholder's quoted form appears nowhere else in the text."""
+    pairs = [(ident(a).sql(dialect="duckdb"), ident(b).sql(dialect="duckdb")) for a, b in tables.items()]
+
+    def fix(text: str) -> str:
+        for old, new in pairs:
+            text = text.replace(old, new)
+        return text
+
+    return dataclasses.replace(
+        c, table=tables.get(c.table, c.table), text=fix(c.text), batches=tuple(fix(t) for t in c.batches),
+        create=None if c.create is None else tuple(fix(t) for t in c.create),
+        inserts=tuple(fix(t) for t in c.inserts))
 
 
 def _open(database, read_only: bool, config: dict | None):
