@@ -302,7 +302,7 @@ def test_a_repeated_graph_run_reuses_its_compiled_sql():
         misses = compile_plan.cache_info().misses
         second = plan.run(db, x=a)
         assert compile_plan.cache_info().misses == misses
-        assert first["h"].name != second["h"].name
+        assert first[h.name].name != second[h.name].name
         for out in (first, second):
-            assert_close(out["h"].to_numpy(), a @ a.T)
-            assert_close(out["y"].to_numpy(), np.maximum(a @ a.T, 0))
+            assert_close(out[h.name].to_numpy(), a @ a.T)
+            assert_close(out[y.name].to_numpy(), np.maximum(a @ a.T, 0))
