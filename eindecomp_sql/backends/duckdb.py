@@ -20,8 +20,8 @@ from ..plan.steps import output_tiles
 from ..sql_templates import template
 from ..udfs.kernels import CALLABLES
 from . import allocator
-from .running import Watch, run_interruptible
 from ..udfs.pool import KernelState
+from .running import Watch, run_interruptible
 
 
 # a step whose projected peak (the tiles of one UDF call) reaches this exports with 64-bit offsets
@@ -259,7 +259,9 @@ class DuckDBBackend:
             join = getattr(getattr(step, "node", None), "join", None)
             if join is not None and join.func is not None:
                 CALLABLES[join.func_id] = join.func
-        watch = Watch(progress, [(s.describe(), output_tiles(s)) for s in plan.steps], self.kernels)
+        # step descriptions only when someone watches: describe() is string work on a hot path
+        steps = [(s.describe(), output_tiles(s)) for s in plan.steps] if progress is not None else []
+        watch = Watch(progress, steps, self.kernels)
         with self.lock:
             self._check_open()
             for v in plan.outputs:
