@@ -22,7 +22,10 @@ import numpy as np
 import eindecomp_sql as eds
 from eindecomp_sql.plan import Plan, RetileStep, TiledValue
 from eindecomp_sql.plan.cost import tile_of
-from eindecomp_sql.plan.planner import plan_nodes
+from eindecomp_sql.backends import Target
+from eindecomp_sql.plan.draft import Draft
+from eindecomp_sql.plan.optimize import Choice
+from eindecomp_sql.plan.passes.retiles import insert_retiles
 
 HERE = Path(__file__).parent
 N = 2048
@@ -52,21 +55,21 @@ def main():
         plan = db.plan("ij,jk->ik", A, B, out="C")
         # force the stored cut (the optimizer might prefer another one)
         node = plan.steps[-1].node
-        forced = plan_nodes([node], {"A": A.value, "B": B.value},
-                            {node.result.name: {"i": tile_of(N, pi), "j": tile_of(N, pj), "k": tile_of(N, pk)}},
-                            {node.result.name: plan.result})
+        choice = Choice({node.result.name: {"i": pi, "j": pj, "k": pk}}, {})
+        forced = insert_retiles(Draft((node,), (A.value, B.value), (node.result.name,), choice=choice)).plan()
         c = forced.costs
-        t = _median_time(lambda: db.backend.execute(forced, replace=True))
+        t = _median_time(lambda: db.backend.execute(forced, {"A": "A", "B": "B"}, {node.result.name: Target("C")},
+                                                    replace=True))
         rows.append({"kind": "einsum", "pieces": [pi, pj, pk], "join": c.join, "agg": c.agg, "retile": 0, "time": t})
         print(rows[-1], flush=True)
     A = db.store("A", a, replace=True)
     for tile in ((N // 2, N // 2), (N // 4, N), (N, N // 4), (N // 8, N // 8), (N // 4, N // 4)):
-        target = TiledValue("Rt", (N, N), "float32", tile, A.keys, "Rt", temporary=True)
+        target = TiledValue("Rt", (N, N), "float32", tile, A.keys)
         for src_tile in ((N, N), (N // 2, N // 2)):
             S = db.store("S", a, tile=src_tile, replace=True)
             step = RetileStep(S.value, target)
             plan = Plan((step,), (S.value,), (target,))
-            t = _median_time(lambda: db.backend.execute(plan, replace=True))
+            t = _median_time(lambda: db.backend.execute(plan, {"S": "S"}, {"Rt": Target("Rt", temporary=True)}))
             rows.append({"kind": "retile", "tiles": [list(src_tile), list(tile)], "join": 0, "agg": 0,
                          "retile": step.costs.retile, "time": t})
             print(rows[-1], flush=True)

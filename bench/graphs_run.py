@@ -24,7 +24,9 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 import eindecomp_sql as eds  # noqa: E402
 from eindecomp_sql.plan import TiledValue  # noqa: E402
 from eindecomp_sql.plan.cost import tile_of  # noqa: E402
-from eindecomp_sql.plan.graph_plan import GraphPlan, _steps  # noqa: E402
+from eindecomp_sql.plan.draft import Draft  # noqa: E402
+from eindecomp_sql.plan.graph_plan import GraphPlan  # noqa: E402
+from eindecomp_sql.plan.passes.retiles import insert_retiles  # noqa: E402
 from eindecomp_sql.plan.optimize import Choice, _Problem  # noqa: E402
 from graph_eval import evaluate  # noqa: E402
 from graphs import attention, chain, ffn, llama_block, random_inputs  # noqa: E402
@@ -86,11 +88,10 @@ def grid_choices(g, workers):
 
 
 def plan_from_choice(g, choice, name) -> GraphPlan:
-    inputs = {v.name: v for v in g.inputs}
     last = g.nodes[-1].result  # what g.plan() computes: the last-added value
-    outputs = {last.name: TiledValue(last.name, last.shape, last.dtype, None, g.nodes[-1].output, last.name,
-                                     temporary=True)}
-    plan = _steps(g.nodes, inputs, choice, outputs, None)
+    inputs = tuple(TiledValue(v.name, v.shape, v.dtype, choice.input_tiles.get(v.name, v.shape),
+                              tuple(f"d{k}" for k in range(len(v.shape)))) for v in g.inputs)
+    plan = insert_retiles(Draft(tuple(g.nodes), inputs, (last.name,), choice=choice)).plan()
     return GraphPlan(g.nodes, g.inputs, (last,), name, WORKERS, None, choice, plan, {}, single=True)
 
 

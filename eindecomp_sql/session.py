@@ -17,22 +17,16 @@ import weakref
 import numpy as np
 
 from .arrays import as_array
-from .backends.duckdb import DuckDBBackend
-from .compile import sql_listing
+from .backends import Target, create_backend
 from .errors import EinsumError
 from .notation.checks import check_name
 from .notation.sublist import sublist_spec
 from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, plan_einsum
+from .plan.einsum import RESULT
 from .plan.tiling import check_count
 from .progress import reporter
 from .plan.cost import parse_memory
-from .plan.steps import key_names
 from .tensor import Tensor
-from .udfs.tiles import array_from_tiles, tiles_from_array
-
-
-# the table name temporary results are planned under (see Session.einsum)
-TEMP_RESULT = "_eds_result_table"
 
 
 class Session:
@@ -45,7 +39,7 @@ class Session:
     """
 
     def __init__(self, database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int = 1,
-                 memory=None, read_only: bool = False):
+                 memory=None, read_only: bool = False, backend: str = "duckdb"):
         # The plans' knobs: largest tile a plan creates, join tasks per step, memory budget.
         # One worker by default: kernels already use every core inside a call (docs/DESIGN.md).
         # Checked before the connection opens, so bad options leave nothing open.
@@ -55,7 +49,7 @@ class Session:
         if not isinstance(read_only, bool):
             raise EinsumError(f"read_only must be True or False, got {read_only!r}")
         self._counter = itertools.count()
-        self.backend = DuckDBBackend(database, read_only=read_only)
+        self.backend = create_backend(backend, database, read_only=read_only)
         # one lock for the session and its backend: a session is shared between threads, and
         # every call (plan, register, run, read back) must see the connection to itself
         self._lock = self.backend.lock
@@ -100,15 +94,15 @@ class Session:
             finally:
                 self._lock.release()
 
-    def _tensor(self, value: TiledValue) -> Tensor:
-        """A Tensor handle; a temporary result's table lives as long as its handle."""
-        # a value is named after its table: plans tell operands apart by name, and every
-        # result of db.einsum (or two graphs' outputs) would otherwise share one
-        if value.name != value.table:
-            value = dataclasses.replace(value, name=value.table)
-        t = Tensor(self, value)
-        if value.temporary:
-            object.__setattr__(t, "_finalizer", weakref.finalize(t, self._release, value.table))
+    def _tensor(self, value: TiledValue, table: str | None = None, temporary: bool = False) -> Tensor:
+        """A Tensor handle on ``value`` stored in ``table`` (default: its name); a temporary
+        result's table lives as long as its handle."""
+        # a Tensor's value is named after its table: plans tell operands apart by name
+        if table is not None and value.name != table:
+            value = dataclasses.replace(value, name=table)
+        t = Tensor(self, value, temporary)
+        if temporary:
+            object.__setattr__(t, "_finalizer", weakref.finalize(t, self._release, value.name))
         return t
 
     @property
@@ -162,7 +156,7 @@ class Session:
             source, f"store({name!r})",
             io.Wanted(tile, keys, shape, dtype, index, value, tile_bytes=self.tile_bytes),
             con=self.backend.con)
-        stored = TiledValue(name, incoming.shape, incoming.dtype, incoming.tile, incoming.keys, name)
+        stored = TiledValue(name, incoming.shape, incoming.dtype, incoming.tile, incoming.keys)
         with self._call():
             self.backend.store_tiles(stored, incoming.tiles, replace=replace)
         return self._tensor(stored)
@@ -189,35 +183,26 @@ class Session:
             self.backend.drop(name)
 
     # -- einsum -----------------------------------------------------------------------------
-    def _resolve(self, operands) -> tuple[list[TiledValue], dict[str, np.ndarray]]:
-        """Operands as tiled values; numpy operands stay free (the plan picks their tiling)."""
-        values, arrays = [], {}
+    def _resolve(self, operands) -> tuple[list[TiledValue], dict[str, str | np.ndarray]]:
+        """Operands as plan values, and what each is bound to: a stored tensor's table (the
+        value is named after it), or an array (free: the plan picks its tiling)."""
+        values, inputs = [], {}
         for k, x in enumerate(operands):
+            if isinstance(x, str):
+                x = self.tensor(x)
             if isinstance(x, Tensor):
-                if x.session is not self and x.session.backend.con is not self.backend.con:
+                if x.session is not self and (self.backend.con is None or x.session.backend.con is not self.backend.con):
                     raise EinsumError(f"operand {k} is a tensor of another session")
                 values.append(x.value)
-                continue
-            if isinstance(x, str):
-                values.append(self.tensor(x).value)
+                inputs[x.value.name] = x.value.name
                 continue
             a = as_array(x, f"operand {k}")
             # a stable name per operand position (calls hold the session lock), so a repeated
             # einsum on same-shaped arrays finds its plan and SQL in the caches
             name = f"_eds_in{k}"
-            keys = tuple(f"d{p}" for p in range(a.ndim))
-            values.append(TiledValue(name, a.shape, a.dtype.name, None, keys, name))
-            arrays[name] = a
-        return values, arrays
-
-    def _bind(self, plan: Plan, arrays: dict[str, np.ndarray]) -> list[str]:
-        """Register numpy operands as Arrow views cut the way the plan chose."""
-        names = []
-        for v in plan.inputs:
-            if v.name in arrays:
-                self.backend.register_arrow(v.table, tiles_from_array(arrays[v.name], v.tile, v.keys))
-                names.append(v.table)
-        return names
+            values.append(TiledValue(name, a.shape, a.dtype.name, None, tuple(f"d{p}" for p in range(a.ndim))))
+            inputs[name] = a
+        return values, inputs
 
     @staticmethod
     def _spec_args(spec, operands) -> tuple[str, tuple]:
@@ -227,21 +212,24 @@ class Session:
         s, ops = sublist_spec((spec, *operands))
         return s, tuple(ops)
 
-    def _plan(self, spec, values, join, agg, out=None, temporary=False, path=None) -> Plan:
-        return plan_einsum(spec, tuple(values), join, agg, out, temporary=temporary, workers=self.workers,
-                           budget=self.memory, max_tile_bytes=self.tile_bytes, path=path)
+    def _plan(self, spec, values, join, agg, path=None) -> Plan:
+        return plan_einsum(spec, tuple(values), join, agg, workers=self.workers, budget=self.memory,
+                           tile_bytes=self.tile_bytes, path=path)
 
     def plan(self, spec: str, *operands, join=None, agg=None, out: str | None = None) -> Plan:
-        """The plan ``einsum`` would run."""
+        """The plan ``einsum`` would run (exactly: ``explain`` lists its steps). ``out`` is
+        accepted for symmetry with ``einsum``: where a result goes is no part of its plan."""
         spec, operands = self._spec_args(spec, operands)
         with self._call():
             values, _ = self._resolve(operands)
-            return self._plan(spec, values, join, agg, out)
+            return self._plan(spec, values, join, agg)
 
     def explain(self, spec: str, *operands, join=None, agg=None, out: str | None = None) -> str:
-        """The plan and the SQL of every step."""
-        p = self.plan(spec, *operands, join=join, agg=agg, out=out)
-        return p.explain() + "\n\n" + sql_listing(p)
+        """The plan and the SQL of every step (the result shown going to ``out``, if given)."""
+        from .compile import sql_listing
+
+        p = self.plan(spec, *operands, join=join, agg=agg)
+        return p.explain() + "\n\n" + sql_listing(p, {RESULT: out} if out is not None else None)
 
     def einsum(self, spec: str, *operands, join=None, agg=None, out: str | None = None, replace: bool = False,
                progress=None):
@@ -267,38 +255,22 @@ class Session:
         if out is not None:
             check_name(out, "output name")
         with self._call():
-            values, arrays = self._resolve(operands)
-            # a temporary result is planned under one placeholder name and written to a fresh
-            # table: the plan and its SQL are the same on every call (cached)
-            table = out if out is not None else TEMP_RESULT
-            p = self._plan(spec, values, join, agg, table, temporary=out is None)
-            report = reporter(progress)
-            tables = None if out is not None else {TEMP_RESULT: f"_eds_r{next(self._counter)}"}
-            registered = self._bind(p, arrays)
-            try:
-                self.backend.execute(p, replace=replace, progress=report, tables=tables)
-            finally:
-                for t in registered:
-                    self.backend.unregister(t)
-            result = p.result if tables is None else dataclasses.replace(p.result, table=tables[TEMP_RESULT])
-            return self._tensor(result)
+            values, inputs = self._resolve(operands)
+            p = self._plan(spec, values, join, agg)
+            # where the result goes is no part of the plan: the plan and its SQL are the same
+            # on every call (cached); a temporary result gets a fresh table
+            target = Target(out) if out is not None else Target(f"_eds_r{next(self._counter)}", temporary=True)
+            self.backend.execute(p, inputs, {RESULT: target}, replace=replace, progress=reporter(progress))
+            return self._tensor(p.result, target.table, target.temporary)
 
     def einsum_numpy(self, spec: str, *operands, join=None, agg=None, progress=None, path=None) -> np.ndarray:
         """Run in this database, return numpy; nothing is stored. ``path``: a contraction
         order for a many-operand product (``graph.lower.contraction_path``), else the planner's."""
         spec, operands = self._spec_args(spec, operands)
         with self._call():
-            values, arrays = self._resolve(operands)
+            values, inputs = self._resolve(operands)
             p = self._plan(spec, values, join, agg, path=path)
-            report = reporter(progress)
-            registered = self._bind(p, arrays)
-            try:
-                tiles = self.backend.execute(p, progress=report)
-            finally:
-                for t in registered:
-                    self.backend.unregister(t)
-        r = p.result
-        return array_from_tiles(tiles, r.shape, r.tile, r.dtype, r.keys)
+            return self.backend.execute(p, inputs, {RESULT: Target()}, progress=reporter(progress))[RESULT]
 
     # -- graphs -----------------------------------------------------------------------------
     def run_graph_plan(self, gplan, inputs: dict, out=None, replace: bool = False, progress=None):
@@ -316,51 +288,41 @@ class Session:
             targets = dict(out)
         else:
             raise EinsumError(f"out must be a table name or a dict {{output: table name}}, got {out!r:.60}")
-            unknown = [k for k in targets if k not in outputs]
-            if unknown:
-                raise EinsumError(f"out names unknown outputs {unknown}; the outputs are {outputs}")
+        unknown = [k for k in targets if k not in outputs]
+        if unknown:
+            raise EinsumError(f"out names unknown outputs {unknown}; the outputs are {outputs}")
         for t in targets.values():
             check_name(t, "output name")
         with self._call():
-            values, arrays = {}, {}
+            bound = {}
+            by_name = {v.name: v for v in gplan.plan.inputs}
             for v in gplan.inputs:
                 x = inputs[v.name]
+                want = by_name.get(v.name)  # None: an input the plan no longer reads (a fill)
                 if isinstance(x, (Tensor, str)):
-                    tv = self._resolve([x])[0][0]
+                    t = self._resolve([x])[0][0]
+                    if t.shape != v.shape or t.dtype != v.dtype:
+                        raise EinsumError(f"input {v.name!r}: the graph wants {v.shape} {v.dtype}, got {t.shape} {t.dtype}")
+                    if want is not None and (t.tile != want.tile or t.keys != want.keys):
+                        raise EinsumError(
+                            f"input {v.name!r}: tensor {t.name!r} is stored in tiles {t.tile} (keys {t.keys}), but this "
+                            f"plan reads it in tiles {want.tile} (keys {want.keys}); plan for it with "
+                            f"g.plan(inputs={{{v.name!r}: db.tensor({t.name!r})}}) (its explain() shows the re-tile), "
+                            "or run g.run(db, ...), which does")
+                    bound[v.name] = t.name
                 else:
                     a = as_array(x, f"input {v.name!r}")
                     if a.dtype != v.dtype and np.can_cast(a.dtype, v.dtype, "same_kind"):
                         a = a.astype(v.dtype)  # an array is cast to the declared dtype, as numpy would
-                    table = f"_eds_in_{v.name}"
-                    tv = TiledValue(v.name, a.shape, a.dtype.name, gplan.plan_input_tile(v.name),
-                                    tuple(f"d{k}" for k in range(a.ndim)), table)
-                    arrays[v.name] = a
-                if tv.shape != v.shape or tv.dtype != v.dtype:
-                    raise EinsumError(f"input {v.name!r}: the graph wants {v.shape} {v.dtype}, got {tv.shape} {tv.dtype}")
-                values[v.name] = TiledValue(v.name, tv.shape, tv.dtype, tv.tile, tv.keys, tv.table)
-            outs, tables = {}, {}
-            for k, v in enumerate(gplan.outputs):
-                keys = key_names(next(n.output for n in gplan.nodes if n.result.name == v.name))
+                    if a.shape != v.shape or a.dtype != v.dtype:
+                        raise EinsumError(f"input {v.name!r}: the graph wants {v.shape} {v.dtype}, got {a.shape} {a.dtype}")
+                    bound[v.name] = a
+            outs = {}
+            for v in gplan.outputs:
                 table = targets.get(v.name)
-                if table is None:  # planned under a placeholder, as in einsum: the SQL is cached
-                    table = f"{TEMP_RESULT}{k}"
-                    tables[table] = f"_eds_r{next(self._counter)}"
-                outs[v.name] = TiledValue(v.name, v.shape, v.dtype, None, tuple(keys), table,
-                                          temporary=v.name not in targets)
-            plan = gplan.bind(values, outs)
-            plan.check_budget(gplan.budget)
-            registered = []
-            try:
-                for name, a in arrays.items():
-                    tv = values[name]
-                    self.backend.register_arrow(tv.table, tiles_from_array(a, tv.tile, tv.keys))
-                    registered.append(tv.table)
-                self.backend.execute(plan, replace=replace, progress=reporter(progress), tables=tables)
-            finally:
-                for t in registered:
-                    self.backend.unregister(t)
-            result = {v.name: self._tensor(dataclasses.replace(v, table=tables.get(v.table, v.table)))
-                      for v in plan.outputs}
+                outs[v.name] = Target(table) if table is not None else Target(f"_eds_r{next(self._counter)}", temporary=True)
+            self.backend.execute(gplan.plan, bound, outs, replace=replace, progress=reporter(progress))
+            result = {v.name: self._tensor(v, outs[v.name].table, outs[v.name].temporary) for v in gplan.plan.outputs}
         # one return type per plan, fixed by how its outputs were asked for (never by count)
         return next(iter(result.values())) if gplan.single else result
 
@@ -406,7 +368,7 @@ def _close_open_sessions() -> None:
 
 
 def connect(database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int = 1, memory=None,
-            read_only: bool = False) -> Session:
+            read_only: bool = False, backend: str = "duckdb") -> Session:
     """A session over DuckDB.
 
     Parameters
@@ -425,6 +387,10 @@ def connect(database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int
         projected peak exceeds it is refused before anything runs.
     read_only : bool
         Open a database file read-only (several processes may do so at once).
+    backend : str
+        The engine: ``"duckdb"`` (the default; SQL, files, the SQL interface) or
+        ``"reference"`` (runs every plan step by step in numpy, tensors in memory: a check on
+        the DuckDB engine, and the harness the next engines drop into).
 
     Every bad option raises :class:`EinsumError` here, before a connection opens.
 
@@ -432,4 +398,5 @@ def connect(database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int
     ...     db.store("A", np.arange(6.0).reshape(2, 3)).shape
     (2, 3)
     """
-    return Session(database, tile_bytes=tile_bytes, workers=workers, memory=memory, read_only=read_only)
+    return Session(database, tile_bytes=tile_bytes, workers=workers, memory=memory, read_only=read_only,
+                   backend=backend)

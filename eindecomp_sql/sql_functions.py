@@ -113,7 +113,7 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
             cte = f"_eds_op{len(by_name)}"
             tile = array_tile(op, session.tile_bytes) if isinstance(op, ArrayTable) else None  # None: the plan cuts it
             # named after its CTE: the plan tells values apart by name, and one table may be two
-            by_name[key] = TiledValue(cte, op.shape, op.dtype, tile, tuple(f"d{p}" for p in range(op.ndim)), cte)
+            by_name[key] = TiledValue(cte, op.shape, op.dtype, tile, tuple(f"d{p}" for p in range(op.ndim)))
             tables[cte] = op
         values.append(by_name[key])
     try:
@@ -134,5 +134,5 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
         if result.dtype not in SQL_TYPES:
             raise EinsumError(f"einsum_topk(): the result is {result.dtype}, which has no order")
     # a plan that reads no input (a label of size 0) needs no tiling of the tables
-    read = tuple((v.table, tables[v.table]) for v in plan.inputs if v.table in tables)
+    read = tuple((v.name, tables[v.name]) for v in plan.inputs if v.name in tables)
     return interface_query(plan, read, mode, count)

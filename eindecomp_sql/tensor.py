@@ -22,12 +22,13 @@ class Tensor:
     """A tensor stored as a tiled table in a session's database."""
 
     session: "Session"
-    value: TiledValue
+    value: TiledValue  # named after the table holding the tiles
+    is_temporary: bool = False
 
     @property
     def name(self) -> str:
         """The table holding the tiles."""
-        return self.value.table
+        return self.value.name
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -58,7 +59,7 @@ class Tensor:
     def temporary(self) -> bool:
         """A result computed without ``out=``: its table is dropped when this handle is
         collected, or on leaving a ``with`` block."""
-        return self.value.temporary
+        return self.is_temporary
 
     def __enter__(self) -> "Tensor":
         """``with`` a temporary result: its table is dropped on leaving the block."""
@@ -94,7 +95,7 @@ class Tensor:
             table = elements_table(self.to_numpy(), v.keys)
         else:
             raise EinsumError(f"to_arrow(form={form!r}): form is 'tiles' or 'elements'")
-        return table.replace_schema_metadata(tensor_metadata(v.shape, v.dtype, v.tile, v.keys, form, v.table))
+        return table.replace_schema_metadata(tensor_metadata(v.shape, v.dtype, v.tile, v.keys, form, v.name))
 
     def to_parquet(self, path, form: str = "tiles") -> pathlib.Path:
         """Write ``to_arrow(form)`` to a Parquet file at ``path``, metadata included, atomically
@@ -124,4 +125,4 @@ class Tensor:
 
     def __repr__(self) -> str:
         v = self.value
-        return f"Tensor({v.table!r}, shape={v.shape}, dtype={v.dtype}, tile={v.tile})"
+        return f"Tensor({v.name!r}, shape={v.shape}, dtype={v.dtype}, tile={v.tile})"

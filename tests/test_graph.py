@@ -57,10 +57,18 @@ def test_chain_plans_a_binary_step_per_product():
 def test_stored_inputs_cut_differently_are_retiled(db):
     g, ref = ffn(b=40, d=12, f=20)
     xs = random_inputs(g, 3)
-    p = g.plan(workers=2)
-    db.store("ffn_x", xs["x"], tile=(7, 5), replace=True)
-    out = p.run(db, x="ffn_x", w1=xs["w1"], w2=db.store("ffn_w2", xs["w2"], tile=(3, 3), replace=True))
+    x = db.store("ffn_x", xs["x"], tile=(7, 5), replace=True)
+    w2 = db.store("ffn_w2", xs["w2"], tile=(3, 3), keys=("a", "b"), replace=True)
+    # a plan made without knowing how the inputs are stored refuses them: it would have to
+    # run steps its explain() never showed
+    with pytest.raises(EinsumError, match=r"stored in tiles \(7, 5\).*g.plan\(inputs="):
+        g.plan(workers=2).run(db, x="ffn_x", w1=xs["w1"], w2=w2)
+    p = g.plan(workers=2, inputs={"x": x, "w2": w2})
+    assert p.retiles >= 1 and "retile x (7, 5)" in p.explain()
+    out = p.run(db, x="ffn_x", w1=xs["w1"], w2=w2)
     np.testing.assert_allclose(out.to_numpy(), ref(**xs), rtol=1e-9, atol=1e-12)
+    # g.run plans for the inputs as stored, in one call
+    np.testing.assert_allclose(g.run(db, x="ffn_x", w1=xs["w1"], w2=w2).to_numpy(), ref(**xs), rtol=1e-9, atol=1e-12)
 
 
 def test_named_outputs_and_several_outputs(db):

@@ -264,7 +264,7 @@ def test_progress_reaches_the_plan():
 def test_optimize_path_orders_the_products():
     from eindecomp_sql.plan import TiledValue, plan_einsum
 
-    vals = tuple(TiledValue(n, s, "float64", None, ("d0", "d1"), n)
+    vals = tuple(TiledValue(n, s, "float64", None, ("d0", "d1"))
                  for n, s in (("A", (4, 5)), ("B", (5, 6)), ("C", (6, 3))))
     first = {path: plan_einsum("ij,jk,kl->il", vals, path=path).steps[0].node
              for path in (((0, 1), (0, 1)), ((1, 2), (0, 1)))}

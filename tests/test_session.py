@@ -211,9 +211,9 @@ def test_a_plan_whose_retile_cannot_fit_is_refused():
     # 242 MB and the plan ran anyway (still running after 40 s; numpy ~3 s)
     from eindecomp_sql.plan import TiledValue, plan_einsum
 
-    a = TiledValue("A", (6000, 6000), "float32", (1500, 1500), ("d0", "d1"), "A")
+    a = TiledValue("A", (6000, 6000), "float32", (1500, 1500), ("d0", "d1"))
     with pytest.raises(EinsumError, match="memory budget"):
-        plan_einsum("ij,jk->ik", (a, a), budget=100_000_000, max_tile_bytes=64 << 20)
+        plan_einsum("ij,jk->ik", (a, a), budget=100_000_000, tile_bytes=64 << 20)
 
 
 @pytest.mark.parametrize("name", ["B2\n", "B2\n; DROP TABLE x", " B2", "B-2", "", "x" * 64, 12])
@@ -237,10 +237,10 @@ def test_a_budget_never_buys_degenerate_tilings():
     from eindecomp_sql.plan import TiledValue, plan_einsum
     from eindecomp_sql.plan.optimize import MAX_JOIN_TASKS
 
-    a = TiledValue("A", (12000, 12000), "float32", None, ("d0", "d1"), "A")
+    a = TiledValue("A", (12000, 12000), "float32", None, ("d0", "d1"))
     with pytest.raises(EinsumError, match="give more memory"):
-        plan_einsum("ij,jk->ik", (a, a), budget=300_000_000, max_tile_bytes=64 << 20)
-    plan = plan_einsum("ij,jk->ik", (a, a), budget=2_000_000_000, max_tile_bytes=64 << 20)
+        plan_einsum("ij,jk->ik", (a, a), budget=300_000_000, tile_bytes=64 << 20)
+    plan = plan_einsum("ij,jk->ik", (a, a), budget=2_000_000_000, tile_bytes=64 << 20)
     for step in plan.steps:
         if hasattr(step, "pieces"):
             assert np.prod(list(step.pieces.values())) <= MAX_JOIN_TASKS

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eindecomp_sql.compile import compile_plan
+from eindecomp_sql.compile import bind_sql, compile_plan
 from eindecomp_sql.plan import TiledValue, plan_einsum
 from helpers import assert_close, random_array
 from reference import reference
@@ -38,16 +38,17 @@ CASES = [
 
 
 def _values(operands):
-    return tuple(TiledValue(n, s, d, t, tuple(f"d{k}" for k in range(len(s))), n) for n, s, t, d in operands)
+    return tuple(TiledValue(n, s, d, t, tuple(f"d{k}" for k in range(len(s)))) for n, s, t, d in operands)
 
 
 def _render(title, spec, operands, join, agg) -> str:
-    plan = plan_einsum(spec, _values(operands), join, agg, None)
+    plan = plan_einsum(spec, _values(operands), join, agg)
+    names = {v.name: v.name for v in plan.inputs} | {c.value: c.value for c in compile_plan(plan)}
     ops = "; ".join(f"{n}{list(s)} tile {list(t)} {d}" for n, s, t, d in operands)
     lines = [f"-- title: {title}", f"-- einsum: {spec} join={join or 'mul'} agg={agg or 'sum'}", f"-- operands: {ops}"]
     for c in compile_plan(plan):
-        lines.append(f"-- step -> {c.table or 'result rows'}")
-        lines.append(c.sql() + ";")
+        lines.append(f"-- step -> {c.value}")
+        lines.append(bind_sql(c.sql(), names) + ";")
     return "\n".join(lines)
 
 

@@ -1,20 +1,29 @@
-"""Backends own an engine connection, register the tile kernels, and execute plans.
+"""Backends own an engine, its catalog and its kernels, and execute plans (``base.Backend``).
 
-A registry imports each engine inside its own branch so optional engines stay optional."""
+``create_backend`` is the one constructor the session uses; each engine is imported inside its
+own branch so optional engines stay optional.
+"""
 
 from __future__ import annotations
 
-from .base import Backend
+from .base import Backend, Target
+
+BACKENDS = ("duckdb", "reference")
 
 
-def create_backend(name: str = "duckdb", **kwargs) -> Backend:
+def create_backend(name: str = "duckdb", database=None, *, read_only: bool = False) -> Backend:
+    """The backend ``name`` over ``database`` (None: in memory)."""
     if name == "duckdb":
         from .duckdb import DuckDBBackend
 
-        return DuckDBBackend(**kwargs)
+        return DuckDBBackend(database, read_only=read_only)
+    if name == "reference":
+        from .reference import ReferenceBackend
+
+        return ReferenceBackend(database, read_only=read_only)
     from ..errors import EinsumError
 
-    raise EinsumError(f"unknown backend {name!r}; available: 'duckdb'")
+    raise EinsumError(f"unknown backend {name!r}; available: {', '.join(map(repr, BACKENDS))}")
 
 
-__all__ = ["Backend", "create_backend"]
+__all__ = ["BACKENDS", "Backend", "Target", "create_backend"]

@@ -1,22 +1,68 @@
-"""The interface every backend implements: a name, a catalog of tiled tables, and execute()."""
+"""The interface every backend implements: exactly what the session calls.
+
+A backend owns an engine (a DuckDB connection, numpy arrays in memory, ...): a catalog of
+stored tensors, the tile kernels, and ``execute``, which binds a plan's values to storage and
+runs its steps. Plans name values, never tables; ``execute`` gets the binding:
+
+- ``inputs``: value name -> a stored tensor's name, or a numpy array the backend cuts the way
+  the plan's input says;
+- ``outputs``: value name -> ``Target``: a table (kept, and entered in the catalog; or
+  ``temporary``, which the session drops with ``drop_table`` when the result's Tensor goes), or
+  ``Target()`` with no table: the value comes back from ``execute`` as a numpy array.
+
+Every other value the steps compute is scratch, gone when ``execute`` returns. A failed or
+interrupted ``execute`` leaves nothing written.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol
 
-import pyarrow as pa
+import numpy as np
 
 from ..plan import Plan, TiledValue
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where a plan output goes: ``table`` (None: returned as an array), ``temporary`` (a
+    session-lived table, not in the catalog)."""
+
+    table: str | None = None
+    temporary: bool = False
+
+
 class Backend(Protocol):
-    name: str
+    name: str  # what create_backend() knows it by
+    lock: Any  # an RLock: one session call at a time sees the engine
+    con: Any  # the DuckDB connection for the SQL interface and DuckDB sources; None without one
 
-    def execute(self, plan: Plan, replace: bool = False) -> pa.Table | None:
-        """Run every step; return the result's tiles when the plan's result has no table."""
+    @property
+    def closed(self) -> bool: ...
 
-    def store_tiles(self, value: TiledValue, tiles: pa.Table, replace: bool = False) -> None: ...
+    def execute(self, plan: Plan, inputs: Mapping[str, str | np.ndarray], outputs: Mapping[str, Target],
+                replace: bool = False, progress: Callable | None = None) -> dict[str, np.ndarray]:
+        """Run every step of ``plan``; return the outputs bound to no table, as arrays."""
 
-    def lookup(self, name: str) -> TiledValue: ...
+    def store_tiles(self, value: TiledValue, tiles, replace: bool = False) -> None:
+        """Store tiles (a pyarrow Table: key columns + ``tile``) as tensor ``value.name``."""
 
-    def read_tiles(self, value: TiledValue) -> pa.Table: ...
+    def lookup(self, name: str) -> TiledValue | None:
+        """A stored tensor (named after its table; names compare case-insensitively)."""
+
+    def names(self) -> list[str]: ...
+
+    def read_tiles(self, value: TiledValue):
+        """The tiles of stored tensor ``value.name``, as a pyarrow Table."""
+
+    def drop(self, name: str) -> None:
+        """Drop a stored tensor and its catalog entry."""
+
+    def drop_table(self, name: str) -> None:
+        """Drop a temporary result, if it still exists."""
+
+    def register_sql_interface(self, einsum_sql: Callable[..., str]) -> None:
+        """Offer ``SELECT * FROM einsum(...)`` (backends without SQL do nothing)."""
+
+    def close(self) -> None: ...

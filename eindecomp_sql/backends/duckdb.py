@@ -3,7 +3,6 @@ each plan step as one statement inside one transaction (a failure leaves nothing
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 from typing import Callable
@@ -12,15 +11,17 @@ import duckdb
 import pyarrow as pa
 from sqlglot import exp
 
-from ..compile import compile_plan, create_table_as, drop_table
-from ..compile.sql import CompiledStep, ident, table
+from ..compile import bind_sql, compile_plan, create_table_as, drop_table
+from ..compile.sql import table
 from ..errors import EinsumError
 from ..plan import Plan, TiledValue
 from ..plan.steps import output_tiles
 from ..sql_templates import template
 from ..udfs.kernels import CALLABLES
+from ..udfs.tiles import array_from_tiles, tiles_from_array
 from . import allocator
 from ..udfs.pool import KernelState
+from .base import Target
 from .running import Watch, run_interruptible
 
 
@@ -129,7 +130,7 @@ class DuckDBBackend:
         if not rows:
             return None
         stored, shape, dtype, tile, keys = rows[0]
-        return TiledValue(stored, tuple(shape), dtype, tuple(tile), tuple(keys), stored)
+        return TiledValue(stored, tuple(shape), dtype, tuple(tile), tuple(keys))
 
     def names(self) -> list[str]:
         with self.lock:
@@ -148,11 +149,11 @@ class DuckDBBackend:
                       "(SELECT count(*) FROM duckdb_views() WHERE lower(view_name) = lower($1))", [table_name])
         return bool(n[0][0])
 
-    def _write_catalog(self, value: TiledValue) -> None:
-        self._run("DELETE FROM eds_catalog WHERE lower(name) = lower(?)", [value.table])
+    def _write_catalog(self, table_name: str, value: TiledValue) -> None:
+        self._run("DELETE FROM eds_catalog WHERE lower(name) = lower(?)", [table_name])
         self._run(
             "INSERT INTO eds_catalog VALUES (?, ?, ?, ?, ?)",
-            [value.table, list(value.shape), value.dtype, list(value.tile), list(value.keys)],
+            [table_name, list(value.shape), value.dtype, list(value.tile), list(value.keys)],
         )
 
     def drop_table(self, table_name: str) -> None:
@@ -201,19 +202,14 @@ class DuckDBBackend:
     # -- data in and out --------------------------------------------------------------------
     def store_tiles(self, value: TiledValue, tiles: pa.Table, replace: bool = False) -> None:
         with self.lock:
-            self._check_target(value.table, replace)
+            self._check_target(value.name, replace)
             view = "_eds_load"
             self._work.register(view, tiles)
             try:
                 with self._transaction():
-                    stmt = create_table_as(
-                        value.table,
-                        exp.select("*").from_(table(view)),
-                        temporary=value.temporary,
-                        replace=replace or value.temporary,
-                    )
+                    stmt = create_table_as(value.name, exp.select("*").from_(table(view)), replace=replace)
                     self._run(stmt.sql(dialect="duckdb"))
-                    self._write_catalog(value)
+                    self._write_catalog(value.name, value)
             finally:
                 self._work.unregister(view)
 
@@ -223,80 +219,91 @@ class DuckDBBackend:
         with self.lock:
             self._check_open()
             try:
-                return self._work.sql(select_value(value).sql(dialect="duckdb")).to_arrow_table()
+                return self._work.sql(select_value(value, value.name).sql(dialect="duckdb")).to_arrow_table()
             except duckdb.CatalogException:
-                raise EinsumError(f"tensor {value.table!r} no longer exists in this database (dropped, or "
+                raise EinsumError(f"tensor {value.name!r} no longer exists in this database (dropped, or "
                                   "replaced by another session)") from None
-
-    def register_arrow(self, name: str, table: pa.Table) -> None:
-        with self.lock:
-            self._work.register(name, table)
-
-    def unregister(self, name: str) -> None:
-        with self.lock:
-            if not self._closed:
-                self._work.unregister(name)
 
     def _check_open(self) -> None:
         if self._closed:
             raise EinsumError("this session is closed")
 
     # -- execution --------------------------------------------------------------------------
-    def execute(self, plan: Plan, replace: bool = False, progress=None,
-                tables: dict[str, str] | None = None) -> pa.Table | None:
-        """Run the plan's steps, one statement each, in one transaction. Returns the rows of a
-        step with no target table (a plan that answers with rows), else None.
+    def execute(self, plan: Plan, inputs, outputs, replace: bool = False, progress=None) -> dict:
+        """Run the plan's steps, one statement each (or one per batch), in one transaction;
+        see ``base.Backend.execute`` for the binding. Numpy inputs are registered as Arrow
+        views for the run; scratch values are TEMP tables dropped at the end.
 
         Ctrl-C interrupts the running statement and rolls the transaction back, then raises
         KeyboardInterrupt; ``progress`` (a callable) receives a :class:`StepProgress` several
-        times a second. ``tables`` maps result table names the plan was made with to the tables
-        this run writes: the session plans temporary results under one stable placeholder, so a
-        repeated einsum finds its plan and SQL in the caches."""
+        times a second."""
         compiled = compile_plan(plan)
-        if tables:
-            compiled = tuple(_renamed(c, tables) for c in compiled)
         for step in plan.steps:  # user callables reach the kernels through a registry, by id
             join = getattr(getattr(step, "node", None), "join", None)
             if join is not None and join.func is not None:
                 CALLABLES[join.func_id] = join.func
+        tables: dict[str, str] = {}
+        arrays: dict[str, pa.Table] = {}
+        for k, v in enumerate(plan.inputs):
+            x = inputs[v.name]
+            if isinstance(x, str):
+                tables[v.name] = x
+            else:
+                tables[v.name] = f"_eds_a{k}"
+                arrays[tables[v.name]] = tiles_from_array(x, v.tile, v.keys)
+        for k, v in enumerate(plan.scratch):
+            tables[v.name] = f"_eds_s{k}"
+        for name, t in outputs.items():
+            if t.table is not None:
+                tables[name] = t.table
         # step descriptions only when someone watches: describe() is string work on a hot path
         steps = [(s.describe(), output_tiles(s)) for s in plan.steps] if progress is not None else []
         watch = Watch(progress, steps, self.kernels)
         with self.lock:
             self._check_open()
-            for v in plan.outputs:
-                if v.table is not None and not v.temporary:
-                    self._check_target(v.table, replace)
-            out = run_interruptible(lambda: self._run_steps(plan, compiled, replace, watch), self._work.interrupt,
-                                    self.kernels, watch)
+            for t in outputs.values():
+                if t.table is not None and not t.temporary:
+                    self._check_target(t.table, replace)
+            for name, tiles in arrays.items():
+                self._work.register(name, tiles)
+            try:
+                rows = run_interruptible(lambda: self._run_steps(plan, compiled, tables, outputs, replace, watch),
+                                         self._work.interrupt, self.kernels, watch)
+            finally:
+                if not self._closed:
+                    for name in arrays:
+                        self._work.unregister(name)
         allocator.bound_free_memory()
-        return out
+        return {name: array_from_tiles(t, v.shape, v.tile, v.dtype, v.keys)
+                for (name, t), v in zip(rows.items(), (_output(plan, n) for n in rows))}
 
-    def _run_steps(self, plan: Plan, compiled, replace: bool, watch: Watch) -> pa.Table | None:
+    def _run_steps(self, plan: Plan, compiled, tables, outputs, replace: bool, watch: Watch) -> dict[str, pa.Table]:
         scratch: list[str] = []
-        out = None
+        rows: dict[str, pa.Table] = {}
         try:
             with self._transaction():
                 for k, c in enumerate(compiled):
                     watch.begin(k)
+                    target = outputs.get(c.value, _SCRATCH)
                     try:
                         self._set_large_buffers(plan.steps[k].peak_bytes >= LARGE_BUFFER_BYTES)
-                        if c.table is None:
-                            parts = [self._work.sql(text).to_arrow_table() for text in c.batches]
-                            out = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+                        if target.table is None and c.value in outputs:
+                            parts = [self._work.sql(bind_sql(text, tables)).to_arrow_table() for text in c.batches]
+                            rows[c.value] = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
                         else:
                             # the first batch creates the table, the next ones append to it
-                            self._run(c.create[1 if replace else 0])
+                            self._run(bind_sql(c.create[target.temporary, replace], tables))
                             for text in c.inserts:
-                                self._run(text)
-                            if c.scratch:
-                                scratch.append(c.table)
+                                self._run(bind_sql(text, tables))
+                            if target is _SCRATCH:
+                                scratch.append(tables[c.value])
                     except duckdb.Error as e:
                         raise ExecutionError(f"step {k} ({plan.steps[k].describe()}) failed: {e}") from e
                     watch.poll(finished=True)
                 for v in plan.outputs:
-                    if v.table is not None and not v.temporary:
-                        self._write_catalog(v)
+                    t = outputs[v.name]
+                    if t.table is not None and not t.temporary:
+                        self._write_catalog(t.table, v)
                 for t in scratch:
                     self._run(drop_table(t).sql(dialect="duckdb"))
         except BaseException:
@@ -309,7 +316,7 @@ class DuckDBBackend:
             raise
         # back to the safe default for whatever the connection runs next (a user's query)
         self._set_large_buffers(True)
-        return out
+        return rows
 
     def close(self) -> None:
         with self.lock:
@@ -322,21 +329,11 @@ class DuckDBBackend:
         allocator.detach()
 
 
-def _renamed(c: CompiledStep, tables: dict[str, str]) -> CompiledStep:
-    """A compiled step with every table of ``tables`` (written here, or read: a graph output
-    may feed a later step) renamed. Names are checked identifiers quoted by sqlglot, and a
-    placeholder's quoted form appears nowhere else in the text."""
-    pairs = [(ident(a).sql(dialect="duckdb"), ident(b).sql(dialect="duckdb")) for a, b in tables.items()]
+_SCRATCH = Target(None, temporary=True)  # a value the plan computes but does not keep
 
-    def fix(text: str) -> str:
-        for old, new in pairs:
-            text = text.replace(old, new)
-        return text
 
-    return dataclasses.replace(
-        c, table=tables.get(c.table, c.table), text=fix(c.text), batches=tuple(fix(t) for t in c.batches),
-        create=None if c.create is None else tuple(fix(t) for t in c.create),
-        inserts=tuple(fix(t) for t in c.inserts))
+def _output(plan: Plan, name: str) -> TiledValue:
+    return next(v for v in plan.outputs if v.name == name)
 
 
 def _open(database, read_only: bool, config: dict | None):

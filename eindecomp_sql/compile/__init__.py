@@ -2,6 +2,7 @@
 
 from .sql import (
     CompiledStep,
+    bind_sql,
     compile_plan,
     compile_step,
     create_table_as,
@@ -10,11 +11,13 @@ from .sql import (
     kernel_spec,
     select_value,
     single_query,
+    slot,
     sql_listing,
 )
 
 __all__ = [
     "CompiledStep",
+    "bind_sql",
     "compile_plan",
     "compile_step",
     "create_table_as",
@@ -23,5 +26,6 @@ __all__ = [
     "kernel_spec",
     "select_value",
     "single_query",
+    "slot",
     "sql_listing",
 ]

@@ -2,7 +2,9 @@
 
 Each step fills one of the shapes in ``sql_templates/`` with fragments rendered by sqlglot
 (every identifier quoted by sqlglot, never by string formatting) and is parsed back into a
-sqlglot AST, so the same plan prints for any dialect. Tile kernels are generic UDFs taking a
+sqlglot AST, so the same plan prints for any dialect. Plans name values, not tables: the SQL
+reads and writes each value through a placeholder table (``slot``) that ``bind_sql`` replaces
+with the table the backend binds the value to, so one compiled plan serves every run of it. Tile kernels are generic UDFs taking a
 JSON description of their step as first argument: the SQL names no per-query function, and
 ``SELECT * FROM einsum(...)`` can run without registering anything at query time.
 """
@@ -10,6 +12,7 @@ JSON description of their step as first argument: the SQL names no per-query fun
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -18,6 +21,7 @@ import sqlglot
 from sqlglot import exp
 
 from ..plan import EinsumStep, FillStep, Plan, RetileStep, Step, TiledValue
+from ..plan.steps import step_target
 from ..plan.cost import nbytes
 from ..sql_templates import template
 
@@ -35,6 +39,24 @@ def col(name: str, of: str | None = None) -> exp.Column:
 
 def table(name: str) -> exp.Table:
     return exp.Table(this=ident(name))
+
+
+SLOT_PREFIX = "_eds_v_"
+_SLOT = re.compile(r'"_eds_v_([A-Za-z0-9_]+)"')
+
+
+def slot(value_name: str) -> str:
+    """The placeholder table standing for a plan value in compiled SQL. Value names are
+    identifiers and user names never start with ``_eds_`` (reserved), so the quoted
+    placeholder appears nowhere in the SQL but where the value is read or written."""
+    return SLOT_PREFIX + value_name
+
+
+def bind_sql(text: str, tables: dict[str, str]) -> str:
+    """``text`` with every value's placeholder replaced by its table (``tables``: value name ->
+    table name; each is quoted by sqlglot)."""
+    quoted = {name: ident(t).sql(dialect=DIALECT) for name, t in tables.items()}
+    return _SLOT.sub(lambda m: quoted[m.group(1)], text)
 
 
 def sql(e: exp.Expression) -> str:
@@ -120,7 +142,7 @@ def _single_tiles(step: EinsumStep) -> bool:
 
 
 def _sources(step: EinsumStep) -> str:
-    tables = [sql(exp.Table(this=ident(v.table), alias=exp.TableAlias(this=ident(f"t{k}"))))
+    tables = [sql(exp.Table(this=ident(slot(v.name)), alias=exp.TableAlias(this=ident(f"t{k}"))))
               for k, v in enumerate(step.inputs)]
     # One row each: pair them by position. Measured on two 64 MB tiles (4096² GEMM), the step
     # took 1.02 s this way against 1.19 s with a hash join and 1.15 s with a cross product,
@@ -221,7 +243,7 @@ def _compile_retile(step: RetileStep, batch: tuple[int, int] | None = None) -> e
         piece_struct=sql(piece),
         new_key_items=_join([sql(i) for i in items]),
         old_key_list=_key_list([c.copy() for c in old]),
-        source=sql(table(s.table)),
+        source=sql(table(slot(s.name))),
         source_where=source_where,
     )
     # rename n0.. back to the tensor's key names
@@ -274,16 +296,20 @@ def batch_bounds(step: Step) -> list[tuple[int, int]] | None:
 
 @dataclass(frozen=True)
 class CompiledStep:
-    """A step as SQL: ``select`` fills ``table`` (None: the rows are the plan's answer)."""
+    """A step as SQL over placeholder tables (``slot``; ``bind_sql`` puts the tables in).
 
-    table: str | None
-    temporary: bool
-    scratch: bool  # an intermediate, dropped when the plan finishes
-    select: exp.Expression  # the whole step as one SELECT
+    ``value`` is the name of the value the step computes; ``select`` the whole step as one
+    SELECT, ``batches`` the SELECTs to run (the text, or one per batch of a batched step);
+    ``create[temporary, replace]`` CREATE TABLE AS the first batch, and ``inserts`` INSERT INTO
+    the table for the others.
+    """
+
+    value: str
+    select: exp.Expression
     text: str  # the select in DuckDB's dialect, rendered once
-    batches: tuple[str, ...]  # SELECTs to run: the text, or one per batch of a batched step
-    create: tuple[str, str] | None  # CREATE TABLE AS the first batch, without / with OR REPLACE
-    inserts: tuple[str, ...]  # INSERT INTO the table, for the other batches
+    batches: tuple[str, ...]
+    create: dict[tuple[bool, bool], str]
+    inserts: tuple[str, ...]
 
     def sql(self, dialect: str = DIALECT) -> str:
         return self.text if dialect == DIALECT else self.select.sql(dialect=dialect)
@@ -293,33 +319,42 @@ class CompiledStep:
 def compile_plan(plan: Plan) -> tuple[CompiledStep, ...]:
     """Every step as SQL (cached: plans are frozen, and sqlglot costs ~10 ms a statement)."""
     out = []
+    kept = {v.name for v in plan.outputs}
     for step in plan.steps:
-        target = step.target if isinstance(step, RetileStep) else step.result
+        target = step_target(step)
         select = compile_step(step)
         text = select.sql(dialect=DIALECT)
         bounds = batch_bounds(step)
         parts = [select] if bounds is None else [compile_step(step, b) for b in bounds]
         batches = (text,) if bounds is None else tuple(p.sql(dialect=DIALECT) for p in parts)
-        create, inserts = None, ()
-        if target.table is not None:
-            create = tuple(
-                create_table_as(target.table, parts[0], temporary=target.temporary,
-                                replace=target.temporary or rep).sql(dialect=DIALECT)
-                for rep in (False, True)
-            )
-            inserts = tuple(exp.insert(p, table(target.table)).sql(dialect=DIALECT) for p in parts[1:])
-        out.append(CompiledStep(target.table, target.temporary, target.scratch, select, text, batches, create,
-                                inserts))
+        # scratch values are TEMP tables; an output may be either (the backend's binding says)
+        kinds = [(temp, rep) for temp in ((False, True) if target.name in kept else (True,)) for rep in (False, True)]
+        create = {(temp, rep): create_table_as(slot(target.name), parts[0], temporary=temp,
+                                               replace=temp or rep).sql(dialect=DIALECT)
+                  for temp, rep in kinds}
+        inserts = tuple(exp.insert(p, table(slot(target.name))).sql(dialect=DIALECT) for p in parts[1:])
+        out.append(CompiledStep(target.name, select, text, batches, create, inserts))
     return tuple(out)
 
 
-def single_query(plan: Plan) -> exp.Expression:
-    """The whole plan as one query (for SQL table functions): each step but the last is a
-    MATERIALIZED CTE named after its temporary table, the last step is the body."""
+def _bind_tree(e: exp.Expression, tables: dict[str, str]) -> exp.Expression:
+    """``e`` (a copy) with the placeholder tables of ``tables``' values replaced."""
+    e = e.copy()
+    for t in e.find_all(exp.Table):
+        m = _SLOT.fullmatch(ident(t.name).sql(dialect=DIALECT))
+        if m and m.group(1) in tables:
+            t.set("this", ident(tables[m.group(1)]))
+    return e
+
+
+def single_query(plan: Plan, tables: dict[str, str]) -> exp.Expression:
+    """The whole plan as one query (for SQL table functions), reading its inputs from
+    ``tables`` (value name -> table): each step but the last is a MATERIALIZED CTE named after
+    its value's placeholder, the last step is the body."""
     compiled = compile_plan(plan)
-    body = compiled[-1].select.copy()
+    body = _bind_tree(compiled[-1].select, tables)
     ctes = [
-        exp.CTE(this=c.select.copy(), alias=exp.TableAlias(this=ident(c.table)), materialized=True)
+        exp.CTE(this=_bind_tree(c.select, tables), alias=exp.TableAlias(this=ident(slot(c.value))), materialized=True)
         for c in compiled[:-1]
     ]
     if ctes:
@@ -328,17 +363,20 @@ def single_query(plan: Plan) -> exp.Expression:
     return body
 
 
-def sql_listing(plan: Plan) -> str:
-    """Every step's SQL, pretty-printed, with the table it fills."""
+def sql_listing(plan: Plan, tables: dict[str, str] | None = None) -> str:
+    """Every step's SQL, pretty-printed, with the value it computes; values read from
+    ``tables`` (value name -> table; by default each value's own name)."""
+    names = {v.name: v.name for v in plan.inputs} | {step_target(s).name: step_target(s).name for s in plan.steps}
+    names.update(tables or {})
     lines = []
     for k, c in enumerate(compile_plan(plan)):
-        lines.append(f"-- step {k} -> {c.table or 'result rows'}")
-        lines.append(c.select.sql(dialect=DIALECT, pretty=True) + ";")
+        lines.append(f"-- step {k} -> {names[c.value]}")
+        lines.append(bind_sql(c.select.sql(dialect=DIALECT, pretty=True), names) + ";")
     return "\n".join(lines)
 
 
-def select_value(value: TiledValue) -> exp.Expression:
-    return exp.select(*[col(k) for k in value.keys], col(TILE)).from_(table(value.table))
+def select_value(value: TiledValue, table_name: str) -> exp.Expression:
+    return exp.select(*[col(k) for k in value.keys], col(TILE)).from_(table(table_name))
 
 
 # the UDF decoding a tile of each dtype into its typed elements (notation/checks.py SQL_TYPES)
@@ -356,7 +394,7 @@ def elements_query(value: TiledValue, labels: tuple[str, ...], source: exp.Expre
 
         raise EinsumError(f"einsum_elements: the result is {value.dtype}, which has no DuckDB type (DuckDB has "
                           "no complex numbers); use einsum() for its tiles or Tensor.to_numpy() in Python")
-    src = source.subquery("src") if source is not None else table(value.table)
+    src = source.subquery("src") if source is not None else table(value.name)
     keys = [col(k) for k in value.keys]
     exts = [f"least({t}, {n} - {sql(k)} * {t})" for k, n, t in zip(keys, value.shape, value.tile)]
     elements = []

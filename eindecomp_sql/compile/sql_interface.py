@@ -426,10 +426,11 @@ def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mo
     Cached: plans and operands are frozen, and sqlglot takes ~10-30 ms to parse and print each
     layer, so a query repeated over unchanged tables pays for it once."""
     result = plan.result
-    query = single_query(plan)
+    # stored tensors are values named after their tables, table operands after their CTEs
+    query = single_query(plan, {v.name: v.name for v in plan.inputs})
     fused = fuse_topk(query, result, k) if mode == "topk" else None
     query = fused if fused is not None else query
-    by_table = {v.table: v for v in plan.inputs}
+    by_table = {v.name: v for v in plan.inputs}
     query = with_ctes(query, [(cte, pack_query(op, by_table[cte])) for cte, op in tables])
     if mode == "elements":
         query = elements_query(result, result.keys, source=query)

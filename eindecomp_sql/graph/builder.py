@@ -248,7 +248,7 @@ class Graph:
                 want.update(op.value for op in n.operands)
         return tuple(n for n in self._nodes if n.result.name in want)
 
-    def plan(self, workers: int = 1, memory=None, strategy: str = "eindecomp", outputs=None):
+    def plan(self, workers: int = 1, memory=None, strategy: str = "eindecomp", outputs=None, inputs=None):
         """Choose a chunking for every node (see ``eindecomp_sql.plan.optimize``).
 
         ``outputs``: what ``plan.run`` returns. None (the default): the last-added node's
@@ -260,8 +260,22 @@ class Graph:
         ``workers``: join tasks to aim for per step; ``memory``: a budget for every step's
         projected peak (``"2GB"``, bytes; None: no budget); ``strategy``: ``"eindecomp"``
         (the optimizer) or a baseline, ``"data-parallel"``, ``"model-parallel"``,
-        ``"square-tiles"``.
+        ``"square-tiles"``. ``inputs``: input name -> a stored ``Tensor`` (or the tile shape it
+        is stored in): the plan reads that input cut so, choosing every other cut knowing it
+        (and showing any re-tile in ``explain()``); other inputs are cut as the plan chooses.
         """
         from ..plan.graph_plan import plan_graph
 
-        return plan_graph(self, workers=workers, memory=memory, strategy=strategy, outputs=outputs)
+        return plan_graph(self, workers=workers, memory=memory, strategy=strategy, outputs=outputs, inputs=inputs)
+
+    def run(self, db, outputs=None, out=None, replace: bool = False, progress=None, **inputs):
+        """Plan for these inputs (stored tensors as they are cut) on session ``db``'s options
+        and run: ``g.plan(outputs=..., inputs=<the stored ones>).run(db, ...)`` in one call."""
+        stored = {}
+        for name, x in inputs.items():
+            if isinstance(x, str):
+                x = db.tensor(x)
+            if hasattr(x, "tile") and hasattr(x, "session"):
+                stored[name] = x
+        p = self.plan(workers=db.workers, memory=db.memory, outputs=outputs, inputs=stored)
+        return p.run(db, out=out, replace=replace, progress=progress, **inputs)

@@ -1,10 +1,10 @@
 """Plan: tilings, chunk choices and the frozen list of steps the compiler turns into SQL.
 
-Pure: sees labels, sizes, dtypes and tile shapes, never data or a connection.
+Pure: sees labels, sizes, dtypes and tile shapes, never data, a table or a connection. Single
+einsums and graphs go through one pipeline of passes (``pipeline.PASSES``).
 """
 
 from .einsum import plan_einsum
-from .planner import plan_nodes
 from .steps import EinsumStep, FillStep, Plan, RetileStep, Step, TiledValue
 from .tiling import DEFAULT_TILE_BYTES, auto_tile, check_tile, grid
 
@@ -20,5 +20,4 @@ __all__ = [
     "check_tile",
     "grid",
     "plan_einsum",
-    "plan_nodes",
 ]

@@ -21,9 +21,11 @@ from types import MappingProxyType
 from ..errors import EinsumError
 from ..graph import EinsumNode, ValueInfo
 from .cost import Costs, nbytes, parse_memory, tile_of
-from .optimize import STRATEGIES, Choice, baseline, optimize
-from .planner import plan_nodes
+from .draft import Draft, Options
+from .optimize import STRATEGIES, Choice
+from .pipeline import PASSES, run_passes
 from .steps import EinsumStep, Plan, RetileStep, TiledValue, describe_costs, format_bytes
+from .tiling import check_tile
 
 
 NL = "\\n"
@@ -98,7 +100,7 @@ class GraphPlan:
                 lines.append(f"  {strat:15s} {bc.total:15,.0f}  ({ratio:.2f}x this plan)")
         lines += ["", "nodes:"]
         for n in self.nodes:
-            p = self.choice.pieces[n.result.name]  # read only: no copy per node
+            p = self.choice.pieces.get(n.result.name) or {lab: 1 for lab in n.labels}  # a fill: none
             size = n.size
             tiles = {lab: tile_of(size[lab], p[lab]) for lab in n.labels}
             lines.append(f"  {n.result.name} = {n.describe()}  shape {n.result.shape} {n.result.dtype} "
@@ -127,7 +129,7 @@ class GraphPlan:
             label = f"{v.name}" + NL + size(v) + NL + f"tile {self.plan_input_tile(v.name)}"
             out.append(f"  {q(v.name)} [shape=box, label={q(label)}];")
         for n in self.nodes:
-            p = self.choice.pieces[n.result.name]  # read only: no copy per node
+            p = self.choice.pieces.get(n.result.name) or {lab: 1 for lab in n.labels}  # a fill: none
             chunks = " ".join(f"{lab}:{p[lab]}" for lab in n.labels)
             label = f"{n.result.name} = {n.describe()}" + NL + size(n.result) + NL + f"pieces {chunks}"
             extra = ", peripheries=2" if n.result.name in outputs else ""
@@ -154,12 +156,14 @@ class GraphPlan:
                 return v.tile
         return None
 
-    # -- running ----------------------------------------------------------------------------
+    # -- running ---------------------------------------------------------------------------
     def run(self, db, out=None, replace: bool = False, progress=None, **inputs):
-        """Run on session ``db``. Inputs by name: numpy arrays (stored the way the plan cuts
-        them), Tensors or stored tensor names (re-tiled if cut differently). ``out``: a table
-        name (one output) or {output: table}; without it outputs are temporary tables (dropped
-        when their Tensor is collected). ``progress``: as for ``Session.einsum``.
+        """Run on session ``db``: exactly the steps ``explain()`` lists. Inputs by name: numpy
+        arrays (cut the way the plan cuts them), Tensors or stored tensor names, stored in the
+        tiles the plan reads (``plan_input_tile``; plan a graph over stored tensors with
+        ``g.plan(inputs={...})``, or use ``g.run``). ``out``: a table name (one output) or
+        {output: table}; without it outputs are temporary tables (dropped when their Tensor is
+        collected). ``progress``: as for ``Session.einsum``.
 
         Returns one ``Tensor`` when the plan was made with ``outputs`` None or one value, a
         dict name -> Tensor when it was made with a list or tuple (even of one)."""
@@ -172,16 +176,12 @@ class GraphPlan:
         return db.run_graph_plan(self, {k: x for k, x in inputs.items() if k in used}, out=out, replace=replace,
                                  progress=progress)
 
-    def bind(self, values: dict[str, TiledValue], outputs: dict[str, TiledValue]) -> Plan:
-        """The steps for concrete inputs (re-tiles added where a stored input is cut differently)."""
-        tiles = self.choice.tiles(self.nodes)
-        return plan_nodes(list(self.nodes), values, tiles, outputs, self.budget)
-
 
 def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp",
-               max_tile_bytes: int | None = None, outputs=None) -> GraphPlan:
+               tile_bytes: int | None = None, outputs=None, inputs=None) -> GraphPlan:
     """Choose every node's chunking with ``strategy`` and build the steps for ``outputs``
-    (see ``Graph.plan``). Only the nodes the outputs depend on are planned."""
+    (see ``Graph.plan``). Only the nodes the outputs depend on are planned. ``inputs``: graph
+    input name -> the tile shape it is stored in (or a Tensor): the plan reads it so cut."""
     if strategy not in STRATEGIES:
         raise EinsumError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -198,9 +198,31 @@ def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp"
             f"are left out: {', '.join(left)}. Pass outputs=[...] to compute several values.",
             stacklevel=3)
     read = {op.value for n in nodes for op in n.operands}
-    inputs = tuple(v for v in graph.inputs if v.name in read)
+    fixed = _fixed_tiles(graph, inputs)
+    used = tuple(v for v in graph.inputs if v.name in read)
     unused = tuple(v.name for v in graph.inputs if v.name not in read)
-    return _plan_cached(nodes, inputs, picked, single, unused, workers, budget, strategy, max_tile_bytes)
+    return _plan_cached(nodes, used, picked, single, unused, workers, budget, strategy, tile_bytes,
+                        tuple(sorted(fixed.items())))
+
+
+def _fixed_tiles(graph, inputs) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """``inputs=`` of ``Graph.plan``, checked: input name -> (tile shape, key names)."""
+    if inputs is None:
+        return {}
+    if not hasattr(inputs, "items"):
+        raise EinsumError(f"inputs must be a dict {{input name: Tensor or tile shape}}, got {inputs!r:.60}")
+    declared = {v.name: v for v in graph.inputs}
+    fixed = {}
+    for name, x in inputs.items():
+        if name not in declared:
+            raise EinsumError(f"inputs names {name!r}, which is not an input of the graph; inputs: "
+                              f"{', '.join(declared) or 'none'}")
+        v = declared[name]
+        tile, keys = getattr(x, "tile", x), getattr(x, "keys", tuple(f"d{k}" for k in range(len(v.shape))))
+        if hasattr(x, "shape") and hasattr(x, "tile") and tuple(x.shape) != v.shape:
+            raise EinsumError(f"inputs[{name!r}]: the graph wants shape {v.shape}, the tensor has {tuple(x.shape)}")
+        fixed[name] = (check_tile(v.shape, tile), tuple(keys))
+    return fixed
 
 
 # A plan is a pure function of these arguments, all hashable: nodes compare by value, and a
@@ -210,37 +232,19 @@ def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp"
 @lru_cache(maxsize=128)
 def _plan_cached(nodes: tuple[EinsumNode, ...], inputs: tuple[ValueInfo, ...], picked: tuple[ValueInfo, ...],
                  single: bool, unused: tuple[str, ...], workers: int, budget: int | None, strategy: str,
-                 max_tile_bytes: int | None) -> GraphPlan:  # noqa: PLR0913
-    free = {v.name: v for v in inputs}
-    outputs = {v.name: TiledValue(v.name, v.shape, v.dtype, None, _keys(nodes, v.name), v.name, temporary=True)
-               for v in picked}
-    choices = {s: baseline(s, nodes, free, {}, workers=workers) for s in STRATEGIES[1:]}
-    if strategy == "eindecomp":
-        choices["eindecomp"] = optimize(nodes, free, {}, workers=workers, budget=budget,
-                                        max_tile_bytes=max_tile_bytes)
-    plan = _steps(nodes, free, choices[strategy], outputs, budget)
-    plan.check_budget(budget)
-    baselines: dict[str, Costs | None] = {s: choices[s].costs for s in STRATEGIES[1:]}
-    if budget is not None:  # a baseline whose steps cannot fit is reported as such
-        for s in STRATEGIES[1:]:
-            steps = plan if s == strategy else _steps(nodes, free, choices[s], outputs, budget)
-            if steps.peak_bytes > budget:
-                baselines[s] = None
-    return GraphPlan(nodes, inputs, picked, strategy, workers, budget, choices[strategy], plan,
+                 tile_bytes: int | None, fixed: tuple) -> GraphPlan:  # noqa: PLR0913
+    cut = dict(fixed)  # input name -> (tile, keys) it is stored in
+    values = tuple(TiledValue(v.name, v.shape, v.dtype, *cut.get(v.name, (None, tuple(f"d{k}" for k in range(len(v.shape))))))
+                   for v in inputs)
+
+    def draft(strat: str) -> Draft:
+        return Draft(nodes, values, tuple(v.name for v in picked), Options(workers, budget, tile_bytes, strat))
+
+    made = run_passes(draft(strategy))
+    baselines: dict[str, Costs | None] = {}
+    for s in STRATEGIES[1:]:  # the fixed strategies' costs, and whether their steps fit the budget
+        other = made if s == strategy else run_passes(draft(s), PASSES[:-1])
+        fits = budget is None or other.plan().peak_bytes <= budget
+        baselines[s] = other.choice.costs if fits else None
+    return GraphPlan(nodes, inputs, picked, strategy, workers, budget, made.choice, made.plan(),
                      MappingProxyType(baselines), single, unused)
-
-
-def _steps(nodes, inputs: dict[str, ValueInfo], choice: Choice, outputs, budget) -> Plan:
-    values = {
-        name: TiledValue(name, v.shape, v.dtype, choice.input_tiles.get(name, v.shape),
-                         tuple(f"d{k}" for k in range(len(v.shape))), name)
-        for name, v in inputs.items()
-    }
-    return plan_nodes(list(nodes), values, choice.tiles(nodes), outputs, budget)
-
-
-def _keys(nodes, name) -> tuple[str, ...]:
-    for n in nodes:
-        if n.result.name == name:
-            return tuple(n.output)
-    raise KeyError(name)

@@ -70,8 +70,8 @@ class Choice:
 
 class _Problem:
     def __init__(self, nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ...]], workers, budget,
-                 max_tile_bytes=None):  # noqa: PLR0913
-        self.max_tile = max_tile_bytes
+                 tile_bytes=None):  # noqa: PLR0913
+        self.tile_bytes = tile_bytes
         self.nodes = list(nodes)
         self.inputs = inputs
         self.fixed = fixed  # input name -> stored tile shape
@@ -169,7 +169,7 @@ class _Problem:
             raise EinsumError(
                 f"no chunking of node {node.describe()} -> {node.result.name} fits the memory budget of "
                 f"{self.budget / 1e6:.1f} MB: the smallest projected peak with at most {cap} tile tuples per step is "
-                f"{smallest / 1e6:.1f} MB{'' if self.max_tile is None else f' (tiles capped at {self.max_tile / 1e6:.1f} MB)'}"
+                f"{smallest / 1e6:.1f} MB{'' if self.tile_bytes is None else f' (tiles capped at {self.tile_bytes / 1e6:.1f} MB)'}"
                 "; give more memory"
             )
         return out
@@ -180,13 +180,13 @@ class _Problem:
     def _fits(self, node: EinsumNode, pieces: dict[str, int]) -> bool:
         if self.budget is not None and step_peak(node, pieces, self.dtypes, max_batches(node, pieces)) > self.budget:
             return False
-        if self.max_tile is not None:
+        if self.tile_bytes is not None:
             # tiles this plan creates stay under the cap; a stored input used as it is may be larger
-            if nbytes(self.out_tile(node, pieces), node.result.dtype) > self.max_tile:
+            if nbytes(self.out_tile(node, pieces), node.result.dtype) > self.tile_bytes:
                 return False
             for k, op in enumerate(node.operands):
                 need = self.required(node, k, pieces)
-                if need != self.fixed.get(op.value) and nbytes(need, self.dtypes[op.value]) > self.max_tile:
+                if need != self.fixed.get(op.value) and nbytes(need, self.dtypes[op.value]) > self.tile_bytes:
                     return False
         return True
 
@@ -476,9 +476,9 @@ def _pick(name: str, ci: int, picks: dict, chosen: dict[str, int]) -> None:
 
 
 def optimize(nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ...]], workers: int = 1,
-             budget: int | None = None, max_tile_bytes: int | None = None) -> Choice:
+             budget: int | None = None, tile_bytes: int | None = None) -> Choice:
     """EinDecomp: the cheapest chunking of every node under the cost model."""
-    prob = _Problem(nodes, inputs, fixed, workers, budget, max_tile_bytes)
+    prob = _Problem(nodes, inputs, fixed, workers, budget, tile_bytes)
     cuts = prob.cut_values()
     options = {c: prob.cut_options(c) for c in cuts}
     combos = math.prod(len(o) for o in options.values()) if cuts else 1
@@ -555,9 +555,9 @@ def _greedy(prob: _Problem, cuts, options, work: int = GREEDY_WORK):
 
 
 def exhaustive(nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ...]], workers: int = 1,
-               budget: int | None = None, max_tile_bytes: int | None = None) -> tuple[float, Choice]:
+               budget: int | None = None, tile_bytes: int | None = None) -> tuple[float, Choice]:
     """The true optimum by enumerating every candidate of every node (tests only: exponential)."""
-    prob = _Problem(nodes, inputs, fixed, workers, budget, max_tile_bytes)
+    prob = _Problem(nodes, inputs, fixed, workers, budget, tile_bytes)
     names = [n.result.name for n in prob.nodes]
     free_multi = [v for v in prob.inputs if v not in prob.fixed and len(prob.consumers.get(v, [])) > 1]
     free_opts = [prob.cut_options(v) for v in free_multi]

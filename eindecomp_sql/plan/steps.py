@@ -46,12 +46,13 @@ def key_names(labels) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class TiledValue:
-    """A value stored as a tiled table: one key column per dimension plus a ``tile`` column.
+    """A value cut into tiles: one key per dimension, and a tile shape (edge tiles smaller).
 
-    ``table`` is None for the result of a plan that returns rows instead of creating a table.
-    ``temporary`` values are TEMP tables (they live as long as the connection); ``scratch``
-    values are intermediates dropped when the plan finishes. A graph input not yet bound to
-    data has ``tile`` None until a plan chooses how to cut it.
+    Plans are built over values, never tables: a plan names its inputs, its intermediates and
+    its outputs, and a backend binds each name to storage when it runs the plan (a table, an
+    array, rows to return). Two einsums over equally shaped, equally cut operands are one plan,
+    whatever the operands are called or stored as. A graph input not yet bound to data has
+    ``tile`` None until a plan chooses how to cut it.
     """
 
     name: str
@@ -59,9 +60,6 @@ class TiledValue:
     dtype: str
     tile: tuple[int, ...] | None
     keys: tuple[str, ...]
-    table: str | None
-    temporary: bool = False
-    scratch: bool = False
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -187,9 +185,14 @@ class FillStep:
 Step = Union[RetileStep, EinsumStep, FillStep]
 
 
+def step_target(step: Step) -> TiledValue:
+    """The value a step computes."""
+    return step.target if isinstance(step, RetileStep) else step.result
+
+
 def output_tiles(step: Step) -> int:
     """How many tiles a step writes (what progress counts)."""
-    value = step.target if isinstance(step, RetileStep) else step.result
+    value = step_target(step)
     return int(np.prod(value.grid, dtype=np.int64)) if value.shape else 1
 
 
@@ -205,6 +208,12 @@ class Plan:
     def result(self) -> TiledValue:
         """The last output (the only one for a single einsum)."""
         return self.outputs[-1]
+
+    @property
+    def scratch(self) -> tuple[TiledValue, ...]:
+        """Values the steps compute that are not outputs: dropped when the plan finishes."""
+        kept = {v.name for v in self.outputs}
+        return tuple(v for v in (step_target(s) for s in self.steps) if v.name not in kept)
 
     @property
     def costs(self) -> Costs:

@@ -24,14 +24,14 @@ def grid(shape: tuple[int, ...], tile: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(-(-n // t) for n, t in zip(shape, tile))
 
 
-def auto_tile(shape: tuple[int, ...], itemsize: int, target_bytes: int = DEFAULT_TILE_BYTES) -> tuple[int, ...]:
-    """A tile shape of at most ``target_bytes``: halve the longest tile side until it fits.
+def auto_tile(shape: tuple[int, ...], itemsize: int, tile_bytes: int = DEFAULT_TILE_BYTES) -> tuple[int, ...]:
+    """A tile shape of at most ``tile_bytes``: halve the longest tile side until it fits.
 
     Halving keeps tile sides powers-of-two fractions of the shape, so tensors of equal sizes
     get equal tilings and meet in a join without re-tiling.
     """
     tile = [max(int(n), 1) for n in shape]
-    while tile and math.prod(tile) * itemsize > target_bytes:
+    while tile and math.prod(tile) * itemsize > tile_bytes:
         k = max(range(len(tile)), key=lambda a: tile[a])
         if tile[k] == 1:
             break

@@ -1,0 +1,67 @@
+"""What the planning passes hand each other: a ``Draft`` of a plan, and the options it is made under.
+
+A draft starts as nodes over input values (some cut already, some free) and the names of the
+values to keep; every pass in ``pipeline.PASSES`` returns a new draft with one more decision
+made, and ``Draft.plan()`` is the finished ``Plan``.
+
+>>> d = example("ij,jk->ik", (8, 6), (6, 5))
+>>> [v.name for v in d.inputs], d.outputs
+(['A', 'B'], ('_eds_result',))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..graph import EinsumNode
+from .optimize import Choice
+from .steps import Plan, Step, TiledValue, step_target
+
+
+@dataclass(frozen=True)
+class Options:
+    """The knobs a plan is made under: join tasks per step (``workers``), the memory budget in
+    bytes (None: none), the largest tile a plan creates (``tile_bytes``; None: no cap) and how
+    chunkings are chosen (``strategy``: the optimizer or a baseline)."""
+
+    workers: int = 1
+    budget: int | None = None
+    tile_bytes: int | None = None
+    strategy: str = "eindecomp"
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A plan being made. ``nodes`` still to run as einsum steps (dependency order),
+    ``inputs`` (tile None: free, the plan chooses), ``outputs`` the names of the values to keep;
+    ``choice`` the chunking of every node once chosen; ``steps`` what runs, so far."""
+
+    nodes: tuple[EinsumNode, ...]
+    inputs: tuple[TiledValue, ...]
+    outputs: tuple[str, ...]
+    options: Options = field(default_factory=Options)
+    choice: Choice | None = None
+    steps: tuple[Step, ...] = ()
+
+    def values(self) -> dict[str, TiledValue]:
+        """Every value known so far by name: the inputs, then what the steps compute."""
+        out = {v.name: v for v in self.inputs}
+        out.update((step_target(s).name, step_target(s)) for s in self.steps)
+        return out
+
+    def plan(self) -> Plan:
+        values = self.values()
+        return Plan(self.steps, self.inputs, tuple(values[name] for name in self.outputs))
+
+
+def example(spec: str, *shapes, dtype: str = "float64", **options) -> Draft:
+    """A draft for one einsum over free operands named A, B, ... (for examples and tests)."""
+    from ..graph import ValueInfo, lower_einsum
+    from ..notation import parse_agg, parse_join, parse_spec
+
+    parsed = parse_spec(spec, [tuple(s) for s in shapes])
+    infos = [ValueInfo(chr(65 + k), tuple(s), dtype) for k, s in enumerate(shapes)]
+    nodes = lower_einsum(parsed, infos, parse_join(None, len(shapes)), parse_agg(None), "_eds_result")
+    inputs = tuple(TiledValue(v.name, v.shape, v.dtype, None, tuple(f"d{p}" for p in range(len(v.shape))))
+                   for v in infos)
+    return Draft(tuple(nodes), inputs, ("_eds_result",), Options(**options))

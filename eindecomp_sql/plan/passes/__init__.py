@@ -1,0 +1,1 @@
+"""The planning passes, one module each; ``plan/pipeline.py`` lists them in the order they run."""

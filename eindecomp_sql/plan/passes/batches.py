@@ -1,0 +1,43 @@
+"""Pass: a step whose projected peak exceeds the memory budget is split into the fewest
+statements (batches, over ranges of one key) that fit. A fill is always cut to the budget's
+size or, without one, left whole.
+
+>>> from eindecomp_sql.plan.draft import example
+>>> from eindecomp_sql.plan.passes.chunking import choose_chunking
+>>> from eindecomp_sql.plan.passes.retiles import insert_retiles
+>>> d = example("ij,jk->ik", (512, 512), (512, 512), budget=4_000_000)
+>>> [s.batches for s in split_batches(insert_retiles(choose_chunking(d))).steps]
+[4]
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..cost import choose_batches, max_batches, retile_max_batches, retile_peak, step_peak
+from ..draft import Draft
+from ..steps import EinsumStep, FillStep, RetileStep, fill_peak
+
+
+def split_batches(d: Draft) -> Draft:
+    budget = d.options.budget
+    return replace(d, steps=tuple(_batched(s, budget) for s in d.steps))
+
+
+def _batched(step, budget):
+    if isinstance(step, FillStep):
+        r = step.result
+        most = r.grid[0] if r.shape and r.nbytes else 1  # batches cut the first key
+        return replace(step, batches=choose_batches(lambda b: fill_peak(r, b), most, budget))
+    if budget is None:
+        return step
+    if isinstance(step, RetileStep):
+        s, t = step.source, step.target
+        b = choose_batches(lambda k: retile_peak(s.shape, s.dtype, t.tile, k), retile_max_batches(s.shape, t.tile),
+                           budget)
+        return replace(step, batches=b)
+    assert isinstance(step, EinsumStep)
+    node, pieces = step.node, step.pieces
+    dtypes = {op.value: v.dtype for op, v in zip(node.operands, step.inputs)}
+    b = choose_batches(lambda k: step_peak(node, pieces, dtypes, k), max_batches(node, pieces), budget)
+    return replace(step, batches=b)

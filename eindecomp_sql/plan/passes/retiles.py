@@ -1,0 +1,50 @@
+"""Pass: one einsum step per node, and a re-tile before it wherever an operand is cut
+differently from what the node's chunking needs.
+
+Node results keep their names; a re-tiled copy is a new value (``_eds_retile1``, ...), dropped
+when the plan finishes, as every value that is not an output is.
+
+>>> from dataclasses import replace
+>>> from eindecomp_sql.plan.draft import example
+>>> from eindecomp_sql.plan.passes.chunking import choose_chunking
+>>> d = example("ij,jk->ik", (8, 6), (6, 5))
+>>> d = replace(d, inputs=(replace(d.inputs[0], tile=(4, 3)), d.inputs[1]))
+>>> [s.describe() for s in insert_retiles(choose_chunking(d)).steps]
+['retile A (4, 3) -> (8, 6)', 'einsum ij,jk->ik [i:1 j:1 k:1] -> _eds_result']
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+from ..draft import Draft
+from ..steps import EinsumStep, RetileStep, TiledValue, key_names
+
+
+def insert_retiles(d: Draft) -> Draft:
+    values = d.values()
+    chunks = d.choice.tiles(d.nodes)
+    steps = list(d.steps)
+    fresh = (f"_eds_retile{k}" for k in itertools.count(1))
+    for node in d.nodes:
+        chunk = chunks[node.result.name]
+        step_inputs = []
+        for op in node.operands:
+            v = values[op.value]
+            kept_axes = [ax for ax in range(len(v.shape)) if ax not in op.dropped]
+            want = list(v.tile)
+            for ax, lab in zip(kept_axes, op.labels):
+                want[ax] = chunk[lab]
+            if tuple(want) != v.tile:
+                target = TiledValue(next(fresh), v.shape, v.dtype, tuple(want), v.keys)
+                steps.append(RetileStep(v, target))
+                v = target
+            step_inputs.append(v)
+        res = node.result
+        # key_names: labels that differ only in case (i, I) are one column name to DuckDB
+        result = TiledValue(res.name, res.shape, res.dtype, tuple(chunk[lab] for lab in node.output),
+                            key_names(node.output))
+        values[res.name] = result
+        steps.append(EinsumStep(node, tuple(step_inputs), result, tuple(sorted(chunk.items()))))
+    return replace(d, nodes=(), steps=tuple(steps))
