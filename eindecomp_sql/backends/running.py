@@ -4,8 +4,9 @@ While DuckDB runs a statement the main thread sits inside a C++ call, and Python
 handlers only between bytecodes of the main thread: a Ctrl-C waited until the statement ended
 (a 6000³ GEMM ran ~20 s on) or surfaced as DuckDB's own "Query interrupted" RuntimeError.
 
-So while a plan runs (on the main thread, as before) a watchdog thread waits on a socket that
-Python's C-level signal handler writes to at once (``signal.set_wakeup_fd``). On SIGINT it
+So while a plan runs (on the main thread, as before) a watchdog thread (one per process, kept
+between plans) waits on a socket that Python's C-level signal handler writes to at once
+(``signal.set_wakeup_fd``). On SIGINT it
 interrupts the connection and asks the tile kernels to stop between tasks
 (the connection's ``udfs.pool.KernelState``); the statement fails, the transaction rolls back, and then the caller's
 SIGINT handler runs: KeyboardInterrupt for Python's default one. Our own Python-level handler
@@ -77,6 +78,89 @@ class Watch:
                                  time.perf_counter() - self.start))
 
 
+class _Job:
+    """One plan the watchdog looks after: how to stop it, whether Ctrl-C came, its progress."""
+
+    def __init__(self, stop: Callable[[], None], watch: Watch | None):
+        self.stop = stop
+        self.watch = watch if watch is not None and watch.report is not None else None
+        self.hit = threading.Event()
+        self.failed: list[BaseException] = []  # a progress callback's error
+        self.old_fd = -1
+
+    def tick(self) -> None:
+        if self.watch is not None and not self.hit.is_set() and not self.failed:
+            try:
+                self.watch.poll()
+            except BaseException as e:  # noqa: BLE001 - raised on the calling thread
+                self.failed.append(e)
+                self.stop()
+
+
+class _Watchdog:
+    """One thread per process, started with the first plan run on the main thread and kept:
+    it waits on the socket the C-level signal handler writes to (``signal.set_wakeup_fd``)
+    and ticks progress. Starting a thread per plan cost ~0.3 ms on an idle machine and
+    several ms on a busy one, on every small einsum."""
+
+    def __init__(self):
+        self.reader, self.writer = socket.socketpair()
+        self.writer.setblocking(False)
+        self.lock = threading.Lock()
+        self.job: _Job | None = None
+        threading.Thread(target=self._loop, name="eds-watchdog", daemon=True).start()
+
+    def wake(self) -> None:
+        try:
+            self.writer.send(b"\0")
+        except OSError:
+            pass
+
+    def _loop(self) -> None:
+        while True:
+            job = self.job
+            ticking = job is not None and job.watch is not None
+            ready, _, _ = select.select([self.reader], [], [], TICK_SECONDS if ticking else None)
+            data = self.reader.recv(64) if ready else b""
+            # under the lock: a job is never stopped after its plan has finished (the next
+            # plan's kernels would find the cancel flag set)
+            with self.lock:
+                job = self.job
+                if job is None:
+                    continue
+                others = bytes(b for b in data if b not in (0, signal.SIGINT))
+                if others and job.old_fd != -1:  # other signals: to whoever listened before (asyncio)
+                    try:
+                        os.write(job.old_fd, others)
+                    except OSError:
+                        pass
+                if signal.SIGINT in data:
+                    job.hit.set()
+                    job.stop()
+                else:
+                    job.tick()
+
+
+_dog: _Watchdog | None = None
+_dog_lock = threading.Lock()
+
+
+def _watchdog() -> _Watchdog:
+    global _dog
+    with _dog_lock:
+        if _dog is None:
+            _dog = _Watchdog()
+        return _dog
+
+
+def _forget_watchdog() -> None:  # a forked child has the socket but not the thread
+    global _dog
+    _dog = None
+
+
+os.register_at_fork(after_in_child=_forget_watchdog)
+
+
 def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None], kernels: pool.KernelState,
                       watch: Watch | None = None) -> object:
     """``work()`` on this thread; Ctrl-C interrupts it cleanly, progress is polled. A progress
@@ -88,15 +172,6 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
     catch = main and callable(previous)
     if not catch and (watch is None or watch.report is None):
         return work()
-    hit = threading.Event()
-    stop = threading.Event()
-    failed: list[BaseException] = []  # a progress callback's error
-    reader, writer = socket.socketpair() if catch else (None, None)
-    old_fd = -1
-    if catch:
-        writer.setblocking(False)
-        signal.signal(signal.SIGINT, lambda signum, frame: hit.set())
-        old_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
 
     def stop_plan():
         kernels.cancel.set()
@@ -105,56 +180,59 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
         except Exception:  # noqa: BLE001 - the statement may have just finished
             pass
 
-    def watchdog():
-        while not stop.is_set():
-            if reader is not None:
-                ready, _, _ = select.select([reader], [], [], TICK_SECONDS)
-                data = reader.recv(64) if ready else b""
-                others = bytes(b for b in data if b not in (0, signal.SIGINT))
-                if others and old_fd != -1:  # other signals: to whoever listened before (asyncio)
-                    try:
-                        os.write(old_fd, others)
-                    except OSError:
-                        pass
-                if signal.SIGINT in data:
-                    hit.set()
-                    stop_plan()
-            else:
-                stop.wait(TICK_SECONDS)
-            if watch is not None and not hit.is_set() and not failed and not stop.is_set():
-                try:
-                    watch.poll()
-                except BaseException as e:  # noqa: BLE001 - raised on the calling thread
-                    failed.append(e)
-                    stop_plan()
-
-    dog = threading.Thread(target=watchdog, name="eds-watchdog", daemon=True)
-    dog.start()
+    job = _Job(stop_plan, watch)
+    if catch:
+        dog = _watchdog()
+        signal.signal(signal.SIGINT, lambda signum, frame: job.hit.set())
+        job.old_fd = signal.set_wakeup_fd(dog.writer.fileno(), warn_on_full_buffer=False)
+        with dog.lock:
+            dog.job = job
+        if job.watch is not None:
+            dog.wake()  # out of its untimed wait: this plan's progress ticks
+        finish = dog
+    else:  # progress on another thread: a ticker for this plan only
+        finish = _Ticker(job)
     error = None
     try:
         result = work()
     except BaseException as e:
-        if not (hit.is_set() or failed):
+        if not (job.hit.is_set() or job.failed):
             raise
         result, error = None, e  # the stopped statement's error: what stopped it speaks instead
     finally:
-        stop.set()
-        if writer is not None:
-            try:  # wake the watchdog out of select() now, not at its next tick (~50 ms a plan)
-                writer.send(b"\0")
-            except OSError:
-                pass
-        dog.join()
+        with finish.lock:
+            finish.job = None
+        if isinstance(finish, _Ticker):
+            finish.end()
         kernels.cancel.clear()
         if catch:
-            signal.set_wakeup_fd(old_fd)
+            signal.set_wakeup_fd(job.old_fd)
             signal.signal(signal.SIGINT, previous)
-            reader.close()
-            writer.close()
-    if hit.is_set():
+    if job.hit.is_set():
         previous(signal.SIGINT, None)  # Python's default raises KeyboardInterrupt here
         # a handler that returns (asyncio's cancels its task; a flag-setter) still gets no result
         raise KeyboardInterrupt from error
-    if failed:
-        raise failed[0]
+    if job.failed:
+        raise job.failed[0]
     return result
+
+
+class _Ticker:
+    """Progress for a plan run off the main thread (no signals to watch): a thread that ticks."""
+
+    def __init__(self, job: _Job):
+        self.lock = threading.Lock()
+        self.job: _Job | None = job
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="eds-progress", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(TICK_SECONDS):
+            with self.lock:
+                if self.job is not None:
+                    self.job.tick()
+
+    def end(self) -> None:
+        self._stop.set()
+        self._thread.join()
