@@ -1,0 +1,434 @@
+"""The kernel spec: what a tile kernel reads to know its step, typed and versioned.
+
+The compiler puts a spec's JSON in the SQL as the first argument of every tile UDF
+(``kernel_spec(step)``); the kernels (``udfs/``) read it back with ``from_json``, which refuses
+a version, op or device it does not know. A spec names the device its kernels run on; which
+devices have kernels is the kernels' business (``udfs/devices.py``), the spec only carries the
+name. A user's join callable travels in the spec itself, pickled (cloudpickle, base64), so any
+process that reads the spec can run it: nothing is looked up in a registry by ``id``.
+
+Pure: stdlib, numpy and the notation; cloudpickle is imported only when a callable is pickled
+or unpickled.
+
+>>> spec = FillKernelSpec(shape=(0, 3), tile=(1, 3), dtype="float64", value=0.0)
+>>> to_json(spec)
+'{"device":"cpu","dtype":"float64","op":"fill","shape":[0,3],"tile":[1,3],"v":1,"value":0.0}'
+>>> from_json(to_json(spec)) == spec
+True
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+import weakref
+from dataclasses import dataclass
+from typing import Callable, Union
+
+import numpy as np
+
+from ..errors import EinsumError
+from ..notation.functions import AGGREGATIONS, JoinFunction
+
+SPEC_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+# device names a spec may carry; whether this process has kernels for one is udfs/devices.py's
+DEVICES = ("cpu", "cuda")
+OPS = ("einsum", "retile", "fill")
+
+
+def _check_device(device) -> str:
+    if device not in DEVICES:
+        raise EinsumError(f"kernel spec device {device!r} is unknown; devices are {', '.join(DEVICES)}")
+    return device
+
+
+def _check_version(version) -> int:
+    if not isinstance(version, int) or isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
+        raise EinsumError(f"kernel spec version {version!r} is not supported; this eindecomp_sql reads version "
+                          f"{', '.join(map(str, SUPPORTED_VERSIONS))}")
+    return version
+
+
+def _check_dtype(dtype) -> str:
+    if not isinstance(dtype, str):
+        raise EinsumError(f"kernel spec dtype must be a string, got {dtype!r}")
+    try:
+        np.dtype(dtype)
+    except TypeError:
+        raise EinsumError(f"kernel spec dtype {dtype!r} is not a numpy dtype") from None
+    return dtype
+
+
+def _ints(xs, what: str) -> tuple[int, ...]:
+    xs = tuple(xs)
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in xs):
+        raise EinsumError(f"kernel spec {what} must be integers, got {list(xs)!r}")
+    return xs
+
+
+def _labels(xs, what: str) -> tuple[str, ...]:
+    xs = tuple(xs)
+    if not all(isinstance(x, str) for x in xs):
+        raise EinsumError(f"kernel spec {what} must be label strings, got {list(xs)!r}")
+    return xs
+
+
+def _sizes(d, what: str) -> dict[str, int]:
+    d = dict(d)
+    _labels(d, what)
+    _ints(d.values(), what)
+    return d
+
+
+def _set(obj, name: str, value) -> None:
+    object.__setattr__(obj, name, value)  # normalising fields of a frozen dataclass
+
+
+# -- callables ------------------------------------------------------------------------------
+
+# id(fn) -> (weak reference to fn, its pickle): a function is pickled once, and forgotten with it
+_pickled: dict[int, tuple[weakref.ref, str]] = {}
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    entry = _pickled.get(key)
+    if entry is not None and entry[0] is ref:
+        del _pickled[key]
+
+
+def _callable_name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def pickle_callable(fn: Callable) -> str:
+    """``fn`` as base64 text of its cloudpickle, cached while ``fn`` lives.
+
+    An unpicklable callable (one closing over a lock, a connection, an open file) is an
+    ``EinsumError`` naming it.
+    """
+    key = id(fn)
+    entry = _pickled.get(key)
+    if entry is not None and entry[0]() is fn:
+        return entry[1]
+    import cloudpickle
+
+    try:
+        data = cloudpickle.dumps(fn)
+    except Exception as e:  # noqa: BLE001 - whatever stops pickling, the answer is the same
+        raise EinsumError(
+            f"join callable {_callable_name(fn)!r} cannot be pickled for the tile kernels "
+            f"({type(e).__name__}: {e}); define it at module level or make it (and what it closes over) picklable"
+        ) from e
+    text = base64.b64encode(data).decode("ascii")
+    try:
+        ref = weakref.ref(fn, lambda r, key=key: _forget(key, r))
+    except TypeError:  # no weak references to it (a builtin, a class with __slots__): not cached
+        return text
+    _pickled[key] = (ref, text)
+    return text
+
+
+def unpickle_callable(text: str) -> Callable:
+    """The callable ``pickle_callable`` wrote (a copy: what it closes over is copied too).
+
+    Unpickling runs code: a spec's callable must come from a trusted plan.
+    """
+    import cloudpickle  # noqa: F401 - the pickle's reducers live in it
+
+    try:
+        fn = pickle.loads(base64.b64decode(text.encode("ascii"), validate=True))
+    except Exception as e:  # noqa: BLE001
+        raise EinsumError(f"kernel spec callable cannot be unpickled ({type(e).__name__}: {e})") from e
+    if not callable(fn):
+        raise EinsumError(f"kernel spec callable unpickled to a {type(fn).__name__}, which is not callable")
+    return fn
+
+
+@dataclass(frozen=True)
+class KernelJoin:
+    """The join of an einsum kernel: exactly one of a name (``"mul"``), an expression
+    (``"relu(x - y)"``) or a pickled callable (``pickle_callable``).
+
+    >>> KernelJoin.of(JoinFunction(name="add"))
+    KernelJoin(name='add', expr=None, pickled=None)
+    >>> KernelJoin(expr="x * y").function().expr
+    'x * y'
+    """
+
+    name: str | None = None
+    expr: str | None = None
+    pickled: str | None = None  # base64 of cloudpickle.dumps(fn)
+
+    def __post_init__(self):
+        given = [v for v in (self.name, self.expr, self.pickled) if v is not None]
+        if len(given) != 1 or not all(isinstance(v, str) for v in given):
+            raise EinsumError(f"kernel spec join must be one of a name, an expression or a callable, got {self}")
+
+    @classmethod
+    def of(cls, join: JoinFunction) -> KernelJoin:
+        if join.func is not None:
+            return cls(pickled=pickle_callable(join.func))
+        if join.expr is not None:
+            return cls(expr=join.expr)
+        return cls(name=join.name)
+
+    def function(self) -> JoinFunction:
+        """The join as the notation describes it (a callable unpickled, its id as identity)."""
+        if self.pickled is not None:
+            fn = unpickle_callable(self.pickled)
+            return JoinFunction(func=fn, func_id=id(fn))
+        if self.expr is not None:
+            return JoinFunction(expr=self.expr)
+        return JoinFunction(name=self.name)
+
+    def to_dict(self) -> dict:
+        if self.pickled is not None:
+            return {"callable": self.pickled}
+        if self.expr is not None:
+            return {"expr": self.expr}
+        return {"name": self.name}
+
+    @classmethod
+    def from_dict(cls, d) -> KernelJoin:
+        if not isinstance(d, dict) or len(d) != 1 or next(iter(d)) not in ("name", "expr", "callable"):
+            raise EinsumError(f"kernel spec join must be one of {{name}}, {{expr}}, {{callable}}, got {d!r}")
+        (key, value), = d.items()
+        return cls(**{"pickled" if key == "callable" else key: value})
+
+
+# -- the specs ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EinsumKernelSpec:
+    """One einsum over tiles: ``out[output] = agg over reduced of join(inputs...)``, every label
+    with its size and tile size, and the dtypes in and out.
+
+    >>> spec = EinsumKernelSpec(inputs=(("i", "j"), ("j", "k")), output=("i", "k"), labels=("i", "j", "k"),
+    ...                         reduced=("j",), size={"i": 4, "j": 6, "k": 5}, tile={"i": 4, "j": 3, "k": 5},
+    ...                         join=KernelJoin(name="mul"), agg="sum", dtypes=("float32", "float32"),
+    ...                         out_dtype="float32")
+    >>> text = to_json(spec)
+    >>> text[:60]
+    '{"agg":"sum","device":"cpu","dtypes":["float32","float32"],"'
+    >>> from_json(text) == spec, from_json(text).version
+    (True, 1)
+    """
+
+    inputs: tuple[tuple[str, ...], ...]
+    output: tuple[str, ...]
+    labels: tuple[str, ...]
+    reduced: tuple[str, ...]
+    size: dict[str, int]
+    tile: dict[str, int]
+    join: KernelJoin
+    agg: str
+    dtypes: tuple[str, ...]
+    out_dtype: str
+    version: int = SPEC_VERSION
+    device: str = "cpu"
+
+    op = "einsum"
+
+    def __post_init__(self):
+        _set(self, "inputs", tuple(_labels(x, "input labels") for x in self.inputs))
+        _set(self, "output", _labels(self.output, "output labels"))
+        _set(self, "labels", _labels(self.labels, "labels"))
+        _set(self, "reduced", _labels(self.reduced, "reduced labels"))
+        _set(self, "size", _sizes(self.size, "sizes"))
+        _set(self, "tile", _sizes(self.tile, "tile sizes"))
+        if isinstance(self.join, dict):
+            _set(self, "join", KernelJoin.from_dict(self.join))
+        if not isinstance(self.join, KernelJoin):
+            raise EinsumError(f"kernel spec join must be a KernelJoin, got {self.join!r}")
+        if self.agg not in AGGREGATIONS:
+            raise EinsumError(f"kernel spec agg {self.agg!r} is unknown; aggregations are {', '.join(AGGREGATIONS)}")
+        _set(self, "dtypes", tuple(_check_dtype(d) for d in self.dtypes))
+        _check_dtype(self.out_dtype)
+        _check_version(self.version)
+        _check_device(self.device)
+        missing = [lab for lab in self.labels if lab not in self.size or lab not in self.tile]
+        if missing or len(self.dtypes) != len(self.inputs):
+            raise EinsumError(f"kernel spec einsum is inconsistent: labels without size or tile {missing}, "
+                              f"{len(self.inputs)} inputs and {len(self.dtypes)} dtypes")
+
+    def _body(self) -> dict:
+        return {"in": [list(x) for x in self.inputs], "out": list(self.output), "labels": list(self.labels),
+                "reduced": list(self.reduced), "size": dict(self.size), "tile": dict(self.tile),
+                "join": self.join.to_dict(), "agg": self.agg, "dtypes": list(self.dtypes),
+                "out_dtype": self.out_dtype}
+
+    @classmethod
+    def _from_body(cls, b: dict, version: int, device: str) -> EinsumKernelSpec:
+        return cls(inputs=b["in"], output=b["out"], labels=b["labels"], reduced=b["reduced"], size=b["size"],
+                   tile=b["tile"], join=KernelJoin.from_dict(b["join"]), agg=b["agg"], dtypes=b["dtypes"],
+                   out_dtype=b["out_dtype"], version=version, device=device)
+
+
+@dataclass(frozen=True)
+class RetileKernelSpec:
+    """Re-cut a tensor of ``shape`` from tiles of ``source_tile`` into tiles of ``target_tile``;
+    ``first_key_range`` limits one statement to target tiles whose first key is in [lo, hi).
+
+    >>> spec = RetileKernelSpec(shape=(5, 6), source_tile=(5, 2), target_tile=(3, 5), dtype="float64")
+    >>> to_json(spec)
+    '{"device":"cpu","dtype":"float64","from":[5,2],"op":"retile","shape":[5,6],"to":[3,5],"v":1}'
+    >>> from_json(to_json(spec)) == spec
+    True
+    """
+
+    shape: tuple[int, ...]
+    source_tile: tuple[int, ...]
+    target_tile: tuple[int, ...]
+    dtype: str
+    first_key_range: tuple[int, int] | None = None
+    version: int = SPEC_VERSION
+    device: str = "cpu"
+
+    op = "retile"
+
+    def __post_init__(self):
+        _set(self, "shape", _ints(self.shape, "shape"))
+        _set(self, "source_tile", _ints(self.source_tile, "source tile"))
+        _set(self, "target_tile", _ints(self.target_tile, "target tile"))
+        if not len(self.shape) == len(self.source_tile) == len(self.target_tile):
+            raise EinsumError(f"kernel spec retile: shape {self.shape}, tiles {self.source_tile} and "
+                              f"{self.target_tile} differ in rank")
+        _check_dtype(self.dtype)
+        if self.first_key_range is not None:
+            r = _ints(self.first_key_range, "first key range")
+            if len(r) != 2:
+                raise EinsumError(f"kernel spec first key range must be [lo, hi], got {list(r)!r}")
+            _set(self, "first_key_range", r)
+        _check_version(self.version)
+        _check_device(self.device)
+
+    def _body(self) -> dict:
+        body = {"shape": list(self.shape), "from": list(self.source_tile), "to": list(self.target_tile),
+                "dtype": self.dtype}
+        if self.first_key_range is not None:
+            body["first_key_range"] = list(self.first_key_range)
+        return body
+
+    @classmethod
+    def _from_body(cls, b: dict, version: int, device: str) -> RetileKernelSpec:
+        return cls(shape=b["shape"], source_tile=b["from"], target_tile=b["to"], dtype=b["dtype"],
+                   first_key_range=b.get("first_key_range"), version=version, device=device)
+
+
+@dataclass(frozen=True)
+class FillKernelSpec:
+    """Tiles of ``shape`` cut by ``tile``, every element ``value`` (an einsum over a label of
+    size 0: the aggregation's identity).
+
+    >>> spec = FillKernelSpec(shape=(3, 4), tile=(3, 4), dtype="float32", value=1.0)
+    >>> from_json(to_json(spec))
+    FillKernelSpec(shape=(3, 4), tile=(3, 4), dtype='float32', value=1.0, version=1, device='cpu')
+    """
+
+    shape: tuple[int, ...]
+    tile: tuple[int, ...]
+    dtype: str
+    value: float | int | bool
+    version: int = SPEC_VERSION
+    device: str = "cpu"
+
+    op = "fill"
+
+    def __post_init__(self):
+        _set(self, "shape", _ints(self.shape, "shape"))
+        _set(self, "tile", _ints(self.tile, "tile"))
+        if len(self.shape) != len(self.tile):
+            raise EinsumError(f"kernel spec fill: shape {self.shape} and tile {self.tile} differ in rank")
+        _check_dtype(self.dtype)
+        if isinstance(self.value, np.generic):
+            _set(self, "value", self.value.item())
+        if not isinstance(self.value, (bool, int, float)):
+            raise EinsumError(f"kernel spec fill value must be a number, got {self.value!r}")
+        _check_version(self.version)
+        _check_device(self.device)
+
+    def _body(self) -> dict:
+        return {"shape": list(self.shape), "tile": list(self.tile), "dtype": self.dtype, "value": self.value}
+
+    @classmethod
+    def _from_body(cls, b: dict, version: int, device: str) -> FillKernelSpec:
+        return cls(shape=b["shape"], tile=b["tile"], dtype=b["dtype"], value=b["value"], version=version,
+                   device=device)
+
+
+KernelSpec = Union[EinsumKernelSpec, RetileKernelSpec, FillKernelSpec]
+_CLASSES = {"einsum": EinsumKernelSpec, "retile": RetileKernelSpec, "fill": FillKernelSpec}
+_KEYS = {
+    "einsum": {"in", "out", "labels", "reduced", "size", "tile", "join", "agg", "dtypes", "out_dtype"},
+    "retile": {"shape", "from", "to", "dtype"},
+    "fill": {"shape", "tile", "dtype", "value"},
+}
+_OPTIONAL = {"einsum": set(), "retile": {"first_key_range"}, "fill": set()}
+
+
+def to_json(spec: KernelSpec) -> str:
+    """The spec as compact JSON with sorted keys (equal specs give equal text), with its version
+    ``"v"``, ``"device"`` and ``"op"``."""
+    body = spec._body()
+    body.update(v=spec.version, device=spec.device, op=spec.op)
+    return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+
+def from_json(text: str) -> KernelSpec:
+    """The spec ``to_json`` wrote; an ``EinsumError`` for an unknown version, op or device, or
+    a malformed spec (saying what it got and what it reads).
+
+    >>> from_json('{"v": 2, "op": "fill"}')
+    Traceback (most recent call last):
+    ...
+    eindecomp_sql.errors.EinsumError: kernel spec version 2 is not supported; this eindecomp_sql reads version 1
+    """
+    try:
+        body = json.loads(text)
+    except (TypeError, ValueError) as e:
+        raise EinsumError(f"kernel spec is not JSON ({e}): {str(text)[:80]!r}") from None
+    if not isinstance(body, dict):
+        raise EinsumError(f"kernel spec must be a JSON object, got {type(body).__name__}")
+    if "v" not in body:
+        raise EinsumError(f"kernel spec has no version (\"v\"); this eindecomp_sql reads version "
+                          f"{', '.join(map(str, SUPPORTED_VERSIONS))}: keys {sorted(body)}")
+    version = _check_version(body.pop("v"))
+    op = body.pop("op", None)
+    if op not in OPS:
+        raise EinsumError(f"kernel spec op {op!r} is unknown; ops are {', '.join(OPS)}")
+    device = _check_device(body.pop("device", None))
+    keys = set(body)
+    missing, extra = _KEYS[op] - keys, keys - _KEYS[op] - _OPTIONAL[op]
+    if missing or extra:
+        raise EinsumError(f"kernel spec {op}: missing keys {sorted(missing)}, unknown keys {sorted(extra)}")
+    try:
+        return _CLASSES[op]._from_body(body, version, device)
+    except EinsumError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise EinsumError(f"kernel spec {op} is malformed ({e})") from None
+
+
+def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu") -> str:
+    """The JSON of a plan step's kernel spec: labels, sizes, tile sizes, dtypes, the join, the
+    device. ``batch`` is the range of first target keys one statement of a retile covers."""
+    from .steps import FillStep, RetileStep  # a step module imports the plan package
+
+    if isinstance(step, RetileStep):
+        s, t = step.source, step.target
+        spec = RetileKernelSpec(shape=s.shape, source_tile=s.tile, target_tile=t.tile, dtype=s.dtype,
+                                first_key_range=tuple(batch) if batch is not None else None, device=device)
+    elif isinstance(step, FillStep):
+        r = step.result
+        spec = FillKernelSpec(shape=r.shape, tile=r.tile, dtype=r.dtype, value=step.value, device=device)
+    else:
+        node = step.node
+        spec = EinsumKernelSpec(
+            inputs=tuple(tuple(op.labels) for op in node.operands), output=tuple(node.output),
+            labels=tuple(node.labels), reduced=tuple(node.reduced), size=dict(node.sizes), tile=step.tile_of,
+            join=KernelJoin.of(node.join), agg=node.agg.name, dtypes=tuple(v.dtype for v in step.inputs),
+            out_dtype=step.result.dtype, device=device,
+        )
+    return to_json(spec)
