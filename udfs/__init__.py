@@ -1,6 +1,6 @@
 """Tile kernels: the only code that touches tile bytes. Registered on a DuckDB connection as
 vectorized Arrow UDFs (``register``); each call gets a whole Arrow batch of tiles and runs numpy
-kernels over it on a small worker pool (``pool``)."""
+kernels over it on a small pool of kernel threads (``pool``)."""
 
 from .register import register_kernels
 

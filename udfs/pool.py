@@ -1,12 +1,12 @@
-"""The kernel workers: a process-wide pool sized to the machine's cores, BLAS at one thread
-inside each worker.
+"""The kernel threads: a process-wide pool sized to the machine's cores, BLAS at one thread
+inside each kernel thread (``THREADS`` of them; "workers" are a plan's join tasks, not these).
 
 DuckDB hands a UDF whole vectors (up to 2,048 rows), so a join of a few large tiles arrives in
 one call on one DuckDB thread; parallelism must come from inside the call. Kernels split their
 work into tasks (per tile, or per slice of an output label when there are fewer tiles than
-workers) and run them here. With BLAS at one thread per worker, DuckDB threads, BLAS threads and
-workers never oversubscribe the cores: measured on 2 cores, OpenBLAS at its default next to
-DuckDB's threads fell from ~60-95 to 2-7 GFLOP/s for 256² matmuls.
+kernel threads) and run them here. With BLAS at one thread per kernel thread, DuckDB threads,
+BLAS threads and kernel threads never oversubscribe the cores: measured on 2 cores, OpenBLAS at
+its default next to DuckDB's threads fell from ~60-95 to 2-7 GFLOP/s for 256² matmuls.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Callable
 from threadpoolctl import ThreadpoolController
 
 try:
-    WORKERS = len(os.sched_getaffinity(0))
+    THREADS = len(os.sched_getaffinity(0))
 except AttributeError:  # not on Linux
-    WORKERS = os.cpu_count() or 1
+    THREADS = os.cpu_count() or 1
 
 _pool: ThreadPoolExecutor | None = None
 class Cancelled(RuntimeError):
@@ -98,7 +98,7 @@ _limit = None
 def _get_pool() -> ThreadPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="eds-kernel")
+        _pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="eds-kernel")
     return _pool
 
 
@@ -148,7 +148,7 @@ def run_wide(task: Callable[[], None]) -> bool:
 
 
 def run_tasks(tasks: list[Callable[[], None]]) -> None:
-    """Run ``tasks`` on the workers and wait; re-raise the first failure."""
+    """Run ``tasks`` on the kernel threads and wait; re-raise the first failure."""
     state = current()  # the pool's threads check the caller's flag, not their own
     _enter()
     try:

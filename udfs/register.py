@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from .kernels import einsum_kernel, retile_kernel
-from .pool import WORKERS, KernelState, check_cancelled, note_tiles, run_tasks, run_wide, serving
+from .pool import THREADS, KernelState, check_cancelled, note_tiles, run_tasks, run_wide, serving
 from .tiles import TileWriter, _as_array, blob_views, tile_view
 from eindecomp_sql.notation.checks import SQL_TYPES
 
@@ -41,9 +41,9 @@ def _key_rows(arr) -> list[np.ndarray]:
 def _tasks_for(kernel, items: list[tuple[dict, Callable, int]]) -> list:
     """Split work items (extents, fn(cut), tile tuples it contracts) into tasks: one per item
     when there are enough items, else each item cut along an output label."""
-    # two tasks per worker: a core shared with DuckDB's own threads (or anything else on the
+    # two tasks per thread: a core shared with DuckDB's own threads (or anything else on the
     # machine) then costs half a task at the end, not half the whole tile
-    want = 2 * WORKERS
+    want = 2 * THREADS
     parts = 1 if len(items) >= want else -(-want // max(len(items), 1))
     tasks = []
     for ext, fn, members in items:
@@ -53,9 +53,9 @@ def _tasks_for(kernel, items: list[tuple[dict, Callable, int]]) -> list:
 
 
 def _run(kernel, items: list) -> None:
-    """Too few tiles to give every worker its own: a float product runs whole, one tile after
+    """Too few tiles to give every kernel thread its own: a float product runs whole, one tile after
     the other, with BLAS threading each (see ``run_wide``); anything else is cut into tasks."""
-    if kernel.blas and len(items) < 2 * WORKERS and WORKERS > 1:
+    if kernel.blas and len(items) < 2 * THREADS and THREADS > 1:
         if run_wide(lambda: [(check_cancelled(), fn(None)) for _, fn, _ in items]):
             return
     run_tasks(_tasks_for(kernel, items))

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
-from .pool import WORKERS, run_tasks
+from .pool import THREADS, run_tasks
 from .register import _key_rows, _spec, _with_arity, einsum_groups, einsum_rows
 from .tiles import blob_views, tile_view
 from eindecomp_sql.notation.checks import SQL_TYPES
@@ -114,8 +114,8 @@ def _candidates(spec: dict, keys: list[list[int]], views: list) -> tuple[np.ndar
         ext = tuple(min(t, n - q * t) for q, n, t in zip(key, shape, tile))
         x = tile_view(raw, dtype, ext)
         x2 = x.reshape(-1, ext[-1]) if ext[-1] else x.reshape(0, 0)
-        # rows in blocks, so several workers share one big tile
-        n_blocks = max(1, min(2 * WORKERS, x2.size // MIN_TASK_ELEMENTS, x2.shape[0]))
+        # rows in blocks, so several kernel threads share one big tile
+        n_blocks = max(1, min(2 * THREADS, x2.size // MIN_TASK_ELEMENTS, x2.shape[0]))
         bounds = [x2.shape[0] * b // n_blocks for b in range(n_blocks + 1)]
         slots = [None] * n_blocks
         parts.append(slots)
