@@ -1,7 +1,9 @@
 """numpy kernels over tiles: extended einsum on one tile tuple, group contraction, re-tiling.
 
-A kernel is built once per step description (the JSON the compiler puts in the SQL) and
-cached; each UDF call then only computes tile shapes from keys and runs numpy.
+A kernel is built once per kernel spec (the JSON the compiler puts in the SQL,
+``plan/kernel_spec.py``) and cached; each UDF call then only computes tile shapes from keys and
+runs numpy. These are the ``"cpu"`` kernels: the spec's device picks the kernel module and the
+array namespace ``xp`` it computes with (``devices.py``).
 """
 
 from __future__ import annotations
@@ -14,45 +16,39 @@ from typing import Callable
 
 import numpy as np
 
-from eindecomp_sql.notation.functions import JoinFunction
+from eindecomp_sql.errors import EinsumError
 from eindecomp_sql.notation.numpy_impl import AGG_UFUNC, join_callable
+from eindecomp_sql.plan.kernel_spec import (EinsumKernelSpec, KernelJoin, KernelSpec, RetileKernelSpec, from_json,
+                                            pickle_callable)
 
-# join callables given by users, by id (a plan refers to them as {"callable": id})
-CALLABLES: dict[int, Callable] = {}
+from . import devices
 
 # Elements one task materialises at once when a join is not a plain product (for mul/sum the
 # kernel is np.einsum, i.e. BLAS, and needs no blocking): 4M elements = 32 MB of float64.
 BLOCK_ELEMENTS = 1 << 22
-# Do not split a tile's work across workers below this many element-operations.
+# Do not split a tile's work across kernel threads below this many element-operations.
 MIN_SPLIT_WORK = 1 << 18
-
-
-def _join_function(d: dict) -> JoinFunction:
-    if "callable" in d:
-        return JoinFunction(func=CALLABLES[d["callable"]], func_id=d["callable"])
-    if "expr" in d:
-        return JoinFunction(expr=d["expr"])
-    return JoinFunction(name=d["name"])
 
 
 class EinsumKernel:
     """out[out labels] = agg over reduced labels of join(tiles...), for tiles of any extents."""
 
-    def __init__(self, spec: dict):
-        self.inputs = [tuple(x) for x in spec["in"]]
-        self.output = tuple(spec["out"])
-        self.labels = tuple(spec["labels"])
-        self.reduced = tuple(spec["reduced"])
-        self.size = spec["size"]
-        self.tile = spec["tile"]
-        self.dtypes = [np.dtype(d) for d in spec["dtypes"]]
-        self.out_dtype = np.dtype(spec["out_dtype"])
-        self.agg = AGG_UFUNC[spec["agg"]]
-        jd = spec["join"]
-        self.fast = jd.get("name") == "mul" and spec["agg"] == "sum"
-        # a user's callable comes back checked on every call (element-wise numbers of the
-        # dtype its probe gave; notation/numpy_impl.py): an EinsumError naming it otherwise
-        self.join = join_callable(_join_function(jd))
+    def __init__(self, spec: EinsumKernelSpec, xp=np):
+        self.xp = xp  # the array namespace computing on tile data
+        self.inputs = list(spec.inputs)
+        self.output = spec.output
+        self.labels = spec.labels
+        self.reduced = spec.reduced
+        self.size = spec.size
+        self.tile = spec.tile
+        self.dtypes = [np.dtype(d) for d in spec.dtypes]
+        self.out_dtype = np.dtype(spec.out_dtype)
+        self.agg = AGG_UFUNC[spec.agg]
+        self.fast = spec.join.name == "mul" and spec.agg == "sum"
+        # a user's callable (unpickled from the spec) comes back checked on every call
+        # (element-wise numbers of the dtype its probe gave; notation/numpy_impl.py): an
+        # EinsumError naming it otherwise
+        self.join = join_callable(spec.join.function())
         letters = {lab: string.ascii_letters[k] for k, lab in enumerate(self.labels)}
         self.letters = letters
         self.np_spec = ",".join("".join(letters[lab] for lab in x) for x in self.inputs) + "->" + "".join(
@@ -85,6 +81,7 @@ class EinsumKernel:
     # -- evaluation -------------------------------------------------------------------------
     def contract(self, tiles: list[np.ndarray], out: np.ndarray, accumulate: bool) -> None:
         """Compute into ``out`` (or combine into it with the aggregation if ``accumulate``)."""
+        xp = self.xp
         if self.fast:
             # np.einsum computes in the promoted dtype of all operands; cast first so a bool
             # operand next to a float one counts instead of OR-ing (as optimize=True would)
@@ -92,24 +89,24 @@ class EinsumKernel:
             if self.matmul is not None and not accumulate:
                 self.matmul.run(tiles[0], tiles[1], out)
                 return
-            r = np.einsum(self.np_spec, *tiles, optimize=len(tiles) > 1)
+            r = xp.einsum(self.np_spec, *tiles, optimize=len(tiles) > 1)
             if accumulate:
-                np.add(out, r, out=out, casting="unsafe")
+                xp.add(out, r, out=out, casting="unsafe")
             else:
-                np.copyto(out, r, casting="unsafe")
+                xp.copyto(out, r, casting="unsafe")
             return
         part = self._general(tiles)
         if accumulate:
             self.agg(out, part, out=out, casting="unsafe")
         else:
-            np.copyto(out, part, casting="unsafe")
+            xp.copyto(out, part, casting="unsafe")
 
     def _aligned(self, tiles: list[np.ndarray]) -> list[np.ndarray]:
         """Each operand with its diagonals taken, axes in ``self.all`` order, 1 where absent."""
         xs = []
         for x, (uniq, diag, perm) in zip(tiles, self._diag):
             if diag is not None:
-                x = np.einsum(diag, x)
+                x = self.xp.einsum(diag, x)
             x = x.transpose(perm)
             shape = []
             it = iter(x.shape)
@@ -119,12 +116,13 @@ class EinsumKernel:
         return xs
 
     def _general(self, tiles: list[np.ndarray]) -> np.ndarray:
+        xp = self.xp
         xs = self._aligned(tiles)
         full = [max(x.shape[a] for x in xs) for a in range(len(self.all))]
         n_out = len(self.output)
         red_axes = tuple(range(n_out, len(self.all)))
         if not red_axes:
-            return np.broadcast_to(np.asarray(self.join(*xs)), full)
+            return xp.broadcast_to(xp.asarray(self.join(*xs)), full)
         # block over the longest reduced axis so no task holds the whole join space
         axis = max(red_axes, key=lambda a: full[a])
         others = int(np.prod([full[a] for a in range(len(full)) if a != axis], dtype=np.int64))
@@ -132,10 +130,10 @@ class EinsumKernel:
         acc = None
         for s in range(0, full[axis], step):
             sl = [x[(slice(None),) * axis + (slice(s, s + step),)] if x.shape[axis] != 1 else x for x in xs]
-            vals = np.asarray(self.join(*sl))
+            vals = xp.asarray(self.join(*sl))
             shape = list(full)
             shape[axis] = min(step, full[axis] - s)
-            part = self.agg.reduce(np.broadcast_to(vals, shape), axis=red_axes)
+            part = self.agg.reduce(xp.broadcast_to(vals, shape), axis=red_axes)
             acc = part if acc is None else self.agg(acc, part)
         return acc
 
@@ -226,18 +224,22 @@ class _MatmulPlan:
 
 @lru_cache(maxsize=512)
 def einsum_kernel(spec_json: str) -> EinsumKernel:
-    return EinsumKernel(json.loads(spec_json))
+    """The kernel of an einsum spec, on the spec's device (built once per distinct spec: a
+    callable join is unpickled once)."""
+    spec = read_spec(spec_json, EinsumKernelSpec)
+    return devices.kernel_module(spec.device).EinsumKernel(spec, xp=devices.namespace(spec.device))
 
 
 class RetileKernel:
     """Cut pieces out of source tiles and assemble target tiles from pieces."""
 
-    def __init__(self, spec: dict):
-        self.shape = tuple(spec["shape"])
-        self.src = tuple(spec["from"])
-        self.dst = tuple(spec["to"])
-        self.dtype = np.dtype(spec["dtype"])
-        self.first_key_range = spec.get("first_key_range")
+    def __init__(self, spec: RetileKernelSpec, xp=np):
+        self.xp = xp
+        self.shape = spec.shape
+        self.src = spec.source_tile
+        self.dst = spec.target_tile
+        self.dtype = np.dtype(spec.dtype)
+        self.first_key_range = spec.first_key_range
 
     def targets(self, old_key) -> list[tuple[int, ...]]:
         """Keys of the target tiles a source tile overlaps (within the batch's range)."""
@@ -268,4 +270,37 @@ class RetileKernel:
 
 @lru_cache(maxsize=512)
 def retile_kernel(spec_json: str) -> RetileKernel:
-    return RetileKernel(json.loads(spec_json))
+    spec = read_spec(spec_json, RetileKernelSpec)
+    return devices.kernel_module(spec.device).RetileKernel(spec, xp=devices.namespace(spec.device))
+
+
+@lru_cache(maxsize=512)
+def read_spec(spec_json: str, kind: type | None = None) -> KernelSpec:
+    """The spec a UDF got, checked to be of ``kind`` and for a device with kernels here."""
+    spec = _legacy_spec(spec_json) or from_json(spec_json)
+    if kind is not None and not isinstance(spec, kind):
+        raise EinsumError(f"a {kind.op} kernel got a {spec.op} kernel spec")
+    devices.kernel_module(spec.device)  # an EinsumError naming the devices with kernels
+    return spec
+
+
+# -- transition ------------------------------------------------------------------------------
+# Specs from compile/sql.py's own kernel_spec (no "v"; a user's callable by id, put in CALLABLES
+# by backends/duckdb.py) until compile/sql.py builds them with plan.kernel_spec.kernel_spec.
+# Then delete this block and read_spec's fallback to it.
+CALLABLES: dict[int, Callable] = {}
+
+
+def _legacy_spec(spec_json: str) -> KernelSpec | None:
+    try:
+        body = json.loads(spec_json)
+    except ValueError:
+        return None  # from_json says what is wrong
+    if not isinstance(body, dict) or "v" in body:
+        return None
+    join = body.get("join")
+    if isinstance(join, dict) and isinstance(join.get("callable"), int):
+        body["join"] = KernelJoin(pickled=pickle_callable(CALLABLES[join["callable"]])).to_dict()
+    body["v"] = 1
+    body.setdefault("device", "cpu")
+    return from_json(json.dumps(body))

@@ -7,13 +7,14 @@ one registration per connection serves every plan, including plans built inside 
 
 from __future__ import annotations
 
-import json
 from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 
-from .kernels import einsum_kernel, retile_kernel
+from eindecomp_sql.plan.kernel_spec import FillKernelSpec
+
+from .kernels import einsum_kernel, read_spec, retile_kernel
 from .pool import THREADS, KernelState, check_cancelled, note_tiles, run_tasks, run_wide, serving
 from .tiles import TileWriter, _as_array, blob_views, tile_view
 from eindecomp_sql.notation.checks import SQL_TYPES
@@ -171,11 +172,11 @@ def retile_assemble(spec_arr, keys_arr, members_arr) -> pa.Array:
 
 def fill_tiles(spec_arr, keys_arr) -> pa.Array:
     """Tiles all of one value (the result of an einsum over a label of size 0)."""
-    spec = json.loads(_spec(spec_arr))
-    shape, tile, dtype = spec["shape"], spec["tile"], np.dtype(spec["dtype"])
+    spec = read_spec(_spec(spec_arr), FillKernelSpec)
+    shape, tile, dtype = spec.shape, spec.tile, np.dtype(spec.dtype)
     shapes = [tuple(min(t, n - k * t) for k, t, n in zip(key.tolist(), tile, shape)) for key in _key_rows(keys_arr)]
     writer = TileWriter(dtype, shapes)
-    writer.buffer.view(dtype).fill(spec["value"])
+    writer.buffer.view(dtype).fill(spec.value)
     return _finished(writer)
 
 

@@ -1,0 +1,225 @@
+"""The kernel spec (plan/kernel_spec.py): typed, versioned JSON between the compiler and the
+tile kernels, with a user's callable join pickled inside it."""
+
+import dataclasses
+import gc
+import json
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import eindecomp_sql.plan.kernel_spec as ks
+from eindecomp_sql.errors import EinsumError
+from eindecomp_sql.plan import EinsumStep, FillStep, RetileStep, TiledValue, plan_einsum
+from eindecomp_sql.plan.kernel_spec import (SPEC_VERSION, EinsumKernelSpec, FillKernelSpec, KernelJoin,
+                                            RetileKernelSpec, from_json, kernel_spec, pickle_callable, to_json)
+
+
+def value(name, shape, tile, dtype="float64"):
+    kw = dict(name=name, shape=shape, dtype=dtype, tile=tile, keys=tuple(f"d{k}" for k in range(len(shape))))
+    if "table" in {f.name for f in dataclasses.fields(TiledValue)}:  # older TiledValue named its table
+        kw["table"] = name
+    return TiledValue(**kw)
+
+
+def steps(spec, operands, join=None, agg=None):
+    return plan_einsum(spec, tuple(value(*o) for o in operands), join, agg).steps
+
+
+CASES = [
+    ("ij,jk->ik", [("A", (4, 6), (2, 3)), ("B", (6, 5), (3, 5))], None, None),
+    ("ij,jk->ik", [("A", (5, 6), (5, 2)), ("B", (6, 5), (3, 5))], None, None),  # retile
+    ("ii->", [("A", (5, 5), (2, 2))], None, None),
+    ("ij,jk->ik", [("A", (4, 6), (2, 3)), ("B", (6, 5), (3, 5))], "add", "max"),
+    ("ij,jk->ik", [("A", (4, 6), (4, 6)), ("B", (6, 5), (6, 5))], "relu(x - y)", "min"),
+    ("ij->i", [("A", (4, 6), (4, 6), "float32")], "relu", "sum"),
+    (",ij->ij", [("s", (), ()), ("A", (3, 4), (2, 4))], None, None),
+    ("ij,jk->ik", [("A", (3, 0), (3, 1), "float32"), ("B", (0, 4), (1, 4), "float32")], None, "prod"),  # fill
+]
+
+
+def test_every_step_round_trips_and_carries_version_and_device():
+    ops = set()
+    for spec, operands, join, agg in CASES:
+        for step in steps(spec, operands, join, agg):
+            for batch in ([None, (0, 1)] if isinstance(step, RetileStep) else [None]):
+                text = kernel_spec(step, batch)
+                parsed = from_json(text)
+                assert to_json(parsed) == text
+                body = json.loads(text)
+                assert (body["v"], body["device"]) == (SPEC_VERSION, "cpu")
+                assert parsed.op == body["op"]
+                ops.add(body["op"])
+                if isinstance(step, RetileStep):
+                    assert (parsed.shape, parsed.source_tile, parsed.target_tile) == (
+                        step.source.shape, step.source.tile, step.target.tile)
+                    assert parsed.first_key_range == batch
+                elif isinstance(step, FillStep):
+                    assert (parsed.shape, parsed.tile, parsed.value) == (step.result.shape, step.result.tile, step.value)
+                else:
+                    assert isinstance(step, EinsumStep)
+                    assert parsed.size == step.node.size and parsed.tile == step.tile_of
+                    assert parsed.dtypes == tuple(v.dtype for v in step.inputs)
+                    assert parsed.join.function() == step.node.join
+    assert ops == {"einsum", "retile", "fill"}
+
+
+def test_the_device_travels():
+    step = steps(*CASES[0])[0]
+    assert from_json(kernel_spec(step, device="cuda")).device == "cuda"
+    with pytest.raises(EinsumError, match="device 'tpu' is unknown; devices are cpu, cuda"):
+        kernel_spec(step, device="tpu")
+
+
+LABELS = st.lists(st.sampled_from("ijklmn"), min_size=1, max_size=4, unique=True)
+DTYPES = st.sampled_from(["float32", "float64", "int64", "bool", "complex128", "uint8"])
+
+
+@st.composite
+def einsum_specs(draw):
+    labels = draw(LABELS)
+    inputs = draw(st.lists(st.lists(st.sampled_from(labels), max_size=4), min_size=1, max_size=3))
+    used = tuple(dict.fromkeys(lab for x in inputs for lab in x))
+    output = tuple(draw(st.permutations(used))[:draw(st.integers(0, len(used)))])
+    size = {lab: draw(st.integers(0, 50)) for lab in used}
+    join = draw(st.sampled_from([KernelJoin(name="mul"), KernelJoin(name="max"), KernelJoin(expr="x * 2")]))
+    return EinsumKernelSpec(inputs=tuple(tuple(x) for x in inputs), output=output, labels=used,
+                            reduced=tuple(lab for lab in used if lab not in output), size=size,
+                            tile={lab: draw(st.integers(1, 8)) for lab in used}, join=join,
+                            agg=draw(st.sampled_from(["sum", "max", "min", "prod"])),
+                            dtypes=tuple(draw(DTYPES) for _ in inputs), out_dtype=draw(DTYPES),
+                            device=draw(st.sampled_from(ks.DEVICES)))
+
+
+@st.composite
+def retile_specs(draw):
+    n = draw(st.integers(0, 4))
+    ints = st.lists(st.integers(1, 20), min_size=n, max_size=n)
+    first = draw(st.none() | st.tuples(st.integers(0, 5), st.integers(0, 9)))
+    return RetileKernelSpec(shape=tuple(draw(ints)), source_tile=tuple(draw(ints)), target_tile=tuple(draw(ints)),
+                            dtype=draw(DTYPES), first_key_range=first if n else None)
+
+
+@st.composite
+def fill_specs(draw):
+    n = draw(st.integers(0, 4))
+    ints = st.lists(st.integers(0, 20), min_size=n, max_size=n)
+    v = draw(st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False))
+    return FillKernelSpec(shape=tuple(draw(ints)), tile=tuple(draw(ints)), dtype=draw(DTYPES), value=v)
+
+
+@given(st.one_of(einsum_specs(), retile_specs(), fill_specs()))
+def test_specs_round_trip(spec):
+    text = to_json(spec)
+    back = from_json(text)
+    assert back == spec and type(back) is type(spec) and to_json(back) == text
+    assert json.loads(text)["v"] == 1
+
+
+def _body(**change):
+    body = json.loads(to_json(FillKernelSpec(shape=(3,), tile=(2,), dtype="float64", value=0.0)))
+    body.update(change)
+    return json.dumps({k: v for k, v in body.items() if v is not ...})
+
+
+@pytest.mark.parametrize("text,match", [
+    (_body(v=2), "version 2 is not supported; this eindecomp_sql reads version 1"),
+    (_body(v="1"), "version '1' is not supported"),
+    (_body(v=...), r"no version \(\"v\"\); this eindecomp_sql reads version 1"),
+    (_body(op="gemm"), "op 'gemm' is unknown; ops are einsum, retile, fill"),
+    (_body(device="tpu"), "device 'tpu' is unknown; devices are cpu, cuda"),
+    (_body(device=...), "device None is unknown"),
+    (_body(tile=...), r"fill: missing keys \['tile'\]"),
+    (_body(extra=1), r"unknown keys \['extra'\]"),
+    (_body(dtype="float99"), "dtype 'float99' is not a numpy dtype"),
+    (_body(shape=[3, 1]), "differ in rank"),
+    ("[1, 2]", "must be a JSON object, got list"),
+    ("{nope", "not JSON"),
+])
+def test_refusals_say_what_they_got_and_what_is_read(text, match):
+    with pytest.raises(EinsumError, match=match):
+        from_json(text)
+
+
+def test_a_bad_join_is_refused():
+    good = json.loads(kernel_spec(steps(*CASES[0])[0]))
+    for join in ({}, {"name": "mul", "expr": "x"}, {"func": "f"}, {"name": 3}):
+        with pytest.raises(EinsumError, match="join must be one of"):
+            from_json(json.dumps({**good, "join": join}))
+
+
+def test_a_closure_round_trips_through_pickle_and_computes_the_same():
+    scale = 3.0  # a local the join closes over
+
+    def scaled(x, y):
+        return scale * x - y
+
+    a = np.random.default_rng(0).standard_normal((4, 6))
+    b = np.random.default_rng(1).standard_normal((6, 5))
+    step = steps("ij,jk->ik", [("A", (4, 6), (4, 6)), ("B", (6, 5), (6, 5))], scaled, "max")[0]
+    text = kernel_spec(step)
+    join = from_json(text).join
+    assert join.pickled is not None and json.loads(text)["join"] == {"callable": join.pickled}
+    fn = join.function()
+    assert fn.func is not scaled and fn.func_id == id(fn.func)
+    assert fn.label == "callable(scaled)"
+    np.testing.assert_array_equal(fn.func(a, b.T[:4, :6]), scaled(a, b.T[:4, :6]))
+
+    from eindecomp_sql.udfs.kernels import einsum_kernel
+
+    kernel = einsum_kernel(text)
+    out = np.empty((4, 5))
+    kernel.contract([a, b], out, accumulate=False)
+    np.testing.assert_allclose(out, scaled(a[:, :, None], b[None]).max(axis=1))
+    assert einsum_kernel(text) is kernel  # one kernel (one unpickling) per distinct spec
+
+
+def test_an_unpicklable_callable_is_refused_naming_it():
+    lock = threading.Lock()
+
+    def locked(x, y):
+        with lock:
+            return x * y
+
+    step = steps("ij,jk->ik", [("A", (4, 6), (4, 6)), ("B", (6, 5), (6, 5))], locked, "sum")[0]
+    with pytest.raises(EinsumError, match=r"join callable '.*locked' cannot be pickled .*lock.*define it at module "
+                                          r"level or make it \(and what it closes over\) picklable"):
+        kernel_spec(step)
+
+
+def test_pickles_are_cached_while_the_function_lives():
+    def f(x, y):
+        return x + y
+
+    text = pickle_callable(f)
+    assert pickle_callable(f) is text
+    key = id(f)
+    assert key in ks._pickled
+    del f
+    gc.collect()
+    assert key not in ks._pickled
+
+
+def test_a_device_without_kernels_is_refused_listing_those_with():
+    from eindecomp_sql.udfs.kernels import einsum_kernel, read_spec, retile_kernel
+
+    for step in steps(*CASES[1]):
+        text = kernel_spec(step, device="cuda")
+        kernel = einsum_kernel if isinstance(step, EinsumStep) else retile_kernel
+        with pytest.raises(EinsumError, match="no tile kernels for device 'cuda'; devices with kernels: cpu"):
+            kernel(text)
+    with pytest.raises(EinsumError, match="a retile kernel got a fill kernel spec"):
+        read_spec(_body(), RetileKernelSpec)
+
+
+def test_the_module_is_pure():
+    code = ("import sys, eindecomp_sql.plan.kernel_spec\n"
+            "print(sorted(m for m in ('duckdb', 'pyarrow', 'sqlglot', 'cloudpickle') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
