@@ -214,7 +214,7 @@ class Session:
 
     def _plan(self, spec, values, join, agg, path=None) -> Plan:
         return plan_einsum(spec, tuple(values), join, agg, workers=self.workers, budget=self.memory,
-                           tile_bytes=self.tile_bytes, path=path)
+                           tile_bytes=self.tile_bytes, path=path, costs=self.backend.cost_model)
 
     def plan(self, spec: str, *operands, join=None, agg=None, out: str | None = None) -> Plan:
         """The plan ``einsum`` would run (exactly: ``explain`` lists its steps). ``out`` is

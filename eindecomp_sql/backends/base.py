@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Protocol
 import numpy as np
 
 from ..plan import Plan, TiledValue
+from ..plan.cost import CostModel
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Backend(Protocol):
     name: str  # what create_backend() knows it by
     lock: Any  # an RLock: one session call at a time sees the engine
     con: Any  # the DuckDB connection for the SQL interface and DuckDB sources; None without one
+    cost_model: CostModel  # what plans cost on this engine: the planner optimizes under it
 
     @property
     def closed(self) -> bool: ...

@@ -16,6 +16,7 @@ from ..compile import bind_sql, compile_plan, create_table_as, drop_table
 from ..compile.sql import table
 from ..errors import EinsumError
 from ..plan import Plan, TiledValue
+from ..plan.cost import CostModel
 from ..plan.steps import output_tiles
 from ..sql_templates import template
 from ..udfs.kernels import CALLABLES
@@ -38,8 +39,16 @@ class ExecutionError(EinsumError):
     """A plan failed while running in the engine (the message names the step)."""
 
 
+# What DuckDB's plans cost (plan/cost.py has the formulas): weights fitted by bench/calibrate.py
+# on this engine (bench/RESULTS.md "Cost model calibration"), a UDF gets up to one vector of
+# 2,048 rows per call, and list() holds a grouped step's joined tiles without spilling. The
+# pure layer's default (plans made without a session, g.plan()) is this same model.
+COSTS = CostModel("duckdb", join=1.0, group=0.7, agg=1.5, retile=3.0, vector_rows=2048, grouped_holds_all=True)
+
+
 class DuckDBBackend:
     name = "duckdb"
+    cost_model = COSTS
 
     def __init__(self, database=None, config: dict | None = None, read_only: bool = False):
         allocator.retain_freed_memory()  # before DuckDB starts its threads (see allocator.py)
@@ -293,7 +302,7 @@ class DuckDBBackend:
                     watch.begin(k)
                     target = outputs.get(c.value, _SCRATCH)
                     try:
-                        peak = plan.steps[k].peak_bytes
+                        peak = plan.peak_of(plan.steps[k])
                         self._set_large_buffers(peak >= LARGE_BUFFER_BYTES or peak < SMALL_BUFFER_BYTES)
                         if target.table is None and c.value in outputs:
                             parts = [self._work.sql(bind_sql(text, tables)).to_arrow_table() for text in c.batches]

@@ -269,13 +269,17 @@ class Graph:
         return plan_graph(self, workers=workers, memory=memory, strategy=strategy, outputs=outputs, inputs=inputs)
 
     def run(self, db, outputs=None, out=None, replace: bool = False, progress=None, **inputs):
-        """Plan for these inputs (stored tensors as they are cut) on session ``db``'s options
-        and run: ``g.plan(outputs=..., inputs=<the stored ones>).run(db, ...)`` in one call."""
+        """Plan for these inputs (stored tensors as they are cut) under session ``db``'s
+        options and engine cost model, and run: ``g.plan(outputs=..., inputs=<the stored
+        ones>).run(db, ...)`` in one call."""
+        from ..plan.graph_plan import plan_graph
+
         stored = {}
         for name, x in inputs.items():
             if isinstance(x, str):
                 x = db.tensor(x)
             if hasattr(x, "tile") and hasattr(x, "session"):
                 stored[name] = x
-        p = self.plan(workers=db.workers, memory=db.memory, outputs=outputs, inputs=stored)
+        p = plan_graph(self, workers=db.workers, memory=db.memory, tile_bytes=db.tile_bytes, outputs=outputs,
+                       inputs=stored, costs=db.backend.cost_model)
         return p.run(db, out=out, replace=replace, progress=progress, **inputs)

@@ -13,11 +13,14 @@ For an einsum node cut into ``d[l]`` pieces per label:
   joined tiles through a ``list()`` aggregate before the kernel contracts each group, so those
   join bytes are moved once more.
 
-The total is ``join + GROUP * group + AGG * agg + RETILE * retile`` with weights calibrated on this
-engine (``bench/calibrate.py``, numbers in bench/RESULTS.md): every term in "bytes that cost what
-one join byte costs".
+The total is ``join + GROUP * group + AGG * agg + RETILE * retile``: every term in "bytes that
+cost what one join byte costs". The weights, and the rules for peak memory, are facts about the
+engine that runs the plan: a ``CostModel`` holds them, a backend brings its own
+(``Backend.cost_model``; DuckDB's are calibrated by ``bench/calibrate.py``, numbers in
+bench/RESULTS.md), and the formulas here take it as data.
 
-Peak memory of a step (bytes), from how DuckDB runs it: a row step holds the tiles of the rows
+Peak memory of a step (bytes), from how DuckDB runs it (``CostModel.vector_rows`` and
+``CostModel.grouped_holds_all`` say how much of this an engine shares): a row step holds the tiles of the rows
 in one UDF call (DuckDB hands a UDF a whole vector, up to 2,048 rows: a join of a few tiles
 arrives in one call) plus their output tiles twice (kernel buffer and DuckDB's copy); a grouped
 step holds every joined tile (``list()`` does not spill) plus the output tiles in flight; a
@@ -37,40 +40,63 @@ runs as several statements, each over a range of keys of one output label (``bat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..graph import EinsumNode
 
-# Calibrated weights (seconds per byte relative to a join byte), fitted by bench/calibrate.py
+@dataclass(frozen=True)
+class CostModel:
+    """What an engine's plans cost: weights of the cost terms (relative to one join byte) and
+    the facts its peak-memory rules need.
+
+    ``vector_rows``: how many joined rows one kernel call may receive at once (DuckDB hands a
+    UDF a whole vector); ``grouped_holds_all``: whether a grouped step holds every joined tile
+    until its group is done (DuckDB's ``list()`` does not spill). The defaults are DuckDB's, the
+    engine the product ships with; each backend states its own (``Backend.cost_model``).
+
+    >>> CostModel(retile=1.0).total(Costs(join=100, retile=50))
+    150.0
+    """
+
+    name: str = "duckdb"
+    join: float = 1.0
+    group: float = 0.7
+    agg: float = 1.5
+    retile: float = 3.0
+    vector_rows: int = 2048
+    grouped_holds_all: bool = True
+
+    def total(self, c: "Costs") -> float:
+        return self.join * c.join + self.group * c.group + self.agg * c.agg + self.retile * c.retile
+
+
+# DuckDB's weights (seconds per byte relative to a join byte), fitted by bench/calibrate.py
 # (2048² float32 GEMMs under 17 chunkings and 10 re-tiles: join 1.6 ns/B, grouped join bytes
-# 1.1 ns/B more, aggregation 2.4 ns/B, retile 5.2 ns/B with its per-statement overhead)
-# on this machine: see bench/RESULTS.md "Cost model calibration".
-JOIN_WEIGHT = 1.0
-GROUP_WEIGHT = 0.7
-AGG_WEIGHT = 1.5
-RETILE_WEIGHT = 3.0
-VECTOR_ROWS = 2048  # DuckDB hands a scalar UDF at most one vector of rows per call
+# 1.1 ns/B more, aggregation 2.4 ns/B, retile 5.2 ns/B with its per-statement overhead): see
+# bench/RESULTS.md "Cost model calibration". The default wherever no backend says otherwise.
+DEFAULT_COSTS = CostModel()
 
 
 @dataclass(frozen=True)
 class Costs:
-    """Bytes per term of the cost model; ``total`` is the weighted sum the optimizer minimizes."""
+    """Bytes per term of the cost model; ``total`` is the weighted sum the optimizer minimizes,
+    under ``model``'s weights."""
 
     join: int = 0
     agg: int = 0
     retile: int = 0
     group: int = 0
+    model: CostModel = field(default=DEFAULT_COSTS, compare=False, repr=False)
 
     @property
     def total(self) -> float:
-        return (JOIN_WEIGHT * self.join + GROUP_WEIGHT * self.group + AGG_WEIGHT * self.agg
-                + RETILE_WEIGHT * self.retile)
+        return self.model.total(self)
 
     def __add__(self, other: "Costs") -> "Costs":
         return Costs(self.join + other.join, self.agg + other.agg, self.retile + other.retile,
-                     self.group + other.group)
+                     self.group + other.group, self.model)
 
 
 def nbytes(shape, dtype) -> int:
@@ -117,9 +143,10 @@ def _fraction(pieces_along: int, batches: int) -> float:
     return -(-pieces_along // batches) / pieces_along
 
 
-def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str], batches: int = 1) -> int:
+def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str], batches: int = 1,
+              model: CostModel = DEFAULT_COSTS) -> int:
     """Projected peak memory of running ``node`` with ``pieces``, in bytes, when the step runs
-    as ``batches`` statements over ranges of its batch label's keys."""
+    as ``batches`` statements over ranges of its batch label's keys, on ``model``'s engine."""
     size = node.size
     tile = {lab: tile_of(size[lab], pieces[lab]) for lab in node.labels}
     in_tile = sum(
@@ -130,12 +157,13 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
     frac = _fraction(pieces[lab], batches) if lab is not None else 1.0
     out_tiles = math.ceil(math.prod(pieces[lab] for lab in node.output) * frac)
     reduced = math.prod(pieces[lab] for lab in node.reduced)
-    if reduced > 1:  # grouped: every joined row is held by list() until its group is done
-        return out_tiles * reduced * in_tile + min(out_tiles, VECTOR_ROWS) * 2 * out_tile
-    return min(out_tiles, VECTOR_ROWS) * (in_tile + 2 * out_tile)
+    rows = model.vector_rows
+    if reduced > 1 and model.grouped_holds_all:  # every joined row is held by list() until its group is done
+        return out_tiles * reduced * in_tile + min(out_tiles, rows) * 2 * out_tile
+    return min(out_tiles, rows) * (in_tile + 2 * out_tile)
 
 
-def retile_peak(shape, dtype, target_tile, batches: int = 1) -> int:
+def retile_peak(shape, dtype, target_tile, batches: int = 1, model: CostModel = DEFAULT_COSTS) -> int:
     """Peak of a retile run as ``batches`` statements over ranges of the first target key:
     the pieces of the batch (held by list()) plus its target tiles in flight."""
     if not shape:
@@ -143,7 +171,8 @@ def retile_peak(shape, dtype, target_tile, batches: int = 1) -> int:
     grid = [pieces_of(n, t) for n, t in zip(shape, target_tile)]
     frac = _fraction(grid[0], batches)
     targets = math.ceil(math.prod(grid) * frac)
-    return math.ceil(nbytes(shape, dtype) * frac) + min(targets, VECTOR_ROWS) * 2 * nbytes(target_tile, dtype)
+    held = math.ceil(nbytes(shape, dtype) * frac) if model.grouped_holds_all else nbytes(target_tile, dtype)
+    return held + min(targets, model.vector_rows) * 2 * nbytes(target_tile, dtype)
 
 
 def retile_max_batches(shape, target_tile) -> int:

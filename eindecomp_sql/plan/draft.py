@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..graph import EinsumNode
+from .cost import DEFAULT_COSTS, CostModel
 from .optimize import Choice
 from .steps import Plan, Step, TiledValue, step_target
 
@@ -21,13 +22,15 @@ from .steps import Plan, Step, TiledValue, step_target
 @dataclass(frozen=True)
 class Options:
     """The knobs a plan is made under: join tasks per step (``workers``), the memory budget in
-    bytes (None: none), the largest tile a plan creates (``tile_bytes``; None: no cap) and how
-    chunkings are chosen (``strategy``: the optimizer or a baseline)."""
+    bytes (None: none), the largest tile a plan creates (``tile_bytes``; None: no cap), how
+    chunkings are chosen (``strategy``: the optimizer or a baseline) and the engine's cost
+    model (``costs``: weights and peak rules; the backend's)."""
 
     workers: int = 1
     budget: int | None = None
     tile_bytes: int | None = None
     strategy: str = "eindecomp"
+    costs: CostModel = DEFAULT_COSTS
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class Draft:
 
     def plan(self) -> Plan:
         values = self.values()
-        return Plan(self.steps, self.inputs, tuple(values[name] for name in self.outputs))
+        return Plan(self.steps, self.inputs, tuple(values[name] for name in self.outputs), self.options.costs)
 
 
 def example(spec: str, *shapes, dtype: str = "float64", **options) -> Draft:

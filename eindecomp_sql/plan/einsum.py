@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from ..graph import ValueInfo, lower_einsum
 from ..notation import Aggregation, JoinFunction, parse_agg, parse_join, parse_spec
+from .cost import DEFAULT_COSTS, CostModel
 from .draft import Draft, Options
 from .pipeline import run_passes
 from .steps import Plan, TiledValue
@@ -24,21 +25,23 @@ RESULT = "_eds_result"
 
 
 def plan_einsum(spec: str, values: tuple[TiledValue, ...], join=None, agg=None, *, workers: int = 1,
-                budget: int | None = None, tile_bytes: int | None = None, path=None) -> Plan:
+                budget: int | None = None, tile_bytes: int | None = None, path=None,
+                costs: CostModel = DEFAULT_COSTS) -> Plan:
     """The plan computing ``spec`` over ``values`` into the value ``RESULT``. Values with
     ``tile`` None are free: the plan chooses their tiling. An operand given twice (one name)
-    is one value. Plans name values, never tables: the backend binds them when it runs."""
+    is one value. Plans name values, never tables: the backend binds them when it runs.
+    ``costs``: the cost model of the engine the plan is for (its backend's)."""
     j = join if isinstance(join, JoinFunction) else parse_join(join, len(values))
     a = agg if isinstance(agg, Aggregation) else parse_agg(agg)
-    return _plan(spec, tuple(values), j, a, workers, budget, tile_bytes, path)
+    return _plan(spec, tuple(values), j, a, workers, budget, tile_bytes, path, costs)
 
 
 @lru_cache(maxsize=1024)
-def _plan(spec, values, join, agg, workers, budget, tile_bytes, path) -> Plan:
+def _plan(spec, values, join, agg, workers, budget, tile_bytes, path, costs) -> Plan:
     # cached: a small einsum repeated in a loop pays for parsing and planning once
     parsed = parse_spec(spec, [v.shape for v in values])
     infos = [ValueInfo(v.name, v.shape, v.dtype) for v in values]
     nodes = lower_einsum(parsed, infos, join, agg, RESULT, path=path)
     unique = tuple({v.name: v for v in values}.values())
-    draft = Draft(tuple(nodes), unique, (RESULT,), Options(workers, budget, tile_bytes))
+    draft = Draft(tuple(nodes), unique, (RESULT,), Options(workers, budget, tile_bytes, costs=costs))
     return run_passes(draft).plan()

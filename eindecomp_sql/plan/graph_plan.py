@@ -20,7 +20,7 @@ from types import MappingProxyType
 
 from ..errors import EinsumError
 from ..graph import EinsumNode, ValueInfo
-from .cost import Costs, nbytes, parse_memory, tile_of
+from .cost import DEFAULT_COSTS, CostModel, Costs, nbytes, parse_memory, tile_of
 from .draft import Draft, Options
 from .optimize import STRATEGIES, Choice
 from .pipeline import PASSES, run_passes
@@ -178,10 +178,11 @@ class GraphPlan:
 
 
 def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp",
-               tile_bytes: int | None = None, outputs=None, inputs=None) -> GraphPlan:
+               tile_bytes: int | None = None, outputs=None, inputs=None, costs: CostModel = DEFAULT_COSTS) -> GraphPlan:
     """Choose every node's chunking with ``strategy`` and build the steps for ``outputs``
     (see ``Graph.plan``). Only the nodes the outputs depend on are planned. ``inputs``: graph
-    input name -> the tile shape it is stored in (or a Tensor): the plan reads it so cut."""
+    input name -> the tile shape it is stored in (or a Tensor): the plan reads it so cut.
+    ``costs``: the cost model of the engine the plan is for."""
     if strategy not in STRATEGIES:
         raise EinsumError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -202,7 +203,7 @@ def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp"
     used = tuple(v for v in graph.inputs if v.name in read)
     unused = tuple(v.name for v in graph.inputs if v.name not in read)
     return _plan_cached(nodes, used, picked, single, unused, workers, budget, strategy, tile_bytes,
-                        tuple(sorted(fixed.items())))
+                        tuple(sorted(fixed.items())), costs)
 
 
 def _fixed_tiles(graph, inputs) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
@@ -232,13 +233,13 @@ def _fixed_tiles(graph, inputs) -> dict[str, tuple[tuple[int, ...], tuple[str, .
 @lru_cache(maxsize=128)
 def _plan_cached(nodes: tuple[EinsumNode, ...], inputs: tuple[ValueInfo, ...], picked: tuple[ValueInfo, ...],
                  single: bool, unused: tuple[str, ...], workers: int, budget: int | None, strategy: str,
-                 tile_bytes: int | None, fixed: tuple) -> GraphPlan:  # noqa: PLR0913
+                 tile_bytes: int | None, fixed: tuple, costs: CostModel) -> GraphPlan:  # noqa: PLR0913
     cut = dict(fixed)  # input name -> (tile, keys) it is stored in
     values = tuple(TiledValue(v.name, v.shape, v.dtype, *cut.get(v.name, (None, tuple(f"d{k}" for k in range(len(v.shape))))))
                    for v in inputs)
 
     def draft(strat: str) -> Draft:
-        return Draft(nodes, values, tuple(v.name for v in picked), Options(workers, budget, tile_bytes, strat))
+        return Draft(nodes, values, tuple(v.name for v in picked), Options(workers, budget, tile_bytes, strat, costs))
 
     made = run_passes(draft(strategy))
     baselines: dict[str, Costs | None] = {}

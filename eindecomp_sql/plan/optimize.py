@@ -38,8 +38,8 @@ import numpy as np
 
 from ..errors import EinsumError
 from ..graph import EinsumNode, ValueInfo
-from .cost import (AGG_WEIGHT, GROUP_WEIGHT, JOIN_WEIGHT, RETILE_WEIGHT, Costs, max_batches, nbytes, pieces_of,
-                   retile_max_batches, retile_peak, step_costs, step_peak, tile_of)
+from .cost import (DEFAULT_COSTS, CostModel, Costs, max_batches, nbytes, pieces_of, retile_max_batches, retile_peak,
+                   step_costs, step_peak, tile_of)
 
 STRATEGIES = ("eindecomp", "data-parallel", "model-parallel", "square-tiles")
 EXACT_CUT_LIMIT = 256  # enumerate cut tilings exactly up to this many combinations
@@ -70,8 +70,9 @@ class Choice:
 
 class _Problem:
     def __init__(self, nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ...]], workers, budget,
-                 tile_bytes=None):  # noqa: PLR0913
+                 tile_bytes=None, model: CostModel = DEFAULT_COSTS):  # noqa: PLR0913
         self.tile_bytes = tile_bytes
+        self.model = model
         self.nodes = list(nodes)
         self.inputs = inputs
         self.fixed = fixed  # input name -> stored tile shape
@@ -119,7 +120,8 @@ class _Problem:
         red = prod(node.reduced)
         agg = nbytes(node.result.shape, node.result.dtype) * (red - 1)
         group = np.where(red > 1, join, 0)
-        return JOIN_WEIGHT * join + GROUP_WEIGHT * group + AGG_WEIGHT * agg + RETILE_WEIGHT * 0
+        m = self.model
+        return m.join * join + m.group * group + m.agg * agg
 
     def _axes(self, node: EinsumNode, k: int) -> tuple[str | None, ...]:
         """The label of every axis of operand ``k``'s value (None: a dropped size-1 axis)."""
@@ -175,10 +177,11 @@ class _Problem:
         return out
 
     def _best_peak(self, node: EinsumNode, pieces: dict[str, int]) -> int:
-        return step_peak(node, pieces, self.dtypes, max_batches(node, pieces))
+        return step_peak(node, pieces, self.dtypes, max_batches(node, pieces), self.model)
 
     def _fits(self, node: EinsumNode, pieces: dict[str, int]) -> bool:
-        if self.budget is not None and step_peak(node, pieces, self.dtypes, max_batches(node, pieces)) > self.budget:
+        if self.budget is not None and step_peak(node, pieces, self.dtypes, max_batches(node, pieces),
+                                                 self.model) > self.budget:
             return False
         if self.tile_bytes is not None:
             # tiles this plan creates stay under the cap; a stored input used as it is may be larger
@@ -200,18 +203,19 @@ class _Problem:
         return tuple(1 if lab is None else tile_of(size[lab], pieces[lab]) for lab in self._axes(node, k))
 
     def node_cost(self, node: EinsumNode, pieces: dict[str, int]) -> Costs:
-        return step_costs(node, pieces, self.bytes)
+        c = step_costs(node, pieces, self.bytes)
+        return Costs(c.join, c.agg, c.retile, c.group, self.model)
 
     def retile(self, value: str, target: tuple[int, ...]) -> Costs:
         if self.budget is not None:
             v = self.values[value]
-            if retile_peak(v.shape, v.dtype, target, retile_max_batches(v.shape, target)) > self.budget:
-                return Costs(retile=10**30)  # effectively forbidden
-        return Costs(retile=self.bytes[value])
+            if retile_peak(v.shape, v.dtype, target, retile_max_batches(v.shape, target), self.model) > self.budget:
+                return Costs(retile=10**30, model=self.model)  # effectively forbidden
+        return Costs(retile=self.bytes[value], model=self.model)
 
     # -- evaluation of a full assignment ----------------------------------------------------
     def evaluate(self, pieces: dict[str, dict[str, int]], input_tiles: dict[str, tuple[int, ...]]) -> Costs:
-        total = Costs()
+        total = Costs(model=self.model)
         made: dict[str, tuple[int, ...]] = dict(input_tiles)
         made.update(self.fixed)
         for n in self.nodes:
@@ -476,9 +480,9 @@ def _pick(name: str, ci: int, picks: dict, chosen: dict[str, int]) -> None:
 
 
 def optimize(nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ...]], workers: int = 1,
-             budget: int | None = None, tile_bytes: int | None = None) -> Choice:
+             budget: int | None = None, tile_bytes: int | None = None, model: CostModel = DEFAULT_COSTS) -> Choice:
     """EinDecomp: the cheapest chunking of every node under the cost model."""
-    prob = _Problem(nodes, inputs, fixed, workers, budget, tile_bytes)
+    prob = _Problem(nodes, inputs, fixed, workers, budget, tile_bytes, model)
     cuts = prob.cut_values()
     options = {c: prob.cut_options(c) for c in cuts}
     combos = math.prod(len(o) for o in options.values()) if cuts else 1
@@ -575,11 +579,11 @@ def exhaustive(nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, 
 
 
 def baseline(strategy: str, nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ...]],
-             workers: int = 1, budget: int | None = None) -> Choice:
+             workers: int = 1, budget: int | None = None, model: CostModel = DEFAULT_COSTS) -> Choice:
     """The chunking a fixed strategy gives every node (no search)."""
     if strategy not in STRATEGIES[1:]:
         raise EinsumError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
-    prob = _Problem(nodes, inputs, fixed, workers, None)
+    prob = _Problem(nodes, inputs, fixed, workers, None, model=model)
     pieces = {n.result.name: baseline_pieces(strategy, n, workers) for n in prob.nodes}
     tiles = prob.free_input_tiles(pieces, {})
     return Choice(pieces, tiles, prob.evaluate(pieces, tiles))

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Union
 
 import numpy as np
 
 from ..errors import EinsumError
 from ..graph import EinsumNode
-from .cost import (AGG_WEIGHT, GROUP_WEIGHT, JOIN_WEIGHT, RETILE_WEIGHT, Costs, batch_label, nbytes, retile_peak,
-                   step_costs, step_peak)
+from .cost import DEFAULT_COSTS, CostModel, Costs, batch_label, nbytes, retile_peak, step_costs, step_peak
 from .tiling import grid
 
 
@@ -29,8 +28,9 @@ def describe_costs(c: Costs) -> str:
     >>> describe_costs(Costs(join=2_000_000, retile=1_000_000))
     '5,000,000 cost units = join 2.0 MB + 3 x retile 1.0 MB'
     """
-    terms = [(JOIN_WEIGHT, "join", c.join), (GROUP_WEIGHT, "grouped", c.group), (AGG_WEIGHT, "aggregation", c.agg),
-             (RETILE_WEIGHT, "retile", c.retile)]
+    m = c.model
+    terms = [(m.join, "join", c.join), (m.group, "grouped", c.group), (m.agg, "aggregation", c.agg),
+             (m.retile, "retile", c.retile)]
     parts = [f"{'' if w == 1 else f'{w:g} x '}{name} {format_bytes(b)}" for w, name, b in terms if b]
     return f"{c.total:,.0f} cost units" + (" = " + " + ".join(parts) if parts else "")
 
@@ -87,8 +87,11 @@ class RetileStep:
 
     @property
     def peak_bytes(self) -> int:
+        return self.peak()
+
+    def peak(self, model: CostModel = DEFAULT_COSTS) -> int:
         """Projected peak memory: the batch's pieces (held by list()) plus target tiles in flight."""
-        return retile_peak(self.source.shape, self.source.dtype, self.target.tile, self.batches)
+        return retile_peak(self.source.shape, self.source.dtype, self.target.tile, self.batches, model)
 
     def describe(self) -> str:
         batched = f" in {self.batches} batches" if self.batches > 1 else ""
@@ -135,8 +138,11 @@ class EinsumStep:
 
     @property
     def peak_bytes(self) -> int:
+        return self.peak()
+
+    def peak(self, model: CostModel = DEFAULT_COSTS) -> int:
         dtypes = {op.value: v.dtype for op, v in zip(self.node.operands, self.inputs)}
-        return step_peak(self.node, self.pieces, dtypes, self.batches)
+        return step_peak(self.node, self.pieces, dtypes, self.batches, model)
 
     def describe(self) -> str:
         p = self.pieces
@@ -172,6 +178,9 @@ class FillStep:
 
     @property
     def peak_bytes(self) -> int:
+        return self.peak()
+
+    def peak(self, model: CostModel = DEFAULT_COSTS) -> int:
         """The tiles of one statement (DuckDB may hand them all to one kernel call)."""
         return fill_peak(self.result, self.batches)
 
@@ -198,11 +207,13 @@ def output_tiles(step: Step) -> int:
 
 @dataclass(frozen=True)
 class Plan:
-    """Steps in execution order, the tiled inputs they read, and the values they keep."""
+    """Steps in execution order, the tiled inputs they read, and the values they keep;
+    ``model``: the cost model (the engine's) its costs and peaks are projected under."""
 
     steps: tuple[Step, ...]
     inputs: tuple[TiledValue, ...]
     outputs: tuple[TiledValue, ...]
+    model: CostModel = field(default=DEFAULT_COSTS)
 
     @property
     def result(self) -> TiledValue:
@@ -217,10 +228,14 @@ class Plan:
 
     @property
     def costs(self) -> Costs:
-        total = Costs()
+        total = Costs(model=self.model)
         for s in self.steps:
             total = total + s.costs
         return total
+
+    def peak_of(self, step: Step) -> int:
+        """A step's projected peak memory on this plan's engine, in bytes."""
+        return step.peak(self.model)
 
     @property
     def cost(self) -> float:
@@ -230,16 +245,17 @@ class Plan:
     @property
     def peak_bytes(self) -> int:
         """The largest projected peak of any step."""
-        return max((s.peak_bytes for s in self.steps), default=0)
+        return max((s.peak(self.model) for s in self.steps), default=0)
 
     def check_budget(self, budget: int | None) -> None:
         """Refuse before running if any step's projected peak exceeds ``budget`` bytes."""
         if budget is None:
             return
         for k, s in enumerate(self.steps):
-            if s.peak_bytes > budget:
+            peak = s.peak(self.model)
+            if peak > budget:
                 raise EinsumError(
-                    f"step {k} ({s.describe()}) would need {s.peak_bytes / 1e6:.1f} MB, over the memory "
+                    f"step {k} ({s.describe()}) would need {peak / 1e6:.1f} MB, over the memory "
                     f"budget of {budget / 1e6:.1f} MB; give more memory or let the optimizer cut finer"
                 )
 
@@ -250,8 +266,8 @@ class Plan:
         for v in self.inputs:
             lines.append(f"  input {v.name}: shape {v.shape} {v.dtype} tile {v.tile} grid {v.grid}")
         for k, s in enumerate(self.steps):
-            lines.append(f"  step {k}: {s.describe()} ({describe_costs(s.costs)}; "
-                         f"peak memory {format_bytes(s.peak_bytes)})")
+            lines.append(f"  step {k}: {s.describe()} ({describe_costs(replace(s.costs, model=self.model))}; "
+                         f"peak memory {format_bytes(s.peak(self.model))})")
         for r in self.outputs:
             lines.append(f"  result {r.name}: shape {r.shape} {r.dtype} tile {r.tile} grid {r.grid}")
         return "\n".join(lines)

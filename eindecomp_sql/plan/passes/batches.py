@@ -21,10 +21,10 @@ from ..steps import EinsumStep, FillStep, RetileStep, fill_peak
 
 def split_batches(d: Draft) -> Draft:
     budget = d.options.budget
-    return replace(d, steps=tuple(_batched(s, budget) for s in d.steps))
+    return replace(d, steps=tuple(_batched(s, budget, d.options.costs) for s in d.steps))
 
 
-def _batched(step, budget):
+def _batched(step, budget, model):
     if isinstance(step, FillStep):
         r = step.result
         most = r.grid[0] if r.shape and r.nbytes else 1  # batches cut the first key
@@ -33,11 +33,11 @@ def _batched(step, budget):
         return step
     if isinstance(step, RetileStep):
         s, t = step.source, step.target
-        b = choose_batches(lambda k: retile_peak(s.shape, s.dtype, t.tile, k), retile_max_batches(s.shape, t.tile),
-                           budget)
+        b = choose_batches(lambda k: retile_peak(s.shape, s.dtype, t.tile, k, model),
+                           retile_max_batches(s.shape, t.tile), budget)
         return replace(step, batches=b)
     assert isinstance(step, EinsumStep)
     node, pieces = step.node, step.pieces
     dtypes = {op.value: v.dtype for op, v in zip(node.operands, step.inputs)}
-    b = choose_batches(lambda k: step_peak(node, pieces, dtypes, k), max_batches(node, pieces), budget)
+    b = choose_batches(lambda k: step_peak(node, pieces, dtypes, k, model), max_batches(node, pieces), budget)
     return replace(step, batches=b)

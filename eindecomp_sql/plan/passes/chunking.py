@@ -23,15 +23,16 @@ from ..optimize import STRATEGIES, Choice, baseline, optimize
 
 def choose_chunking(d: Draft) -> Draft:
     if not d.nodes:
-        return replace(d, choice=Choice({}, {}, Costs()))
+        return replace(d, choice=Choice({}, {}, Costs(model=d.options.costs)))
     o = d.options
     known = d.values()
     values = {name: ValueInfo(name, v.shape, v.dtype) for name, v in known.items()}
     fixed = {name: v.tile for name, v in known.items() if v.tile is not None}
     if o.strategy == "eindecomp":
-        choice = optimize(d.nodes, values, fixed, workers=o.workers, budget=o.budget, tile_bytes=o.tile_bytes)
+        choice = optimize(d.nodes, values, fixed, workers=o.workers, budget=o.budget, tile_bytes=o.tile_bytes,
+                          model=o.costs)
     elif o.strategy in STRATEGIES:
-        choice = baseline(o.strategy, d.nodes, values, fixed, workers=o.workers)
+        choice = baseline(o.strategy, d.nodes, values, fixed, workers=o.workers, model=o.costs)
     else:
         raise EinsumError(f"unknown strategy {o.strategy!r}: use one of {', '.join(STRATEGIES)}")
     inputs = tuple(v if v.tile is not None else replace(v, tile=choice.input_tiles.get(v.name, v.shape))
