@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from .arrays import as_array
 from .errors import EinsumError
 from .notation.checks import check_dtype, check_name
-from .plan import DEFAULT_TILE_BYTES, auto_tile, check_tile
+from .plan import DEFAULT_TILE_BYTES, auto_tile, check_tile, tiling
 from .udfs.tiles import array_from_tiles, tiles_from_array
 
 # Schema metadata this package writes on a tensor's Arrow table and Parquet file.
@@ -508,7 +508,7 @@ def _from_tiles(table: pa.Table, meta: dict, want: Wanted, where: str) -> Incomi
             raise EinsumError(f"{where}: key column {k!r} is missing; the columns are {table.column_names}")
     if len(keys) != len(shape):
         raise EinsumError(f"{where}: {len(keys)} key column(s) {list(keys)} for a tensor of shape {shape}")
-    grid = tuple(-(-n // t) for n, t in zip(shape, tile))
+    grid = tiling.grid(shape, tile)
     kcols = [_index_array(table, k, where) for k in keys]
     for k, col, g in zip(keys, kcols, grid):
         if col.size and (col.min() < 0 or col.max() >= g):

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..graph import EinsumNode
+from .tiling import ceil_div, pieces_of, tile_of  # noqa: F401 - tile_of/pieces_of are part of this module's face
 
 @dataclass(frozen=True)
 class CostModel:
@@ -103,12 +104,6 @@ def nbytes(shape, dtype) -> int:
     return int(math.prod(shape)) * np.dtype(dtype).itemsize
 
 
-def tile_of(size: int, pieces: int) -> int:
-    return -(-size // pieces)
-
-
-def pieces_of(size: int, tile: int) -> int:
-    return -(-size // tile)
 
 
 def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str, int]) -> Costs:
@@ -140,7 +135,7 @@ def max_batches(node: EinsumNode, pieces: dict[str, int]) -> int:
 
 
 def _fraction(pieces_along: int, batches: int) -> float:
-    return -(-pieces_along // batches) / pieces_along
+    return ceil_div(pieces_along, batches) / pieces_along
 
 
 def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str], batches: int = 1,

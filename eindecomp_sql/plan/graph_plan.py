@@ -20,7 +20,8 @@ from types import MappingProxyType
 
 from ..errors import EinsumError
 from ..graph import EinsumNode, ValueInfo
-from .cost import DEFAULT_COSTS, CostModel, Costs, nbytes, parse_memory, tile_of
+from .cost import DEFAULT_COSTS, CostModel, Costs, nbytes, parse_memory
+from .tiling import tile_of
 from .draft import Draft, Options
 from .optimize import STRATEGIES, Choice
 from .pipeline import PASSES, run_passes

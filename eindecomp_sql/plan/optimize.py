@@ -38,8 +38,9 @@ import numpy as np
 
 from ..errors import EinsumError
 from ..graph import EinsumNode, ValueInfo
-from .cost import (DEFAULT_COSTS, CostModel, Costs, max_batches, nbytes, pieces_of, retile_max_batches, retile_peak,
-                   step_costs, step_peak, tile_of)
+from .cost import (DEFAULT_COSTS, CostModel, Costs, max_batches, nbytes, retile_max_batches, retile_peak, step_costs,
+                   step_peak)
+from .tiling import Chunking, ceil_div, pieces_of, tile_of
 
 STRATEGIES = ("eindecomp", "data-parallel", "model-parallel", "square-tiles")
 EXACT_CUT_LIMIT = 256  # enumerate cut tilings exactly up to this many combinations
@@ -59,13 +60,9 @@ class Choice:
     input_tiles: dict[str, tuple[int, ...]]  # free graph inputs -> tile shape
     costs: Costs = field(default_factory=Costs)
 
-    def tiles(self, nodes) -> dict[str, dict[str, int]]:
-        """Tile size per label of every node (what the planner cuts by)."""
-        out = {}
-        for n in nodes:
-            size = n.size
-            out[n.result.name] = {lab: tile_of(size[lab], d) for lab, d in self.pieces[n.result.name].items()}
-        return out
+    def chunking(self, node) -> Chunking:
+        """The chunking chosen for ``node`` (what the planner cuts by)."""
+        return Chunking.from_pieces(node.size, self.pieces[node.result.name])
 
 
 class _Problem:
@@ -282,7 +279,7 @@ class _Problem:
             col = {lab: i for i, lab in enumerate(labels)}
             pieces = np.array([[p[lab] for lab in labels] for p in cands], dtype=np.int64).reshape(len(cands), -1)
             size = np.array([n.size[lab] for lab in labels], dtype=np.int64)
-            tile = -(-size // pieces)  # tile_of, per candidate and label
+            tile = ceil_div(size, pieces)  # tile_of, per candidate and label
             t = _Tables()
             t.cost = self._node_costs(n, pieces, col)
             t.made = intern_rows(name, tile[:, [col[lab] for lab in n.output]])[0]

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import EinsumError
 from ..graph import EinsumNode
 from .cost import DEFAULT_COSTS, CostModel, Costs, batch_label, nbytes, retile_peak, step_costs, step_peak
-from .tiling import grid
+from .tiling import Chunking, ceil_div, grid
 
 
 def format_bytes(n: float) -> str:
@@ -102,7 +102,7 @@ class RetileStep:
 class EinsumStep:
     """One einsum node run as a join of tiled tables plus tile kernels.
 
-    ``chunk`` is the tile size chosen for every label. When a reduced label has more than one
+    ``chunk`` is how every label is cut (tile sides, and pieces). When a reduced label has more than one
     piece, partial results meet in a GROUP BY and the kernel contracts the whole group per call
     (``grouped``); otherwise every joined row is one output tile.
     """
@@ -110,7 +110,7 @@ class EinsumStep:
     node: EinsumNode
     inputs: tuple[TiledValue, ...]
     result: TiledValue
-    chunk: tuple[tuple[str, int], ...]
+    chunk: Chunking
     batches: int = 1  # statements, over ranges of the keys of ``batch_label``
 
     @property
@@ -119,12 +119,11 @@ class EinsumStep:
 
     @property
     def tile_of(self) -> dict[str, int]:
-        return dict(self.chunk)
+        return self.chunk.tile_of
 
     @property
     def pieces(self) -> dict[str, int]:
-        size = self.node.size
-        return {lab: -(-size[lab] // t) for lab, t in self.chunk}
+        return self.chunk.pieces
 
     @property
     def grouped(self) -> bool:
@@ -156,7 +155,7 @@ def fill_peak(result: TiledValue, batches: int) -> int:
     if not result.shape or result.nbytes == 0:
         return result.nbytes
     g = result.grid
-    rows = -(-g[0] // batches)
+    rows = ceil_div(g[0], batches)
     return min(result.nbytes, rows * int(np.prod(g[1:], dtype=np.int64)) * nbytes(result.tile, result.dtype))
 
 

@@ -4,12 +4,15 @@ with zeros would be wrong for max, min and prod aggregations.
 
 >>> grid((10, 4), (4, 4))
 (3, 1)
+>>> Chunking.from_pieces({"i": 10, "j": 4}, {"i": 3, "j": 1}).tile_of
+{'i': 4, 'j': 4}
 """
 
 from __future__ import annotations
 
 import math
 import operator
+from dataclasses import dataclass
 
 from ..errors import EinsumError
 
@@ -20,8 +23,54 @@ from ..errors import EinsumError
 DEFAULT_TILE_BYTES = 64 << 20
 
 
+def ceil_div(a, b):
+    """``ceil(a / b)`` for positive integers (or numpy integer arrays): the one ceil-divide."""
+    return -(-a // b)
+
+
+def tile_of(size: int, pieces: int) -> int:
+    """The tile side cutting ``size`` into ``pieces`` pieces (the last may be smaller)."""
+    return ceil_div(size, pieces)
+
+
+def pieces_of(size: int, tile: int) -> int:
+    """How many tiles of side ``tile`` cover ``size``."""
+    return ceil_div(size, tile)
+
+
+def extent(size: int, tile: int, key: int) -> int:
+    """The side of tile ``key`` of a dimension of ``size`` cut into tiles of ``tile``."""
+    return min(tile, size - key * tile)
+
+
 def grid(shape: tuple[int, ...], tile: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(-(-n // t) for n, t in zip(shape, tile))
+    """Tiles per dimension."""
+    return tuple(pieces_of(n, t) for n, t in zip(shape, tile))
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """How one einsum node is cut: every label's size and tile side. The optimizer searches
+    piece counts, steps and kernels read tile sides; this one type gives both."""
+
+    sizes: tuple[tuple[str, int], ...]
+    tiles: tuple[tuple[str, int], ...]  # sorted by label
+
+    @classmethod
+    def from_pieces(cls, sizes: dict[str, int], pieces: dict[str, int]) -> "Chunking":
+        return cls(tuple(sorted(sizes.items())),
+                   tuple(sorted((lab, tile_of(sizes[lab], d)) for lab, d in pieces.items())))
+
+    @property
+    def tile_of(self) -> dict[str, int]:
+        """Label -> tile side."""
+        return dict(self.tiles)
+
+    @property
+    def pieces(self) -> dict[str, int]:
+        """Label -> number of pieces."""
+        size = dict(self.sizes)
+        return {lab: pieces_of(size[lab], t) for lab, t in self.tiles}
 
 
 def auto_tile(shape: tuple[int, ...], itemsize: int, tile_bytes: int = DEFAULT_TILE_BYTES) -> tuple[int, ...]:
@@ -35,7 +84,7 @@ def auto_tile(shape: tuple[int, ...], itemsize: int, tile_bytes: int = DEFAULT_T
         k = max(range(len(tile)), key=lambda a: tile[a])
         if tile[k] == 1:
             break
-        tile[k] = -(-tile[k] // 2)
+        tile[k] = ceil_div(tile[k], 2)
     return tuple(tile)
 
 

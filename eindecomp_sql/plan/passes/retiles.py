@@ -24,11 +24,11 @@ from ..steps import EinsumStep, RetileStep, TiledValue, key_names
 
 def insert_retiles(d: Draft) -> Draft:
     values = d.values()
-    chunks = d.choice.tiles(d.nodes)
     steps = list(d.steps)
     fresh = (f"_eds_retile{k}" for k in itertools.count(1))
     for node in d.nodes:
-        chunk = chunks[node.result.name]
+        chunking = d.choice.chunking(node)
+        chunk = chunking.tile_of
         step_inputs = []
         for op in node.operands:
             v = values[op.value]
@@ -46,5 +46,5 @@ def insert_retiles(d: Draft) -> Draft:
         result = TiledValue(res.name, res.shape, res.dtype, tuple(chunk[lab] for lab in node.output),
                             key_names(node.output))
         values[res.name] = result
-        steps.append(EinsumStep(node, tuple(step_inputs), result, tuple(sorted(chunk.items()))))
+        steps.append(EinsumStep(node, tuple(step_inputs), result, chunking))
     return replace(d, nodes=(), steps=tuple(steps))
