@@ -1,6 +1,7 @@
 """The kernel spec (plan/kernel_spec.py): typed, versioned JSON between the compiler and the
 tile kernels, with a user's callable join pickled inside it."""
 
+import base64
 import dataclasses
 import gc
 import json
@@ -164,8 +165,10 @@ def test_a_closure_round_trips_through_pickle_and_computes_the_same():
     step = steps("ij,jk->ik", [("A", (4, 6), (4, 6)), ("B", (6, 5), (6, 5))], scaled, "max")[0]
     text = kernel_spec(step)
     join = from_json(text).join
-    assert join.pickled is not None and json.loads(text)["join"] == {"callable": join.pickled}
-    fn = join.function()
+    assert join.pickled is not None and json.loads(text)["join"] == {
+        "callable": {"pickle": join.pickled, "sig": join.signature, "live": join.live}}
+    assert join.function().func is scaled  # the planning process runs the function itself
+    fn = dataclasses.replace(join, live=None).function()  # another process: the signed snapshot
     assert fn.func is not scaled and fn.func_id == id(fn.func)
     assert fn.label == "callable(scaled)"
     np.testing.assert_array_equal(fn.func(a, b.T[:4, :6]), scaled(a, b.T[:4, :6]))
@@ -177,6 +180,39 @@ def test_a_closure_round_trips_through_pickle_and_computes_the_same():
     kernel.contract([a, b], out, accumulate=False)
     np.testing.assert_allclose(out, scaled(a[:, :, None], b[None]).max(axis=1))
     assert einsum_kernel(text) is kernel  # one kernel (one unpickling) per distinct spec
+
+
+def test_a_forged_or_unsigned_pickle_is_never_unpickled():
+    """SQL on the connection can call the kernels with any spec text: a pickle runs code, so
+    only one signed under this process's key is read."""
+    import pickle
+
+    evil = base64.b64encode(pickle.dumps(print)).decode()
+    good = json.loads(kernel_spec(steps("ij,jk->ik", [("A", (4, 6), (4, 6)), ("B", (6, 5), (6, 5))],
+                                        lambda x, y: x * y, "sum")[0]))
+    for sig in (None, "0" * 64, good["join"]["callable"]["sig"]):
+        body = {**good, "join": {"callable": {"pickle": evil, "sig": sig, "live": None}}}
+        with pytest.raises(EinsumError, match="not signed by this process's spec key"):
+            from_json(json.dumps(body)).join.function()
+
+
+def test_the_live_function_runs_in_the_planning_process():
+    """A callable's closure may change between calls: in-process runs use it as it is now
+    (through the session too), never a pickled snapshot."""
+    import eindecomp_sql as eds
+
+    scale = [2.0]
+
+    def scaled(x, y):
+        return scale[0] * x * y
+
+    a, b = np.arange(6.0).reshape(2, 3), np.arange(12.0).reshape(3, 4)
+    with eds.connect() as db:
+        first = db.einsum_numpy("ij,jk->ik", a, b, join=scaled)
+        scale[0] = 5.0
+        second = db.einsum_numpy("ij,jk->ik", a, b, join=scaled)
+    np.testing.assert_allclose(first, 2.0 * a @ b)
+    np.testing.assert_allclose(second, 5.0 * a @ b)
 
 
 def test_an_unpicklable_callable_is_refused_naming_it():

@@ -9,17 +9,13 @@ array namespace ``xp`` it computes with (``devices.py``).
 from __future__ import annotations
 
 import itertools
-import json
 import string
 from functools import lru_cache
-from typing import Callable
-
 import numpy as np
 
 from eindecomp_sql.errors import EinsumError
 from eindecomp_sql.notation.numpy_impl import AGG_UFUNC, join_callable
-from eindecomp_sql.plan.kernel_spec import (EinsumKernelSpec, KernelJoin, KernelSpec, RetileKernelSpec, from_json,
-                                            pickle_callable)
+from eindecomp_sql.plan.kernel_spec import EinsumKernelSpec, KernelSpec, RetileKernelSpec, from_json
 
 from . import devices
 
@@ -277,30 +273,8 @@ def retile_kernel(spec_json: str) -> RetileKernel:
 @lru_cache(maxsize=512)
 def read_spec(spec_json: str, kind: type | None = None) -> KernelSpec:
     """The spec a UDF got, checked to be of ``kind`` and for a device with kernels here."""
-    spec = _legacy_spec(spec_json) or from_json(spec_json)
+    spec = from_json(spec_json)
     if kind is not None and not isinstance(spec, kind):
         raise EinsumError(f"a {kind.op} kernel got a {spec.op} kernel spec")
     devices.kernel_module(spec.device)  # an EinsumError naming the devices with kernels
     return spec
-
-
-# -- transition ------------------------------------------------------------------------------
-# Specs from compile/sql.py's own kernel_spec (no "v"; a user's callable by id, put in CALLABLES
-# by backends/duckdb.py) until compile/sql.py builds them with plan.kernel_spec.kernel_spec.
-# Then delete this block and read_spec's fallback to it.
-CALLABLES: dict[int, Callable] = {}
-
-
-def _legacy_spec(spec_json: str) -> KernelSpec | None:
-    try:
-        body = json.loads(spec_json)
-    except ValueError:
-        return None  # from_json says what is wrong
-    if not isinstance(body, dict) or "v" in body:
-        return None
-    join = body.get("join")
-    if isinstance(join, dict) and isinstance(join.get("callable"), int):
-        body["join"] = KernelJoin(pickled=pickle_callable(CALLABLES[join["callable"]])).to_dict()
-    body["v"] = 1
-    body.setdefault("device", "cpu")
-    return from_json(json.dumps(body))

@@ -19,7 +19,6 @@ from ..plan import Plan, TiledValue
 from ..plan.cost import CostModel
 from ..plan.steps import output_tiles
 from ..sql_templates import template
-from ..udfs.kernels import CALLABLES
 from ..udfs.tiles import array_from_tiles, tiles_from_array
 from . import allocator
 from ..udfs.pool import KernelState
@@ -254,10 +253,6 @@ class DuckDBBackend:
         KeyboardInterrupt; ``progress`` (a callable) receives a :class:`StepProgress` several
         times a second."""
         compiled = compile_plan(plan)
-        for step in plan.steps:  # user callables reach the kernels through a registry, by id
-            join = getattr(getattr(step, "node", None), "join", None)
-            if join is not None and join.func is not None:
-                CALLABLES[join.func_id] = join.func
         tables: dict[str, str] = {}
         arrays: dict[str, pa.Table] = {}
         for k, v in enumerate(plan.inputs):

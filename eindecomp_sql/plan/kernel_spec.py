@@ -5,7 +5,15 @@ The compiler puts a spec's JSON in the SQL as the first argument of every tile U
 a version, op or device it does not know. A spec names the device its kernels run on; which
 devices have kernels is the kernels' business (``udfs/devices.py``), the spec only carries the
 name. A user's join callable travels in the spec itself, pickled (cloudpickle, base64), so any
-process that reads the spec can run it: nothing is looked up in a registry by ``id``.
+process that reads the spec can run it: nothing is looked up in a registry that never forgets.
+
+Two guards. The pickle is signed (HMAC-SHA256 under a key of this process, or the
+``EDS_SPEC_KEY`` environment variable shared by processes that run each other's plans), and
+the kernels refuse to unpickle an unsigned or forged one: unpickling runs code, and SQL on the
+connection can call the kernels with any text. And the process that planned runs the *live*
+function (found through a weak, process-local table by the spec's ``live`` token), not a copy:
+a callable whose closure changes between calls computes with what it closes over now, as a
+Python call would; only other processes run the pickled snapshot.
 
 Pure: stdlib, numpy and the notation; cloudpickle is imported only when a callable is pickled
 or unpickled.
@@ -20,7 +28,10 @@ True
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
+import os
 import pickle
 import weakref
 from dataclasses import dataclass
@@ -90,6 +101,22 @@ def _set(obj, name: str, value) -> None:
 
 # id(fn) -> (weak reference to fn, its pickle): a function is pickled once, and forgotten with it
 _pickled: dict[int, tuple[weakref.ref, str]] = {}
+# live token -> the function, while it lives (a strong reference where it takes no weak one)
+_live: "weakref.WeakValueDictionary[str, Callable]" = weakref.WeakValueDictionary()
+_live_strong: dict[str, Callable] = {}
+
+
+def _spec_key() -> bytes:
+    key = os.environ.get("EDS_SPEC_KEY")
+    return key.encode() if key else _PROCESS_KEY
+
+
+_PROCESS_KEY = os.urandom(32)
+
+
+def sign(text: str) -> str:
+    """The HMAC-SHA256 (hex) of a pickled callable under this process's spec key."""
+    return hmac.new(_spec_key(), text.encode("ascii"), hashlib.sha256).hexdigest()
 
 
 def _forget(key: int, ref: weakref.ref) -> None:
@@ -100,6 +127,16 @@ def _forget(key: int, ref: weakref.ref) -> None:
 
 def _callable_name(fn) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def live_token(fn: Callable) -> str:
+    """A token this process resolves back to ``fn`` while it lives (``pid:id``)."""
+    token = f"{os.getpid()}:{id(fn)}"
+    try:
+        _live[token] = fn
+    except TypeError:  # takes no weak reference (a builtin): module-level, kept
+        _live_strong[token] = fn
+    return token
 
 
 def pickle_callable(fn: Callable) -> str:
@@ -130,11 +167,13 @@ def pickle_callable(fn: Callable) -> str:
     return text
 
 
-def unpickle_callable(text: str) -> Callable:
-    """The callable ``pickle_callable`` wrote (a copy: what it closes over is copied too).
-
-    Unpickling runs code: a spec's callable must come from a trusted plan.
-    """
+def unpickle_callable(text: str, signature: str | None = None) -> Callable:
+    """The callable ``pickle_callable`` wrote (a copy: what it closes over is copied too),
+    after checking ``signature`` (``sign(text)``): unpickling runs code, so only a pickle signed
+    under this process's spec key is read."""
+    if not isinstance(signature, str) or not hmac.compare_digest(signature, sign(text)):
+        raise EinsumError("kernel spec callable is not signed by this process's spec key (unpickling runs "
+                          "code, so only plans made here, or by processes sharing EDS_SPEC_KEY, may carry callables)")
     import cloudpickle  # noqa: F401 - the pickle's reducers live in it
 
     try:
@@ -152,7 +191,7 @@ class KernelJoin:
     (``"relu(x - y)"``) or a pickled callable (``pickle_callable``).
 
     >>> KernelJoin.of(JoinFunction(name="add"))
-    KernelJoin(name='add', expr=None, pickled=None)
+    KernelJoin(name='add', expr=None, pickled=None, signature=None, live=None)
     >>> KernelJoin(expr="x * y").function().expr
     'x * y'
     """
@@ -160,6 +199,8 @@ class KernelJoin:
     name: str | None = None
     expr: str | None = None
     pickled: str | None = None  # base64 of cloudpickle.dumps(fn)
+    signature: str | None = None  # sign(pickled)
+    live: str | None = None  # live_token(fn): the planning process runs the function itself
 
     def __post_init__(self):
         given = [v for v in (self.name, self.expr, self.pickled) if v is not None]
@@ -169,7 +210,8 @@ class KernelJoin:
     @classmethod
     def of(cls, join: JoinFunction) -> KernelJoin:
         if join.func is not None:
-            return cls(pickled=pickle_callable(join.func))
+            text = pickle_callable(join.func)
+            return cls(pickled=text, signature=sign(text), live=live_token(join.func))
         if join.expr is not None:
             return cls(expr=join.expr)
         return cls(name=join.name)
@@ -177,7 +219,11 @@ class KernelJoin:
     def function(self) -> JoinFunction:
         """The join as the notation describes it (a callable unpickled, its id as identity)."""
         if self.pickled is not None:
-            fn = unpickle_callable(self.pickled)
+            fn = None
+            if self.live is not None and self.live.split(":")[0] == str(os.getpid()):
+                fn = _live.get(self.live) or _live_strong.get(self.live)
+            if fn is None:  # another process, or the function is gone: the signed snapshot
+                fn = unpickle_callable(self.pickled, self.signature)
             return JoinFunction(func=fn, func_id=id(fn))
         if self.expr is not None:
             return JoinFunction(expr=self.expr)
@@ -185,7 +231,7 @@ class KernelJoin:
 
     def to_dict(self) -> dict:
         if self.pickled is not None:
-            return {"callable": self.pickled}
+            return {"callable": {"pickle": self.pickled, "sig": self.signature, "live": self.live}}
         if self.expr is not None:
             return {"expr": self.expr}
         return {"name": self.name}
@@ -195,7 +241,11 @@ class KernelJoin:
         if not isinstance(d, dict) or len(d) != 1 or next(iter(d)) not in ("name", "expr", "callable"):
             raise EinsumError(f"kernel spec join must be one of {{name}}, {{expr}}, {{callable}}, got {d!r}")
         (key, value), = d.items()
-        return cls(**{"pickled" if key == "callable" else key: value})
+        if key != "callable":
+            return cls(**{key: value})
+        if not isinstance(value, dict) or set(value) != {"pickle", "sig", "live"}:
+            raise EinsumError(f"kernel spec join callable must be {{pickle, sig, live}}, got {value!r:.80}")
+        return cls(pickled=value["pickle"], signature=value["sig"], live=value["live"])
 
 
 # -- the specs ------------------------------------------------------------------------------
