@@ -1,0 +1,597 @@
+"""The compiler: plan steps -> sqlglot expressions -> SQL text, one statement per step.
+
+``SQLCompiler`` builds every statement with sqlglot's expression builders (no SQL text is
+formatted or parsed on the way), and keeps the dialect and the tactics as class attributes,
+after ibis's ``DuckDBCompiler``: a backend holds a compiler instance, and a compiler that
+differs in one choice is a subclass that sets one attribute (``compile/duckdb.py`` holds
+DuckDB's choices, with the measurements behind them). Pure: sqlglot only, no connection.
+
+Plans name values, not tables: the SQL reads and writes each value through a placeholder table
+(``slot``) that ``bind_sql`` replaces with the table the backend binds the value to, so one
+compiled plan serves every run of it. Tile kernels are generic UDFs taking a JSON description
+of their step as first argument (``kernel_spec``): the SQL names no per-query function.
+
+A compiler with another tactic, run next to the default one:
+
+>>> from eindecomp_sql.compile.duckdb import DuckDBCompiler
+>>> from eindecomp_sql.plan import TiledValue, plan_einsum
+>>> class HashJoinCompiler(DuckDBCompiler):
+...     positional_join_single_tiles = False  # join single tiles on their keys instead
+>>> a = TiledValue("A", (4, 3), "float32", (4, 3), ("d0", "d1"))
+>>> b = TiledValue("B", (3, 5), "float32", (3, 5), ("d0", "d1"))
+>>> plan = plan_einsum("ij,jk->ik", (a, b))
+>>> "POSITIONAL JOIN" in DuckDBCompiler().compile_plan(plan)[-1].text
+True
+>>> HashJoinCompiler().sql_listing(plan).splitlines()[-1]
+'FROM "A" AS "t0", "B" AS "t1";'
+
+Compiled plans are cached per plan and per compiler class, so tactics are class attributes:
+an instance refuses new attributes (set them in a subclass).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from sqlglot import exp
+
+from ..plan import EinsumStep, FillStep, Plan, RetileStep, Step, TiledValue
+from ..plan.cost import nbytes
+from ..plan.kernel_spec import kernel_spec
+from ..plan.steps import step_target
+
+TILE = "tile"
+SLOT_PREFIX = "_eds_v_"
+
+
+def ident(name: str) -> exp.Identifier:
+    """``name`` as a quoted identifier (every user-facing name goes through here)."""
+    return exp.to_identifier(name, quoted=True)
+
+
+def col(name: str, of: str | None = None) -> exp.Column:
+    """The quoted column ``name`` (of the quoted table ``of``)."""
+    return exp.column(ident(name), table=ident(of) if of else None)
+
+
+def table(name: str) -> exp.Table:
+    return exp.Table(this=ident(name))
+
+
+def slot(value_name: str) -> str:
+    """The placeholder table standing for a plan value in compiled SQL. Value names are
+    identifiers and user names never start with ``_eds_`` (reserved), so the quoted
+    placeholder appears nowhere in the SQL but where the value is read or written."""
+    return SLOT_PREFIX + value_name
+
+
+# --- small builders (the statements' own names are unquoted: they are ours, never a user's)
+
+def name(text: str) -> exp.Identifier:
+    """An unquoted identifier: the compiler's own column and alias names (``tile``, ``cut``)."""
+    return exp.Identifier(this=text, quoted=False)
+
+
+def ucol(column: str, of: str | None = None) -> exp.Column:
+    """The compiler's own (unquoted) column ``column``, of the unquoted table ``of``."""
+    return exp.Column(this=name(column), table=name(of) if of else None)
+
+
+def num(n) -> exp.Literal:
+    return exp.Literal.number(n)
+
+
+def alias(e: exp.Expression, to: exp.Identifier) -> exp.Alias:
+    return exp.Alias(this=e, alias=to)
+
+
+def call(function: str, *args: exp.Expression) -> exp.Anonymous:
+    """A call of the UDF (or DuckDB function sqlglot has no class for) ``function``."""
+    return exp.Anonymous(this=function, expressions=list(args))
+
+
+def subquery(select: exp.Expression, as_: str) -> exp.Subquery:
+    """``(select) AS as_`` with the alias unquoted."""
+    return exp.Subquery(this=select, alias=exp.TableAlias(this=name(as_)))
+
+
+def sql_type(text: str) -> exp.DataType:
+    """A DuckDB type (``BIGINT[]``, ``STRUCT(o BIGINT, v DOUBLE)[]``) as a sqlglot type."""
+    return _sql_type(text).copy()
+
+
+@lru_cache(maxsize=None)
+def _sql_type(text: str) -> exp.DataType:
+    return exp.DataType.build(text, dialect="duckdb")
+
+
+def cast(e: exp.Expression, to: str) -> exp.Cast:
+    return exp.Cast(this=e, to=sql_type(to))
+
+
+def key_list(cols: list[exp.Expression]) -> exp.Cast:
+    """A BIGINT[] of key expressions (typed, so an empty list binds too)."""
+    return cast(exp.Array(expressions=cols), "BIGINT[]")
+
+
+def ordered(e: exp.Expression, desc: bool = False) -> exp.Ordered:
+    # nulls_first=False as DuckDB's parser sets it: NULLs sort last, and another dialect
+    # that sorts them first gets an explicit NULLS LAST
+    return exp.Ordered(this=e, desc=desc, nulls_first=False)
+
+
+def generate_range(lo: int, hi: int) -> exp.GenerateSeries:
+    """DuckDB's ``range(lo, hi)`` (end exclusive)."""
+    return exp.GenerateSeries(start=num(lo), end=num(hi), is_end_exclusive=True)
+
+
+def range_table(lo: int, hi: int, as_: str, column: str) -> exp.Table:
+    """``range(lo, hi) AS "as_"("column")``: a one-column table of the keys lo..hi-1."""
+    return exp.Table(this=generate_range(lo, hi),
+                     alias=exp.TableAlias(this=ident(as_), columns=[ident(column)]))
+
+
+def struct(**fields: exp.Expression) -> exp.Struct:
+    """DuckDB's struct literal ``{'field': value, ...}``."""
+    return exp.Struct(expressions=[exp.PropertyEQ(this=name(k), expression=v) for k, v in fields.items()])
+
+
+def _where(conditions: list[exp.Expression]) -> exp.Where | None:
+    return exp.Where(this=exp.and_(*conditions)) if conditions else None
+
+
+def _key_range(column: exp.Expression, bounds: tuple[int, int]) -> list[exp.Expression]:
+    lo, hi = bounds
+    return [exp.GTE(this=column.copy(), expression=num(lo)), exp.LT(this=column.copy(), expression=num(hi))]
+
+
+def batch_bounds(step: Step) -> list[tuple[int, int]] | None:
+    """Key ranges of a batched step's statements (None: one statement)."""
+    if step.batches <= 1:
+        return None
+    if isinstance(step, RetileStep):
+        n = step.target.grid[0]
+    elif isinstance(step, FillStep):
+        n = step.result.grid[0]
+    else:
+        n = step.pieces[step.batch_label]
+    b = step.batches
+    return [(n * k // b, n * (k + 1) // b) for k in range(b)]
+
+
+def _single_tiles(step: EinsumStep) -> bool:
+    return all(np.prod(v.grid, dtype=np.int64) == 1 for v in step.inputs)
+
+
+@dataclass(frozen=True)
+class CompiledStep:
+    """A step as SQL over placeholder tables (``slot``; ``bind_sql`` puts the tables in).
+
+    ``value`` is the name of the value the step computes; ``select`` the whole step as one
+    SELECT, ``batches`` the SELECTs to run (the text, or one per batch of a batched step);
+    ``create[temporary, replace]`` CREATE TABLE AS the first batch, and ``inserts`` INSERT INTO
+    the table for the others. All text is in ``dialect``, the compiler's.
+    """
+
+    value: str
+    select: exp.Expression
+    text: str  # the select in the compiler's dialect, rendered once
+    batches: tuple[str, ...]
+    create: dict[tuple[bool, bool], str]
+    inserts: tuple[str, ...]
+    dialect: str | None = "duckdb"
+
+    def sql(self, dialect: str | None = None) -> str:
+        """The select in ``dialect`` (by default the compiler's, rendered once)."""
+        return self.text if dialect is None or dialect == self.dialect else self.select.sql(dialect=dialect)
+
+
+@lru_cache(maxsize=1024)
+def _compiled(compiler: SQLCompiler, plan: Plan) -> tuple[CompiledStep, ...]:
+    # compilers are equal when their classes are (tactics are class attributes)
+    return compiler.compile_plan_uncached(plan)
+
+
+class SQLCompiler:
+    """Plan steps as SQL. Class attributes are the dialect and the tactics; the methods build
+    sqlglot expressions. This base makes no choice one engine's measurements made: the dialect
+    is sqlglot's generic one, every join condition is kept, operands are joined by key.
+    ``compile/duckdb.py``'s ``DuckDBCompiler`` is the one the backend runs."""
+
+    # the dialect every statement is printed in (None: sqlglot's generic dialect)
+    dialect: str | None = None
+    # a step whose operands are one tile each pairs them by position (POSITIONAL JOIN) rather
+    # than by key; needs an engine that has positional joins
+    positional_join_single_tiles: bool = False
+    # a label in one piece has key 0 everywhere, so its join condition is redundant: drop it
+    # when every input tile is at most this many bytes (0: keep every condition)
+    small_tile_bytes: int = 0
+    # the aggregate collecting a group's rows into a list (DuckDB's list(); sqlglot prints it
+    # as ARRAY_AGG)
+    list_aggregate: type[exp.AggFunc] = exp.ArrayAgg
+    # the tile UDFs the SQL calls (udfs/register.py registers them under these names)
+    einsum_udf: str = "eds_einsum{arity}"  # one joined row -> one output tile
+    einsum_group_udf: str = "eds_einsum_group{arity}"  # a group of joined rows -> one tile
+    split_udf: str = "eds_split"  # a source tile -> its pieces, keyed by target tile
+    assemble_udf: str = "eds_assemble"  # pieces -> one target tile
+    fill_udf: str = "eds_fill"  # a tile key -> a tile full of one value
+    values_udf: str = "eds_values_{dtype}"  # a tile -> the typed list of its elements
+    # the SQL interface's UDFs (compile/sql_interface.py)
+    pack_udf: str = "eds_pack_{dtype}"  # element rows -> one tile
+    pack_rows_udf: str = "eds_pack_rows_{dtype}"  # fixed-size arrays -> one tile of rows
+    topk_udf: str = "eds_topk_{dtype}"  # a result tile -> its top-k candidates per row
+    # dtypes with element rows (each has a values_udf; DuckDB has no complex type)
+    element_dtypes: frozenset[str] = frozenset({
+        "float32", "float64", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
+
+    # --- identity: compiled plans are cached per plan and per compiler class
+
+    def __eq__(self, other) -> bool:
+        return type(self) is type(other)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+    def __setattr__(self, key, value):
+        raise AttributeError(f"{type(self).__name__}: tactics are class attributes (compiled plans are cached "
+                             f"per compiler class); set {key!r} in a subclass")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    @staticmethod
+    def cache_info():
+        """The compiled-plan cache's statistics (shared by every compiler class)."""
+        return _compiled.cache_info()
+
+    # --- whole plans
+
+    def compile_plan(self, plan: Plan) -> tuple[CompiledStep, ...]:
+        """Every step as SQL (cached per plan and compiler class: plans are frozen, and
+        printing costs ~1 ms a statement)."""
+        return _compiled(self, plan)
+
+    def compile_plan_uncached(self, plan: Plan) -> tuple[CompiledStep, ...]:
+        out = []
+        kept = {v.name for v in plan.outputs}
+        for step in plan.steps:
+            target = step_target(step)
+            select = self.compile_step(step)
+            text = self.sql(select)
+            bounds = batch_bounds(step)
+            parts = [select] if bounds is None else [self.compile_step(step, b) for b in bounds]
+            batches = (text,) if bounds is None else tuple(self.sql(p) for p in parts)
+            # scratch values are TEMP tables; an output may be either (the backend's binding says)
+            kinds = [(temp, rep) for temp in ((False, True) if target.name in kept else (True,)) for rep in (False, True)]
+            create = {(temp, rep): self.sql(self.create_table_as(slot(target.name), parts[0], temporary=temp,
+                                                                  replace=temp or rep))
+                      for temp, rep in kinds}
+            inserts = tuple(self.sql(exp.insert(p, table(slot(target.name)))) for p in parts[1:])
+            out.append(CompiledStep(target.name, select, text, batches, create, inserts, self.dialect))
+        return tuple(out)
+
+    def single_query(self, plan: Plan, tables: dict[str, str]) -> exp.Expression:
+        """The whole plan as one query (for SQL table functions), reading its inputs from
+        ``tables`` (value name -> table): each step but the last is a MATERIALIZED CTE named
+        after its value's placeholder, the last step is the body."""
+        compiled = self.compile_plan(plan)
+        body = self._bind_tree(compiled[-1].select, tables)
+        ctes = [exp.CTE(this=self._bind_tree(c.select, tables), alias=exp.TableAlias(this=ident(slot(c.value))),
+                        materialized=True)
+                for c in compiled[:-1]]
+        if ctes:
+            body.set("with_" if "with_" in body.arg_types else "with", exp.With(expressions=ctes))
+        return body
+
+    def sql_listing(self, plan: Plan, tables: dict[str, str] | None = None) -> str:
+        """Every step's SQL, pretty-printed, with the value it computes; values read from
+        ``tables`` (value name -> table; by default each value's own name)."""
+        names = {v.name: v.name for v in plan.inputs} | {step_target(s).name: step_target(s).name for s in plan.steps}
+        names.update(tables or {})
+        lines = []
+        for k, c in enumerate(self.compile_plan(plan)):
+            lines.append(f"-- step {k} -> {names[c.value]}")
+            lines.append(self.bind_sql(c.select.sql(dialect=self.dialect, pretty=True), names) + ";")
+        return "\n".join(lines)
+
+    # --- text
+
+    def sql(self, e: exp.Expression) -> str:
+        return e.sql(dialect=self.dialect)
+
+    def quote(self, table_name: str) -> str:
+        """A table name as a quoted identifier in the compiler's dialect."""
+        return ident(table_name).sql(dialect=self.dialect)
+
+    def bind_sql(self, text: str, tables: dict[str, str]) -> str:
+        """``text`` with every value's placeholder replaced by its table (``tables``: value
+        name -> table name; each quoted by sqlglot)."""
+        quoted = {k: self.quote(t) for k, t in tables.items()}
+        return self._slot_pattern().sub(lambda m: quoted[m.group(1)], text)
+
+    @classmethod
+    def _slot_pattern(cls) -> re.Pattern:
+        return _slot_pattern(cls.dialect)
+
+    def _bind_tree(self, e: exp.Expression, tables: dict[str, str]) -> exp.Expression:
+        """``e`` (a copy) with the placeholder tables of ``tables``' values replaced."""
+        e = e.copy()
+        for t in e.find_all(exp.Table):
+            if isinstance(t.this, exp.Identifier) and t.name.startswith(SLOT_PREFIX):
+                value = t.name[len(SLOT_PREFIX):]
+                if value in tables:
+                    t.set("this", ident(tables[value]))
+        return e
+
+    # --- steps
+
+    def kernel_spec(self, step: Step, batch: tuple[int, int] | None = None) -> str:
+        """The JSON a tile kernel reads to know its step (``plan/kernel_spec.py``)."""
+        return kernel_spec(step, batch)
+
+    def spec_literal(self, step: Step, batch: tuple[int, int] | None = None) -> exp.Literal:
+        return exp.Literal.string(self.kernel_spec(step, batch))
+
+    def compile_step(self, step: Step, batch: tuple[int, int] | None = None) -> exp.Expression:
+        """The SELECT computing one step's tiled result (or one batch of it)."""
+        if isinstance(step, RetileStep):
+            return self.retile(step, batch)
+        if isinstance(step, FillStep):
+            return self.fill(step, batch)
+        if step.grouped:
+            return self.einsum_groups(step, batch)
+        return self.einsum_rows(step, batch)
+
+    def drops_condition(self, step: EinsumStep) -> bool:
+        """Whether the join conditions of labels in one piece (key 0 everywhere) are left out."""
+        small = max((nbytes(v.tile, v.dtype) for v in step.inputs), default=0) <= self.small_tile_bytes
+        return small or self.pairs_by_position(step)
+
+    def pairs_by_position(self, step: EinsumStep) -> bool:
+        """Whether the operands, one row each, are paired by position (no join condition)."""
+        return self.positional_join_single_tiles and _single_tiles(step)
+
+    def label_columns(self, step: EinsumStep) -> tuple[dict[str, exp.Column], list[exp.Expression]]:
+        """The key column standing for each label, and the join conditions between occurrences."""
+        first: dict[str, exp.Column] = {}
+        conditions: list[exp.Expression] = []
+        pieces = step.pieces
+        drop = self.drops_condition(step)
+        for k, (op, value) in enumerate(zip(step.node.operands, step.inputs)):
+            kept = [key for ax, key in enumerate(value.keys) if ax not in op.dropped]
+            for lab, key in zip(op.labels, kept):
+                c = col(key, f"t{k}")
+                if lab in first:
+                    if pieces[lab] > 1 or not drop:
+                        conditions.append(exp.EQ(this=first[lab].copy(), expression=c))
+                else:
+                    first[lab] = c
+        return first, conditions
+
+    def join_sources(self, step: EinsumStep, select: exp.Select) -> exp.Select:
+        """``select`` reading the step's inputs ``t0, t1, ...``: pairwise by position when the
+        tactic says so, else a cross product the WHERE clause turns into a join."""
+        tables = [exp.Table(this=ident(slot(v.name)), alias=exp.TableAlias(this=ident(f"t{k}")))
+                  for k, v in enumerate(step.inputs)]
+        method = "POSITIONAL" if self.pairs_by_position(step) else None
+        select = select.from_(tables[0], copy=False)
+        if len(tables) > 1:
+            select.set("joins", [exp.Join(this=t, method=method) if method else exp.Join(this=t) for t in tables[1:]])
+        return select
+
+    def _einsum_conditions(self, step: EinsumStep, batch):
+        first, conditions = self.label_columns(step)
+        if batch is not None:  # one statement of a batched step: a range of the batch label's keys
+            conditions += _key_range(first[step.batch_label], batch)
+        return first, conditions
+
+    def einsum_rows(self, step: EinsumStep, batch: tuple[int, int] | None = None) -> exp.Select:
+        """One einsum step whose reduced labels are all in one piece: join the operands' tiled
+        tables on the keys of their shared labels; each joined row is exactly one output tile,
+        so the tile kernel runs once per row and nothing is grouped::
+
+            SELECT <t.key AS out_key>..., eds_einsum<n>(spec, [key per label], t0.tile, ...) AS tile
+            FROM <inputs> WHERE <shared labels' keys equal>
+        """
+        node = step.node
+        first, conditions = self._einsum_conditions(step, batch)
+        arity = len(node.operands)
+        tiles = [col(TILE, f"t{k}") for k in range(arity)]
+        kernel = call(self.einsum_udf.format(arity=arity), self.spec_literal(step),
+                      key_list([first[lab].copy() for lab in node.labels]), *tiles)
+        select = exp.Select(expressions=[alias(first[lab].copy(), ident(key))
+                                         for lab, key in zip(node.output, step.result.keys)]
+                            + [alias(kernel, name(TILE))])
+        select = self.join_sources(step, select)
+        select.set("where", _where(conditions))
+        return select
+
+    def einsum_groups(self, step: EinsumStep, batch: tuple[int, int] | None = None) -> exp.Select:
+        """One einsum step with a reduced label cut into several pieces: join the tiled tables,
+        then group the joined rows by the output keys and hand each whole group to the kernel,
+        which contracts and aggregates it in one call. Grouping the inputs (not partial results)
+        means partial products never travel back through the engine. One list of structs keeps
+        each row's tiles together with the keys of its reduced labels::
+
+            SELECT <out keys>, eds_einsum_group<n>(spec, [out keys], list({k: [r0, ...], t0: t0, ...})) AS tile
+            FROM (SELECT <out keys>, <reduced keys r0...>, <tiles t0...> FROM <inputs> WHERE ...) AS joined
+            GROUP BY <out keys>
+        """
+        node = step.node
+        first, conditions = self._einsum_conditions(step, batch)
+        arity = len(node.operands)
+        keys = step.result.keys
+        # name every joined column after its role, group by the output keys
+        joined = [alias(first[lab].copy(), ident(key)) for lab, key in zip(node.output, keys)]
+        joined += [alias(first[lab].copy(), ident(f"r{q}")) for q, lab in enumerate(node.reduced)]
+        joined += [alias(col(TILE, f"t{k}"), ident(f"t{k}")) for k in range(arity)]
+        inner = self.join_sources(step, exp.Select(expressions=joined))
+        inner.set("where", _where(conditions))
+        member = struct(k=exp.Array(expressions=[col(f"r{q}") for q in range(len(node.reduced))]),
+                        **{f"t{k}": col(f"t{k}") for k in range(arity)})
+        kernel = call(self.einsum_group_udf.format(arity=arity), self.spec_literal(step),
+                      key_list([col(key) for key in keys]), self.list_aggregate(this=member))
+        select = exp.Select(expressions=[col(key) for key in keys] + [alias(kernel, name(TILE))])
+        select = select.from_(subquery(inner, "joined"), copy=False)
+        if keys:
+            select.set("group", exp.Group(expressions=[col(key) for key in keys]))
+        return select
+
+    def retile(self, step: RetileStep, batch: tuple[int, int] | None = None) -> exp.Select:
+        """Re-tile a tiled table the memory-efficient way (slice, regroup, concatenate):
+
+        1. one kernel call per source tile cuts it into the pieces that fall in each target
+           tile, so a source tile crosses into the kernel once, however many targets it feeds;
+        2. unnest() turns the pieces into rows keyed by their target tile;
+        3. the pieces of each target tile are grouped and concatenated.
+
+        No step holds more than the source tiles of one vector and the pieces of its targets; a
+        batched retile restricts both to a range of the first target key::
+
+            SELECT n0 AS key0, ..., tile FROM (
+              SELECT n0, ..., eds_assemble(spec, [n0, ...], list({k: old_k, t: piece})) AS tile
+              FROM (SELECT cut.n[1] AS n0, ..., cut.k AS old_k, cut.t AS piece
+                    FROM (SELECT unnest(eds_split(spec, [keys], tile)) AS cut FROM source) AS cuts
+              ) AS pieces GROUP BY n0, ...
+            ) AS retiled
+        """
+        s, t = step.source, step.target
+        old = [col(k) for k in s.keys]
+        new_names = [f"n{p}" for p in range(len(s.keys))]
+        cut = call(self.split_udf, self.spec_literal(step, batch), key_list([c.copy() for c in old]), ucol(TILE))
+        cuts = exp.Select(expressions=[alias(exp.Explode(this=cut), name("cut"))]).from_(
+            table(slot(s.name)), copy=False)
+        if batch is not None:  # only source tiles that overlap the batch's target rows
+            lo, hi = batch
+            a, b = s.tile[0], t.tile[0]
+            cuts.set("where", exp.Where(this=exp.and_(
+                exp.LT(this=exp.Mul(this=old[0].copy(), expression=num(a)), expression=num(hi * b)),
+                exp.GT(this=exp.Mul(this=exp.Paren(this=exp.Add(this=old[0].copy(), expression=num(1))),
+                                    expression=num(a)),
+                       expression=num(lo * b)),
+            )))
+        # sqlglot counts list positions from 0 and prints DuckDB's 1-based index itself
+        items = [alias(exp.Bracket(this=col("n", "cut"), expressions=[num(p)]), ident(n))
+                 for p, n in enumerate(new_names)]
+        pieces = exp.Select(expressions=items + [alias(ucol("k", "cut"), name("old_k")),
+                                                 alias(ucol("t", "cut"), name("piece"))])
+        pieces = pieces.from_(subquery(cuts, "cuts"), copy=False)
+        new_cols = [col(n) for n in new_names]
+        assemble = call(self.assemble_udf, self.spec_literal(step, batch), key_list([c.copy() for c in new_cols]),
+                        self.list_aggregate(this=struct(k=col("old_k"), t=col("piece"))))
+        select = exp.Select(expressions=[c.copy() for c in new_cols] + [alias(assemble, name(TILE))])
+        select = select.from_(subquery(pieces, "pieces"), copy=False)
+        select.set("group", exp.Group(expressions=[c.copy() for c in new_cols]))
+        # rename n0.. back to the tensor's key names
+        outer = exp.select(*[exp.alias_(col(n), ident(k)) for n, k in zip(new_names, t.keys)], col(TILE))
+        return outer.from_(select.subquery("retiled"), copy=False)
+
+    def fill(self, step: FillStep, batch: tuple[int, int] | None = None) -> exp.Select:
+        """A result that reads no input (an einsum over a label of size 0): one row per tile of
+        the result's grid, from a cross product of key ranges (none when a dimension has size
+        0); the kernel writes each tile full of one value, the aggregation's identity::
+
+            SELECT g0.key0 AS key0, ..., eds_fill(spec, [g0.key0, ...]) AS tile
+            FROM range(lo, hi) AS g0(key0), range(0, n1) AS g1(key1), ...
+        """
+        r = step.result
+        # each range's column is qualified by its alias: key names that differ only in case
+        # (labels i and I) are one name to DuckDB
+        keys = [col(k, f"g{p}") for p, k in enumerate(r.keys)]
+        bounds = [(0, n) for n in r.grid]
+        if batch is not None:
+            bounds[0] = batch
+        kernel = call(self.fill_udf, self.spec_literal(step), key_list([k.copy() for k in keys]))
+        select = exp.Select(expressions=[alias(k.copy(), ident(n)) for k, n in zip(keys, r.keys)]
+                            + [alias(kernel, name(TILE))])
+        ranges = [range_table(lo, hi, f"g{p}", k) for p, ((lo, hi), k) in enumerate(zip(bounds, r.keys))]
+        if ranges:
+            select = select.from_(ranges[0], copy=False)
+            if len(ranges) > 1:
+                select.set("joins", [exp.Join(this=t) for t in ranges[1:]])
+        return select
+
+    # --- reading values
+
+    def select_value(self, value: TiledValue, table_name: str) -> exp.Select:
+        """A tiled value's rows: its key columns and the tile."""
+        return exp.select(*[col(k) for k in value.keys], col(TILE)).from_(table(table_name))
+
+    def elements_query(self, value: TiledValue, labels: tuple[str, ...],
+                       source: exp.Expression | None = None) -> exp.Select:
+        """One row per element of ``value`` (read from the table named after it, or from the
+        query ``source``): a column per label, then ``value``.
+
+        Tiles to element rows: a kernel turns each tile into a typed list of its values (C
+        order), unnest() walks it next to its offsets, and each element's coordinates come from
+        the tile key and the offset by key arithmetic: a tile with key k covers
+        ``[k*t, min((k+1)*t, n))`` of a dimension, so element ``off`` sits at
+        ``k*t + (off // (product of the later extents)) % extent``::
+
+            SELECT <coordinate> AS label, ..., value FROM (
+              SELECT keys, unnest(vals) AS value, unnest(range(len(vals))) AS off
+              FROM (SELECT keys, eds_values_<dtype>(tile) AS vals FROM source) AS decoded
+            ) AS cells
+
+        Complex tensors have none: DuckDB has no complex type, so they are an ``EinsumError``
+        (read them with ``einsum()``'s tiles or ``Tensor.to_numpy()``)."""
+        if value.dtype not in self.element_dtypes:
+            from ..errors import EinsumError
+
+            raise EinsumError(f"einsum_elements: the result is {value.dtype}, which has no DuckDB type (DuckDB "
+                              "has no complex numbers); use einsum() for its tiles or Tensor.to_numpy() in Python")
+        src = source.subquery("src") if source is not None else table(value.name)
+        keys = [col(k) for k in value.keys]
+        # each tile's extent per dimension: least(t, n - k * t) (edge tiles are smaller)
+        # (ignore_nulls as DuckDB's parser sets it: DuckDB's least() skips NULLs)
+        exts = [exp.Least(this=num(t), expressions=[exp.Sub(this=num(n), expression=exp.Mul(this=k.copy(), expression=num(t)))],
+                          ignore_nulls=True)
+                for k, n, t in zip(keys, value.shape, value.tile)]
+        elements = []
+        for p, (k, lab, t) in enumerate(zip(keys, labels, value.tile)):
+            stride = _product([e.copy() for e in exts[p + 1:]]) or num(1)
+            index = exp.Mod(this=exp.Paren(this=exp.IntDiv(this=ucol("off"), expression=exp.Paren(this=stride))),
+                            expression=exts[p].copy())
+            coord = exp.Add(this=exp.Mul(this=k.copy(), expression=num(t)), expression=index)
+            elements.append(alias(coord, ident(lab)))
+        decoded = exp.Select(expressions=[k.copy() for k in keys]
+                             + [alias(call(self.values_udf.format(dtype=value.dtype), ucol(TILE)), name("vals"))])
+        decoded = decoded.from_(src, copy=False)
+        cells = exp.Select(expressions=[k.copy() for k in keys] + [
+            alias(exp.Explode(this=ucol("vals")), name("value")),
+            alias(exp.Explode(this=exp.GenerateSeries(start=num(0), end=exp.Length(this=ucol("vals")),
+                                                      is_end_exclusive=True)), name("off")),
+        ]).from_(subquery(decoded, "decoded"), copy=False)
+        return exp.Select(expressions=elements + [ucol("value")]).from_(subquery(cells, "cells"), copy=False)
+
+    # --- statements around a select
+
+    def create_table_as(self, table_name: str, select: exp.Expression, temporary: bool = False,
+                        replace: bool = False) -> exp.Create:
+        """``CREATE [OR REPLACE] [TEMP] TABLE "table" AS select``."""
+        props = exp.Properties(expressions=[exp.TemporaryProperty()]) if temporary else None
+        return exp.Create(this=table(table_name), kind="TABLE", expression=select, replace=replace,
+                          properties=props)
+
+    def drop_table(self, table_name: str) -> exp.Drop:
+        return exp.Drop(tables=[table(table_name)], kind="TABLE", exists=True)
+
+
+def _product(factors: list[exp.Expression]) -> exp.Expression | None:
+    """``f0 * f1 * ...`` (left-associative, as a parser reads it); None for no factors."""
+    if not factors:
+        return None
+    out = factors[0]
+    for f in factors[1:]:
+        out = exp.Mul(this=out, expression=f)
+    return out
+
+
+@lru_cache(maxsize=None)
+def _slot_pattern(dialect: str | None) -> re.Pattern:
+    # a placeholder as the dialect quotes it, with the value name as the group
+    quoted = ident(SLOT_PREFIX + "VALUE").sql(dialect=dialect)
+    return re.compile(re.escape(quoted).replace("VALUE", "([A-Za-z0-9_]+)"))

@@ -1,0 +1,23 @@
+"""DuckDB's compiler: the dialect and the tactics measured on DuckDB.
+
+Pure like the rest of ``compile`` (sqlglot only; this module does not import duckdb). The
+backend (``backends/duckdb.py``) holds a ``DuckDBCompiler()`` and runs what it compiles.
+"""
+
+from __future__ import annotations
+
+from .compiler import SQLCompiler
+
+
+class DuckDBCompiler(SQLCompiler):
+    """``SQLCompiler`` with DuckDB's dialect and the tactics that measured faster there."""
+
+    dialect = "duckdb"
+    # One row each: pair them by position. Measured on two 64 MB tiles (4096² GEMM), the step
+    # took 1.02 s this way against 1.19 s with a hash join and 1.15 s with a cross product,
+    # which both copy a whole side into a hash table / collection first.
+    positional_join_single_tiles = True
+    # A label in one piece has key 0 everywhere, so its condition is redundant. Dropping it
+    # turns the join into a cross product: ~1 ms faster on small tiles, but ~80 ms slower on
+    # two 64 MB tiles (the cross product copies its right side; a hash join's build is cheaper).
+    small_tile_bytes = 1 << 20
