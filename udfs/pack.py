@@ -20,6 +20,7 @@ from eindecomp_sql.errors import EinsumError
 from .register import _key_rows, _spec
 from .tiles import TileWriter, _as_array
 from eindecomp_sql.notation.checks import SQL_TYPES
+from eindecomp_sql.plan.tiling import extent, grid as tiling_grid
 
 # dtype -> DuckDB type of the values the kernels take (DuckDB has no complex type)
 
@@ -37,7 +38,7 @@ def _numpy(values: pa.Array, dtype: np.dtype) -> np.ndarray:
 
 
 def _extent(key: list[int], shape, tile) -> tuple[int, ...]:
-    return tuple(min(t, n - k * t) for k, n, t in zip(key, shape, tile))
+    return tuple(extent(n, t, k) for k, n, t in zip(key, shape, tile))
 
 
 def _changed(table: str, why: str) -> EinsumError:
@@ -48,7 +49,7 @@ def _changed(table: str, why: str) -> EinsumError:
 def pack_elements(spec_arr, keys_arr, members_arr) -> pa.Array:
     spec = json.loads(_spec(spec_arr))
     table, shape, tile, dtype = spec["table"], spec["shape"], spec["tile"], np.dtype(spec["dtype"])
-    grid = [-(-n // t) for n, t in zip(shape, tile)]
+    grid = list(tiling_grid(shape, tile))
     keys = [k.tolist() for k in _key_rows(keys_arr)]
     offsets, fields = _fields(members_arr)
     if fields["v"].null_count:

@@ -18,6 +18,7 @@ from .kernels import einsum_kernel, read_spec, retile_kernel
 from .pool import THREADS, KernelState, check_cancelled, note_tiles, run_tasks, run_wide, serving
 from .tiles import TileWriter, _as_array, blob_views, tile_view
 from eindecomp_sql.notation.checks import SQL_TYPES
+from eindecomp_sql.plan.tiling import ceil_div, extent
 
 MAX_ARITY = 8
 # the DuckDB type of each dtype's elements (einsum_elements); DuckDB has no complex type, so
@@ -45,7 +46,7 @@ def _tasks_for(kernel, items: list[tuple[dict, Callable, int]]) -> list:
     # two tasks per thread: a core shared with DuckDB's own threads (or anything else on the
     # machine) then costs half a task at the end, not half the whole tile
     want = 2 * THREADS
-    parts = 1 if len(items) >= want else -(-want // max(len(items), 1))
+    parts = 1 if len(items) >= want else ceil_div(want, max(len(items), 1))
     tasks = []
     for ext, fn, members in items:
         for cut in kernel.split(ext, parts, members):
@@ -174,7 +175,7 @@ def fill_tiles(spec_arr, keys_arr) -> pa.Array:
     """Tiles all of one value (the result of an einsum over a label of size 0)."""
     spec = read_spec(_spec(spec_arr), FillKernelSpec)
     shape, tile, dtype = spec.shape, spec.tile, np.dtype(spec.dtype)
-    shapes = [tuple(min(t, n - k * t) for k, t, n in zip(key.tolist(), tile, shape)) for key in _key_rows(keys_arr)]
+    shapes = [tuple(extent(n, t, k) for k, t, n in zip(key.tolist(), tile, shape)) for key in _key_rows(keys_arr)]
     writer = TileWriter(dtype, shapes)
     writer.buffer.view(dtype).fill(spec.value)
     return _finished(writer)

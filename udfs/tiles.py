@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+from eindecomp_sql.plan.tiling import grid as tiling_grid
 
 
 def _as_array(arr) -> pa.Array:
@@ -87,7 +88,7 @@ def tiles_from_array(array: np.ndarray, tile: tuple[int, ...], keys: tuple[str, 
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
     shape = array.shape
-    grid = [-(-n // t) for n, t in zip(shape, tile)]
+    grid = list(tiling_grid(shape, tile))
     coords = np.indices(grid).reshape(len(grid), -1).T if grid else np.zeros((1, 0), dtype=np.int64)
     tiles = []
     for c in coords:

@@ -24,6 +24,7 @@ from .pool import THREADS, run_tasks
 from .register import _key_rows, _spec, _with_arity, einsum_groups, einsum_rows
 from .tiles import blob_views, tile_view
 from eindecomp_sql.notation.checks import SQL_TYPES
+from eindecomp_sql.plan.tiling import extent
 
 # einsum kernels that have a fused top-k twin (a product's last step is binary after lowering)
 FUSED_ARITIES = (1, 2)
@@ -111,7 +112,7 @@ def _candidates(spec: dict, keys: list[list[int]], views: list) -> tuple[np.ndar
     parts: list[list] = []  # per tile, the candidates of each of its row blocks
     tasks = []
     for key, raw in zip(keys, views):
-        ext = tuple(min(t, n - q * t) for q, n, t in zip(key, shape, tile))
+        ext = tuple(extent(n, t, q) for q, n, t in zip(key, shape, tile))
         x = tile_view(raw, dtype, ext)
         x2 = x.reshape(-1, ext[-1]) if ext[-1] else x.reshape(0, 0)
         # rows in blocks, so several kernel threads share one big tile
