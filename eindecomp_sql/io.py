@@ -36,6 +36,7 @@ from .arrays import as_array
 from .errors import EinsumError
 from .notation.checks import check_dtype, check_name
 from .plan import DEFAULT_TILE_BYTES, auto_tile, check_tile, tiling
+from .plan.tiling import check_count
 from .udfs.tiles import array_from_tiles, tiles_from_array
 
 # Schema metadata this package writes on a tensor's Arrow table and Parquet file.
@@ -93,10 +94,10 @@ def _shape_arg(shape, where: str) -> tuple[int, ...] | None:
         sides = tuple(shape)
     except TypeError:
         raise EinsumError(f"{where}: shape must be a tuple of ints, got {shape!r}") from None
-    for n in sides:
-        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise EinsumError(f"{where}: shape {sides!r} must hold integers >= 0")
-    return tuple(int(n) for n in sides)
+    try:  # check_count refuses bools, floats and strings, as everywhere else
+        return tuple(check_count(n, "side", minimum=0) for n in sides)
+    except EinsumError:
+        raise EinsumError(f"{where}: shape {sides!r} must hold integers >= 0") from None
 
 
 def _exact_cast(a: np.ndarray, dtype, where: str) -> np.ndarray:
