@@ -105,3 +105,13 @@ def einsum_case(draw, max_operands=5, min_size=1, max_size=5, dtypes=tuple(DTYPE
     tiles = [tuple(draw(st.integers(1, max(d - 1, 1))) for d in shape) for shape in shapes]
     seed = draw(st.integers(0, 2**31))
     return spec, shapes, dts, tiles, seed
+
+
+def backend_tables(db, temporary: bool | None = None) -> list[str]:
+    """Every table the session's backend holds, sorted: kept tensors and temporary results
+    (``temporary``: only those, or only the kept ones). What "left nothing written" is checked
+    against, on either backend."""
+    if db.backend.name == "reference":
+        return db.backend.tables(temporary)
+    where = "" if temporary is None else f" WHERE temporary = {str(temporary).lower()}"
+    return [r[0] for r in db.backend._run(f"SELECT table_name FROM duckdb_tables(){where} ORDER BY table_name")]

@@ -6,6 +6,7 @@ import pytest
 
 import eindecomp_sql as eds
 from eindecomp_sql import EinsumError
+from helpers import backend_tables
 
 A = np.arange(12.0).reshape(3, 4)
 
@@ -65,15 +66,14 @@ CASES = _calls()
 
 
 @pytest.fixture(scope="module")
-def sweep_db():
-    with eds.connect() as db:
+def sweep_db(backend):
+    with eds.connect(backend=backend) as db:
         db.store("T", A, tile=(2, 3))
         yield db
 
 
 def _state(db):
-    tables = db.backend._run("SELECT table_name FROM duckdb_tables() ORDER BY table_name")
-    return db.tensors(), tables
+    return db.tensors(), backend_tables(db)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -66,7 +66,7 @@ def test_custom_keys_and_auto_tiles(db):
     a = np.ones((300, 200), np.float64)
     T = db.store("big", a, keys=("row", "col"), replace=True)
     assert T.keys == ("row", "col")
-    small = eds.connect(tile_bytes=64 * 1024)
+    small = eds.connect(tile_bytes=64 * 1024, backend=db.backend.name)
     S = small.store("s", a)
     assert np.prod(S.tile) * 8 <= 64 * 1024
     np.testing.assert_array_equal(small.einsum("ij->i", S).to_numpy(), a.sum(1))
@@ -83,9 +83,9 @@ def test_temporary_results_and_drop(db):
     assert "tmp_src" not in db.tensors()
 
 
-def test_names_are_case_insensitive_like_duckdb():
+def test_names_are_case_insensitive_like_duckdb(backend):
     # DuckDB's table names ignore case: "A" and "a" are one table, and so one catalog entry
-    with eds.connect() as db:
+    with eds.connect(backend=backend) as db:
         db.store("A", np.ones((2, 2), np.float32))
         db.store("a", np.arange(9, dtype=np.float32).reshape(3, 3), replace=True)
         assert db.tensors() == ["a"]
@@ -95,10 +95,10 @@ def test_names_are_case_insensitive_like_duckdb():
         assert db.tensors() == []
 
 
-def test_output_labels_differing_only_in_case():
+def test_output_labels_differing_only_in_case(backend):
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((3, 4)), rng.standard_normal(4)
-    with eds.connect() as db:
+    with eds.connect(backend=backend) as db:
         c = db.einsum("iI,I->iI", a, b, out="C")
         assert c.keys == ("d0", "d1")  # i and I would be one column name to DuckDB
         np.testing.assert_allclose(c.to_numpy(), np.einsum("iI,I->iI", a, b))

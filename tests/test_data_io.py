@@ -57,8 +57,7 @@ def same(got, want):
 
 def assert_nothing_left(db, name):
     assert name not in db.tensors()
-    assert db.connection.execute("SELECT count(*) FROM duckdb_tables() WHERE lower(table_name) = lower(?)",
-                                 [name]).fetchall()[0][0] == 0
+    assert not db.backend.table_exists(name)
 
 
 def elements_of(a: np.ndarray, rng, names=("i", "j", "k")) -> pa.Table:
@@ -116,6 +115,7 @@ def test_tiled_big_endian_tiles_are_swapped(db):
     same(db.store("io_be", big, replace=True).to_numpy(), a)
 
 
+@pytest.mark.duckdb_only("stores a DuckDB table read through db.connection")
 def test_tiled_without_metadata_from_a_duckdb_table(db):
     """A plain DuckDB table of tiles (no Arrow metadata) stores once shape, dtype and tile are said."""
     rng = np.random.default_rng(5)
@@ -293,6 +293,7 @@ def test_store_of_a_table_no_longer_stores_its_columns_as_a_matrix(db):
     same(T.to_numpy(), np.array([[0, 10.5], [-2.0, 0], [0, 7.25]]))
 
 
+@pytest.mark.duckdb_only("a DuckDB relation calling the SQL interface")
 def test_relation_that_runs_einsum_in_this_session(db):
     """A relation on the session's own connection that calls back into the session (the
     einsum_elements table macro) is read before the session is taken: no deadlock."""
@@ -364,6 +365,7 @@ def test_element_macro_in_a_plain_duckdb(tmp_path):
     con.close()
 
 
+@pytest.mark.duckdb_only("SQL macros on db.connection")
 def test_element_macro_from_python_on_a_session(db):
     rng = np.random.default_rng(14)
     a = rand(rng, (6, 7), "float32")

@@ -19,7 +19,7 @@ def test_helpers_cover_every_supported_dtype():
 
 
 @pytest.mark.parametrize("pair", list(itertools.product(DTYPES, repeat=2)), ids="-".join)
-def test_promotion_of_every_pair_is_numpys(pair):
+def test_promotion_of_every_pair_is_numpys(backend, pair):
     rng = np.random.default_rng(3)
     a, b = random_array(rng, (4, 3), pair[0]), random_array(rng, (3, 5), pair[1])
     want = np.einsum("ij,jk->ik", a, b)
@@ -62,7 +62,7 @@ def test_extended_joins_on_new_dtypes(db, dtype, join, agg):
     assert_close(eds.einsum("ij,jk->ik", a, b, join=join, agg=agg), want)
 
 
-def test_complex_max_is_numpys_lexicographic_max():
+def test_complex_max_is_numpys_lexicographic_max(backend):
     a = np.array([[1 + 5j, 2 + 0j, 2 - 1j], [-1j, -3 + 9j, -3 + 1j]])
     np.testing.assert_array_equal(eds.einsum("ij->i", a, agg="max"), np.max(a, axis=1))
     np.testing.assert_array_equal(eds.einsum("ij->i", a, agg="min"), np.min(a, axis=1))
@@ -71,6 +71,7 @@ def test_complex_max_is_numpys_lexicographic_max():
 @pytest.mark.parametrize("dtype,sqltype", [("int8", "TINYINT"), ("uint8", "UTINYINT"), ("int16", "SMALLINT"),
                                            ("uint16", "USMALLINT"), ("uint32", "UINTEGER"), ("uint64", "UBIGINT"),
                                            ("int32", "INTEGER"), ("float32", "FLOAT"), ("bool", "BOOLEAN")])
+@pytest.mark.duckdb_only("einsum_elements is SQL")
 def test_einsum_elements_of_new_dtypes(db, dtype, sqltype):
     rng = np.random.default_rng(2)
     a = random_array(rng, (3, 4), dtype)
@@ -83,6 +84,7 @@ def test_einsum_elements_of_new_dtypes(db, dtype, sqltype):
     np.testing.assert_array_equal(got, a.T)
 
 
+@pytest.mark.duckdb_only("einsum_elements is SQL")
 def test_einsum_elements_of_complex_is_refused_clearly(db):
     db.store("el_c", np.array([1 + 2j, 3 - 1j]), replace=True)
     with pytest.raises(Exception, match="complex128, which has no DuckDB type") as e:

@@ -28,7 +28,7 @@ def test_stored_tensors_match_numpy(db, case, kinds, orders):
 
 
 @given(einsum_case(), ORDERS)
-def test_one_shot_numpy_api_matches_numpy(case, orders):
+def test_one_shot_numpy_api_matches_numpy(backend, case, orders):
     spec, shapes, dtypes, _, seed = case
     rng = np.random.default_rng(seed)
     arrays = [with_byte_order(random_array(rng, s, d), o) for s, d, o in zip(shapes, dtypes, orders)]
@@ -96,7 +96,7 @@ def test_numpy_language(db, spec, shapes, dtype):
     assert_close(db.einsum(spec, *stored).to_numpy(), want, error_scale(spec, arrays))
 
 
-def test_python_scalars_and_mixed_dtypes():
+def test_python_scalars_and_mixed_dtypes(backend):
     a = np.arange(6, dtype=np.int32).reshape(2, 3)
     assert_close(eds.einsum(",ij->ij", 2.5, a), np.einsum(",ij->ij", 2.5, a))
     b = np.linspace(0, 1, 3, dtype=np.float32)

@@ -54,8 +54,8 @@ def test_reduction_over_nothing_is_the_identity(db, agg, value, dtype):
     np.testing.assert_array_equal(got.to_numpy(), np.full((3, 4), value, dtype=want_dtype))
 
 
-def test_fill_cuts_a_large_result_into_tiles():
-    db = eds.connect(tile_bytes=64)  # 16 float32 per tile: the (7, 9) result needs many tiles
+def test_fill_cuts_a_large_result_into_tiles(backend):
+    db = eds.connect(tile_bytes=64, backend=backend)  # 16 float32 per tile: the (7, 9) result needs many tiles
     got = db.einsum("ij,jk->ik", np.zeros((7, 0), np.float32), np.zeros((0, 9), np.float32))
     assert got.to_arrow().num_rows > 1
     np.testing.assert_array_equal(got.to_numpy(), np.zeros((7, 9), np.float32))
@@ -72,6 +72,7 @@ def test_max_min_over_nothing_is_an_error(db, agg):
     assert db.einsum("ij,jk->ik", np.ones((0, 0)), np.ones((0, 4)), agg=agg).shape == (0, 4)
 
 
+@pytest.mark.duckdb_only("the SQL interface")
 def test_sql_interface_on_empty_tensors(db):
     db.store("A", np.zeros((0, 3), np.float32), replace=True)
     db.store("B", np.zeros((0, 2), np.float32), replace=True)
@@ -89,8 +90,8 @@ def test_explain_names_the_fill(db):
     assert "fill" in text and "eds_fill" in text.lower()
 
 
-def test_fill_keeps_to_a_memory_budget():
-    db = eds.connect(memory="4MB", tile_bytes=1 << 20)
+def test_fill_keeps_to_a_memory_budget(backend):
+    db = eds.connect(memory="4MB", tile_bytes=1 << 20, backend=backend)
     a, b = np.zeros((2000, 0), np.float32), np.zeros((0, 2000), np.float32)
     plan = db.plan("ij,jk->ik", a, b)
     assert plan.steps[0].batches > 1 and plan.peak_bytes <= 4_000_000
@@ -99,7 +100,7 @@ def test_fill_keeps_to_a_memory_budget():
     db.close()
 
 
-def test_labels_differing_only_in_case():
+def test_labels_differing_only_in_case(backend):
     # DuckDB names are case-insensitive: key columns i and I must not clash in the fill's SQL
     a, b = np.ones((2, 0)), np.ones((0, 3))
     np.testing.assert_array_equal(eds.einsum("iJ,JI->iI", a, b), np.einsum("iJ,JI->iI", a, b))

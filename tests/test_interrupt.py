@@ -79,7 +79,7 @@ def test_progress_reports_steps_and_tiles():
     assert all(p.elapsed >= 0 and 0 <= p.tiles_done <= p.tiles for p in seen)
 
 
-def test_progress_of_a_graph_plan():
+def test_progress_of_a_graph_plan(backend):
     g = eds.Graph()
     x = g.input("x", (64, 32), "float64")
     w = g.input("w", (32, 48), "float64")
@@ -88,7 +88,7 @@ def test_progress_of_a_graph_plan():
     rng = np.random.default_rng(6)
     xs, ws = rng.standard_normal((64, 32)), rng.standard_normal((32, 48))
     seen = []
-    with eds.connect() as db:
+    with eds.connect(backend=backend) as db:
         out = plan.run(db, x=xs, w=ws, progress=seen.append)
         np.testing.assert_allclose(out.to_numpy(), np.maximum(xs @ ws, 0))
     assert seen and seen[-1].step == seen[-1].steps == len(plan.plan.steps)
@@ -110,14 +110,14 @@ def test_cancelling_one_sessions_plans_leaves_another_session_alone():
         np.testing.assert_allclose(one.einsum("ij,kj->ik", A1, A1).to_numpy(), a @ a.T)
 
 
-def test_a_progress_callback_that_raises_stops_the_plan():
+def test_a_progress_callback_that_raises_stops_the_plan(backend):
     rng = np.random.default_rng(10)
     a = rng.standard_normal((1500, 1500))
 
     def boom(p):
         raise RuntimeError("callback says no")
 
-    with eds.connect() as db:
+    with eds.connect(backend=backend) as db:
         A = db.store("A", a, tile=(250, 250))
         with pytest.raises(RuntimeError, match="callback says no"):
             db.einsum("ij,jk->ik", A, A, out="C", progress=boom)

@@ -44,7 +44,7 @@ def _numpy(spec, arrays, **kw):
     st.sampled_from([False, True, "greedy", "optimal", ("greedy", 10**6)]),
     ORDERS,
 )
-def test_numpy_keywords_match_numpy(case, dtype, casting, out_dtype, order, optimize, byte_orders):
+def test_numpy_keywords_match_numpy(backend, case, dtype, casting, out_dtype, order, optimize, byte_orders):
     spec, shapes, dtypes, _, seed = case
     rng = np.random.default_rng(seed)
     arrays = [with_byte_order(random_array(rng, s, d), o) for s, d, o in zip(shapes, dtypes, byte_orders)]
@@ -94,7 +94,7 @@ def _sublists(spec: str, arrays):
 
 
 @given(einsum_case(max_operands=4, dtypes=("float64", "int64", "complex64")))
-def test_sublist_form_matches_numpy(case):
+def test_sublist_form_matches_numpy(backend, case):
     spec, shapes, dtypes, _, seed = case
     rng = np.random.default_rng(seed)
     arrays = [random_array(rng, s, d) for s, d in zip(shapes, dtypes)]
@@ -102,7 +102,7 @@ def test_sublist_form_matches_numpy(case):
     assert_close(eds.einsum(*args), np.einsum(*args), error_scale(spec, arrays))
 
 
-def test_sublist_form_with_ellipsis_and_numpy_ints():
+def test_sublist_form_with_ellipsis_and_numpy_ints(backend):
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 4, 5))
     for args in ([a, [Ellipsis, 0, 1], b, [Ellipsis, 1, 2], [Ellipsis, 0, 2]],
@@ -182,7 +182,7 @@ def test_read_only_out():
         eds.einsum("ij->i", np.ones((2, 3)), out=out)
 
 
-def test_out_is_written_and_returned_with_numpy_casting():
+def test_out_is_written_and_returned_with_numpy_casting(backend):
     rng = np.random.default_rng(4)
     a, b = rng.standard_normal((5, 7)), rng.standard_normal((7, 3))
     out = np.full((5, 3), np.nan)
@@ -202,7 +202,7 @@ def test_out_is_written_and_returned_with_numpy_casting():
     assert_close(scalar, np.einsum("ij,ij->", a, a))
 
 
-def test_extended_join_with_numpy_keywords():
+def test_extended_join_with_numpy_keywords(backend):
     a = np.arange(12, dtype=np.int32).reshape(3, 4)
     got = eds.einsum("ij->i", a, agg="max", dtype=np.float64)
     assert_close(got, a.max(1).astype(np.float64))
@@ -214,7 +214,7 @@ def test_extended_join_with_numpy_keywords():
 
 
 @pytest.mark.parametrize("optimize", ["greedy", "optimal", True, "dp", ("optimal", 100)])
-def test_optimize_names_and_explicit_paths(optimize):
+def test_optimize_names_and_explicit_paths(backend, optimize):
     rng = np.random.default_rng(6)
     arrays = [rng.standard_normal(s) for s in [(3, 4), (4, 5), (5, 6), (6, 2)]]
     spec = "ab,bc,cd,de->ae"
@@ -252,7 +252,7 @@ def test_help_lists_parameters_joins_aggregations_and_dtypes():
         assert word in text, word
 
 
-def test_progress_reaches_the_plan():
+def test_progress_reaches_the_plan(backend):
     seen = []
     a = np.random.default_rng(1).standard_normal((40, 30))
     assert_close(eds.einsum("ij,jk->ik", a, a.T, progress=seen.append), a @ a.T)
@@ -261,7 +261,7 @@ def test_progress_reaches_the_plan():
         eds.einsum("ij->", a, progress="yes")
 
 
-def test_optimize_path_orders_the_products():
+def test_optimize_path_orders_the_products(backend):
     from eindecomp_sql.plan import TiledValue, plan_einsum
 
     vals = tuple(TiledValue(n, s, "float64", None, ("d0", "d1"))

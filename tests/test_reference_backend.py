@@ -327,3 +327,10 @@ def test_arrow_tables_match_duckdbs():
                   metadata=t.schema.metadata))
     assert key(tables[0]).equals(key(tables[2]), check_metadata=True)
     assert key(tables[1]).equals(key(tables[3]), check_metadata=True)
+
+
+def test_the_numpy_face_follows_the_backend_parameter(backend, db):
+    """conftest: a test run per backend runs db and eds.einsum on that backend."""
+    from eindecomp_sql.api import default_session
+
+    assert db.backend.name == backend and default_session().backend.name == backend
