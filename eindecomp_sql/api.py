@@ -180,7 +180,6 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
     casting = _check_casting(casting)
     order = _check_order(order)
     path = contraction_path(optimize, len(operands))
-    ct = None if dtype is None else np.dtype(check_dtype(dtype, "einsum dtype"))
     arrays, raw = [], []
     for k, x in enumerate(operands):
         if isinstance(x, (Tensor, str)):
@@ -198,7 +197,14 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
     plain = join in (None, "mul") and agg in (None, "sum")
     shapes = [x.shape for x in arrays]
     compute = None
-    if not (out is None and _is_view_case(spec, shapes)):
+    if out is None and _is_view_case(spec, shapes):
+        if dtype is not None:  # numpy ignores it here (a view), but it must be a dtype
+            try:
+                np.dtype(dtype)
+            except Exception as e:  # noqa: BLE001 - numpy raises TypeError/ValueError/...
+                raise EinsumError(f"einsum dtype: {dtype!r} is not a dtype ({e})") from None
+    else:
+        ct = None if dtype is None else np.dtype(check_dtype(dtype, "einsum dtype"))
         compute = _computation_dtype(ct, raw, out if plain else None, casting)
         if ct is not None or compute != np.result_type(*raw):
             # a stored operand of another dtype is read back to be cast, as numpy would cast it
