@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import numpy as np
 from sqlglot import exp
@@ -103,7 +103,7 @@ def sql_type(text: str) -> exp.DataType:
     return _sql_type(text).copy()
 
 
-@lru_cache(maxsize=None)
+@cache
 def _sql_type(text: str) -> exp.DataType:
     return exp.DataType.build(text, dialect="duckdb")
 
@@ -120,7 +120,8 @@ def key_list(cols: list[exp.Expression]) -> exp.Cast:
 def ordered(e: exp.Expression, desc: bool = False) -> exp.Ordered:
     # nulls_first=False as DuckDB's parser sets it: NULLs sort last, and another dialect
     # that sorts them first gets an explicit NULLS LAST
-    return exp.Ordered(this=e, desc=desc, nulls_first=False)
+    # (desc None, not False: False prints an explicit ASC)
+    return exp.Ordered(this=e, desc=True if desc else None, nulls_first=False)
 
 
 def generate_range(lo: int, hi: int) -> exp.GenerateSeries:
@@ -223,6 +224,7 @@ class SQLCompiler:
     pack_udf: str = "eds_pack_{dtype}"  # element rows -> one tile
     pack_rows_udf: str = "eds_pack_rows_{dtype}"  # fixed-size arrays -> one tile of rows
     topk_udf: str = "eds_topk_{dtype}"  # a result tile -> its top-k candidates per row
+    topk_fused_udf: str = "eds_topk_{kernel}"  # an einsum kernel fused with the top-k cut
     # dtypes with element rows (each has a values_udf; DuckDB has no complex type)
     element_dtypes: frozenset[str] = frozenset({
         "float32", "float64", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
@@ -590,7 +592,7 @@ def _product(factors: list[exp.Expression]) -> exp.Expression | None:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _slot_pattern(dialect: str | None) -> re.Pattern:
     # a placeholder as the dialect quotes it, with the value name as the group
     quoted = ident(SLOT_PREFIX + "VALUE").sql(dialect=dialect)

@@ -31,16 +31,32 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
-import sqlglot
 from sqlglot import exp
 
 from ..errors import EinsumError
-from ..notation.checks import check_dtype
+from ..notation.checks import SQL_TYPES, check_dtype
 from ..notation.spec import parse_spec
 from ..plan import Plan, TiledValue
-from ..sql_templates import template
-from .sql import DIALECT, col, elements_query, ident, single_query, table
-from ..notation.checks import SQL_TYPES
+from .compiler import (
+    TILE,
+    SQLCompiler,
+    alias,
+    call,
+    cast,
+    col,
+    ident,
+    key_list,
+    name,
+    num,
+    ordered,
+    range_table,
+    sql_type,
+    struct,
+    subquery,
+    table,
+    ucol,
+)
+from .sql import COMPILER, DIALECT
 
 # numpy dtype -> DuckDB type, for every dtype a table's value can have (DuckDB has no complex)
 DTYPE_OF = {v: k for k, v in SQL_TYPES.items()}
@@ -260,87 +276,147 @@ def array_tile(op: ArrayTable, tile_bytes: int) -> tuple[int, int]:
     return (t0, max(op.width, 1))
 
 
-def _fill(name: str, **holes: str) -> exp.Expression:
-    return sqlglot.parse_one(template(name).format(**holes), read=DIALECT)
+def _type(dtype: str) -> exp.DataType:
+    """DuckDB's type for a dtype's elements (``notation/checks.py`` SQL_TYPES)."""
+    return sql_type(SQL_TYPES[dtype])
 
 
-def _sql(e: exp.Expression) -> str:
-    return e.sql(dialect=DIALECT)
+def _list_of(element: exp.DataType) -> exp.DataType:
+    """``element[]``: a DuckDB list type."""
+    return exp.DataType(this=exp.DataType.Type.ARRAY, expressions=[element], nested=True)
 
 
-def _lit(value) -> str:
-    if isinstance(value, str):
-        return _sql(exp.Literal.string(value))
-    return _sql(exp.Literal.number(value))
+def _member_type(dtype: str) -> exp.DataType:
+    """``STRUCT(o BIGINT, v <type>)[]``: the type of an element-form group's (offset, value) list."""
+    fields = [exp.ColumnDef(this=name("o"), kind=sql_type("BIGINT")), exp.ColumnDef(this=name("v"), kind=_type(dtype))]
+    return _list_of(exp.DataType(this=exp.DataType.Type.STRUCT, expressions=fields, nested=True))
 
 
-def _key_list(cols: list[str]) -> str:
-    return f"CAST([{', '.join(cols)}] AS BIGINT[])"
+def _of(key: str, alias_: str) -> exp.Column:
+    """The quoted key column ``key`` of the compiler's (unquoted) alias ``alias_``: ``g."d0"``."""
+    return exp.Column(this=ident(key), table=name(alias_))
 
 
-def pack_elements(op: ElementTable, tiled: TiledValue) -> exp.Expression:
+def _sum(terms: list[exp.Expression]) -> exp.Expression | None:
+    """``t0 + t1 + ...`` (left-associative, as a parser reads it); None for no terms."""
+    if not terms:
+        return None
+    out = terms[0]
+    for term in terms[1:]:
+        out = exp.Add(this=out, expression=term)
+    return out
+
+
+def pack_elements(op: ElementTable, tiled: TiledValue, compiler: SQLCompiler | None = None) -> exp.Select:
     """The tiled table of an element-form operand: every tile of the grid, empty ones too
-    (they are zeros), each packed from the element rows whose indices fall in it."""
+    (they are zeros), each packed from the element rows whose indices fall in it.
+
+    An ordinary table in element form (index columns + value) as a tiled table, inside the
+    einsum's query: element rows are grouped by tile key (index // tile side) and a kernel packs
+    each group into one tile's bytes (offset = the element's C-order position in a full tile).
+    Every tile of the grid is produced, empty ones too (zeros): a missing tile would drop out of
+    the einsum's join. An index outside the planned shape stops the query (error())::
+
+        SELECT coalesce(g.key, e.key) AS key, ..., eds_pack_<dtype>(spec, [keys], coalesce(e.m, [])) AS tile
+        FROM (SELECT * FROM range(grid0) AS g0(key0) CROSS JOIN ...) AS g
+        FULL OUTER JOIN (
+          SELECT keys, list({'o': o, 'v': v}) AS m
+          FROM (SELECT index // tile AS key, ..., <offset, checked> AS o, CAST(value AS type) AS v FROM table) AS cells
+          GROUP BY keys
+        ) AS e ON g.key = e.key AND ...
+    """
+    c = compiler or COMPILER
     spec = json.dumps({"table": op.table, "indices": list(op.indices), "shape": list(tiled.shape),
                        "tile": list(tiled.tile), "dtype": op.dtype}, separators=(",", ":"), sort_keys=True)
-    keys = [_sql(ident(k)) for k in tiled.keys]
-    idx = [f"CAST({_sql(col(c))} AS BIGINT)" for c in op.indices]
+    keys = list(tiled.keys)
+    idx = [cast(col(i), "BIGINT") for i in op.indices]
     strides = [math.prod(tiled.tile[p + 1:]) for p in range(op.ndim)]
-    offset = " + ".join(f"({i} % {t}) * {s}" for i, t, s in zip(idx, tiled.tile, strides)) or "0"
+    # (index % tile side) * stride, summed: the element's C-order position in a full tile
+    offset = _sum([exp.Mul(this=exp.Paren(this=exp.Mod(this=i.copy(), expression=num(t))), expression=num(s))
+                   for i, t, s in zip(idx, tiled.tile, strides)])
     # the plan was made from the committed rows (read on another connection); rows this query
     # sees beyond that shape would be dropped silently, so they stop the query instead
-    inside = " AND ".join(f"{i} BETWEEN 0 AND {n - 1}" for i, n in zip(idx, tiled.shape))
-    changed = _lit(f"einsum(): table {op.table!r} changed after einsum read its shape {tuple(tiled.shape)} "
-                   "(uncommitted rows in this transaction? einsum reads the committed state: COMMIT first)")
-    checked = f"CASE WHEN {inside} THEN {offset} ELSE error({changed}) END" if inside else "0"
-    grid = [f"range({g}) AS {_sql(ident(f'g{p}'))}({k})" for p, (g, k) in enumerate(zip(tiled.grid, keys))]
-    return _fill(
-        "pack_elements",
-        tile_keys="".join(f"{i} // {t} AS {k}, " for i, t, k in zip(idx, tiled.tile, keys)),
-        offset=checked,
-        value=f"CAST({_sql(col(op.value))} AS {SQL_TYPES[op.dtype]})",
-        source=_sql(table(op.table)),
-        keys=", ".join(keys),
-        comma=", " if keys else "",
-        group_by=f"GROUP BY {', '.join(keys)}" if keys else "",
-        out_keys="".join(f"coalesce(g.{k}, e.{k}) AS {k}, " for k in keys),
-        kernel=f"eds_pack_{op.dtype}",
-        spec=_lit(spec),
-        key_list=_key_list([f"coalesce(g.{k}, e.{k})" for k in keys]),
-        member_type=f"STRUCT(o BIGINT, v {SQL_TYPES[op.dtype]})[]",
-        grid=f"(SELECT * FROM {' CROSS JOIN '.join(grid)})" if grid else "(SELECT 1 AS one)",
-        join_on=" AND ".join(f"g.{k} = e.{k}" for k in keys) or "TRUE",
-    )
+    inside = [exp.Between(this=i.copy(), low=num(0), high=num(n - 1)) for i, n in zip(idx, tiled.shape)]
+    changed = exp.Literal.string(f"einsum(): table {op.table!r} changed after einsum read its shape "
+                                 f"{tuple(tiled.shape)} (uncommitted rows in this transaction? einsum reads the "
+                                 "committed state: COMMIT first)")
+    checked = (exp.Case(ifs=[exp.If(this=exp.and_(*inside), true=offset)], default=call("error", changed))
+               if inside else num(0))
+    cells = exp.Select(expressions=[alias(exp.IntDiv(this=i.copy(), expression=num(t)), ident(k))
+                                    for i, t, k in zip(idx, tiled.tile, keys)]
+                       + [alias(checked, name("o")), alias(cast(col(op.value), SQL_TYPES[op.dtype]), name("v"))])
+    cells = cells.from_(table(op.table), copy=False)
+    members = exp.Select(expressions=[col(k) for k in keys]
+                         + [alias(c.list_aggregate(this=struct(o=ucol("o"), v=ucol("v"))), name("m"))])
+    members = members.from_(subquery(cells, "cells"), copy=False)
+    if keys:
+        members.set("group", exp.Group(expressions=[col(k) for k in keys]))
+    # the grid of tile keys: a cross product of range()s (one row of nothing for a scalar)
+    if keys:
+        ranges = [range_table(0, g, f"g{p}", k) for p, (g, k) in enumerate(zip(tiled.grid, keys))]
+        grid = exp.Select(expressions=[exp.Star()]).from_(ranges[0], copy=False)
+        if len(ranges) > 1:
+            grid.set("joins", [exp.Join(this=r, kind="CROSS") for r in ranges[1:]])
+    else:
+        grid = exp.Select(expressions=[alias(num(1), name("one"))])
+    out_keys = [exp.Coalesce(this=_of(k, "g"), expressions=[_of(k, "e")]) for k in keys]
+    kernel = call(c.pack_udf.format(dtype=op.dtype), exp.Literal.string(spec), key_list([k.copy() for k in out_keys]),
+                  exp.Coalesce(this=ucol("m", "e"), expressions=[exp.Cast(this=exp.Array(expressions=[]),
+                                                                          to=_member_type(op.dtype))]))
+    on = exp.and_(*[exp.EQ(this=_of(k, "g"), expression=_of(k, "e")) for k in keys]) if keys else exp.true()
+    select = exp.Select(expressions=[alias(k, ident(key)) for k, key in zip(out_keys, keys)] + [alias(kernel, name(TILE))])
+    select = select.from_(subquery(grid, "g"), copy=False)
+    select.set("joins", [exp.Join(this=subquery(members, "e"), side="FULL", kind="OUTER", on=on)])
+    return select
 
 
-def pack_rows(op: ArrayTable, tiled: TiledValue) -> exp.Expression:
-    """The tiled table of an array-form operand: tiles of whole rows, in key order."""
+def pack_rows(op: ArrayTable, tiled: TiledValue, compiler: SQLCompiler | None = None) -> exp.Select:
+    """The tiled table of an array-form operand: tiles of whole rows, in key order.
+
+    A table with a fixed-size array column as a tiled (rows x n) matrix, inside the einsum's
+    query: row r is the r-th in key order. Rows are numbered on the keys alone (a window that
+    carried the arrays along took ~2x as long), joined back, grouped into tiles of ``t0`` whole
+    rows, and a kernel packs each group's arrays, listed in row order, into one tile's bytes.
+    With one tile of rows the numbering is skipped: one list of arrays in key order::
+
+        SELECT numbered.r // t0 AS key0, CAST(0 AS BIGINT) AS key1,
+               eds_pack_rows_<dtype>(spec, [numbered.r // t0, 0], list(CAST(src.column AS type[]) ORDER BY numbered.r)) AS tile
+        FROM table AS src
+        JOIN (SELECT key AS nk, row_number() OVER (ORDER BY key) - 1 AS r FROM table) AS numbered ON numbered.nk = src.key
+        GROUP BY numbered.r // t0
+    """
+    c = compiler or COMPILER
     t0 = tiled.tile[0]
     spec = json.dumps({"table": op.table, "column": op.column, "shape": list(tiled.shape), "tile": list(tiled.tile),
                        "dtype": op.dtype}, separators=(",", ":"), sort_keys=True)
-    k0, k1 = (_sql(ident(k)) for k in tiled.keys)
-    key, column = _sql(col(op.key, "src")), _sql(col(op.column, "src"))
+    k0, k1 = tiled.keys
+    key = col(op.key, "src")
     single = tiled.grid[0] <= 1
-    numbered = (f"JOIN (SELECT {_sql(col(op.key))} AS nk, row_number() OVER (ORDER BY {_sql(col(op.key))}) - 1 "
-                f"AS r FROM {_sql(table(op.table))}) AS numbered ON numbered.nk = {key}")
-    return _fill(
-        "pack_rows",
-        tile_key="CAST(0 AS BIGINT)" if single else f"numbered.r // {t0}",
-        k0=k0,
-        k1=k1,
-        kernel=f"eds_pack_rows_{op.dtype}",
-        spec=_lit(spec),
-        column=column,
-        list_type=f"{SQL_TYPES[op.dtype]}[]",
-        order=key if single else "numbered.r",
-        source=f"{_sql(table(op.table))} AS src",
-        numbered="" if single else numbered,
-        group_by="" if single else f"GROUP BY numbered.r // {t0}",
-    )
+
+    def tile_key() -> exp.Expression:
+        return cast(num(0), "BIGINT") if single else exp.IntDiv(this=ucol("r", "numbered"), expression=num(t0))
+
+    order = key.copy() if single else ucol("r", "numbered")
+    rows = c.list_aggregate(this=exp.Order(this=exp.Cast(this=col(op.column, "src"), to=_list_of(_type(op.dtype))),
+                                           expressions=[ordered(order)]))
+    kernel = call(c.pack_rows_udf.format(dtype=op.dtype), exp.Literal.string(spec),
+                  key_list([tile_key(), num(0)]), rows)
+    select = exp.Select(expressions=[alias(tile_key(), ident(k0)), alias(cast(num(0), "BIGINT"), ident(k1)),
+                                     alias(kernel, name(TILE))])
+    select = select.from_(exp.Table(this=ident(op.table), alias=exp.TableAlias(this=name("src"))), copy=False)
+    if not single:
+        window = exp.Window(this=exp.RowNumber(), order=exp.Order(expressions=[ordered(col(op.key))]), over="OVER")
+        numbered = exp.Select(expressions=[alias(col(op.key), name("nk")),
+                                           alias(exp.Sub(this=window, expression=num(1)), name("r"))])
+        numbered = numbered.from_(table(op.table), copy=False)
+        select.set("joins", [exp.Join(this=subquery(numbered, "numbered"),
+                                      on=exp.EQ(this=ucol("nk", "numbered"), expression=key.copy()))])
+        select.set("group", exp.Group(expressions=[tile_key()]))
+    return select
 
 
-def pack_query(op: TableOperand, tiled: TiledValue) -> exp.Expression:
-    return pack_elements(op, tiled) if isinstance(op, ElementTable) else pack_rows(op, tiled)
+def pack_query(op: TableOperand, tiled: TiledValue, compiler: SQLCompiler | None = None) -> exp.Expression:
+    return pack_elements(op, tiled, compiler) if isinstance(op, ElementTable) else pack_rows(op, tiled, compiler)
 
 
 def with_ctes(query: exp.Expression, ctes: list[tuple[str, exp.Expression]]) -> exp.Expression:
@@ -366,74 +442,101 @@ def _topk_spec(result: TiledValue, k: int) -> str:
                       separators=(",", ":"), sort_keys=True)
 
 
-def fuse_topk(query: exp.Select, result: TiledValue, k: int) -> exp.Select | None:
+def fuse_topk(query: exp.Select, result: TiledValue, k: int, compiler: SQLCompiler | None = None) -> exp.Select | None:
     """``query`` (a plan's single query, whose last step is a binary einsum) with its kernel
     swapped for the fused top-k twin, so the result tiles never leave the kernel; None when
     the last step is another kind or the dtype is not exact in DOUBLE.
 
     Measured on the 1000 x 20000 (dim 128) similarity top-5: 0.21-0.27 s fused against
     0.27-0.40 s with the result tiles (80 MB) handed to a separate top-k kernel."""
+    c = compiler or COMPILER
     if result.dtype not in _EXACT_IN_DOUBLE or not isinstance(query, exp.Select):
         return None
     *keys, last = query.expressions
-    call = last.this if isinstance(last, exp.Alias) else None
-    if not isinstance(call, exp.Anonymous) or not _FUSABLE.match(call.name) or last.alias != "tile":
+    kernel = last.this if isinstance(last, exp.Alias) else None
+    if not isinstance(kernel, exp.Anonymous) or not _FUSABLE.match(kernel.name) or last.alias != TILE:
         return None
-    key_list = exp.cast(exp.Array(expressions=[(c.this if isinstance(c, exp.Alias) else c).copy() for c in keys]),
-                        "BIGINT[]")
-    fused = exp.Anonymous(this=f"eds_topk_{call.name.lower()}",
-                          expressions=[exp.Literal.string(_topk_spec(result, k)), key_list,
-                                       *[a.copy() for a in call.expressions]])
+    keys = key_list([(e.this if isinstance(e, exp.Alias) else e).copy() for e in keys])
+    fused = call(c.topk_fused_udf.format(kernel=kernel.name.lower()), exp.Literal.string(_topk_spec(result, k)), keys,
+                 *[a.copy() for a in kernel.expressions])
     query = query.copy()
     query.expressions[-1].set("this", fused)
     return query
 
 
-def topk_query(result: TiledValue, k: int, source: exp.Expression, fused: bool = False) -> exp.Expression:
+def topk_query(result: TiledValue, k: int, source: exp.Expression, fused: bool = False,
+               compiler: SQLCompiler | None = None) -> exp.Select:
     """The ``k`` largest elements of every row of ``result`` (the tiles ``source`` returns, or
     with ``fused`` the candidates ``fuse_topk``'s kernel returns in the tile column).
 
     A row is every output label but the last; the last is ranked. Each tile is cut to its
     top ``k`` per row inside the kernel (``udfs/topk.py``), so only ``k`` candidates per row
-    and tile reach SQL; a window ranks them (value descending, NaN last, ties by the smaller
-    index, as numpy's stable sort of the negated values) and keeps ``k``."""
+    and tile reach SQL (candidates ``{r: row number, i: index of the last label, v: value}``);
+    a window ranks the candidates of a row across tiles (value descending, NaN last, ties by the
+    smaller index, as numpy's stable sort of the negated values) and keeps ``k``. The inner
+    columns are ``_eds_*``: an output label named r, i or v must not capture them::
+
+        SELECT (_eds_r // stride) % size AS row_label, ..., "rank", _eds_i AS last, CAST(_eds_v AS type) AS "value"
+        FROM (
+          SELECT cand.r AS _eds_r, cand.i AS _eds_i, cand.v AS _eds_v,
+                 row_number() OVER (PARTITION BY cand.r ORDER BY isnan(cand.v), cand.v + 0.0 DESC, cand.i) AS "rank"
+          FROM (SELECT unnest(eds_topk_<dtype>(spec, [keys], tile)) AS cand FROM source) AS cands
+        ) AS ranked
+        WHERE "rank" <= k ORDER BY _eds_r, "rank"
+    """
+    c = compiler or COMPILER
     keys = list(result.keys)
     rows, last = keys[:-1], keys[-1]
     strides = [math.prod(result.shape[p + 1:len(rows)]) for p in range(len(rows))]
-    row_cols = [f"(_eds_r // {s}) % {n} AS {_sql(ident(name))}, " for s, n, name in zip(strides, result.shape, rows)]
+    row_cols = [alias(exp.Mod(this=exp.Paren(this=exp.IntDiv(this=ucol("_eds_r"), expression=num(s))), expression=num(n)),
+                      ident(row))
+                for s, n, row in zip(strides, result.shape, rows)]
     floating = result.dtype.startswith("float")
-    kernel = f"eds_topk_{result.dtype}({_lit(_topk_spec(result, k))}, {_key_list([_sql(col(c)) for c in keys])}, tile)"
-    return _fill(
-        "topk",
-        row_cols="".join(row_cols),
-        last=_sql(ident(last)),
-        k=str(k),
-        value=f"CAST(_eds_v AS {SQL_TYPES[result.dtype]})",
-        nan_last="isnan(cand.v), " if floating else "",
-        # -0.0 and 0.0 tie, as in numpy
-        order_value="cand.v + 0.0" if floating else "cand.v",
-        candidates="tile" if fused else kernel,
-        source=_sql(source.subquery("src")),
-    )
+    # the kernel over the result tiles, or (fused: the einsum kernel already returned
+    # candidates, values as DOUBLE) the tile column itself
+    candidates = ucol(TILE) if fused else call(c.topk_udf.format(dtype=result.dtype),
+                                               exp.Literal.string(_topk_spec(result, k)),
+                                               key_list([col(key) for key in keys]), ucol(TILE))
+    cands = exp.Select(expressions=[alias(exp.Explode(this=candidates), name("cand"))])
+    cands = cands.from_(source.subquery("src"), copy=False)
+    v = ucol("v", "cand")
+    # -0.0 and 0.0 tie, as in numpy; NaN ranks last
+    order = ([ordered(exp.IsNan(this=v.copy()))] if floating else []) + [
+        ordered(exp.Add(this=v.copy(), expression=num("0.0")) if floating else v.copy(), desc=True),
+        ordered(ucol("i", "cand"))]
+    rank = exp.Window(this=exp.RowNumber(), partition_by=[ucol("r", "cand")], order=exp.Order(expressions=order),
+                      over="OVER")
+    ranked = exp.Select(expressions=[alias(ucol("r", "cand"), name("_eds_r")), alias(ucol("i", "cand"), name("_eds_i")),
+                                     alias(v.copy(), name("_eds_v")), alias(rank, ident("rank"))])
+    ranked = ranked.from_(subquery(cands, "cands"), copy=False)
+    select = exp.Select(expressions=row_cols + [col("rank"), alias(ucol("_eds_i"), ident(last)),
+                                                alias(cast(ucol("_eds_v"), SQL_TYPES[result.dtype]), ident("value"))])
+    select = select.from_(subquery(ranked, "ranked"), copy=False)
+    select.set("where", exp.Where(this=exp.LTE(this=col("rank"), expression=num(k))))
+    select.set("order", exp.Order(expressions=[ordered(ucol("_eds_r")), ordered(col("rank"))]))
+    return select
 
 
 @lru_cache(maxsize=256)
-def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mode: str, k: int | None) -> str:
-    """The whole answer of a SQL table function as DuckDB SQL: the plan as one query, preceded
-    by the tiling of every table operand it reads (``tables``: CTE name and operand), then cut to
-    elements or to the top ``k`` per row by ``mode`` (tiles, elements, topk).
+def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mode: str, k: int | None,
+                    compiler: SQLCompiler | None = None) -> str:
+    """The whole answer of a SQL table function as SQL (DuckDB's, or ``compiler``'s): the plan
+    as one query, preceded by the tiling of every table operand it reads (``tables``: CTE name
+    and operand), then cut to elements or to the top ``k`` per row by ``mode`` (tiles, elements,
+    topk).
 
-    Cached: plans and operands are frozen, and sqlglot takes ~10-30 ms to parse and print each
-    layer, so a query repeated over unchanged tables pays for it once."""
+    Cached: plans and operands are frozen, so a query repeated over unchanged tables pays for
+    building and printing it once."""
+    c = compiler or COMPILER
     result = plan.result
     # stored tensors are values named after their tables, table operands after their CTEs
-    query = single_query(plan, {v.name: v.name for v in plan.inputs})
-    fused = fuse_topk(query, result, k) if mode == "topk" else None
+    query = c.single_query(plan, {v.name: v.name for v in plan.inputs})
+    fused = fuse_topk(query, result, k, c) if mode == "topk" else None
     query = fused if fused is not None else query
     by_table = {v.name: v for v in plan.inputs}
-    query = with_ctes(query, [(cte, pack_query(op, by_table[cte])) for cte, op in tables])
+    query = with_ctes(query, [(cte, pack_query(op, by_table[cte], c)) for cte, op in tables])
     if mode == "elements":
-        query = elements_query(result, result.keys, source=query)
+        query = c.elements_query(result, result.keys, source=query)
     elif mode == "topk":
-        query = topk_query(result, k, query, fused=fused is not None)
-    return query.sql(dialect=DIALECT)
+        query = topk_query(result, k, query, fused=fused is not None, compiler=c)
+    return c.sql(query)
