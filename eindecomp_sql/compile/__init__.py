@@ -1,7 +1,16 @@
-"""Compile: plan -> sqlglot ASTs -> SQL text. Pure: no connection is ever touched here."""
+"""Compile: plan -> sqlglot ASTs -> SQL text. Pure: no connection is ever touched here.
 
+The compiler is a class: ``SQLCompiler`` (``compiler.py``) builds every statement with sqlglot's
+expression builders and keeps the dialect and the tactics as class attributes;
+``DuckDBCompiler`` (``duckdb.py``) holds DuckDB's. A backend holds an instance
+(``DuckDBCompiler()``) and calls ``compile_plan(plan)`` on it; the functions below are the same
+over a default ``DuckDBCompiler()`` (``COMPILER``).
+"""
+
+from .compiler import CompiledStep, SQLCompiler
+from .duckdb import DuckDBCompiler
 from .sql import (
-    CompiledStep,
+    COMPILER,
     bind_sql,
     compile_plan,
     compile_step,
@@ -16,7 +25,10 @@ from .sql import (
 )
 
 __all__ = [
+    "COMPILER",
     "CompiledStep",
+    "DuckDBCompiler",
+    "SQLCompiler",
     "bind_sql",
     "compile_plan",
     "compile_step",
