@@ -15,14 +15,14 @@ A compiler with another tactic, run next to the default one:
 
 >>> from eindecomp_sql.compile.duckdb import DuckDBCompiler
 >>> from eindecomp_sql.plan import TiledValue, plan_einsum
->>> class HashJoinCompiler(DuckDBCompiler):
-...     positional_join_single_tiles = False  # join single tiles on their keys instead
+>>> class KeyJoinCompiler(DuckDBCompiler):
+...     positional_join_single_tiles = False  # single tiles are joined like any others
 >>> a = TiledValue("A", (4, 3), "float32", (4, 3), ("d0", "d1"))
 >>> b = TiledValue("B", (3, 5), "float32", (3, 5), ("d0", "d1"))
 >>> plan = plan_einsum("ij,jk->ik", (a, b))
 >>> "POSITIONAL JOIN" in DuckDBCompiler().compile_plan(plan)[-1].text
 True
->>> HashJoinCompiler().sql_listing(plan).splitlines()[-1]
+>>> KeyJoinCompiler().sql_listing(plan).splitlines()[-1]
 'FROM "A" AS "t0", "B" AS "t1";'
 
 Compiled plans are cached per plan and per compiler class, so tactics are class attributes:
