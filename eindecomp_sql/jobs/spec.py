@@ -38,7 +38,7 @@ TOP_KEYS = ("database", "memory", "workers", "tile_bytes", "inputs", "steps")
 INPUT_KEYS = ("file", "tensor", "tile", "dtype")
 STEP_KEYS = ("spec", "operands", "join", "agg")
 # files a job (and ``eindecomp-sql store``) reads, by suffix
-FILE_SUFFIXES = (".npy", ".parquet", ".arrow", ".feather", ".ipc")
+FILE_SUFFIXES = (".npy", ".parquet", ".arrow", ".feather")
 
 
 class JobError(EinsumError):

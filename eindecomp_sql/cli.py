@@ -1,0 +1,460 @@
+"""The command line: ``eindecomp-sql`` (or ``python -m eindecomp_sql``); docs/cli.md.
+
+    eindecomp-sql store tensors.duckdb A a.npy --tile 1024x1024
+    eindecomp-sql ls tensors.duckdb
+    eindecomp-sql einsum tensors.duckdb 'ij,jk->ik' A B --out C
+    eindecomp-sql run job.toml
+    eindecomp-sql explain job.toml
+    eindecomp-sql export tensors.duckdb C c.npy
+
+Exit status: 0 done, 1 failed (one line on stderr: ``eindecomp-sql: error: ...``, naming the
+file, line and step where there is one; ``--debug`` adds the traceback), 2 bad usage, 130
+interrupted. The engine loads only when a command needs it, so ``--help`` is quick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+import time
+import traceback
+
+import click
+
+from . import __version__
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class Failure(Exception):
+    """A command that cannot do what it was asked: printed as one line, exit status 1."""
+
+
+def one_line(e: BaseException) -> str:
+    """An error's message on one line; a parse error's caret lines become 'at character N'."""
+    lines = str(e).split("\n")
+    if len(lines) == 3 and lines[2].strip() == "^":
+        col = len(lines[2]) - len(lines[2].lstrip()) - 4
+        return f"{lines[0]} (at character {col + 1} of {lines[1].strip()!r})"
+    return " ".join(x.strip() for x in lines if x.strip()) or type(e).__name__
+
+
+def main(argv=None) -> None:
+    """The ``eindecomp-sql`` entry point: run a command, exit with its status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or os.environ.get("EDS_DEBUG", "") not in ("", "0")
+    from .errors import EinsumError
+
+    try:
+        rv = cli.main(args=args, prog_name="eindecomp-sql", standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
+    except click.exceptions.Exit as e:
+        code = e.exit_code
+    except click.ClickException as e:  # usage errors: exit 2, with click's own hint
+        e.show()
+        code = e.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        _err("interrupted")
+        code = EXIT_INTERRUPTED
+    except BrokenPipeError:  # | head: not an error of ours
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        code = EXIT_FAILED
+    except (EinsumError, Failure, OSError) as e:
+        if debug:
+            traceback.print_exc()
+        _err(f"error: {one_line(e)}")
+        code = EXIT_FAILED
+    except Exception as e:  # noqa: BLE001 - a bug of ours: still one line, the traceback on request
+        if debug:
+            traceback.print_exc()
+        _err(f"internal error: {type(e).__name__}: {one_line(e)}"
+             + ("" if debug else " (run with --debug for the traceback)"))
+        code = EXIT_FAILED
+    sys.exit(code)
+
+
+def _err(text: str) -> None:
+    print(f"eindecomp-sql: {text}", file=sys.stderr, flush=True)
+
+
+# -- options shared by the commands -----------------------------------------------------------
+def _debug_option(f):
+    return click.option("--debug", is_flag=True, expose_value=False,
+                        help="On an error, print the traceback too.")(f)
+
+
+def _tile(ctx, param, value):
+    if value is None:
+        return None
+    text = value.replace("×", "x").replace(",", "x").replace("*", "x")
+    try:
+        sides = tuple(int(s) for s in text.split("x"))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: write the tile's sides as 1024x1024 (or 1024,1024)") from None
+    if not sides or any(s < 1 for s in sides):
+        raise click.BadParameter(f"{value!r}: every tile side must be a positive integer")
+    return sides
+
+
+def _memory(ctx, param, value):
+    if value is None:
+        return None
+    from .errors import EinsumError
+    from .plan.cost import parse_memory
+
+    try:
+        return parse_memory(value)
+    except EinsumError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+_memory_option = click.option("--memory", callback=_memory, metavar="SIZE",
+                              help="Memory budget for every step's projected peak, e.g. 2GB or 512MiB; a plan "
+                                   "over it is refused before it runs.")
+_workers_option = click.option("--workers", type=click.IntRange(min=1), metavar="N",
+                               help="Join tasks per step the optimizer aims for (default 1: kernels use every "
+                                    "core).")
+
+
+def _connect(path, *, create: bool = False, read_only: bool = False, **options):
+    """A session on database file ``path``; a missing file is an error unless ``create``."""
+    import eindecomp_sql as eds
+
+    p = pathlib.Path(path)
+    if not create and not p.exists():
+        raise Failure(f"no such database file {str(p)!r}")
+    if p.exists() and p.is_dir():
+        raise Failure(f"{str(p)!r} is a directory, not a database file")
+    return eds.connect(str(p), read_only=read_only, **{k: v for k, v in options.items() if v is not None})
+
+
+def _terminal() -> bool:
+    return sys.stdout.isatty() and sys.stderr.isatty()
+
+
+def _fmt_bytes(n) -> str:
+    from .plan.steps import format_bytes
+
+    return format_bytes(n)
+
+
+def _shape(t) -> str:
+    return "(" + ", ".join(str(x) for x in t) + ("," if len(t) == 1 else "") + ")"
+
+
+# -- the commands ----------------------------------------------------------------------------
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="eindecomp-sql")
+@_debug_option
+def cli():
+    """Extended einsums over tiled tensors stored in a DuckDB file.
+
+    Store tensors from files, run einsums and whole jobs (a graph of named steps in a TOML
+    file, planned as one graph, every step committed on its own and resumed after a crash),
+    and export results. Exit status: 0 ok, 1 failed, 2 bad usage.
+    """
+
+
+@cli.command()
+@click.argument("database", type=click.Path(dir_okay=False))
+@click.argument("name")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--tile", callback=_tile, metavar="AxB", help="Tile shape, e.g. 1024x1024 (default: fit the "
+                                                           "tile size, 64 MiB).")
+@click.option("--dtype", help="Cast the values to this dtype (numpy's same_kind rule).")
+@click.option("--shape", callback=_tile, metavar="AxB", help="Shape of an element-form table (default: the "
+                                                             "largest index + 1).")
+@click.option("--replace", is_flag=True, help="Overwrite a stored tensor of the same name.")
+@_debug_option
+def store(database, name, file, tile, dtype, shape, replace):
+    """Store FILE (.npy, .parquet in tiled or element form, Arrow IPC .arrow/.feather) in
+    DATABASE as tensor NAME. The database file is created if missing."""
+    from .jobs import files
+
+    path = pathlib.Path(file)
+    files.kind(path)
+    if not path.is_file():
+        raise Failure(f"no such file {str(path)!r}")
+    t0 = time.perf_counter()
+    with _connect(database, create=True) as db:
+        t = files.store_file(db, name, path, tile=tile, dtype=dtype, shape=shape, replace=replace)
+        click.echo(f"stored {t.name}: shape {_shape(t.shape)} {t.dtype} in tiles {_shape(t.tile)} "
+                   f"({_fmt_bytes(t.value.nbytes)}, {time.perf_counter() - t0:.2f} s)")
+
+
+@cli.command(name="ls")
+@click.argument("database", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
+@_debug_option
+def ls(database, as_json):
+    """List the tensors stored in DATABASE: name, shape, dtype, tile, tiles, bytes, and the job
+    that wrote it (if one did)."""
+    from .jobs import runner
+
+    with _connect(database, read_only=True) as db:
+        names = runner.tensor_names(db)
+        rows = runner.read_rows(db, names)
+        out = []
+        for n in names:
+            t = db.tensor(n)
+            v = t.value
+            r = rows.get(n.lower())
+            out.append({"name": n, "shape": list(v.shape), "dtype": v.dtype, "tile": list(v.tile),
+                        "tiles": runner._prod(v.grid) if v.shape else 1, "bytes": v.nbytes,
+                        "job": None if r is None else f"{r['kind']} {r['state']}"})
+    if as_json:
+        click.echo(json.dumps(out, indent=1))
+        return
+    if not out:
+        click.echo("no tensors stored")
+        return
+    table = [("name", "shape", "dtype", "tile", "tiles", "bytes", "job")]
+    table += [(r["name"], _shape(r["shape"]), r["dtype"], _shape(r["tile"]), f"{r['tiles']:,}", _fmt_bytes(r["bytes"]),
+               r["job"] or "-") for r in out]
+    widths = [max(len(row[k]) for row in table) for k in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(c.rjust(w) if k in (4, 5) else c.ljust(w)
+                             for k, (c, w) in enumerate(zip(row, widths))).rstrip())
+
+
+@cli.command()
+@click.argument("database", type=click.Path(dir_okay=False))
+@click.argument("spec")
+@click.argument("operands", nargs=-1, required=True)
+@click.option("--out", help="Store the result as this tensor (without it the result is printed).")
+@click.option("--join", help="Element-wise join: a name (mul, add, max, ...) or an expression such as "
+                             "'relu(x - y)'. Default mul.")
+@click.option("--agg", type=click.Choice(["sum", "max", "min", "prod"]), help="Aggregation over reduced "
+                                                                               "labels. Default sum.")
+@_memory_option
+@_workers_option
+@click.option("--replace", is_flag=True, help="Overwrite an existing --out tensor.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+@_debug_option
+def einsum(database, spec, operands, out, join, agg, memory, workers, replace, as_json):
+    """Run SPEC (an extended einsum such as 'ij,jk->ik') over stored tensors OPERANDS in
+    DATABASE."""
+    t0 = time.perf_counter()
+    progress = True if _terminal() and not as_json else None
+    with _connect(database, memory=memory, workers=workers) as db:
+        if out is None:
+            import numpy as np
+
+            a = db.einsum_numpy(spec, *operands, join=join, agg=agg, progress=progress)
+            if as_json:
+                click.echo(json.dumps({"shape": list(a.shape), "dtype": a.dtype.name, "seconds": time.perf_counter() - t0,
+                                       "value": a.tolist() if a.dtype.kind != "c" else None}))
+            else:
+                click.echo(np.array2string(a, threshold=200))
+            return
+        t = db.einsum(spec, *operands, join=join, agg=agg, out=out, replace=replace, progress=progress)
+        seconds = time.perf_counter() - t0
+        v = t.value
+        if as_json:
+            click.echo(json.dumps({"out": t.name, "shape": list(v.shape), "dtype": v.dtype, "tile": list(v.tile),
+                                   "bytes": v.nbytes, "seconds": round(seconds, 4)}))
+        else:
+            click.echo(f"stored {t.name}: shape {_shape(v.shape)} {v.dtype} in tiles {_shape(v.tile)} "
+                       f"({_fmt_bytes(v.nbytes)}, {seconds:.2f} s)")
+    if progress:
+        from .jobs.runner import settle_watchdog
+
+        settle_watchdog()
+
+
+@cli.command()
+@click.argument("database", type=click.Path(dir_okay=False))
+@click.argument("name")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--form", type=click.Choice(["tiles", "elements"]), default="tiles", show_default=True,
+              help="For .parquet/Arrow: the stored tiles, or one row per element.")
+@_debug_option
+def export(database, name, file, form):
+    """Write tensor NAME of DATABASE to FILE (.npy, .parquet or Arrow IPC .arrow/.feather, by
+    its suffix), atomically."""
+    from .jobs import files
+
+    files.kind(file)
+    with _connect(database, read_only=True) as db:
+        t = db.tensor(name)
+        p = files.export(t, file, form)
+        click.echo(f"wrote {t.name} to {p} ({_fmt_bytes(p.stat().st_size)})")
+
+
+# -- jobs ---------------------------------------------------------------------------------------
+def _job_options(f):
+    f = click.option("--db", "database", type=click.Path(dir_okay=False),
+                     help="Use this database file instead of the job's 'database'.")(f)
+    f = _memory_option(f)
+    f = _workers_option(f)
+    return f
+
+
+def _load(job_file, database, memory, workers):
+    from .jobs import load_job
+
+    return load_job(job_file, database=database, memory=memory, workers=workers)
+
+
+@cli.command()
+@click.argument("job_file", metavar="JOB.toml", type=click.Path(dir_okay=False))
+@_job_options
+@click.option("--force", is_flag=True, help="Recompute steps whose definition or inputs changed since their "
+                                            "result was stored (and tensors no job wrote), replacing them; "
+                                            "without it such a job is refused.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (per step: skipped, "
+                                                      "seconds, tiles, bytes, projected peak).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress.")
+@_debug_option
+def run(job_file, database, memory, workers, force, as_json, quiet):
+    """Run the job in JOB.toml: every step not done yet, in dependency order, each step's result
+    committed to the database on its own. Run it again after a crash or Ctrl-C to resume."""
+    from .jobs import runner
+
+    t0 = time.perf_counter()
+    job = _load(job_file, database, memory, workers)
+    if not job.database.exists():
+        runner.plan_job(job, None)  # a job that cannot be planned creates no database file
+    stream = sys.stderr if as_json else sys.stdout
+    reporter = runner.Reporter() if quiet else _BarReporter() if _terminal() and not as_json else _LineReporter(stream)
+    with _connect(job.database, create=True, tile_bytes=job.tile_bytes) as db:
+        prep = runner.prepare(job, db)
+        blocked = [p for p in prep.parts if p.status == "blocked"]
+        if prep.problems() and (not force or blocked):
+            raise runner.refusal(prep)
+        r = runner.Runner(db, prep, reporter)
+        try:
+            entries = r.run()
+        except BaseException as e:
+            if as_json:
+                click.echo(json.dumps(_summary(job, r.entries, t0, error=one_line(e) if not isinstance(
+                    e, KeyboardInterrupt) else "interrupted"), indent=1))
+            raise
+        finally:
+            r.close()
+    summary = _summary(job, entries, t0)
+    if as_json:
+        click.echo(json.dumps(summary, indent=1))
+    elif not quiet:
+        print(f"job {job.path}: {summary['ran']} step(s) run, {summary['skipped']} already done, "
+              f"{summary['seconds']:.2f} s", file=stream, flush=True)
+
+
+def _summary(job, entries, t0, error=None) -> dict:
+    return {"job": str(job.path), "database": str(job.database), "ok": error is None,
+            **({"error": error} if error is not None else {}),
+            "seconds": round(time.perf_counter() - t0, 4), "ran": sum(not e["skipped"] for e in entries),
+            "skipped": sum(e["skipped"] for e in entries), "steps": entries,
+            "note": "projected_peak_bytes is the plan's projected peak of the step; max_rss_bytes the process's "
+                    "resident high-water mark so far"}
+
+
+@cli.command()
+@click.argument("job_file", metavar="JOB.toml", type=click.Path(dir_okay=False))
+@_job_options
+@click.option("--dot", is_flag=True, help="Print the plan as Graphviz source instead.")
+@click.option("--sql", is_flag=True, help="Add the SQL of every step.")
+@_debug_option
+def explain(job_file, database, memory, workers, dot, sql):
+    """Show the plan of the job in JOB.toml without running it: how every step is cut, what it
+    costs, its projected peak, and which steps are done in the database already."""
+    from .jobs import runner
+
+    job = _load(job_file, database, memory, workers)
+    db = _connect(job.database, read_only=True) if job.database.exists() else None
+    try:
+        prep = runner.prepare(job, db)
+    finally:
+        if db is not None:
+            db.close()
+    if dot:
+        click.echo(prep.gplan.to_dot())
+        return
+    mem = "none" if job.memory is None else _fmt_bytes(job.memory)
+    click.echo(f"job {job.path}: database {job.database}{'' if db is not None else ' (does not exist yet)'}, "
+               f"{len(job.steps)} step(s), workers {job.workers}, memory budget {mem}")
+    for p in prep.parts:
+        state = {"done": "done (unchanged: skipped on run)", "todo": "to run",
+                 "changed": f"CHANGED: {p.why} (run refuses without --force)",
+                 "conflict": f"CONFLICT: {p.why} (run refuses without --force)",
+                 "blocked": f"BLOCKED: {p.why}"}[p.status]
+        at = f" (line {p.line})" if p.line is not None else ""
+        if p.kind == "load":
+            click.echo(f"  load {p.name}{at}: {p.source.file} -> tiles {_shape(p.value.tile)}, "
+                       f"{_fmt_bytes(p.value.nbytes)}: {state}")
+        else:
+            s = job.steps[p.name]
+            extra = "".join(f" {k}={getattr(s, k)}" for k in ("join", "agg") if getattr(s, k) is not None)
+            click.echo(f"  step {p.name}{at}: {s.spec} of {', '.join(s.operands)}{extra} -> "
+                       f"{_shape(p.value.shape)} {p.value.dtype} tiles {_shape(p.value.tile)}, "
+                       f"{len(p.gplan.plan.steps)} plan step(s), peak {_fmt_bytes(p.peak)}: {state}")
+            for st in p.gplan.plan.steps:
+                click.echo(f"      {st.describe()}")
+    click.echo("")
+    click.echo(prep.gplan.explain(sql=sql))
+
+
+# -- progress -----------------------------------------------------------------------------------
+class _LineReporter:
+    """Plain lines (stdout not a terminal): one per part started and finished, and one every
+    ``interval`` seconds while a part runs."""
+
+    def __init__(self, stream, interval: float = 5.0):
+        self.stream, self.interval, self.last = stream, interval, 0.0
+
+    def _say(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def skipped(self, p, k, n):
+        self._say(f"[{k}/{n}] {p.what}: done already, unchanged (skipped)")
+
+    def started(self, p, k, n):
+        self.last = time.monotonic()
+        what = "loading " + str(p.source.file) if p.kind == "load" else f"{len(p.gplan.plan.steps)} plan step(s)"
+        self._say(f"[{k}/{n}] {p.what}: {what}, {p.tiles:,} tile(s) ...")
+
+    def progress(self, p, k, n, done, tiles, nbytes, elapsed):
+        now = time.monotonic()
+        if now - self.last < self.interval or done >= tiles:
+            return
+        self.last = now
+        eta = f", ETA {elapsed * (tiles - done) / done:.0f} s" if done else ""
+        self._say(f"[{k}/{n}] {p.what}: {done:,}/{tiles:,} tiles, {_fmt_bytes(nbytes)}, {elapsed:.0f} s{eta}")
+
+    def finished(self, p, k, n, seconds):
+        self._say(f"[{k}/{n}] {p.what}: done in {seconds:.2f} s ({p.tiles:,} tile(s), {_fmt_bytes(p.value.nbytes)})")
+
+
+class _BarReporter:
+    """A tqdm bar per part on a terminal: tiles done of total, bytes, elapsed and ETA."""
+
+    def __init__(self):
+        self.bar = None
+
+    def skipped(self, p, k, n):
+        from tqdm import tqdm
+
+        tqdm.write(f"[{k}/{n}] {p.what}: done already, unchanged (skipped)")
+
+    def started(self, p, k, n):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=p.tiles, desc=f"[{k}/{n}] {p.name}", unit="tile", leave=True, file=sys.stderr)
+
+    def progress(self, p, k, n, done, tiles, nbytes, elapsed):
+        if self.bar is not None:
+            self.bar.update(max(0, min(done, tiles) - self.bar.n))
+            self.bar.set_postfix_str(_fmt_bytes(nbytes), refresh=False)
+
+    def finished(self, p, k, n, seconds):
+        if self.bar is not None:
+            self.bar.update(max(0, self.bar.total - self.bar.n))
+            self.bar.close()
+            self.bar = None

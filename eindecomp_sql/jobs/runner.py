@@ -1,0 +1,573 @@
+"""Running a job: planned as one graph, executed one step at a time, each step's result
+committed on its own, and resumed after a crash from what is not done.
+
+**Planning.** The job's steps become one ``Graph`` (a step of three or more operands lowers to
+several nodes) and are planned together (``plan_graph``, every step's result an output), so the
+optimizer chooses every node's chunking knowing its neighbours. The plan's steps are then split
+by job step: a job step runs its own einsum steps plus the re-tiles feeding them (a re-tile two
+job steps read runs in each), as a sub-plan whose inputs are graph inputs and the stored results
+of earlier steps, each in the tiles the whole plan computed them in (``Session.run_graph_plan``
+checks that). So each step's result is committed by the session's own transaction (table +
+catalog row) and what runs is exactly the graph plan's steps.
+
+**Loads.** A file input is loaded into the database as a tensor of the input's name (cut as the
+plan reads it), committed the same way, before the steps.
+
+**Done, and what "unchanged" means.** Table ``eds_jobs`` holds one row per tensor a job writes:
+the fingerprint (sha256 over canonical JSON of what defines the result; the JSON is kept so a
+refusal can say what changed), and a state. A step's fingerprint covers its spec, operands,
+join, agg, its sub-plan (every step's description: chunking, tiles, batches), its result's
+shape/dtype/tile/keys, the package version, and the fingerprint of every input it reads: an
+earlier step's fingerprint (a chain: its definition and inputs, recursively), a loaded file's
+(sha256 of the file's bytes, its dtype and tile), or a stored tensor's (shape, dtype, tile, keys
+and an md5 over its tiles computed in SQL: ``md5(string_agg(md5(tile) ORDER BY keys))``).
+A file is re-hashed only when its size or mtime differ from those recorded with its load.
+
+**Crash safety.** For each part (load or step) not done: (1) drop its old result, if any;
+(2) write its row with the new fingerprint, state 'pending'; (3) run it, committing table and
+catalog row in one transaction; (4) set the row 'done' with timings. A part is done when its
+row's fingerprint equals the current one *and* its result is in the catalog with the expected
+shape/dtype/tile/keys. Since the result is dropped before the row is written and written after,
+a result next to a matching row was computed under that fingerprint, whether the row says
+pending (killed between 3 and 4) or done. Killed anywhere else, the part has no result and runs
+again. DuckDB rolls back an uncommitted transaction when the file is reopened, so the catalog
+never holds a half-written tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+
+from .. import __version__
+from ..errors import EinsumError
+from ..plan.steps import EinsumStep, FillStep, Plan, RetileStep, TiledValue, output_tiles, step_target
+from .spec import InputSpec, Job, JobError
+
+TABLE = "eds_jobs"
+SCHEMA = f"""CREATE TABLE IF NOT EXISTS {TABLE} (
+    tensor VARCHAR PRIMARY KEY,  -- lower-case name of the tensor a job writes (names ignore case)
+    name VARCHAR NOT NULL,       -- as the job spells it
+    kind VARCHAR NOT NULL,       -- 'load' (a file loaded as this tensor) or 'step' (an einsum step)
+    job VARCHAR,                 -- the job file that wrote it
+    fingerprint VARCHAR NOT NULL,-- sha256 of detail
+    detail VARCHAR NOT NULL,     -- JSON: what the fingerprint covers
+    file_stat VARCHAR,           -- JSON {{size, mtime_ns}} of a loaded file (not in the fingerprint)
+    state VARCHAR NOT NULL,      -- 'pending' (written before the part runs) or 'done'
+    seconds DOUBLE,
+    tiles BIGINT,
+    bytes BIGINT,
+    peak_bytes BIGINT,
+    updated TIMESTAMP
+)"""
+
+# Tests set this to a callable(event, part name) to kill the process at a chosen point:
+# events 'start', 'dropped', 'pending', 'progress' (from the progress callback, while the step's
+# transaction is open), 'committed', 'done'.
+HOOK = None
+
+
+def _hook(event: str, name: str) -> None:
+    if HOOK is not None:
+        HOOK(event, name)
+
+
+def digest(detail: dict) -> str:
+    return hashlib.sha256(json.dumps(detail, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _value_json(v: TiledValue) -> dict:
+    return {"shape": list(v.shape), "dtype": v.dtype, "tile": list(v.tile), "keys": list(v.keys)}
+
+
+def _nbytes(v: TiledValue) -> int:
+    return v.nbytes
+
+
+@dataclass
+class Part:
+    """What commits on its own: a file loaded as a tensor, or a job step's result."""
+
+    name: str
+    kind: str  # 'load' | 'step'
+    line: int | None
+    value: TiledValue  # the stored result, as the plan reads/computes it
+    source: InputSpec | None = None  # a load's input
+    gplan: object = None  # a step's sub-plan (a GraphPlan)
+    bind: dict = field(default_factory=dict)  # sub-plan input value -> stored tensor name
+    detail: dict = field(default_factory=dict)
+    fingerprint: str = ""
+    file_stat: dict | None = None
+    status: str = "todo"  # 'done' | 'todo' | 'changed' | 'conflict' | 'blocked'
+    why: str = ""
+
+    @property
+    def tiles(self) -> int:
+        if self.kind == "load":
+            return int(_prod(self.value.grid)) if self.value.shape else 1
+        return sum(output_tiles(s) for s in self.gplan.plan.steps)
+
+    @property
+    def peak(self) -> int | None:
+        """The sub-plan's projected peak (bytes; None for a load)."""
+        return self.gplan.plan.peak_bytes if self.gplan is not None else None
+
+    @property
+    def what(self) -> str:
+        return f"step {self.name!r}" if self.kind == "step" else f"input {self.name!r}"
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= int(x)
+    return n
+
+
+@dataclass
+class Prepared:
+    """A job planned and fingerprinted against a database (or against none yet)."""
+
+    job: Job
+    graph: object
+    gplan: object
+    parts: list[Part]
+    stored: dict[str, object]  # input name -> its stored Tensor
+
+    def problems(self) -> list[Part]:
+        return [p for p in self.parts if p.status in ("changed", "conflict", "blocked")]
+
+
+# -- planning ------------------------------------------------------------------------------
+def _one_line(e: Exception) -> str:
+    """An error's message on one line (a parse error's caret lines become 'at character N')."""
+    lines = str(e).split("\n")
+    if len(lines) == 3 and lines[2].strip() == "^":
+        col = len(lines[2]) - len(lines[2].lstrip()) - 4
+        return f"{lines[0]} (at character {col + 1} of {lines[1].strip()!r})"
+    return " ".join(x.strip() for x in lines if x.strip())
+
+
+def input_shapes(job: Job, db=None) -> tuple[dict[str, tuple[tuple[int, ...], str]], dict[str, object]]:
+    """Shape and dtype of every input (files from their headers, stored tensors from the
+    catalog of ``db``), and the stored inputs' Tensors."""
+    from . import files
+
+    shapes, stored = {}, {}
+    for i in job.inputs.values():
+        if i.file is not None:
+            try:
+                shape, dtype = files.info(i.file)
+            except EinsumError as e:
+                raise job.error(_one_line(e), "inputs", i.name, "file", input=i.name) from None
+            if i.dtype is not None:
+                import numpy as np
+
+                if not np.can_cast(dtype, i.dtype, "same_kind"):
+                    raise job.error(f"cannot cast the file's {dtype} values to dtype {i.dtype} (numpy's same_kind "
+                                    "rule)", "inputs", i.name, "dtype", input=i.name)
+                dtype = i.dtype
+            shapes[i.name] = (shape, dtype)
+        else:
+            if db is None:
+                raise job.error(f"reads stored tensor {i.tensor!r}, but the database {str(job.database)!r} "
+                                "does not exist", "inputs", i.name, input=i.name)
+            t = lookup(db, i.tensor)
+            if t is None:
+                names = tensor_names(db)
+                raise job.error(f"no stored tensor {i.tensor!r} in {str(job.database)!r}; stored: "
+                                f"{', '.join(names) or 'none'}", "inputs", i.name, "tensor", input=i.name)
+            stored[i.name] = t
+            shapes[i.name] = (t.shape, t.dtype.name)
+    return shapes, stored
+
+
+def lookup(db, name: str):
+    """The stored Tensor ``name``, or None (also in a read-only database without a catalog)."""
+    v = db.backend.lookup(name)
+    return None if v is None else db._tensor(v)
+
+
+def tensor_names(db) -> list[str]:
+    try:
+        return db.tensors()
+    except Exception:  # noqa: BLE001 - a read-only database that never had a catalog
+        return []
+
+
+def build_graph(job: Job, shapes: dict):
+    """The job as a Graph; returns it and the job step owning each node's result."""
+    from ..graph import Graph
+
+    g = Graph()
+    for i in job.inputs.values():
+        shape, dtype = shapes[i.name]
+        try:
+            g.input(i.name, shape, dtype)
+        except EinsumError as e:
+            raise job.error(_one_line(e), "inputs", i.name, input=i.name) from None
+        if i.tile is not None:
+            from ..plan.tiling import check_tile
+
+            try:
+                check_tile(shape, i.tile)
+            except EinsumError as e:
+                raise job.error(f"{_one_line(e)}", "inputs", i.name, "tile", input=i.name) from None
+    owner: dict[str, str] = {}
+    values = {n: shapes[n] for n in job.inputs}
+    for name in job.order:
+        s = job.steps[name]
+        before = len(g.nodes)
+        try:
+            g.einsum(s.spec, *s.operands, join=s.join, agg=s.agg, name=name)
+        except EinsumError as e:
+            ops = ", ".join(f"{op} {tuple(values[op][0])}" for op in s.operands)
+            msg = _one_line(e)
+            key = "join" if msg.startswith("join") else "agg" if "agg" in msg.split(":")[0] else "spec"
+            raise job.error(f"{msg} (spec {s.spec!r} over {ops})", "steps", name, key, step=name) from None
+        for n in g.nodes[before:]:
+            owner[n.result.name] = name
+        v = g.value(name)
+        values[name] = (v.shape, v.dtype)
+    return g, owner
+
+
+def plan_job(job: Job, db=None):
+    """Plan the job as one graph (stored inputs as they are cut, files as the plan chooses unless
+    the job gives a tile). Returns (graph, owner, graph plan, stored inputs)."""
+    from ..plan.cost import DEFAULT_COSTS
+    from ..plan.graph_plan import plan_graph
+    from ..plan.tiling import DEFAULT_TILE_BYTES
+
+    shapes, stored = input_shapes(job, db)
+    g, owner = build_graph(job, shapes)
+    fixed = dict(stored)
+    fixed.update({i.name: i.tile for i in job.inputs.values() if i.file is not None and i.tile is not None})
+    try:
+        gplan = plan_graph(g, workers=job.workers, memory=job.memory,
+                           tile_bytes=job.tile_bytes or DEFAULT_TILE_BYTES, outputs=list(job.order),
+                           inputs=fixed, costs=db.backend.cost_model if db is not None else DEFAULT_COSTS)
+    except EinsumError as e:
+        raise JobError(f"cannot plan the job: {_one_line(e)}", job.path,
+                       job.line("memory") if "memory" in str(e) else None) from None
+    return g, owner, gplan, stored
+
+
+def split(job: Job, g, owner: dict[str, str], gplan) -> dict[str, object]:
+    """One sub-plan (a GraphPlan) per job step: its einsum steps and the re-tiles feeding them."""
+    from ..graph import ValueInfo
+
+    steps = gplan.plan.steps
+    mine: dict[str, list[int]] = {name: [] for name in job.order}
+    readers: dict[str, set[str]] = {}  # a value -> job steps whose einsum steps read it
+    for s in steps:
+        if isinstance(s, EinsumStep):
+            for v in s.inputs:
+                readers.setdefault(v.name, set()).add(owner[s.node.result.name])
+    for k, s in enumerate(steps):
+        if isinstance(s, EinsumStep):
+            mine[owner[s.node.result.name]].append(k)
+        elif isinstance(s, FillStep):
+            mine[owner[s.result.name]].append(k)
+        elif isinstance(s, RetileStep):
+            for o in readers.get(s.target.name, ()):
+                mine[o].append(k)
+    outputs = {v.name: v for v in gplan.plan.outputs}
+    plan_inputs = {v.name: v for v in gplan.plan.inputs}
+    nodes = {n.result.name: n for n in gplan.nodes}
+    subs = {}
+    for name in job.order:
+        own = [steps[k] for k in sorted(mine[name])]
+        made = {step_target(s).name for s in own}
+        read: dict[str, TiledValue] = {}
+        for s in own:
+            for v in (s.inputs if isinstance(s, EinsumStep) else (s.source,) if isinstance(s, RetileStep) else ()):
+                if v.name not in made:
+                    known = plan_inputs.get(v.name) or outputs.get(v.name)
+                    if known != v:  # cannot happen: every value a step reads is made or given
+                        raise EinsumError(f"step {name!r} reads {v.name!r}, which no earlier step stores as it reads it")
+                    read.setdefault(v.name, v)
+        plan = Plan(tuple(own), tuple(read.values()), (outputs[name],), gplan.plan.model)
+        infos = tuple(ValueInfo(v.name, v.shape, v.dtype) for v in read.values())
+        subs[name] = dataclasses.replace(
+            gplan, nodes=tuple(n for r, n in nodes.items() if owner.get(r) == name), inputs=infos,
+            outputs=(g.value(name),), plan=plan, single=True, unused_inputs=())
+    return subs
+
+
+# -- fingerprints ----------------------------------------------------------------------------
+def content_md5(db, t) -> str:
+    """md5 over a stored tensor's tiles, in key order, computed by DuckDB (docs/cli.md)."""
+    keys = ", ".join(f'"{k}"' for k in t.keys)
+    order = f" ORDER BY {keys}" if keys else ""
+    cur = db.connection.cursor()
+    try:
+        row = cur.execute(f"SELECT md5(string_agg(md5(tile), ''{order})), count(*) FROM \"{t.name}\"").fetchone()
+    finally:
+        cur.close()
+    return f"{row[0]}:{row[1]}"
+
+
+def read_rows(db, names) -> dict[str, dict]:
+    if db is None:
+        return {}
+    cur = db.connection.cursor()
+    try:
+        have = cur.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND schema_name = 'main'",
+                           [TABLE]).fetchone()[0]
+        if not have:
+            return {}
+        low = [n.lower() for n in names]
+        rel = cur.execute(f"SELECT tensor, name, kind, fingerprint, detail, file_stat, state FROM {TABLE} "
+                          "WHERE tensor IN (SELECT unnest(?))", [low]).fetchall()
+    finally:
+        cur.close()
+    out = {}
+    for tensor, name, kind, fp, detail, stat, state in rel:
+        out[tensor] = {"name": name, "kind": kind, "fingerprint": fp, "detail": json.loads(detail),
+                       "file_stat": json.loads(stat) if stat else None, "state": state}
+    return out
+
+
+def _plain_table_exists(db, name: str) -> bool:
+    cur = db.connection.cursor()
+    try:
+        return bool(cur.execute(
+            "SELECT (SELECT count(*) FROM duckdb_tables() WHERE lower(table_name) = lower($1) AND NOT temporary) + "
+            "(SELECT count(*) FROM duckdb_views() WHERE lower(view_name) = lower($1) AND NOT temporary)",
+            [name]).fetchone()[0])
+    finally:
+        cur.close()
+
+
+def prepare(job: Job, db=None) -> Prepared:
+    """Plan the job, split it, fingerprint every part and decide what is done (``db`` None:
+    the database does not exist yet, nothing is)."""
+    from . import files
+
+    g, owner, gplan, stored = plan_job(job, db)
+    subs = split(job, g, owner, gplan)
+    plan_inputs = {v.name: v for v in gplan.plan.inputs}
+    rows = read_rows(db, list(job.inputs) + list(job.steps))
+    fps: dict[str, str] = {}
+    parts: list[Part] = []
+    for i in job.inputs.values():
+        if i.file is None:
+            t = stored[i.name]
+            fps[i.name] = digest({"kind": "stored", "tensor": t.name, **_value_json(t.value),
+                                  "content_md5": content_md5(db, t)})
+            continue
+        v = plan_inputs[i.name]
+        v = dataclasses.replace(v, name=i.name)
+        st = i.file.stat()
+        stat = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        row = rows.get(i.name.lower())
+        if row is not None and row["kind"] == "load" and row["file_stat"] == stat and "sha256" in row["detail"]:
+            sha = row["detail"]["sha256"]  # size and mtime unchanged: the recorded hash stands
+        else:
+            sha = files.file_digest(i.file)
+        detail = {"kind": "load", "version": __version__, "sha256": sha, **_value_json(v)}
+        p = Part(i.name, "load", i.line, v, source=i, detail=detail, fingerprint=digest(detail),
+                 file_stat={**stat, "file": str(i.file)})
+        fps[i.name] = p.fingerprint
+        parts.append(p)
+    for name in job.order:
+        s = job.steps[name]
+        sub = subs[name]
+        v = sub.plan.outputs[0]
+        detail = {"kind": "step", "version": __version__, "spec": s.spec, "operands": list(s.operands),
+                  "join": s.join, "agg": s.agg, "plan": [st.describe() for st in sub.plan.steps],
+                  "result": _value_json(v), "inputs": {x.name: fps[x.name] for x in sub.plan.inputs}}
+        p = Part(name, "step", s.line, v, gplan=sub, detail=detail, fingerprint=digest(detail),
+                 bind={x.name: (job.inputs[x.name].tensor or x.name) if x.name in job.inputs else x.name
+                       for x in sub.plan.inputs})
+        fps[name] = p.fingerprint
+        parts.append(p)
+    if db is not None:
+        for p in parts:
+            _status(db, p, rows.get(p.name.lower()))
+    return Prepared(job, g, gplan, parts, stored)
+
+
+def _status(db, p: Part, row: dict | None) -> None:
+    cur = db.backend.lookup(p.name)
+    if cur is None:
+        if _plain_table_exists(db, p.name):
+            p.status, p.why = "blocked", (f"the database has a table or view named {p.name!r} that is not a stored "
+                                          "tensor (rename the step, or drop that table)")
+        else:
+            p.status = "todo"  # nothing stored to lose (a pending row: killed before it committed)
+        return
+    matches = (cur.shape, cur.dtype, cur.tile, cur.keys) == (p.value.shape, p.value.dtype, p.value.tile, p.value.keys)
+    if row is None:
+        p.status, p.why = "conflict", f"tensor {cur.name!r} is stored in the database, but no job wrote it"
+    elif row["fingerprint"] != p.fingerprint:
+        p.status, p.why = "changed", changes(row["detail"], p.detail)
+    elif not matches:
+        p.status, p.why = "changed", (f"stored tensor {cur.name!r} ({cur.shape} {cur.dtype} tile {cur.tile}) is not "
+                                      "what the job wrote there")
+    else:
+        p.status = "done"
+
+
+def changes(old: dict, new: dict) -> str:
+    """What differs between two fingerprints' details, in words."""
+    out = []
+    if old.get("kind") != new.get("kind"):
+        return f"it was {'a loaded file' if old.get('kind') == 'load' else 'a step'} and is now " \
+               f"{'a loaded file' if new.get('kind') == 'load' else 'a step'}"
+    for k in ("spec", "operands", "join", "agg"):
+        if old.get(k) != new.get(k):
+            out.append(f"{k} {old.get(k)!r} -> {new.get(k)!r}")
+    if old.get("sha256") != new.get("sha256"):
+        out.append("the file's content changed")
+    for k in ("shape", "dtype", "tile", "keys"):
+        if k in new and old.get(k) != new.get(k):
+            out.append(f"{k} {old.get(k)} -> {new.get(k)}")
+    if "result" in new and old.get("result") != new.get("result"):
+        r0, r1 = old.get("result") or {}, new["result"]
+        out.append("result " + ", ".join(f"{k} {r0.get(k)} -> {r1.get(k)}" for k in r1 if r0.get(k) != r1.get(k)))
+    defined = any(old.get(k) != new.get(k) for k in ("spec", "operands", "join", "agg"))
+    if old.get("plan") != new.get("plan") and not defined:
+        out.append("its plan changed (chunking or tiles: memory, workers, tile_bytes or an input's tiling)")
+    oi, ni = old.get("inputs") or {}, new.get("inputs") or {}
+    changed = [n for n in ni if n in oi and oi[n] != ni[n]]
+    if changed:
+        out.append(f"input{'s' if len(changed) > 1 else ''} {', '.join(changed)} changed")
+    added = [n for n in ni if n not in oi]
+    if added and not defined:
+        out.append(f"reads {', '.join(added)} now")
+    if old.get("version") != new.get("version"):
+        out.append(f"package version {old.get('version')} -> {new.get('version')}")
+    return "; ".join(out) or "its fingerprint changed"
+
+
+def refusal(prep: Prepared) -> JobError:
+    """The error ``run`` gives (without --force) when stored results do not match the job."""
+    items, blocked = [], False
+    for p in prep.problems():
+        at = f" (line {p.line})" if p.line is not None else ""
+        items.append(f"{p.what}{at}: {p.why}")
+        blocked |= p.status == "blocked"
+    changed = any(p.status == "changed" for p in prep.problems())
+    head = ("the job changed since its results were stored" if changed else
+            "the job would replace stored tensors that no job wrote")
+    tail = "" if blocked else ". Run with --force to recompute these (their stored tensors are replaced)"
+    return JobError(f"{head}: " + "; ".join(items) + tail, prep.job.path)
+
+
+# -- running -----------------------------------------------------------------------------------
+class Reporter:
+    """What the runner tells whoever watches; the command line draws bars or writes lines."""
+
+    def skipped(self, part: Part, k: int, n: int) -> None: ...
+
+    def started(self, part: Part, k: int, n: int) -> None: ...
+
+    def progress(self, part: Part, k: int, n: int, tiles_done: int, tiles: int, bytes_done: int,
+                 elapsed: float) -> None: ...
+
+    def finished(self, part: Part, k: int, n: int, seconds: float) -> None: ...
+
+
+def _max_rss() -> int:
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r) if sys.platform == "darwin" else int(r) * 1024
+
+
+def entry(p: Part, skipped: bool, seconds: float) -> dict:
+    return {"name": p.name, "kind": p.kind, "line": p.line, "skipped": skipped, "seconds": round(seconds, 4),
+            "tiles": p.tiles, "bytes": _nbytes(p.value), "projected_peak_bytes": p.peak,
+            "max_rss_bytes": _max_rss(), "fingerprint": p.fingerprint}
+
+
+class Runner:
+    def __init__(self, db, prep: Prepared, reporter: Reporter | None = None):
+        self.db = db
+        self.prep = prep
+        self.reporter = reporter or Reporter()
+        self.cur = db.connection.cursor()
+        self.cur.execute(SCHEMA)
+        self.entries: list[dict] = []
+        self.watched = False  # a step ran with a progress callable (see close())
+
+    def run(self) -> list[dict]:
+        parts = self.prep.parts
+        n = len(parts)
+        for k, p in enumerate(parts, 1):
+            if p.status == "done":
+                self.reporter.skipped(p, k, n)
+                self.entries.append(entry(p, True, 0.0))
+                continue
+            self.entries.append(self._run(p, k, n))
+        return self.entries
+
+    def _write(self, p: Part, state: str, seconds=None) -> None:
+        self.cur.execute(
+            f"INSERT OR REPLACE INTO {TABLE} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, now())",
+            [p.name.lower(), p.name, p.kind, str(self.prep.job.path), p.fingerprint,
+             json.dumps(p.detail, sort_keys=True), json.dumps(p.file_stat) if p.file_stat else None, state,
+             seconds, p.tiles if seconds is not None else None, _nbytes(p.value) if seconds is not None else None,
+             p.peak])
+
+    def _run(self, p: Part, k: int, n: int) -> dict:
+        from . import files
+
+        self.reporter.started(p, k, n)
+        _hook("start", p.name)
+        if lookup(self.db, p.name) is not None:
+            self.db.drop(p.name)  # (1) the old result goes before the new fingerprint is written
+        _hook("dropped", p.name)
+        self._write(p, "pending")  # (2)
+        _hook("pending", p.name)
+        t0 = time.perf_counter()
+        if p.kind == "load":
+            files.store_file(self.db, p.name, p.source.file, tile=p.value.tile, dtype=p.source.dtype)  # (3)
+            self.reporter.progress(p, k, n, p.tiles, p.tiles, _nbytes(p.value), time.perf_counter() - t0)
+        else:
+            self.watched = True
+            self.db.run_graph_plan(p.gplan, p.bind, out={p.name: p.name}, progress=self._watch(p, k, n))  # (3)
+        seconds = time.perf_counter() - t0
+        _hook("committed", p.name)
+        self._write(p, "done", seconds)  # (4)
+        _hook("done", p.name)
+        self.reporter.finished(p, k, n, seconds)
+        return entry(p, False, seconds)
+
+    def _watch(self, p: Part, k: int, n: int):
+        """A ``progress=`` callable adding up the sub-plan's steps into one count for the part."""
+        totals = [output_tiles(s) for s in p.gplan.plan.steps]
+        before = [sum(totals[:j]) for j in range(len(totals))]
+        all_tiles = sum(totals)
+        done_bytes: dict[int, int] = {}
+
+        def watch(sp) -> None:
+            _hook("progress", p.name)
+            done_bytes[sp.step] = max(done_bytes.get(sp.step, 0), sp.bytes_done)
+            self.reporter.progress(p, k, n, before[sp.step - 1] + sp.tiles_done, all_tiles,
+                                   sum(done_bytes.values()), sp.elapsed)
+
+        return watch
+
+    def close(self) -> None:
+        try:
+            self.cur.close()
+        except Exception:  # noqa: BLE001
+            pass
+        if self.watched:
+            settle_watchdog()
+
+
+def settle_watchdog() -> None:
+    """Wait one progress tick. The watchdog thread (backends/running.py) keeps the last plan's
+    job, and with it the session's cursor, in a local variable until its next tick (up to 0.1 s
+    after the plan); a process that exits within that tick makes DuckDB's binding print
+    'nanobind: leaked ...' warnings at shutdown. Harmless, but not one clean line of output."""
+    from ..backends.running import TICK_SECONDS
+
+    time.sleep(TICK_SECONDS * 1.5)

@@ -1,0 +1,334 @@
+"""Jobs (eindecomp_sql/jobs): a 5-step job run in real subprocesses, killed with SIGKILL at chosen
+and at random points, resumed, and compared byte for byte with an uninterrupted run; bad job
+files refused before anything is computed, naming the file, line and step; changed jobs refused
+with what changed; --force."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import eindecomp_sql as eds
+from eindecomp_sql.cli import main as cli_main
+
+PARTS = ["A", "B", "W", "P", "Q", "R", "T", "U"]  # loads, then steps, in the order the job runs them
+
+JOB = """\
+# a 5-step job: integer GEMM, an expression, max-plus, a broadcast min, a max reduction
+database = "job.duckdb"
+workers = 4
+
+[inputs]
+A = { file = "A.npy" }
+B = { file = "B.parquet" }          # element form: i, j, value
+W = { file = "W.arrow", tile = [40, 96] }
+S = { tensor = "S" }                # stored before the job runs
+
+[steps.P]
+spec = "ij,jk->ik"
+operands = ["A", "B"]
+
+[steps.Q]
+spec = "ik->ik"
+operands = ["P"]
+join = "relu(x - 2)"
+
+[steps.R]
+spec = "ik,kl->il"
+operands = ["Q", "W"]
+join = "add"
+agg = "max"
+
+[steps.T]
+spec = "il,l->il"
+operands = ["R", "S"]
+join = "min"
+
+[steps.U]
+spec = "il->l"
+operands = ["T"]
+agg = "max"
+"""
+
+
+def make_data(d: Path) -> dict[str, np.ndarray]:
+    """Input files and a database holding S; returns the numpy reference of every tensor."""
+    rng = np.random.default_rng(7)
+    a = rng.integers(-4, 5, (192, 128)).astype(np.int64)
+    b = rng.integers(-4, 5, (128, 160)).astype(np.int64)
+    w = rng.standard_normal((160, 96))
+    s = rng.standard_normal(96)
+    np.save(d / "A.npy", a)
+    i, j = np.indices(b.shape)
+    pq.write_table(pa.table({"i": i.ravel(), "j": j.ravel(), "value": b.ravel()}), d / "B.parquet")
+    i, j = np.indices(w.shape)
+    table = pa.table({"i": i.ravel(), "j": j.ravel(), "value": w.ravel()})
+    with pa.OSFile(str(d / "W.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as wr:
+        wr.write_table(table)
+    with eds.connect(str(d / "job.duckdb")) as db:
+        db.store("S", s)
+    (d / "job.toml").write_text(JOB)
+    p = a @ b
+    q = np.maximum(p - 2, 0)
+    r = np.max(q[:, :, None] + w[None, :, :], axis=1)
+    t = np.minimum(r, s[None, :])
+    return {"A": a, "B": b, "W": w, "S": s, "P": p, "Q": q, "R": r, "T": t, "U": t.max(axis=0)}
+
+
+# Runs the command line in this process after arranging, through jobs.runner.HOOK, to SIGKILL
+# itself: at an event of a part ("at EVENT PART"), or at a random moment after the job's first
+# part starts ("timer SEED SECONDS").
+DRIVER = textwrap.dedent("""
+    import os, random, signal, sys, threading
+    import eindecomp_sql.jobs.runner as runner
+
+    mode, a, b = sys.argv[1:4]
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "at":
+        runner.HOOK = lambda event, name: die() if (event, name) == (a, b) else None
+    else:
+        armed = []
+        def hook(event, name):
+            if not armed:
+                armed.append(1)
+                threading.Timer(random.Random(int(a)).uniform(0, float(b)), die).start()
+        runner.HOOK = hook
+    from eindecomp_sql.cli import main
+    main(sys.argv[4:])
+""")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("job")
+    return d, make_data(d)
+
+
+def cli(*args, cwd=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "eindecomp_sql", *map(str, args)], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def stored(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor in the catalog of database ``path``, read back (each must read whole)."""
+    with eds.connect(str(path), read_only=True) as db:
+        return {n: db.tensor(n).to_numpy() for n in db.tensors()}
+
+
+def same_bytes(x: np.ndarray, y: np.ndarray) -> bool:
+    return x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+def test_job_runs_matches_numpy_and_resumes_after_sigkill(data, tmp_path):
+    src, ref = data
+    # the uninterrupted run, and the kills, each on a database file of its own, all at once
+    # (two or more jobs on two or more files in parallel processes)
+    # every window of the commit protocol (runner.py): before the old result is dropped, before
+    # the pending row, inside the step's transaction, after its commit, after the done row
+    kills = [("at", "committed", "B"), ("at", "pending", "P"), ("at", "progress", "Q"), ("at", "committed", "R"),
+             ("at", "dropped", "T"), ("at", "done", "U"), ("timer", "1", "0.25"), ("timer", "2", "0.25")]
+    dirs = {}
+    for k, case in enumerate(["clean"] + kills):
+        d = tmp_path / f"case{k}"
+        shutil.copytree(src, d)
+        dirs[case] = d
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    procs = {"clean": cli("run", "job.toml", "--json", cwd=dirs["clean"])}
+    for case in kills:
+        procs[case] = subprocess.Popen([sys.executable, str(driver), *case[:3], "run", "job.toml", "--json"],
+                                       cwd=dirs[case], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = {case: finish(p) for case, p in procs.items()}
+
+    rc, out, err = results["clean"]
+    assert rc == 0, err
+    clean = stored(dirs["clean"] / "job.duckdb")
+    for name, want in ref.items():
+        assert np.array_equal(clean[name], want), name  # exact: integers, max, min and add
+    summary = json.loads(out)
+    assert [e["name"] for e in summary["steps"]] == PARTS and not any(e["skipped"] for e in summary["steps"])
+    assert all(e["projected_peak_bytes"] > 0 for e in summary["steps"] if e["kind"] == "step")
+
+    # after each kill: every tensor in the catalog is whole and holds the clean run's bytes
+    present = {}
+    for case in kills:
+        rc, out, err = results[case]
+        if case[0] == "at":
+            assert rc == -signal.SIGKILL, (case, rc, err)
+        else:
+            assert rc in (0, -signal.SIGKILL), (case, rc, err)
+        got = stored(dirs[case] / "job.duckdb")
+        assert set(got) <= set(PARTS) | {"S"}, (case, got.keys())
+        for name, x in got.items():
+            assert same_bytes(x, clean[name]), (case, name)
+        present[case] = set(got) - {"S"}
+        if case[0] == "at":
+            event, part = case[1], case[2]
+            k = PARTS.index(part)
+            assert present[case] == set(PARTS[:k + (event in ("committed", "done"))]), (case, present[case])
+
+    # resume all at once: every part committed before the kill is skipped, the rest run once
+    resumed = {case: cli("run", "job.toml", "--json", cwd=dirs[case]) for case in kills}
+    for case, p in resumed.items():
+        rc, out, err = finish(p)
+        assert rc == 0, (case, err)
+        steps = json.loads(out)["steps"]
+        assert {e["name"] for e in steps if e["skipped"]} == present[case], (case, steps)
+        got = stored(dirs[case] / "job.duckdb")
+        assert set(got) == set(PARTS) | {"S"}
+        for name in PARTS:
+            assert same_bytes(got[name], clean[name]), (case, name)
+
+
+# -- in this process: the command line's main(), for the many small cases ----------------------
+def run_main(capsys, *args) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        cli_main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+BASE = """\
+database = "t.duckdb"
+[inputs]
+x = { file = "x.npy" }
+"""
+
+BAD = [
+    # (job text, line, what the one error line says)
+    ('database = "t.duckdb"\n[inputs\nx = 1\n', "2:8", "invalid TOML"),
+    ('[inputs]\nx = { file = "x.npy" }\n[steps.h]\nspec = "ij->i"\noperands = ["x"]\n', None,
+     "missing field 'database'"),
+    (BASE + '[steps.h]\noperands = ["x"]\n', 4, "step 'h': missing field 'spec'"),
+    (BASE + '[steps.h]\nspec = "ij->i"\noperands = ["x"]\nagregate = "max"\n', 7,
+     "step 'h': unknown key 'agregate'"),
+    ('database = "t.duckdb"\nwrkers = 2\n' + BASE[22:] + '[steps.h]\nspec = "ij->i"\noperands = ["x"]\n', 2,
+     "unknown key 'wrkers' in the job"),
+    ('databse = "t.duckdb"\n', 1, "unknown key 'databse' in the job"),
+    (BASE + '[steps.h]\nspec = "ij,jk->ik"\noperands = ["x", "y"]\n', 6, "step 'h': unknown operand 'y'"),
+    ('database = "t.duckdb"\n[inputs]\nx = { file = "nope.npy" }\n[steps.h]\nspec = "ij->i"\noperands = ["x"]\n',
+     3, "input 'x': no such file"),
+    ('database = "t.duckdb"\n[inputs]\nx = { tensor = "X" }\n[steps.h]\nspec = "ij->i"\noperands = ["x"]\n',
+     3, "input 'x': reads stored tensor 'X', but the database"),
+    (BASE + '[steps.h]\nspec = "ij,jk->ik"\noperands = ["x", "x"]\n', 5,
+     "step 'h': einsum label 'j' has size 4 in operand 1"),
+    (BASE + '[steps.h]\nspec = "ij,kj->ik"\noperands = ["x", "x"]\nagg = "mean"\n', 7, "unknown agg 'mean'"),
+    (BASE + '[steps.h]\nspec = "ij,kj->ik"\noperands = ["x", "x"]\njoin = "frob(x)"\n', 7,
+     "join expression: unknown function 'frob'"),
+    (BASE + '[steps.h]\nspec = "ij->ij"\noperands = ["g"]\n[steps.g]\nspec = "ij,ij->ij"\noperands = ["h", "x"]\n',
+     4, "the steps form a cycle: h -> g -> h"),
+    (BASE + '[steps.X]\nspec = "ij->ij"\noperands = ["x"]\n', 4, "step 'X': writes over input 'x'"),
+    ('database = "t.duckdb"\nmemory = "64B"\n' + BASE[22:] + '[steps.h]\nspec = "ij,kj->ik"\noperands = ["x", "x"]\n',
+     2, "fits the memory budget"),
+    (BASE + '[steps.h]\nspec = "ij->i"\noperands = "x"\n', 6, "operands must be a non-empty list"),
+    (BASE + 'q = { file = "x.npy" }\n[steps.h]\nspec = "ij->i"\noperands = ["x"]\n', 4,
+     "input 'q': no step reads this input"),
+]
+
+
+@pytest.mark.parametrize("text,line,says", BAD, ids=[b[2].split("'")[0].strip() or b[2] for b in BAD])
+def test_bad_job_files_fail_before_anything_runs(tmp_path, capsys, text, line, says):
+    np.save(tmp_path / "x.npy", np.ones((4, 6), np.float32))
+    job = tmp_path / "job.toml"
+    job.write_text(text)
+    for command in ("run", "explain"):
+        code, out, err = run_main(capsys, command, job)
+        assert code == 1, err
+        assert err.count("\n") == 1 and err.startswith("eindecomp-sql: error: ") and "Traceback" not in err, err
+        where = str(job) + (f":{line}" if line is not None else "")
+        assert err.startswith(f"eindecomp-sql: error: {where}: "), err
+        assert says in err, err
+    assert not (tmp_path / "t.duckdb").exists()  # nothing was created, let alone computed
+
+
+def test_unknown_stored_tensor_is_named_with_its_line(tmp_path, capsys):
+    with eds.connect(str(tmp_path / "t.duckdb")) as db:
+        db.store("Z", np.ones(3))
+    (tmp_path / "job.toml").write_text('database = "t.duckdb"\n[inputs]\nz = { tensor = "Y" }\n'
+                                       '[steps.h]\nspec = "i->"\noperands = ["z"]\n')
+    code, _, err = run_main(capsys, "run", tmp_path / "job.toml")
+    assert code == 1 and ":3: input 'z': no stored tensor 'Y'" in err and "stored: Z" in err, err
+    assert stored(tmp_path / "t.duckdb").keys() == {"Z"}
+
+
+def small_job(d: Path, extra: str = "", join: str = "relu(x - y)") -> Path:
+    rng = np.random.default_rng(1)
+    np.save(d / "x.npy", rng.standard_normal((8, 6)))
+    (d / "job.toml").write_text(BASE + extra + f'[steps.h]\nspec = "ij,kj->ik"\noperands = ["x", "x"]\n'
+                                f'join = "{join}"\nagg = "max"\n[steps.s]\nspec = "ik->i"\noperands = ["h"]\n')
+    return d / "job.toml"
+
+
+def test_changed_job_is_refused_saying_what_changed_then_forced(tmp_path, capsys):
+    job = small_job(tmp_path)
+    code, out, err = run_main(capsys, "run", job, "--json")
+    assert code == 0, err
+    x = np.load(tmp_path / "x.npy")
+    h = np.max(np.maximum(x[:, None, :] - x[None, :, :], 0), axis=2)
+    assert np.allclose(stored(tmp_path / "t.duckdb")["h"], h)
+
+    small_job(tmp_path, join="relu(y - x)")
+    code, out, err = run_main(capsys, "run", job)
+    assert code == 1
+    assert "step 'h' (line 4): join 'relu(x - y)' -> 'relu(y - x)'" in err and "step 's' (line 9): input h changed" in err
+    assert "--force" in err and err.count("\n") == 1
+    code, out, err = run_main(capsys, "explain", job)  # explain shows the same, and exits 0
+    assert code == 0 and "CHANGED: join 'relu(x - y)' -> 'relu(y - x)'" in out, err
+    code, out, err = run_main(capsys, "run", job, "--force", "--json")
+    assert code == 0, err
+    assert {e["name"]: e["skipped"] for e in json.loads(out)["steps"]} == {"x": True, "h": False, "s": False}
+    assert np.allclose(stored(tmp_path / "t.duckdb")["h"], h.T)
+
+    # a file's content: re-hashed when its size or mtime changes; a touch alone changes nothing
+    os.utime(tmp_path / "x.npy")
+    code, out, err = run_main(capsys, "run", job, "--json")
+    assert code == 0 and all(e["skipped"] for e in json.loads(out)["steps"]), err
+    np.save(tmp_path / "x.npy", x + 1)
+    code, out, err = run_main(capsys, "run", job)
+    assert code == 1 and "input 'x' (line 3): the file's content changed" in err, err
+    # settings change a fingerprint when they change the plan (a budget it fits in does not)
+    np.save(tmp_path / "x.npy", x)
+    code, out, err = run_main(capsys, "explain", job, "--workers", "4")
+    assert code == 0 and "step h (line 4)" in out and "its plan changed" in out, err
+    code, out, err = run_main(capsys, "explain", job, "--memory", "1GB")
+    assert code == 0 and "CHANGED" not in out and out.count("done (unchanged") == 3, out
+
+
+def test_a_tensor_no_job_wrote_is_not_replaced_without_force(tmp_path, capsys):
+    job = small_job(tmp_path)
+    with eds.connect(str(tmp_path / "t.duckdb")) as db:
+        db.store("s", np.zeros(8))
+    code, out, err = run_main(capsys, "run", job)
+    assert code == 1 and "step 's' (line 9): tensor 's' is stored in the database, but no job wrote it" in err, err
+    assert stored(tmp_path / "t.duckdb").keys() == {"s"}  # nothing ran
+    code, out, err = run_main(capsys, "run", job, "--force")
+    assert code == 0, err
+    assert stored(tmp_path / "t.duckdb").keys() == {"s", "h", "x"}
+
+
+def test_explain_prints_the_plan_and_dot_without_a_database(tmp_path, capsys):
+    job = small_job(tmp_path)
+    code, out, err = run_main(capsys, "explain", job)
+    assert code == 0, err
+    assert "(does not exist yet)" in out and "step h (line 4)" in out and "graph plan" in out
+    assert "to run" in out
+    code, out, err = run_main(capsys, "explain", job, "--dot")
+    assert code == 0 and out.startswith("digraph"), err
+    assert not (tmp_path / "t.duckdb").exists()
