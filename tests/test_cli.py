@@ -1,0 +1,192 @@
+"""The command line (eindecomp_sql/cli.py): every command through a real subprocess (``python -m
+eindecomp_sql`` and the installed ``eindecomp-sql`` script), results checked against numpy;
+exit codes, one-line errors, a database locked by another process. The many small cases run
+``main()`` in this process (a subprocess costs ~1 s of imports); subprocesses that do not
+depend on each other run at the same time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import eindecomp_sql as eds
+from eindecomp_sql.cli import cli as group
+from eindecomp_sql.cli import main as cli_main
+
+SCRIPT = Path(sys.executable).parent / "eindecomp-sql"
+
+
+def command(*args, script: bool = False) -> list[str]:
+    if script:
+        if not SCRIPT.exists():
+            pytest.skip("the eindecomp-sql script is not installed here (pip install -e . installs it)")
+        return [str(SCRIPT), *map(str, args)]
+    return [sys.executable, "-m", "eindecomp_sql", *map(str, args)]
+
+
+def sh(*args, script: bool = False, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(command(*args, script=script), capture_output=True, text=True, timeout=240, cwd=cwd)
+
+
+def chain(*commands) -> list[subprocess.CompletedProcess]:
+    """Run commands one after the other (they share a database file), stopping at a failure."""
+    out = []
+    for c in commands:
+        script = c[0] == "script"
+        r = sh(*(c[1:] if script else c), script=script)
+        out.append(r)
+        if r.returncode:
+            break
+    return out
+
+
+def run_main(capsys, *args) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        cli_main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """a.npy (float64), b.parquet (int64 in element form), c.arrow (float32, tiled, with metadata)."""
+    d = tmp_path_factory.mktemp("cli")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((48, 40))
+    b = rng.integers(-3, 4, (40, 24)).astype(np.int64)
+    c = rng.standard_normal((24, 24)).astype(np.float32)
+    np.save(d / "a.npy", a)
+    i, j = np.indices(b.shape)
+    pq.write_table(pa.table({"i": i.ravel(), "j": j.ravel(), "value": b.ravel()}), d / "b.parquet")
+    with eds.connect() as db:
+        table = db.store("C", c, tile=(16, 8)).to_arrow()
+    with pa.OSFile(str(d / "c.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    return d, {"a": a, "b": b, "c": c}
+
+
+def test_every_command_through_subprocesses(files, tmp_path):
+    d, arr = files
+    a, b, c = arr["a"], arr["b"], arr["c"]
+    db1, db2 = tmp_path / "one.duckdb", tmp_path / "two.duckdb"
+    with ThreadPoolExecutor(2) as pool:
+        one = pool.submit(chain,
+                          ("script", "store", db1, "A", d / "a.npy", "--tile", "16x16"),
+                          ("store", db1, "B", d / "b.parquet"),
+                          ("einsum", db1, "ij,jk->ik", "A", "B", "--out", "D", "--join", "relu(x - y)", "--agg",
+                           "max", "--json"),
+                          ("export", db1, "D", tmp_path / "d.npy"),
+                          ("ls", db1, "--json"))
+        two = pool.submit(chain,
+                          ("store", db2, "C", d / "c.arrow"),
+                          ("einsum", db2, "ij,jk->ik", "C", "C", "--out", "E", "--workers", "2", "--memory", "1GB"),
+                          ("script", "einsum", db2, "ij->j", "C"),
+                          ("export", db2, "E", tmp_path / "e.arrow"))
+        one, two = one.result(), two.result()
+    for r in one + two:
+        assert r.returncode == 0 and r.stderr == "", (r.args, r.stderr)
+    assert len(one) == 5 and len(two) == 4
+    d_ref = np.max(np.maximum(a[:, :, None] - b[None, :, :], 0), axis=1)
+    assert json.loads(one[2].stdout)["shape"] == [48, 24]
+    assert np.allclose(np.load(tmp_path / "d.npy"), d_ref)
+    listing = {t["name"]: t for t in json.loads(one[4].stdout)}
+    assert listing["A"] == {"name": "A", "shape": [48, 40], "dtype": "float64", "tile": [16, 16], "tiles": 9,
+                            "bytes": a.nbytes, "job": None}
+    assert listing["B"]["dtype"] == "int64" and listing["D"]["shape"] == [48, 24]
+    assert two[0].stdout.startswith("stored C: shape (24, 24) float32 in tiles (16, 8)")
+    assert two[1].stdout.startswith("stored E: shape (24, 24) float32")
+    printed = np.array(two[2].stdout.strip().strip("[]").split(), float)  # numpy's print of the result
+    assert np.allclose(printed, c.sum(0), atol=1e-4)
+    with pa.memory_map(str(tmp_path / "e.arrow")) as f:
+        e = pa.ipc.open_file(f).read_all()
+    with eds.connect() as db:
+        assert np.allclose(db.store("E", e).to_numpy(), c @ c, atol=1e-4)  # metadata came along: read back whole
+    with eds.connect(str(db1), read_only=True) as db:
+        assert np.array_equal(db.tensor("B").to_numpy(), b)
+
+
+def test_export_forms_and_ls_text(files, tmp_path, capsys):
+    d, arr = files
+    db = tmp_path / "x.duckdb"
+    assert run_main(capsys, "store", db, "A", d / "a.npy", "--tile", "32,8")[0] == 0
+    assert run_main(capsys, "store", db, "C", d / "c.arrow", "--tile", "8x8", "--dtype", "float64")[0] == 0
+    code, out, err = run_main(capsys, "ls", db)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == ["name", "shape", "dtype", "tile", "tiles", "bytes", "job"]
+    assert lines[1].split()[:3] == ["A", "(48,", "40)"] and "(32, 8)" in lines[1] and "10" in lines[1].split()
+    assert "float64" in lines[2] and "(8, 8)" in lines[2]
+    for name, form in (("a.parquet", "tiles"), ("ae.parquet", "elements"), ("ae.feather", "elements")):
+        code, out, err = run_main(capsys, "export", db, "A", tmp_path / name, "--form", form)
+        assert code == 0 and out.startswith("wrote A to "), err
+        assert run_main(capsys, "store", db, "R", tmp_path / name, "--replace")[0] == 0
+        with eds.connect(str(db), read_only=True) as s:
+            assert np.array_equal(s.tensor("R").to_numpy(), arr["a"])
+    code, out, err = run_main(capsys, "einsum", db, "ij,jk->ik", "A", "A")
+    assert code == 1 and err.startswith("eindecomp-sql: error: ") and err.count("\n") == 1, err
+    code, out, err = run_main(capsys, "einsum", db, "ij,kj->ik", "A", "A", "--out", "A")
+    assert code == 1 and "already exists" in err and "Traceback" not in err, err
+
+
+def test_usage_errors_exit_2_and_failures_exit_1_on_one_line(tmp_path, capsys):
+    for args in (["store"], ["ls"], ["einsum", "x.duckdb", "ij->i"], ["frobnicate"], ["store", "d", "A", "a.npy",
+                                                                                        "--tile", "4xq"],
+                 ["einsum", "d", "ij->i", "A", "--agg", "mean"], ["run", "j.toml", "--workers", "0"]):
+        code, out, err = run_main(capsys, *args)
+        assert code == 2, (args, err)
+        assert "Usage:" in err or "Error:" in err
+    code, out, err = run_main(capsys, "ls", tmp_path / "missing.duckdb")
+    assert (code, err) == (1, f"eindecomp-sql: error: no such database file {str(tmp_path / 'missing.duckdb')!r}\n")
+    assert not (tmp_path / "missing.duckdb").exists()
+    code, out, err = run_main(capsys, "run", tmp_path / "nope.toml")
+    assert code == 1 and err == f"eindecomp-sql: error: {tmp_path / 'nope.toml'}: no such job file\n"
+    (tmp_path / "not.duckdb").write_text("hello")
+    code, out, err = run_main(capsys, "ls", tmp_path / "not.duckdb")
+    assert code == 1 and "is not a DuckDB database file" in err and err.count("\n") == 1, err
+    code, out, err = run_main(capsys, "ls", tmp_path / "not.duckdb", "--debug")
+    assert code == 1 and "Traceback" in err and err.rstrip().endswith("is not a DuckDB database file")
+
+
+def test_help_on_every_command(capsys):
+    names = sorted(group.commands)
+    assert names == ["einsum", "explain", "export", "ls", "run", "store"]
+    for name in [None, *names]:
+        code, out, err = run_main(capsys, *([name] if name else []), "--help")
+        assert code == 0 and out.startswith("Usage: eindecomp-sql") and err == "", name
+    code, out, _ = run_main(capsys, "--version")
+    assert code == 0 and out.strip().endswith(eds.__version__)
+
+
+def test_a_locked_database_is_one_line_exit_1(tmp_path):
+    """One process holds the file (DuckDB: one writing process per file); commands on it from
+    other processes fail at once, in one line. (Jobs on different files run side by side in
+    test_jobs.py: nine at once.)"""
+    path = tmp_path / "held.duckdb"
+    np.save(tmp_path / "b.npy", np.arange(3.0))
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, eindecomp_sql as eds\n"
+                               f"db = eds.connect({str(path)!r}); db.store('A', [1.0, 2.0])\n"
+                               "print('ready', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        t0 = time.perf_counter()
+        locked = [subprocess.Popen(command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                  for args in (("ls", path), ("store", path, "B", tmp_path / "b.npy"))]
+        for p in locked:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 1, err
+            assert err.startswith(f"eindecomp-sql: error: database {str(path)!r} is locked by another process"), err
+            assert err.count("\n") == 1 and "Traceback" not in err
+        assert time.perf_counter() - t0 < 60
+    finally:
+        holder.communicate("", timeout=60)
+    assert holder.returncode == 0
