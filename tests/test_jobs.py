@@ -332,3 +332,39 @@ def test_explain_prints_the_plan_and_dot_without_a_database(tmp_path, capsys):
     code, out, err = run_main(capsys, "explain", job, "--dot")
     assert code == 0 and out.startswith("digraph"), err
     assert not (tmp_path / "t.duckdb").exists()
+
+
+def test_the_job_in_docs_cli_md_runs(tmp_path, capsys):
+    text = (Path(__file__).parents[1] / "docs" / "cli.md").read_text()
+    job = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "job.toml").write_text(job)
+    rng = np.random.default_rng(5)
+    x, w1, w2, b = (rng.standard_normal(s).astype(np.float32) for s in ((16, 8), (8, 12), (12, 8), (12,)))
+    np.save(tmp_path / "x.npy", x)
+    i, j = np.indices(w1.shape)
+    pq.write_table(pa.table({"i": i.ravel(), "j": j.ravel(), "value": w1.ravel()}), tmp_path / "w1.parquet")
+    i, j = np.indices(w2.shape)
+    table = pa.table({"i": i.ravel(), "j": j.ravel(), "value": w2.astype(np.float64).ravel()})
+    with pa.OSFile(str(tmp_path / "w2.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as wr:
+        wr.write_table(table)
+    with eds.connect(str(tmp_path / "tensors.duckdb")) as db:
+        db.store("bias", b)
+    code, out, err = run_main(capsys, "run", tmp_path / "job.toml", "--json")
+    assert code == 0, err
+    got = stored(tmp_path / "tensors.duckdb")
+    y = np.maximum(x @ w1 + b, 0) @ w2
+    assert got["w2"].dtype == np.float32
+    assert np.allclose(got["y"], y, atol=1e-5)
+    assert np.allclose(got["m"], np.max(y[:, None, :] + x[None, :, :], axis=2), atol=1e-5)
+
+
+def test_a_part_that_fails_while_running_is_named_and_leaves_nothing(tmp_path, capsys):
+    np.save(tmp_path / "a.npy", np.array([[1, 2], [300, 4]], np.int64))
+    (tmp_path / "job.toml").write_text('database = "t.duckdb"\n[inputs]\na = { file = "a.npy", dtype = "int8" }\n'
+                                       '[steps.s]\nspec = "ij->i"\noperands = ["a"]\n')
+    code, out, err = run_main(capsys, "run", tmp_path / "job.toml", "--json")
+    assert code == 1 and err.endswith(f"error: {tmp_path / 'job.toml'}:3: input 'a': store('a'): value 300 at (1, 0) "
+                                      "does not fit dtype=int8 (it would become 44)\n"), err
+    summary = json.loads(out)
+    assert summary["ok"] is False and "does not fit" in summary["error"] and summary["steps"] == []
+    assert stored(tmp_path / "t.duckdb") == {}

@@ -520,18 +520,24 @@ class Runner:
 
         self.reporter.started(p, k, n)
         _hook("start", p.name)
-        if lookup(self.db, p.name) is not None:
+        if p.status in ("changed", "conflict"):  # prepare() found a result; the file is ours alone
             self.db.drop(p.name)  # (1) the old result goes before the new fingerprint is written
         _hook("dropped", p.name)
         self._write(p, "pending")  # (2)
         _hook("pending", p.name)
         t0 = time.perf_counter()
-        if p.kind == "load":
-            files.store_file(self.db, p.name, p.source.file, tile=p.value.tile, dtype=p.source.dtype)  # (3)
-            self.reporter.progress(p, k, n, p.tiles, p.tiles, _nbytes(p.value), time.perf_counter() - t0)
-        else:
-            self.watched = True
-            self.db.run_graph_plan(p.gplan, p.bind, out={p.name: p.name}, progress=self._watch(p, k, n))  # (3)
+        try:
+            if p.kind == "load":
+                files.store_file(self.db, p.name, p.source.file, tile=p.value.tile, dtype=p.source.dtype)  # (3)
+                self.reporter.progress(p, k, n, p.tiles, p.tiles, _nbytes(p.value), time.perf_counter() - t0)
+            else:
+                self.watched = True
+                self.db.run_graph_plan(p.gplan, p.bind, out={p.name: p.name}, progress=self._watch(p, k, n))  # (3)
+        except JobError:
+            raise
+        except EinsumError as e:  # say which part of which file failed
+            raise JobError(_one_line(e), self.prep.job.path, p.line, step=p.name if p.kind == "step" else None,
+                           input=p.name if p.kind == "load" else None) from e
         seconds = time.perf_counter() - t0
         _hook("committed", p.name)
         self._write(p, "done", seconds)  # (4)
