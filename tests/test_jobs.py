@@ -186,6 +186,7 @@ def test_job_runs_matches_numpy_and_resumes_after_sigkill(data, tmp_path):
 
     # resume all at once: every part committed before the kill is skipped, the rest run once
     resumed = {case: cli("run", "job.toml", "--json", cwd=dirs[case]) for case in kills}
+    explained = cli("explain", "job.toml", cwd=dirs["clean"])  # meanwhile, on the finished job
     for case, p in resumed.items():
         rc, out, err = finish(p)
         assert rc == 0, (case, err)
@@ -195,6 +196,10 @@ def test_job_runs_matches_numpy_and_resumes_after_sigkill(data, tmp_path):
         assert set(got) == set(PARTS) | {"S"}
         for name in PARTS:
             assert same_bytes(got[name], clean[name]), (case, name)
+    rc, out, err = finish(explained)
+    assert rc == 0 and err == "", err
+    assert out.count("done (unchanged: skipped on run)") == len(PARTS) and "graph plan (eindecomp, workers=4" in out
+    assert "  step R (line 20): ik,kl->il of Q, W join=add agg=max -> (192, 96) float64" in out, out
 
 
 # -- in this process: the command line's main(), for the many small cases ----------------------
