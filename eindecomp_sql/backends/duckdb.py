@@ -12,7 +12,7 @@ import duckdb
 import pyarrow as pa
 from sqlglot import exp
 
-from ..compile import bind_sql, compile_plan, create_table_as, drop_table
+from ..compile import DuckDBCompiler, create_table_as, drop_table
 from ..compile.sql import table
 from ..errors import EinsumError
 from ..plan import Plan, TiledValue
@@ -47,7 +47,8 @@ COSTS = CostModel("duckdb", join=1.0, group=0.7, agg=1.5, retile=3.0, vector_row
 
 class DuckDBBackend:
     name = "duckdb"
-    cost_model = COSTS
+    cost_model = COSTS  # what plans cost here: the session plans under it
+    compiler = DuckDBCompiler()  # how plans become SQL here: dialect and tactics as class data
 
     def __init__(self, database=None, config: dict | None = None, read_only: bool = False):
         allocator.retain_freed_memory()  # before DuckDB starts its threads (see allocator.py)
@@ -215,18 +216,27 @@ class DuckDBBackend:
             raise EinsumError(f"table {table!r} already exists; pass replace=True to overwrite it")
 
     # -- data in and out --------------------------------------------------------------------
-    def store_tiles(self, value: TiledValue, tiles: pa.Table, replace: bool = False) -> None:
+    def store_tiles(self, value: TiledValue, tiles, replace: bool = False) -> None:
+        """Store tiles as tensor ``value.name`` in one transaction (a failure leaves no table and
+        no catalog row). ``tiles``: a pyarrow Table; a ``pyarrow.RecordBatchReader``, scanned
+        by DuckDB as it streams (a batch at a time in Python); or a sqlglot SELECT that DuckDB
+        runs itself (``read_parquet(...)``). Key columns, then ``tile``."""
         with self.lock:
             self._check_target(value.name, replace)
             view = "_eds_load"
-            self._work.register(view, tiles)
+            query = tiles if isinstance(tiles, exp.Expression) else None
+            if query is None:
+                self._work.register(view, tiles)
             try:
                 with self._transaction():
-                    stmt = create_table_as(value.name, exp.select("*").from_(table(view)), replace=replace)
-                    self._run(stmt.sql(dialect="duckdb"))
+                    select = query if query is not None else exp.select("*").from_(table(view))
+                    self._run(create_table_as(value.name, select, replace=replace).sql(dialect="duckdb"))
                     self._write_catalog(value.name, value)
+            except duckdb.Error as e:
+                raise EinsumError(f"store({value.name!r}): DuckDB could not store the tiles: {e}") from None
             finally:
-                self._work.unregister(view)
+                if query is None:
+                    self._work.unregister(view)
 
     def read_tiles(self, value: TiledValue) -> pa.Table:
         from ..compile import select_value
@@ -238,6 +248,39 @@ class DuckDBBackend:
             except duckdb.CatalogException:
                 raise EinsumError(f"tensor {value.name!r} no longer exists in this database (dropped, or "
                                   "replaced by another session)") from None
+
+    @contextlib.contextmanager
+    def tile_batches(self, value: TiledValue, batch_bytes: int = 64 << 20):
+        """The tiles of stored tensor ``value.name`` as an iterator of Arrow record batches of
+        about ``batch_bytes`` (at least one tile each), for the ``with`` block, which holds the
+        connection. (DuckDB itself reads a table a vector of up to 2,048 rows at a time.)"""
+        import math
+
+        import numpy as np
+
+        from ..compile import select_value
+
+        def batches(reader):
+            try:
+                yield from reader
+            except (duckdb.Error, pa.ArrowException) as e:
+                raise EinsumError(f"reading tensor {value.name!r} failed: {e}") from None
+
+        largest = max(1, math.prod(value.tile) * np.dtype(value.dtype).itemsize)
+        rows = max(1, min(batch_bytes // largest, 2048))
+        with self.lock:
+            self._check_open()
+            try:
+                reader = self._work.sql(select_value(value, value.name).sql(dialect="duckdb")).to_arrow_reader(rows)
+            except duckdb.CatalogException:
+                raise EinsumError(f"tensor {value.name!r} no longer exists in this database (dropped, or "
+                                  "replaced by another session)") from None
+            except duckdb.Error as e:
+                raise EinsumError(f"reading tensor {value.name!r} failed: {e}") from None
+            try:
+                yield batches(reader)
+            finally:
+                reader.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -252,7 +295,7 @@ class DuckDBBackend:
         Ctrl-C interrupts the running statement and rolls the transaction back, then raises
         KeyboardInterrupt; ``progress`` (a callable) receives a :class:`StepProgress` several
         times a second."""
-        compiled = compile_plan(plan)
+        compiled = self.compiler.compile_plan(plan)
         tables: dict[str, str] = {}
         arrays: dict[str, pa.Table] = {}
         for k, v in enumerate(plan.inputs):
@@ -291,6 +334,7 @@ class DuckDBBackend:
     def _run_steps(self, plan: Plan, compiled, tables, outputs, replace: bool, watch: Watch) -> dict[str, pa.Table]:
         scratch: list[str] = []
         rows: dict[str, pa.Table] = {}
+        bind = self.compiler.bind_sql
         try:
             with self._transaction(_atomic(plan, compiled, outputs)):
                 for k, c in enumerate(compiled):
@@ -300,13 +344,13 @@ class DuckDBBackend:
                         peak = plan.peak_of(plan.steps[k])
                         self._set_large_buffers(peak >= LARGE_BUFFER_BYTES or peak < SMALL_BUFFER_BYTES)
                         if target.table is None and c.value in outputs:
-                            parts = [self._work.sql(bind_sql(text, tables)).to_arrow_table() for text in c.batches]
+                            parts = [self._work.sql(bind(text, tables)).to_arrow_table() for text in c.batches]
                             rows[c.value] = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
                         else:
                             # the first batch creates the table, the next ones append to it
-                            self._run(bind_sql(c.create[target.temporary, replace], tables))
+                            self._run(bind(c.create[target.temporary, replace], tables))
                             for text in c.inserts:
-                                self._run(bind_sql(text, tables))
+                                self._run(bind(text, tables))
                             if target is _SCRATCH:
                                 scratch.append(tables[c.value])
                     except duckdb.Error as e:
