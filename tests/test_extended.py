@@ -233,3 +233,15 @@ def test_element_wise_callables_still_run_on_every_tiling(db):
         B = db.store("ok_b", b, tile=tb, replace=True)
         assert_close(db.einsum("ij,jk->ik", A, B, join=hinge).to_numpy(), want)
     assert_close(eds.einsum("ij,jk->ik", a, b, join=hinge), want)
+
+
+@pytest.mark.parametrize("agg", ["max", "min"])
+def test_add_join_over_bools_keeps_numpys_left_fold(db, agg):
+    """numpy folds a join left to right and bool + bool is logical or until a number joins in:
+    a many-operand add over two bools and a float must not be regrouped so that the bools meet
+    first (found by hypothesis: 'b,ab,,abc,a' with join=add, agg=max gave 1 where numpy gives 2;
+    here the contraction path would pair the two small bool operands)."""
+    rng = np.random.default_rng(7)
+    arrays = [random_array(rng, (3, 5), "float32"), np.ones(3, bool), np.ones(3, bool)]
+    want = reference("ij,i,i->j", *arrays, join="add", agg=agg)
+    assert_close(eds.einsum("ij,i,i->j", *arrays, join="add", agg=agg), want)

@@ -102,6 +102,14 @@ def _node(operands, output, sizes, join, agg, dtypes, name, dtype=None) -> Einsu
     return EinsumNode(tuple(operands), tuple(output), used, join, agg, ValueInfo(name, shape, str(dtype)))
 
 
+def _order_matters(join: JoinFunction, dtypes: list[str]) -> bool:
+    """Whether regrouping the join changes numpy's answer: numpy folds operands left to right,
+    and bool + bool is logical or (True + True is True) until a number joins in, so
+    ``x + (a + b)`` counts differently from ``(x + a) + b`` when two bools meet first. Such an
+    einsum stays one node, joined in numpy's order."""
+    return join.name == "add" and sum(d == "bool" for d in dtypes) >= 2 and any(d != "bool" for d in dtypes)
+
+
 def lower_einsum(
     spec: EinsumSpec,
     inputs: list[ValueInfo],
@@ -116,7 +124,7 @@ def lower_einsum(
     sizes = spec.size
     operands = [Operand(v.name, labs, sq) for v, labs, sq in zip(inputs, spec.inputs, spec.squeezed)]
     dtypes = {v.name: v.dtype for v in inputs}
-    if len(operands) <= 2 or not is_semiring(join, agg):
+    if len(operands) <= 2 or not is_semiring(join, agg) or _order_matters(join, list(dtypes.values())):
         return [_node(operands, spec.output, sizes, join, agg, [v.dtype for v in inputs], result_name)]
 
     # opt_einsum sees single characters; map our labels (letters and e0, e1, ...) onto symbols
