@@ -1,6 +1,7 @@
-"""The SQL shapes the compiler fills in. Holes ``{name}`` take SQL fragments rendered by
-sqlglot (identifiers quoted there); the filled text is parsed back with sqlglot, so every
-statement exists as an AST before it becomes text for a dialect."""
+"""SQL the backend runs as it is, outside any plan: the catalog table (``catalog.sql``), the SQL
+interface's table macros (``macros.sql``) and a plain-SQL reader of stored tensors for DuckDB
+users without this package (``elements_macro.sql``). Plan steps are built by the compiler with
+sqlglot builders (``compile/compiler.py``), not from text."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ A row is every output label but the last; the last label is ranked. Order: value
 NaN after every number, ties by the smaller index (numpy's stable argsort of the negated values
 orders them so). Only these candidates leave the kernel, as
 ``[{r: row number (C order over the row labels), i: index of the last label, v: value}, ...]``
-per tile; SQL ranks the candidates of a row across tiles (``sql_templates/topk.sql``).
+per tile; SQL ranks the candidates of a row across tiles (``compile/sql_interface.py: topk_query``).
 
 >>> x = np.array([[3, 1, 3, 2], [0, 5, 5, 5]])
 >>> rows, cols = row_top(x, 2)
