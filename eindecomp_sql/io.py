@@ -20,12 +20,17 @@ Anything else that looks like a table is refused with an ``EinsumError`` that sa
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import math
+import mmap
 import os
 import pathlib
+import re
 import secrets
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
 import numpy as np
@@ -37,7 +42,7 @@ from .errors import EinsumError
 from .notation.checks import check_dtype, check_name
 from .plan import DEFAULT_TILE_BYTES, auto_tile, check_tile, tiling
 from .plan.tiling import check_count
-from .udfs.tiles import array_from_tiles, tiles_from_array
+from .udfs.tiles import array_from_tiles, blob_views, tiles_from_array
 
 # Schema metadata this package writes on a tensor's Arrow table and Parquet file.
 PREFIX = "eindecomp_sql."
@@ -62,13 +67,29 @@ class Wanted:
 
 @dataclass(frozen=True)
 class Incoming:
-    """A source ready to store: its description and its tiles (key columns, then ``tile``)."""
+    """A source ready to store: its description and its tiles (key columns, then ``tile``).
+
+    ``tiles`` is a pyarrow Table; or, for a file read on a DuckDB backend (``stream=True``), a
+    ``pyarrow.RecordBatchReader`` that cuts or reads the tiles batch by batch as the backend
+    stores them, or a sqlglot SELECT that DuckDB runs to read them from the file itself. Such
+    sources check their tiles as they pass: ``failure(error)`` is the check's own error when
+    storing failed because of one."""
 
     shape: tuple[int, ...]
     dtype: str
     tile: tuple[int, ...]
     keys: tuple[str, ...]
-    tiles: pa.Table
+    tiles: object
+    failures: list = field(default_factory=list, compare=False, repr=False)
+
+    def failure(self, error: BaseException) -> BaseException | None:
+        """What stopped the store, when the stream or the SQL check raised ``error``'s cause."""
+        if self.failures:
+            return self.failures[0]
+        text = str(error)
+        if _CHECK_MARK in text:
+            return EinsumError(text[text.index(_CHECK_MARK) + len(_CHECK_MARK):].strip())
+        return None
 
 
 def check_keys(keys, ndim: int) -> tuple[str, ...]:
@@ -100,9 +121,10 @@ def _shape_arg(shape, where: str) -> tuple[int, ...] | None:
         raise EinsumError(f"{where}: shape {sides!r} must hold integers >= 0") from None
 
 
-def _exact_cast(a: np.ndarray, dtype, where: str) -> np.ndarray:
+def _exact_cast(a: np.ndarray, dtype, where: str, origin: tuple[int, ...] | None = None) -> np.ndarray:
     """``a`` as ``dtype`` when no value changes beyond rounding: same_kind lets int64 -> int8
-    wrap (300 -> 44) and float64 -> float32 overflow to inf, silently."""
+    wrap (300 -> 44) and float64 -> float32 overflow to inf, silently. ``origin``: where ``a``
+    (a tile) starts in the whole array, for the position an error names."""
     dtype = np.dtype(dtype)
     if np.can_cast(a.dtype, dtype, "safe"):
         return a.astype(dtype)
@@ -114,7 +136,8 @@ def _exact_cast(a: np.ndarray, dtype, where: str) -> np.ndarray:
         bad = np.isinf(b) & ~np.isinf(a)
     if np.any(bad):
         at = tuple(int(k) for k in np.unravel_index(int(np.argmax(bad)), a.shape)) if a.ndim else ()
-        raise EinsumError(f"{where}: value {a[at].item()!r} at {at} does not fit dtype={dtype.name} "
+        shown = tuple(o + k for o, k in zip(origin, at)) if origin is not None else at
+        raise EinsumError(f"{where}: value {a[at].item()!r} at {shown} does not fit dtype={dtype.name} "
                           f"(it would become {b[at].item()!r})")
     return b
 
@@ -135,25 +158,24 @@ def _from_array(a: np.ndarray, want: Wanted, where: str) -> Incoming:
     return Incoming(a.shape, dtype, tile, keys, tiles_from_array(a, tile, keys))
 
 
-def read_source(source, where: str, want: Wanted, con=None) -> Incoming:
-    """What ``source`` holds, as tiles to store. ``con`` (a DuckDB connection) reads Parquet."""
+def read_source(source, where: str, want: Wanted, con=None, stream: bool = False) -> Incoming:
+    """What ``source`` holds, as tiles to store. ``con`` (a DuckDB connection) reads Parquet.
+    ``stream``: the backend takes a stream of tiles (DuckDB): files are read batch by batch as
+    they are stored (see ``Incoming``), never whole."""
     want = Wanted(want.tile, want.keys, _shape_arg(want.shape, where),
                   None if want.dtype is None else check_dtype(want.dtype, where),
                   _names_arg(want.index, "index", where), want.value, want.tile_bytes)
     if want.value is not None and not isinstance(want.value, str):
         raise EinsumError(f"{where}: value= names the value column, got {want.value!r}")
+    if _is_path(source):
+        return _read_path(source, where, want, con, stream)
     table = as_table(source, where, con)
     if table is None:
         if any(x is not None for x in (want.shape, want.index, want.value)):
             raise EinsumError(f"{where}: shape=, index= and value= describe a table in element form; "
                               "an array brings its own shape")
         return _from_array(as_array(source, where), want, where)
-    meta = read_metadata(table.schema.metadata, where)
-    tiled = meta.get("layout") == "tiles" or (
-        TILE in table.column_names and _is_binary(table.schema.field(TILE).type) and want.value is None)
-    if tiled:
-        return _from_tiles(table, meta, want, where)
-    return _from_elements(table, meta, want, where)
+    return _from_table(table, want, where)
 
 
 # -- sources that are tables ---------------------------------------------------------------
@@ -482,9 +504,25 @@ def _check_unique(idx: np.ndarray, shape: tuple[int, ...], names: list[str], whe
 
 
 # -- tiled form ----------------------------------------------------------------------------
-def _from_tiles(table: pa.Table, meta: dict, want: Wanted, where: str) -> Incoming:
-    """Check a tiled table against its description and pass its tiles on as they are (re-cut
-    through a dense array only when ``tile=``, ``dtype=`` or the byte order asks for it)."""
+@dataclass(frozen=True)
+class _Tiled:
+    """What a tiled source says it holds, checked against ``store``'s options."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    tile: tuple[int, ...]
+    keys: tuple[str, ...]  # the source's key columns
+    new_keys: tuple[str, ...]  # the stored tensor's
+    byte_order: str
+    recut: bool  # tile=, dtype= or the byte order ask for the tiles to be cut anew
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        return tuple(tiling.grid(self.shape, self.tile))
+
+
+def _describe_tiled(columns: list[str], meta: dict, want: Wanted, where: str) -> _Tiled:
+    """A tiled source's description (its metadata, or ``shape=``, ``dtype=``, ``tile=``)."""
     if meta.get("layout") == "elements":
         raise EinsumError(f"{where}: the metadata says element form but the table has a 'tile' column")
     if want.index is not None or want.value is not None:
@@ -501,63 +539,84 @@ def _from_tiles(table: pa.Table, meta: dict, want: Wanted, where: str) -> Incomi
                               "metadata needs shape=, dtype= and tile= (the shape its tiles were cut in); "
                               "Tensor.to_arrow() and Tensor.to_parquet() write the metadata")
         shape, dtype, tile = want.shape, want.dtype, want.tile
-        keys = tuple(c for c in table.column_names if c != TILE)
+        keys = tuple(c for c in columns if c != TILE)
     dtype = check_dtype(dtype, f"{where}: metadata dtype")
     tile = check_tile(shape, tile)
     for k in keys:
-        if k not in table.column_names:
-            raise EinsumError(f"{where}: key column {k!r} is missing; the columns are {table.column_names}")
+        if k not in columns:
+            raise EinsumError(f"{where}: key column {k!r} is missing; the columns are {columns}")
     if len(keys) != len(shape):
         raise EinsumError(f"{where}: {len(keys)} key column(s) {list(keys)} for a tensor of shape {shape}")
-    grid = tiling.grid(shape, tile)
-    kcols = [_index_array(table, k, where) for k in keys]
-    for k, col, g in zip(keys, kcols, grid):
+    order = meta.get("byte_order", sys.byteorder)
+    new_keys = check_keys(want.keys if want.keys is not None else keys, len(shape))
+    recut = ((want.tile is not None and bool(meta) and check_tile(shape, want.tile) != tile)
+             or (want.dtype is not None and want.dtype != dtype) or order != sys.byteorder)
+    return _Tiled(tuple(shape), dtype, tile, keys, new_keys, order, recut)
+
+
+def _check_key_range(t: _Tiled, kcols: list[np.ndarray], where: str, row0: int = 0) -> None:
+    for k, col, g in zip(t.keys, kcols, t.grid):
         if col.size and (col.min() < 0 or col.max() >= g):
             row = int(np.argmax((col < 0) | (col >= g)))
-            raise EinsumError(f"{where}: key column {k!r} holds {col[row]} at row {row}; tiles of {tile} over shape "
-                              f"{shape} have keys 0..{g - 1}")
-    expect = int(np.prod(grid, dtype=np.int64))
-    if table.num_rows != expect:
-        raise EinsumError(f"{where}: {table.num_rows} tile rows, but shape {shape} in tiles of {tile} has {expect}")
-    idx = np.stack(kcols) if kcols else np.zeros((0, table.num_rows), np.int64)
-    _check_unique(idx, grid, list(keys), where)
+            raise EinsumError(f"{where}: key column {k!r} holds {col[row]} at row {row0 + row}; tiles of {t.tile} "
+                              f"over shape {t.shape} have keys 0..{g - 1}")
+
+
+def _check_tile_rows(t: _Tiled, table, where: str, row0: int = 0) -> tuple[list[np.ndarray], pa.ChunkedArray]:
+    """Check rows of tiles (a table, or one batch of a stream whose first row is ``row0``):
+    keys inside the grid, no nulls, each tile exactly the bytes its extents take. Returns the
+    key columns (int64) and the tile column."""
+    kcols = [_index_array(table, k, where) for k in t.keys]
+    _check_key_range(t, kcols, where, row0)
     tcol = _no_nulls(table, TILE, where)
     if pa.types.is_binary_view(tcol.type):  # no length kernel for views in pyarrow (26)
         tcol = tcol.cast(pa.large_binary())
-    itemsize = np.dtype(dtype).itemsize
-    ext = [np.minimum(t, n - col * t) for col, t, n in zip(kcols, tile, shape)]
-    want_bytes = np.prod(np.stack(ext), axis=0) * itemsize if ext else np.full(table.num_rows, itemsize)
-    got = pc.binary_length(tcol).to_numpy().astype(np.int64)
+    itemsize = np.dtype(t.dtype).itemsize
+    ext = [np.minimum(s, n - col * s) for col, s, n in zip(kcols, t.tile, t.shape)]
+    want_bytes = np.prod(np.stack(ext), axis=0) * itemsize if ext else np.full(len(tcol), itemsize)
+    got = pc.binary_length(tcol).to_numpy(zero_copy_only=False).astype(np.int64)
     bad = np.nonzero(got != want_bytes)[0]
     if bad.size:
         r = int(bad[0])
-        at = ", ".join(f"{k}={int(c[r])}" for k, c in zip(keys, kcols))
-        raise EinsumError(f"{where}: the tile at ({at}) holds {got[r]} bytes; a {dtype} tile there takes "
-                          f"{want_bytes[r]} (tile {tile}, shape {shape}, edge tiles smaller)")
-    order = meta.get("byte_order", sys.byteorder)
-    new_keys = check_keys(want.keys if want.keys is not None else keys, len(shape))
-    if (want.tile is not None and meta and check_tile(shape, want.tile) != tile) \
-            or (want.dtype is not None and want.dtype != dtype) or order != sys.byteorder:
+        at = ", ".join(f"{k}={int(c[r])}" for k, c in zip(t.keys, kcols))
+        raise EinsumError(f"{where}: the tile at ({at}) holds {got[r]} bytes; a {t.dtype} tile there takes "
+                          f"{want_bytes[r]} (tile {t.tile}, shape {t.shape}, edge tiles smaller)")
+    return kcols, tcol
+
+
+def _check_tile_keys(t: _Tiled, kcols: list[np.ndarray], rows: int, where: str) -> None:
+    """Every key of the grid exactly once (after the rows' own checks)."""
+    expect = int(np.prod(t.grid, dtype=np.int64))
+    if rows != expect:
+        raise EinsumError(f"{where}: {rows} tile rows, but shape {t.shape} in tiles of {t.tile} has {expect}")
+    idx = np.stack(kcols) if kcols else np.zeros((0, rows), np.int64)
+    _check_unique(idx, t.grid, list(t.keys), where)
+
+
+def _from_tiles(table: pa.Table, meta: dict, want: Wanted, where: str) -> Incoming:
+    """Check a tiled table against its description and pass its tiles on as they are (re-cut
+    through a dense array only when ``tile=``, ``dtype=`` or the byte order asks for it)."""
+    t = _describe_tiled(table.column_names, meta, want, where)
+    kcols = [_index_array(table, k, where) for k in t.keys]
+    if all(not c.size or (c.min() >= 0 and c.max() < g) for c, g in zip(kcols, t.grid)):
+        _check_tile_keys(t, kcols, table.num_rows, where)  # a missing or repeated key before tile bytes
+    kcols, tcol = _check_tile_rows(t, table, where)  # (refuses keys outside the grid)
+    if t.recut:
         # re-cut, convert or swap bytes through the dense array (whole in memory)
-        source_dtype = np.dtype(dtype).newbyteorder("<" if order == "little" else ">")
-        dense = array_from_tiles(table, shape, tile, source_dtype, keys)
-        dense = dense.astype(np.dtype(dtype).newbyteorder("="))
-        return _from_array(dense, Wanted(want.tile or tile, new_keys, dtype=want.dtype,
+        source_dtype = np.dtype(t.dtype).newbyteorder("<" if t.byte_order == "little" else ">")
+        dense = array_from_tiles(table, t.shape, t.tile, source_dtype, t.keys)
+        dense = dense.astype(np.dtype(t.dtype).newbyteorder("="))
+        return _from_array(dense, Wanted(want.tile or t.tile, t.new_keys, dtype=want.dtype,
                                          tile_bytes=want.tile_bytes), where)
-    tiles = pa.table({**{nk: pa.array(c) for nk, c in zip(new_keys, kcols)}, TILE: tcol})
-    return Incoming(tuple(shape), dtype, tile, new_keys, tiles)
+    tiles = pa.table({**{nk: pa.array(c) for nk, c in zip(t.new_keys, kcols)}, TILE: tcol})
+    return Incoming(t.shape, t.dtype, t.tile, t.new_keys, tiles)
 
 
 # -- out: Arrow and Parquet ----------------------------------------------------------------
 def elements_table(a: np.ndarray, names: tuple[str, ...]) -> pa.Table:
     """One row per element of ``a`` (C order): an int64 column per dimension, then ``value``.
     Builds every index column at once: the whole array and its indices are in memory."""
-    if a.dtype.kind == "c":
-        raise EinsumError("a complex tensor has no element form in Arrow (Arrow has no complex type); use "
-                          "form='tiles'")
-    if VALUE in (n.lower() for n in names):
-        raise EinsumError(f"the keys {names} include 'value', the element form's value column; store the "
-                          "tensor with other keys")
+    _element_form_check(a.dtype, names)
     cols = {n: pa.array(c.reshape(-1).astype(np.int64, copy=False))
             for n, c in zip(names, np.indices(a.shape, sparse=False))} if a.ndim else {}
     cols[VALUE] = pa.array(np.ascontiguousarray(a).reshape(-1))
@@ -581,6 +640,474 @@ def write_parquet(table: pa.Table, path) -> pathlib.Path:
         tmp.unlink(missing_ok=True)
         raise
     return target
+
+
+# -- files: .npy, Arrow IPC and Parquet, streamed -------------------------------------------
+# A streamed source reaches the backend in batches of about this many bytes of tiles (at least
+# one tile a batch): what Python holds of it at a time.
+STREAM_BATCH_BYTES = 64 << 20
+NPY_SUFFIXES = (".npy",)
+IPC_SUFFIXES = (".arrow", ".feather")
+PARQUET_SUFFIXES = (".parquet",)
+# error() messages of the SQL that stores a Parquet file start with this: Incoming.failure
+# finds our text in DuckDB's error
+_CHECK_MARK = "[eds-check] "
+
+
+def _suffix(p: str) -> str:
+    return pathlib.PurePath(p).suffix.lower()
+
+
+def _binary_type(largest_batch: int) -> pa.DataType:
+    return pa.binary() if largest_batch <= (1 << 31) - 1 else pa.large_binary()
+
+
+def _tile_schema(keys: tuple[str, ...], tile_type: pa.DataType, meta: dict | None = None) -> pa.Schema:
+    return pa.schema([(k, pa.int64()) for k in keys] + [(TILE, tile_type)], metadata=meta)
+
+
+def _streamed(schema: pa.Schema, batches, failures: list) -> pa.RecordBatchReader:
+    """A reader over ``batches``; an exception raised while making them (a check, a bad file,
+    Ctrl-C) is kept in ``failures`` as well: the engine reading the stream only sees its text."""
+    def run():
+        try:
+            yield from batches
+        except GeneratorExit:  # the reader was dropped: whatever stopped it is the error
+            raise
+        except BaseException as e:
+            failures.append(e)
+            raise
+    return pa.RecordBatchReader.from_batches(schema, run())
+
+
+def _read_path(path, where: str, want: Wanted, con, stream: bool) -> Incoming:
+    """A file source, by its suffix: ``.npy``, ``.arrow`` / ``.feather``, ``.parquet``."""
+    p = os.fspath(path)
+    suffix = _suffix(p)
+    kinds = NPY_SUFFIXES + IPC_SUFFIXES + PARQUET_SUFFIXES
+    if suffix not in kinds:
+        raise EinsumError(f"{where}: a path must name a .npy, .arrow / .feather (Arrow IPC) or .parquet file, got "
+                          f"{p!r}; read other files with DuckDB (db.connection.read_csv(path)) and store the relation")
+    if suffix in NPY_SUFFIXES:
+        return _from_npy(p, want, where, stream)
+    if suffix in IPC_SUFFIXES:
+        return _from_ipc(p, want, where, stream)
+    return _from_parquet(p, want, where, con, stream)
+
+
+# .npy: a memory map, cut tile by tile
+def _release(mm) -> None:
+    """Drop the pages of memory map ``mm`` from this process (its resident size): the data stays
+    in the file and the page cache, and comes back on the next touch."""
+    if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            mm.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError):
+            pass
+
+
+def _load_npy(p: str, where: str) -> np.ndarray:
+    if not os.path.isfile(p):
+        raise EinsumError(f"{where}: no such .npy file {p!r}")
+    try:
+        return np.load(p, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise EinsumError(f"{where}: cannot read {p!r} as a .npy file: {e}") from None
+
+
+def _from_npy(p: str, want: Wanted, where: str, stream: bool) -> Incoming:
+    """A ``.npy`` file through a memory map, cut into tiles a batch at a time: only one batch of
+    tiles is in memory (the pages of the map read so far are released after each batch)."""
+    if any(x is not None for x in (want.shape, want.index, want.value)):
+        raise EinsumError(f"{where}: shape=, index= and value= describe a table in element form; a .npy file "
+                          "brings its own shape")
+    a = _load_npy(p, where)
+    check_dtype(a.dtype, f"{where}: {p!r}")
+    dtype = np.dtype(a.dtype.name)  # native byte order
+    if want.dtype is not None and dtype != want.dtype:
+        if not np.can_cast(dtype, want.dtype, "same_kind"):
+            raise EinsumError(f"{where}: cannot cast {dtype} values to dtype={want.dtype} (numpy's same_kind rule)")
+        dtype = np.dtype(want.dtype)
+    shape = tuple(int(n) for n in a.shape)
+    tile = check_tile(shape, want.tile) if want.tile is not None else auto_tile(shape, dtype.itemsize, want.tile_bytes)
+    keys = check_keys(want.keys if want.keys is not None else tuple(f"d{k}" for k in range(len(shape))), len(shape))
+    largest = math.prod(tile) * dtype.itemsize
+    per = max(1, min(STREAM_BATCH_BYTES // max(largest, 1), 1 << 16))
+    schema = _tile_schema(keys, _binary_type(per * largest))
+    failures: list = []
+    batches = _npy_batches(a, shape, tile, keys, dtype, per, schema, where)
+    tiles = _streamed(schema, batches, failures)
+    if not stream:
+        tiles = tiles.read_all()
+    return Incoming(shape, dtype.name, tile, keys, tiles, failures)
+
+
+def _npy_batches(a: np.ndarray, shape, tile, keys, dtype: np.dtype, per: int, schema: pa.Schema, where: str):
+    grid = tiling.grid(shape, tile)
+    coords = np.ndindex(*grid)  # C order of keys; one () for a 0-d array, none for a size-0 one
+    mm = getattr(a, "_mmap", None)
+    cast = a.dtype.name != dtype.name
+    try:
+        while True:
+            chunk = list(itertools.islice(coords, per))
+            if not chunk:
+                return
+            boxes = [tuple(slice(k * t, min((k + 1) * t, n)) for k, t, n in zip(c, tile, shape)) for c in chunk]
+            counts = [math.prod(s.stop - s.start for s in b) for b in boxes]
+            offsets = np.zeros(len(chunk) + 1, np.int64)
+            np.cumsum(np.array(counts, np.int64) * dtype.itemsize, out=offsets[1:])
+            buf = np.empty(int(offsets[-1]), np.uint8)
+            for r, b in enumerate(boxes):
+                out = buf[offsets[r]:offsets[r + 1]].view(dtype).reshape(tuple(s.stop - s.start for s in b))
+                piece = a[b]
+                if cast:
+                    piece = _exact_cast(np.asarray(piece), dtype, where, tuple(s.start for s in b))
+                out[...] = piece  # converts the byte order too
+            _release(mm)
+            cols = [pa.array(np.array([c[p] for c in chunk], np.int64)) for p in range(len(keys))]
+            otype = pa.int32() if schema.field(TILE).type == pa.binary() else pa.int64()
+            tiles = pa.Array.from_buffers(schema.field(TILE).type, len(chunk),
+                                          [None, pa.py_buffer(offsets.astype(otype.to_pandas_dtype())),
+                                           pa.py_buffer(buf)])
+            yield pa.record_batch(cols + [tiles], schema=schema)
+    finally:
+        _release(mm)
+
+
+# Arrow IPC (.arrow / .feather): batches read from the file one at a time
+def _open_ipc(p: str, where: str):
+    """(schema, batch iterator factory) of an Arrow IPC file (or stream) at ``p``. The file is
+    read, not mapped: a batch's memory is freed once it has been stored."""
+    if not os.path.isfile(p):
+        raise EinsumError(f"{where}: no such Arrow IPC file {p!r}")
+    try:
+        f = pa.OSFile(p)
+        try:
+            reader = pa.ipc.open_file(f)
+        except pa.ArrowInvalid:
+            f.close()
+            f = pa.OSFile(p)
+            reader = pa.ipc.open_stream(f)
+    except (pa.ArrowException, OSError) as e:
+        raise EinsumError(f"{where}: cannot read {p!r} as an Arrow IPC file ({e}); write it with "
+                          "pyarrow.ipc.new_file, pyarrow.feather.write_feather (version 2) or Tensor.export") from None
+
+    def batches():
+        try:
+            if isinstance(reader, pa.ipc.RecordBatchFileReader):
+                for i in range(reader.num_record_batches):
+                    yield reader.get_batch(i)
+            else:
+                yield from reader
+        except pa.ArrowException as e:
+            raise EinsumError(f"{where}: cannot read {p!r}: {e}") from None
+        finally:
+            f.close()
+
+    return reader.schema, batches
+
+
+def _from_ipc(p: str, want: Wanted, where: str, stream: bool) -> Incoming:
+    """An Arrow IPC file: a tiled one streams (checked batch by batch), anything else (element
+    form, or tiles to re-cut) is read whole."""
+    schema, batches = _open_ipc(p, where)
+    meta = read_metadata(schema.metadata, where)
+    tiled = meta.get("layout") == "tiles" or (
+        TILE in schema.names and _is_binary(schema.field(TILE).type) and want.value is None)
+    if tiled and stream:
+        t = _describe_tiled(schema.names, meta, want, where)
+        if not t.recut:
+            failures: list = []
+            out = _tile_schema(t.new_keys, pa.large_binary())
+            reader = _streamed(out, _checked_tile_batches(t, batches(), out, where), failures)
+            return Incoming(t.shape, t.dtype, t.tile, t.new_keys, reader, failures)
+    try:
+        table = pa.Table.from_batches(list(batches()), schema)
+    except pa.ArrowException as e:
+        raise EinsumError(f"{where}: cannot read {p!r}: {e}") from None
+    table = _drop_pandas_index(table.replace_schema_metadata(schema.metadata))
+    return _from_tiles(table, meta, want, where) if tiled else _from_elements(table, meta, want, where)
+
+
+def _checked_tile_batches(t: _Tiled, batches, schema: pa.Schema, where: str):
+    """The batches of a tiled stream, each checked as it passes, the keys all checked at the
+    end (a failure there still stops the store: the engine has not committed yet)."""
+    seen: list[list[np.ndarray]] = [[] for _ in t.keys]
+    rows = 0
+    for batch in batches:
+        kcols, tcol = _check_tile_rows(t, batch, where, rows)
+        rows += batch.num_rows
+        for acc, c in zip(seen, kcols):
+            acc.append(c)
+        tcol = tcol.cast(pa.large_binary()) if tcol.type != pa.large_binary() else tcol
+        yield pa.record_batch([pa.array(c) for c in kcols] + [tcol], schema=schema)
+    _check_tile_keys(t, [np.concatenate(a) if a else np.zeros(0, np.int64) for a in seen], rows, where)
+
+
+# Parquet: DuckDB reads the file; a tiled file goes into the table in one statement
+def _parquet_cursor(p: str, where: str, con):
+    """A cursor of ``con`` (or a connection of its own) that reads the Parquet file ``p``, after
+    the checks that it exists and is not read as a pattern."""
+    import duckdb
+
+    if not os.path.isfile(p):
+        raise EinsumError(f"{where}: no such Parquet file {p!r}")
+    try:
+        cur = con.cursor() if con is not None else duckdb.connect()
+    except duckdb.Error as e:
+        raise EinsumError(f"{where}: cannot read {p!r}: the connection is closed ({e})") from None
+    try:
+        # DuckDB reads a path as a glob pattern ('[', '*', '?'): x[1].parquet could read x1.parquet
+        matched = [r[0] for r in cur.execute("SELECT file FROM glob(?)", [p]).fetchall()]
+        if any(ch in p for ch in "*?[") and [os.path.realpath(m) for m in matched] != [os.path.realpath(p)]:
+            raise EinsumError(f"{where}: {p!r} reads as a file pattern in DuckDB (it matches {len(matched)} "
+                              "file(s)); rename the file without '*', '?' or '['")
+    except BaseException:
+        cur.close()
+        raise
+    return cur
+
+
+def _parquet_meta(cur, p: str) -> dict[bytes, bytes] | None:
+    meta = dict(cur.execute("SELECT key, value FROM parquet_kv_metadata(?)", [p]).fetchall())
+    meta = {bytes(k): bytes(v) for k, v in meta.items() if bytes(k).startswith(PREFIX.encode())}
+    return meta or None
+
+
+def _from_parquet(p: str, want: Wanted, where: str, con, stream: bool) -> Incoming:
+    """A Parquet file. Tiled, on a DuckDB backend, without re-cutting: the keys are read and
+    checked here, and the tiles go from the file into the table in the store's one statement
+    (DuckDB checks each tile's bytes as it reads them). Otherwise read whole, as a table."""
+    import duckdb
+
+    if not stream:
+        table = read_parquet(p, where, con)
+        return _from_table(table, want, where)
+    cur = _parquet_cursor(p, where, con)
+    try:
+        rel = cur.read_parquet(p)
+        schema = rel.limit(0).to_arrow_table().schema
+        meta = read_metadata(_parquet_meta(cur, p), where)
+        tiled = meta.get("layout") == "tiles" or (
+            TILE in schema.names and _is_binary(schema.field(TILE).type) and want.value is None)
+        t = _describe_tiled(schema.names, meta, want, where) if tiled else None
+        if t is None or t.recut:
+            table = rel.to_arrow_table().replace_schema_metadata(_parquet_meta(cur, p))
+            return _from_table(table, want, where)
+        rows = cur.execute("SELECT count(*) FROM read_parquet(?)", [p]).fetchall()[0][0]
+        keys = rel.project(", ".join(_quote(k) for k in t.keys)).to_arrow_table() if t.keys else None
+    except duckdb.Error as e:
+        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet: {e}") from None
+    finally:
+        cur.close()
+    kcols = [_index_array(keys, k, where) for k in t.keys]
+    _check_key_range(t, kcols, where)
+    _check_tile_keys(t, kcols, rows, where)
+    return Incoming(t.shape, t.dtype, t.tile, t.new_keys, _parquet_select(p, t, where))
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _parquet_select(p: str, t: _Tiled, where: str):
+    """``SELECT keys AS new keys, tile FROM read_parquet(p)``, every tile's byte count checked
+    against its extents by DuckDB's ``error()`` as the rows pass."""
+    from sqlglot import exp
+
+    def fn(name, *args):
+        return exp.Anonymous(this=name, expressions=list(args))
+
+    def lit(x):
+        return exp.Literal.string(str(x)) if isinstance(x, str) else exp.Literal.number(int(x))
+
+    def cat(*parts):
+        out = parts[0]
+        for q in parts[1:]:
+            out = exp.DPipe(this=out, expression=q, safe=True)
+        return out
+
+    col = {k: exp.Column(this=exp.to_identifier(k, quoted=True)) for k in t.keys}
+    tile_col = exp.Column(this=exp.to_identifier(TILE, quoted=True))
+    itemsize = np.dtype(t.dtype).itemsize
+    extents = [fn("least", lit(s), exp.Sub(this=lit(n), expression=exp.Mul(this=col[k], expression=lit(s))))
+               for k, s, n in zip(t.keys, t.tile, t.shape)]
+    want = lit(itemsize)
+    for e in extents:
+        want = exp.Mul(this=exp.Paren(this=want), expression=exp.Paren(this=e))
+    at = [lit(f"{_CHECK_MARK}{where}: the tile at (")]
+    for q, k in enumerate(t.keys):
+        at += [lit(f"{', ' if q else ''}{k}="), exp.cast(col[k], "VARCHAR")]
+    message = cat(*at, lit(") holds "), exp.cast(fn("octet_length", tile_col), "VARCHAR"),
+                  lit(f" bytes; a {t.dtype} tile there takes "), exp.cast(want, "VARCHAR"),
+                  lit(f" (tile {t.tile}, shape {t.shape}, edge tiles smaller)"))
+    null = lit(f"{_CHECK_MARK}{where}: column 'tile' has null(s); fill or drop them first")
+    checked = exp.Case(ifs=[exp.If(this=exp.Is(this=tile_col, expression=exp.Null()), true=fn("error", null)),
+                            exp.If(this=exp.NEQ(this=fn("octet_length", tile_col), expression=want),
+                                   true=fn("error", message))],
+                       default=tile_col)
+    cols = [exp.alias_(exp.cast(col[k], "BIGINT"), exp.to_identifier(nk, quoted=True))
+            for k, nk in zip(t.keys, t.new_keys)]
+    cols.append(exp.alias_(checked, exp.to_identifier(TILE, quoted=True)))
+    return exp.select(*cols).from_(fn("read_parquet", lit(p)))
+
+
+def _drop_pandas_index(table: pa.Table) -> pa.Table:
+    """Columns pandas writes for a frame's unnamed index (``__index_level_0__``): not data, as
+    ``store`` of the DataFrame itself does not read its index either."""
+    drop = [c for c in table.column_names if re.fullmatch(r"__index_level_\d+__", c)]
+    return table.drop_columns(drop) if drop else table
+
+
+def _from_table(table: pa.Table, want: Wanted, where: str) -> Incoming:
+    meta = read_metadata(table.schema.metadata, where)
+    tiled = meta.get("layout") == "tiles" or (
+        TILE in table.column_names and _is_binary(table.schema.field(TILE).type) and want.value is None)
+    if tiled:
+        return _from_tiles(table, meta, want, where)
+    return _from_elements(_drop_pandas_index(table), meta, want, where)
+
+
+# -- out: export to a file, streamed ------------------------------------------------------------
+def _atomic_write(path, write, what: str) -> pathlib.Path:
+    """Run ``write(tmp)`` on a temporary file in the directory of ``path``, then rename it over
+    ``path``: a failure leaves no half-written file (and an older file at ``path`` intact)."""
+    target = pathlib.Path(os.fspath(path))
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise EinsumError(f"cannot write {what} file {str(target)!r}: {e}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target
+
+
+@contextlib.contextmanager
+def tile_batches(backend, value):
+    """Batches of stored tensor ``value``'s tiles: streamed on the DuckDB backend (its
+    ``tile_batches``, not yet in the Backend protocol), else its whole table from ``read_tiles``."""
+    if backend.name == "duckdb":
+        with backend.tile_batches(value, STREAM_BATCH_BYTES) as batches:
+            yield batches
+    else:
+        yield iter(backend.read_tiles(value).to_batches())
+
+
+def export_tensor(value, batches, path, form: str = "tiles") -> pathlib.Path:
+    """Write stored tensor ``value`` (a TiledValue) to ``path`` by its suffix, from ``batches``:
+    a context manager giving an iterator of tile batches (key columns + tile, any order).
+    ``.npy``: the dense array (``form`` must be "tiles", the default); ``.parquet``, ``.arrow``
+    / ``.feather``: the tile table or element rows (``form``) with the metadata. Streamed: one
+    batch of tiles at a time is in memory; written atomically."""
+    p = os.fspath(path)
+    suffix = _suffix(p)
+    where = f"export({p!r})"
+    if form not in ("tiles", "elements"):
+        raise EinsumError(f"{where}: form is 'tiles' or 'elements', got {form!r}")
+    if suffix in NPY_SUFFIXES:
+        if form != "tiles":
+            raise EinsumError(f"{where}: a .npy file holds the dense array; form='elements' is for .parquet, "
+                              ".arrow and .feather files")
+        return _atomic_write(p, lambda tmp: _write_npy(tmp, value, batches), ".npy")
+    if suffix not in PARQUET_SUFFIXES + IPC_SUFFIXES:
+        raise EinsumError(f"{where}: export writes .npy, .parquet, .arrow or .feather files; got suffix "
+                          f"{suffix or 'none'!r}")
+    if form == "elements":
+        _element_form_check(np.dtype(value.dtype), value.keys)
+    meta = tensor_metadata(value.shape, value.dtype, value.tile, value.keys, form, value.name)
+    if form == "tiles":
+        schema = _tile_schema(value.keys, pa.large_binary(), meta)
+
+        def convert(b):
+            return pa.record_batch([b.column(k) for k in value.keys] + [b.column(TILE).cast(pa.large_binary())],
+                                   schema=schema)
+    else:
+        dtype = np.dtype(value.dtype)
+        schema = pa.schema([(k, pa.int64()) for k in value.keys] + [(VALUE, pa.from_numpy_dtype(dtype))],
+                           metadata=meta)
+
+        def convert(b):
+            return _element_batch(b, value, schema)
+    if suffix in PARQUET_SUFFIXES:
+        return _atomic_write(p, lambda tmp: _write_parquet_batches(tmp, schema, batches, convert, value.keys),
+                             "Parquet")
+    return _atomic_write(p, lambda tmp: _write_ipc(tmp, schema, batches, convert), "Arrow IPC")
+
+
+def _write_parquet_batches(tmp, schema: pa.Schema, batches, convert, keys) -> None:
+    import pyarrow.parquet as pq
+
+    # no dictionary and no min/max statistics for the tile bytes: neither helps a reader, and both
+    # cost a pass over every byte
+    with pq.ParquetWriter(tmp, schema, use_dictionary=list(keys) or False,
+                          write_statistics=list(keys) or False) as w, batches() as it:
+        for b in it:
+            w.write_batch(convert(b))
+
+
+def _write_ipc(tmp, schema: pa.Schema, batches, convert) -> None:
+    with pa.OSFile(str(tmp), "wb") as f, pa.ipc.new_file(f, schema) as w, batches() as it:
+        for b in it:
+            w.write_batch(convert(b))
+
+
+def _write_npy(tmp, value, batches) -> None:
+    """The dense array through a memory map of the new file, filled tile by tile (the map's
+    pages are released after each batch, so the file is never whole in this process)."""
+    dtype = np.dtype(value.dtype)
+    shape = tuple(value.shape)
+    if math.prod(shape) == 0:
+        with open(tmp, "wb") as f:  # (np.save given a path would add '.npy' to it)
+            np.save(f, np.zeros(shape, dtype), allow_pickle=False)
+        return
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+    mm = getattr(out, "_mmap", None)
+    try:
+        with batches() as it:
+            for b in it:
+                for box, raw in _tile_boxes(b, value):
+                    out[box] = raw.view(dtype).reshape(tuple(s.stop - s.start for s in box))
+                _release(mm)
+    finally:
+        del out  # unmapped; the written pages go to the file as the page cache writes back
+
+
+def _tile_boxes(batch, value):
+    """(slices of the tensor, tile bytes as a uint8 array) for each row of a batch of tiles."""
+    keys = [np.asarray(batch.column(k).to_numpy(zero_copy_only=False), np.int64) for k in value.keys]
+    for r, raw in enumerate(blob_views(batch.column(TILE))):
+        box = tuple(slice(int(kc[r]) * t, min((int(kc[r]) + 1) * t, n))
+                    for kc, t, n in zip(keys, value.tile, value.shape))
+        yield box, raw
+
+
+def _element_form_check(dtype: np.dtype, names) -> None:
+    if dtype.kind == "c":
+        raise EinsumError("a complex tensor has no element form in Arrow (Arrow has no complex type); use "
+                          "form='tiles'")
+    if VALUE in (n.lower() for n in names):
+        raise EinsumError(f"the keys {tuple(names)} include 'value', the element form's value column; store the "
+                          "tensor with other keys")
+
+
+def _element_batch(batch, value, schema: pa.Schema) -> pa.RecordBatch:
+    """Element rows of a batch of tiles (C order inside each tile)."""
+    dtype = np.dtype(value.dtype)
+    idx: list[list[np.ndarray]] = [[] for _ in value.keys]
+    vals = []
+    for box, raw in _tile_boxes(batch, value):
+        ext = tuple(s.stop - s.start for s in box)
+        if ext:  # a 0-d tensor's one element has no index
+            for p, ix in enumerate(np.indices(ext).reshape(len(ext), -1)):
+                idx[p].append(ix.astype(np.int64) + box[p].start)
+        vals.append(raw.view(dtype).reshape(-1))
+    cols = [pa.array(np.concatenate(c) if c else np.zeros(0, np.int64)) for c in idx]
+    cols.append(pa.array(np.concatenate(vals) if vals else np.zeros(0, dtype), type=schema.field(VALUE).type))
+    return pa.record_batch(cols, schema=schema)
 
 
 # -- the element macros ----------------------------------------------------------------------

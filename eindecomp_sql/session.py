@@ -119,8 +119,11 @@ class Session:
           - an array: numpy, or anything numpy reads as numbers (a pyarrow Array, a list, ...);
           - a table: a pyarrow Table / RecordBatch / RecordBatchReader, a pandas DataFrame, a
             DuckDB relation (``db.connection.sql(...)``, read by DuckDB), any object with
-            ``__arrow_c_stream__`` (polars), or a path (str or ``pathlib.Path``) to a ``.parquet``
-            file (read by DuckDB);
+            ``__arrow_c_stream__`` (polars);
+          - a path (str or ``pathlib.Path``) to a file: ``.npy`` (memory-mapped and cut tile by
+            tile), ``.parquet`` (read by DuckDB) or ``.arrow`` / ``.feather`` (Arrow IPC). On the
+            DuckDB backend a ``.npy`` file or a tiled Parquet / Arrow file never passes through
+            Python whole (docs/LAYOUT.md);
         and a table is in one of two forms:
           - **tiled**: integer key columns and a binary ``tile`` column, as ``Tensor.to_arrow()``
             and ``Tensor.to_parquet()`` write it. Shape, dtype, tile shape, key names and byte
@@ -152,13 +155,23 @@ class Session:
 
         # read the source before taking the session: a relation may call back into this
         # session (SELECT ... FROM einsum(...)) from DuckDB's threads
+        # files stream into DuckDB (a batch of tiles at a time, or read by DuckDB itself); the
+        # other backends take whole tables
         incoming = io.read_source(
             source, f"store({name!r})",
             io.Wanted(tile, keys, shape, dtype, index, value, tile_bytes=self.tile_bytes),
-            con=self.backend.con)
+            con=self.backend.con, stream=self.backend.name == "duckdb")
         stored = TiledValue(name, incoming.shape, incoming.dtype, incoming.tile, incoming.keys)
-        with self._call():
-            self.backend.store_tiles(stored, incoming.tiles, replace=replace)
+        try:
+            with self._call():
+                self.backend.store_tiles(stored, incoming.tiles, replace=replace)
+        except Exception as e:
+            # a check (or a read) that failed inside the stream reaches us through the engine's
+            # error: raise the check's own
+            cause = incoming.failure(e)
+            if cause is not None and cause is not e:
+                raise cause from None
+            raise
         return self._tensor(stored)
 
     def tensor(self, name: str) -> Tensor:

@@ -114,6 +114,29 @@ class Tensor:
 
         return write_parquet(self.to_arrow(form), path)
 
+    def export(self, path, form: str = "tiles") -> pathlib.Path:
+        """Write the tensor to a file at ``path``, by its suffix, and return the path:
+
+        - ``.npy``: the dense array (numpy's format; ``np.load`` reads it);
+        - ``.parquet``: ``to_arrow(form)`` as Parquet, metadata included;
+        - ``.arrow`` / ``.feather``: ``to_arrow(form)`` as an Arrow IPC file (Feather v2).
+
+        ``db.store(name, path)`` reads each back. Streamed: the tiles come from the database a
+        batch at a time and go to the file (a ``.npy`` through a memory map of the new file), so
+        the tensor is never whole in Python. Atomic: a temporary file in the same directory is
+        renamed over ``path`` (a failure leaves no half-written file, an older one intact).
+
+        >>> import eindecomp_sql as eds, tempfile, pathlib
+        >>> db, tmp = eds.connect(), pathlib.Path(tempfile.mkdtemp())
+        >>> p = db.store("A", np.arange(6.0).reshape(2, 3), tile=(1, 2)).export(tmp / "A.npy")
+        >>> np.load(p)
+        array([[0., 1., 2.],
+               [3., 4., 5.]])
+        """
+        from .io import export_tensor, tile_batches
+
+        return export_tensor(self.value, lambda: tile_batches(self.session.backend, self.value), path, form)
+
     def to_numpy(self) -> np.ndarray:
         """The whole tensor as a numpy array (native byte order)."""
         v = self.value

@@ -1,0 +1,344 @@
+"""Files in and out: db.store(name, path) of .npy (memory-mapped, cut tile by tile), Arrow IPC
+(.arrow / .feather) and Parquet files, and Tensor.export(path) to each, streamed and atomic;
+failures that leave nothing behind; the memory a streamed store takes in Python."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.feather  # noqa: F401  (pa.feather)
+import pyarrow.parquet as pq
+import pytest
+
+from eindecomp_sql import EinsumError, io
+from helpers import DTYPES, random_array
+
+FORMATS = [".npy", ".parquet", ".arrow", ".feather"]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def same(got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    np.testing.assert_array_equal(got, want)
+
+
+def assert_nothing_left(db, name):
+    assert name not in db.tensors()
+    from helpers import backend_tables
+
+    assert name.lower() not in [t.lower() for t in backend_tables(db)]
+
+
+# -- round trips ------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_round_trips_through_every_format(db, tmp_path, dtype):
+    rng = np.random.default_rng(abs(hash(dtype)) % 2**32)
+    a = random_array(rng, (7, 5, 3), dtype)  # tiles of (3, 2, 2) do not divide it
+    np.save(tmp_path / "a.npy", a)
+    T = db.store("fio_a", tmp_path / "a.npy", tile=(3, 2, 2), keys=("x", "y", "z"), replace=True)
+    assert (T.shape, T.dtype, T.tile, T.keys) == ((7, 5, 3), np.dtype(dtype), (3, 2, 2), ("x", "y", "z"))
+    same(T.to_numpy(), a)
+    forms = ["tiles"] if np.dtype(dtype).kind == "c" else ["tiles", "elements"]
+    for suffix in FORMATS:
+        for form in forms if suffix != ".npy" else ["tiles"]:
+            p = T.export(tmp_path / f"t{suffix}", form=form)
+            assert p == tmp_path / f"t{suffix}"
+            B = db.store("fio_b", p, replace=True)
+            same(B.to_numpy(), a)
+            if suffix != ".npy":  # a .npy file is the dense array: store picks tiles and keys anew
+                assert (B.tile, B.keys) == ((3, 2, 2), ("x", "y", "z")), (suffix, form)
+    assert sorted(os.listdir(tmp_path)) == ["a.npy"] + sorted(f"t{s}" for s in FORMATS)  # no temp files
+    same(np.load(tmp_path / "t.npy"), a)
+
+
+@pytest.mark.parametrize("shape, tile", [((), ()), ((0,), (1,)), ((0, 4), (1, 3)), ((3, 0, 2), (2, 1, 1)),
+                                         ((1,), (1,)), ((5, 7), (5, 7)), ((9, 4), (2, 3))])
+def test_0d_and_empty_shapes_through_every_format(db, tmp_path, shape, tile):
+    a = random_array(np.random.default_rng(1), shape, "float64")
+    np.save(tmp_path / "a.npy", a)
+    T = db.store("fio_e", tmp_path / "a.npy", tile=tile or None, replace=True)
+    assert T.shape == shape
+    same(T.to_numpy(), a)
+    for suffix in FORMATS:
+        for form in ["tiles", "elements"] if suffix != ".npy" else ["tiles"]:
+            same(db.store("fio_e2", T.export(tmp_path / f"e{suffix}", form=form), replace=True).to_numpy(), a)
+
+
+def test_npy_in_other_byte_order_fortran_order_and_cast(db, tmp_path):
+    rng = np.random.default_rng(2)
+    a = rng.integers(-100, 100, (11, 6)).astype(">i4")
+    np.save(tmp_path / "be.npy", a)
+    same(db.store("fio_be", tmp_path / "be.npy", tile=(4, 4), replace=True).to_numpy(), a.astype("<i4"))
+    f = np.asfortranarray(rng.standard_normal((6, 5)))
+    np.save(tmp_path / "f.npy", f)
+    same(db.store("fio_f", tmp_path / "f.npy", tile=(4, 2), replace=True).to_numpy(), np.ascontiguousarray(f))
+    T = db.store("fio_c", tmp_path / "be.npy", tile=(4, 4), dtype="int8", replace=True)
+    same(T.to_numpy(), a.astype(np.int8))
+    T = db.store("fio_auto", tmp_path / "f.npy", replace=True)  # tile chosen by tile_bytes
+    same(T.to_numpy(), f)
+
+
+def test_npy_streams_in_many_batches(db, tmp_path, monkeypatch):
+    monkeypatch.setattr(io, "STREAM_BATCH_BYTES", 100)  # a few tiles a batch
+    a = random_array(np.random.default_rng(3), (50, 33), "float32")
+    np.save(tmp_path / "a.npy", a)
+    T = db.store("fio_many", tmp_path / "a.npy", tile=(4, 5), replace=True)
+    same(T.to_numpy(), a)
+    inc = io.read_source(tmp_path / "a.npy", "t", io.Wanted(tile=(4, 5)), stream=True)
+    assert isinstance(inc.tiles, pa.RecordBatchReader)
+    assert max(b.num_rows for b in inc.tiles) == 1  # 80-byte tiles, 100-byte batches
+
+
+def test_tiled_parquet_and_arrow_written_by_pyarrow(db, tmp_path):
+    """A tiled file another program wrote: pyarrow, no metadata of ours (shape=, dtype=, tile=)."""
+    a = np.arange(35, dtype=np.int16).reshape(7, 5)
+    t = db.store("fio_src", a, tile=(3, 2), replace=True).to_arrow()
+    plain = t.replace_schema_metadata(None).rename_columns(["r", "c", "tile"])
+    pq.write_table(plain, tmp_path / "t.parquet")
+    with pa.ipc.new_file(tmp_path / "t.arrow", plain.schema) as w:
+        for b in plain.to_batches(max_chunksize=2):
+            w.write_batch(b)
+    for p in (tmp_path / "t.parquet", tmp_path / "t.arrow"):
+        T = db.store("fio_plain", p, shape=(7, 5), dtype="int16", tile=(3, 2), replace=True)
+        assert T.keys == ("r", "c")
+        same(T.to_numpy(), a)
+    # an IPC *stream* (not file) reads too, and big-endian tiles are swapped
+    big = t.replace_schema_metadata({**t.schema.metadata, b"eindecomp_sql.byte_order": b'"big"'})
+    swapped = np.array([np.frombuffer(x, "<i2").astype(">i2").tobytes() for x in big.column("tile").to_pylist()],
+                       dtype=object)
+    big = big.set_column(2, "tile", pa.array(list(swapped), pa.binary()))
+    with pa.OSFile(str(tmp_path / "s.arrow"), "wb") as f, pa.ipc.new_stream(f, big.schema) as w:
+        w.write_table(big)
+    same(db.store("fio_stream", tmp_path / "s.arrow", replace=True).to_numpy(), a)
+
+
+def test_store_recuts_a_tiled_file(db, tmp_path):
+    a = random_array(np.random.default_rng(4), (9, 8), "float32")
+    T = db.store("fio_r", a, tile=(4, 4), replace=True)
+    for suffix in (".parquet", ".arrow"):
+        B = db.store("fio_r2", T.export(tmp_path / f"r{suffix}"), tile=(3, 5), dtype="float64", replace=True)
+        assert (B.tile, B.dtype) == ((3, 5), np.dtype("float64"))
+        same(B.to_numpy(), a.astype(np.float64))
+
+
+# -- element form from other writers ------------------------------------------------------------
+def test_element_parquet_written_like_pandas_and_spark(db, tmp_path):
+    rng = np.random.default_rng(5)
+    a = np.zeros((4, 6))
+    rows = [(1, 2, 1.5), (3, 0, -2.0), (0, 5, 7.25)]
+    for i, j, v in rows:
+        a[i, j] = v
+    # what pandas writes for a filtered frame: int64 columns, its index as __index_level_0__, and
+    # a 'pandas' metadata key
+    t = pa.table({"i": [r[0] for r in rows], "j": [r[1] for r in rows], "value": [r[2] for r in rows],
+                  "__index_level_0__": [7, 11, 40]},
+                 metadata={b"pandas": json.dumps({"index_columns": ["__index_level_0__"]}).encode()})
+    pq.write_table(t, tmp_path / "pandas.parquet")
+    same(db.store("fio_pd", tmp_path / "pandas.parquet", replace=True).to_numpy(), a)
+    # Spark: int32 index columns, a double value, its own row metadata
+    s = pa.table({"row": pa.array([r[0] for r in rows], pa.int32()), "col": pa.array([r[1] for r in rows], pa.int32()),
+                  "x": [r[2] for r in rows]},
+                 metadata={b"org.apache.spark.sql.parquet.row.metadata": b"{}"})
+    pq.write_table(s, tmp_path / "spark.parquet")
+    same(db.store("fio_sp", tmp_path / "spark.parquet", shape=(4, 6), replace=True).to_numpy(), a)
+    pa.feather.write_feather(s, tmp_path / "spark.feather")  # lz4-compressed Feather v2
+    same(db.store("fio_fe", tmp_path / "spark.feather", shape=(4, 6), replace=True).to_numpy(), a)
+    big = rng.standard_normal((30, 20))
+    i, j = np.nonzero(big)
+    pq.write_table(pa.table({"i": i, "j": j, "value": big[i, j]}), tmp_path / "dense.parquet", row_group_size=50)
+    same(db.store("fio_dense", tmp_path / "dense.parquet", replace=True).to_numpy(), big)
+
+
+def test_element_parquet_written_by_pandas(db, tmp_path):
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"i": [0, 2, 1], "j": [1, 0, 1], "value": [1.5, -2.0, 3.0]})
+    df[df.value != 3.0].to_parquet(tmp_path / "p.parquet")  # a filtered frame: its index is written
+    same(db.store("fio_pandas", tmp_path / "p.parquet", replace=True).to_numpy(), np.array([[0, 1.5], [0, 0], [-2.0, 0]]))
+
+
+# -- failures leave nothing -----------------------------------------------------------------------
+def _bad_npy(tmp_path):
+    (tmp_path / "junk.npy").write_bytes(b"not a numpy file")
+    a = np.ones((100, 100))
+    np.save(tmp_path / "short.npy", a)
+    data = (tmp_path / "short.npy").read_bytes()
+    (tmp_path / "short.npy").write_bytes(data[:len(data) // 2])
+    np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object))
+    np.save(tmp_path / "f16.npy", np.ones(3, np.float16))
+    return [("junk.npy", {}, "cannot read .*as a .npy file"), ("short.npy", {}, "cannot read"),
+            ("obj.npy", {}, "cannot read"), ("f16.npy", {}, "float16"), ("missing.npy", {}, "no such .npy file"),
+            ("missing.arrow", {}, "no such Arrow IPC file"), ("junk.npy", {"shape": (3,)}, "brings its own shape"),
+            ("x.csv", {}, r"\.npy, \.arrow / \.feather .* or \.parquet")]
+
+
+def test_bad_files_are_refused_and_leave_nothing(db, tmp_path):
+    for name, kw, match in _bad_npy(tmp_path):
+        with pytest.raises(EinsumError, match=match):
+            db.store("fio_bad", tmp_path / name, **kw)
+        assert_nothing_left(db, "fio_bad")
+    (tmp_path / "junk.arrow").write_bytes(b"ARROW1 but not really")
+    with pytest.raises(EinsumError, match="cannot read .* as an Arrow IPC file"):
+        db.store("fio_bad", tmp_path / "junk.arrow")
+    assert_nothing_left(db, "fio_bad")
+
+
+def test_a_failure_mid_stream_leaves_nothing(db, tmp_path, monkeypatch):
+    """An exception raised while the tiles stream in (after some are stored) rolls it all back,
+    and is the exception store raises."""
+    monkeypatch.setattr(io, "STREAM_BATCH_BYTES", 64)
+    np.save(tmp_path / "a.npy", np.arange(400.0).reshape(20, 20))
+    calls = []
+    real = io._release
+
+    def failing(mm):
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("disk went away")
+        real(mm)
+
+    monkeypatch.setattr(io, "_release", failing)
+    with pytest.raises(RuntimeError, match="disk went away"):
+        db.store("fio_mid", tmp_path / "a.npy", tile=(2, 2))
+    assert_nothing_left(db, "fio_mid")
+    # a dtype= cast that overflows in a late tile says where, in the whole array
+    b = np.zeros((20, 20), np.int64)
+    b[17, 13] = 300
+    np.save(tmp_path / "b.npy", b)
+    monkeypatch.setattr(io, "_release", real)
+    with pytest.raises(EinsumError, match=r"value 300 at \(17, 13\) does not fit dtype=int8"):
+        db.store("fio_mid", tmp_path / "b.npy", tile=(2, 2), dtype="int8")
+    assert_nothing_left(db, "fio_mid")
+
+
+def _tiled(db, tmp_path):
+    a = np.arange(48.0).reshape(8, 6)
+    return db.store("fio_t", a, tile=(3, 4), replace=True).to_arrow()
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+@pytest.mark.parametrize("damage, match", [
+    ("short_tile", r"the tile at \(d0=2, d1=1\) holds 8 bytes; a float64 tile there takes 32"),
+    ("null_tile", "null"),
+    ("dup_key", r"index \(d0=0, d1=0\) appears more than once"),
+    ("missing_row", "5 tile rows, but shape"),
+    ("key_range", "key column 'd1' holds 7"),
+])
+def test_bad_tiled_files_leave_nothing(db, tmp_path, suffix, damage, match):
+    t = _tiled(db, tmp_path).sort_by([("d0", "ascending"), ("d1", "ascending")])
+    tiles = t.column("tile").to_pylist()
+    d0, d1 = t.column("d0").to_pylist(), t.column("d1").to_pylist()
+    if damage == "short_tile":
+        tiles[-1] = tiles[-1][:8]
+    elif damage == "null_tile":
+        tiles[3] = None
+    elif damage == "dup_key":  # a copy of the first row in place of the second
+        d0[1], d1[1], tiles[1] = d0[0], d1[0], tiles[0]
+    elif damage == "missing_row":
+        tiles, d0, d1 = tiles[:-1], d0[:-1], d1[:-1]
+    else:
+        d1[1] = 7
+    bad = pa.table({"d0": d0, "d1": d1, "tile": pa.array(tiles, pa.binary())}, schema=t.schema)
+    p = tmp_path / f"bad{suffix}"
+    if suffix == ".parquet":
+        pq.write_table(bad, p, row_group_size=2)
+    else:
+        with pa.ipc.new_file(p, bad.schema) as w:
+            for b in bad.to_batches(max_chunksize=2):  # the damage is in a later batch
+                w.write_batch(b)
+    with pytest.raises(EinsumError, match=match):
+        db.store("fio_badt", p)
+    assert_nothing_left(db, "fio_badt")
+
+
+# -- export -------------------------------------------------------------------------------------
+def test_export_failure_leaves_no_file_and_keeps_the_old_one(db, tmp_path, monkeypatch):
+    T = db.store("fio_x", np.arange(400.0).reshape(20, 20), tile=(3, 3), replace=True)
+    for suffix in FORMATS:
+        (tmp_path / f"old{suffix}").write_bytes(b"old")
+
+    def failing(batch, value):
+        raise RuntimeError("disk full")
+        yield  # a generator, as the real one
+
+    monkeypatch.setattr(io, "_tile_boxes", failing)  # after the new file is opened
+    for suffix in FORMATS:
+        with pytest.raises(RuntimeError, match="disk full"):
+            T.export(tmp_path / f"old{suffix}", form="elements" if suffix != ".npy" else "tiles")
+        with pytest.raises(RuntimeError, match="disk full"):
+            T.export(tmp_path / f"new{suffix}", form="elements" if suffix != ".npy" else "tiles")
+        assert (tmp_path / f"old{suffix}").read_bytes() == b"old"
+    assert sorted(os.listdir(tmp_path)) == sorted(f"old{s}" for s in FORMATS)
+    monkeypatch.undo()
+    with pytest.raises(EinsumError, match="cannot write"):
+        T.export(tmp_path / "no" / "such" / "dir.npy")
+
+
+def test_export_refusals(db, tmp_path):
+    T = db.store("fio_ref", np.ones((2, 3)), replace=True)
+    with pytest.raises(EinsumError, match="export writes .npy, .parquet, .arrow or .feather"):
+        T.export(tmp_path / "x.csv")
+    with pytest.raises(EinsumError, match="form='elements' is for .parquet"):
+        T.export(tmp_path / "x.npy", form="elements")
+    with pytest.raises(EinsumError, match="form is 'tiles' or 'elements'"):
+        T.export(tmp_path / "x.parquet", form="dense")
+    Z = db.store("fio_z", np.ones(3, np.complex64), replace=True)
+    with pytest.raises(EinsumError, match="no element form"):
+        Z.export(tmp_path / "z.arrow", form="elements")
+    assert os.listdir(tmp_path) == []
+
+
+def test_exported_files_are_plain_files(db, tmp_path):
+    """What other tools see: np.load, pyarrow, DuckDB's read_parquet and its metadata."""
+    import duckdb
+
+    a = random_array(np.random.default_rng(6), (5, 7), "float32")
+    T = db.store("fio_plainout", a, tile=(2, 3), replace=True)
+    same(np.load(T.export(tmp_path / "a.npy")), a)
+    t = pq.read_table(T.export(tmp_path / "a.parquet"))
+    assert io.read_metadata(t.schema.metadata, "t")["shape"] == [5, 7] and t.num_rows == 9
+    e = pa.ipc.open_file(T.export(tmp_path / "e.arrow", form="elements")).read_all()
+    assert e.column_names == ["d0", "d1", "value"] and e.num_rows == 35
+    got = np.zeros((5, 7), np.float32)
+    got[e.column("d0").to_numpy(), e.column("d1").to_numpy()] = e.column("value").to_numpy()
+    same(got, a)
+    con = duckdb.connect()
+    kv = dict(con.execute("SELECT key::VARCHAR, value::VARCHAR FROM parquet_kv_metadata(?)",
+                          [str(tmp_path / "a.parquet")]).fetchall())
+    assert json.loads(kv["eindecomp_sql.tile"]) == [2, 3]
+    con.close()
+
+
+# -- memory -------------------------------------------------------------------------------------
+_RSS_CHILD = textwrap.dedent("""
+    import sys, resource
+    import numpy as np
+    from eindecomp_sql import io
+    path, tile = sys.argv[1], (int(sys.argv[2]), int(sys.argv[3]))
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    inc = io.read_source(path, "rss", io.Wanted(tile=tile), stream=True)
+    n = sum(len(x) for b in inc.tiles for x in io.blob_views(b.column("tile")))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(n, (peak - base) // 1024)
+""")
+
+
+@pytest.mark.duckdb_only("the streamed store is the DuckDB backend's")
+def test_a_400mb_npy_streams_in_bounded_memory(tmp_path, backend):
+    """What store hands DuckDB for a 400 MB .npy is cut from the memory map a batch at a time:
+    the process grows by far less than the file (measured in a fresh interpreter)."""
+    path = tmp_path / "big.npy"
+    a = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(10240, 10240))
+    for i in range(0, 10240, 1024):
+        a[i:i + 1024] = np.float32(i)
+    del a
+    out = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(path), "1024", "2048"], capture_output=True,
+                         text=True, cwd=ROOT, check=True)
+    nbytes, grew_mb = map(int, out.stdout.split())
+    assert nbytes == 10240 * 10240 * 4
+    assert grew_mb < 200, f"RSS grew by {grew_mb} MB streaming a 400 MB .npy"
