@@ -1,19 +1,13 @@
 """Tensor files the command line reads and writes: ``.npy``, ``.parquet`` (tiled or element
-form) and Arrow IPC (``.arrow`` / ``.feather``).
-
-``db.store(name, path)`` reads Parquet; ``.npy`` and Arrow IPC paths are going into
-``Session.store`` and ``Tensor.export(path)`` (another change in progress). Until they are
-there, ``store_file`` and ``export`` fall back to reading/writing those formats here (the whole
-array in memory, as ``store`` of an array does), and use the session's own path intake and
-``Tensor.export`` as soon as they exist.
+form) and Arrow IPC (``.arrow`` / ``.feather``). ``Session.store(name, path)`` and
+``Tensor.export(path)`` do the reading and writing (streamed); this module adds what a job needs
+before it opens a database: a file's shape and dtype from its header or metadata, and its hash.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import pathlib
-import secrets
 
 import numpy as np
 
@@ -21,7 +15,6 @@ from ..errors import EinsumError
 
 ARROW_SUFFIXES = (".arrow", ".feather")
 SUFFIXES = (".npy", ".parquet") + ARROW_SUFFIXES
-_PATH_REFUSED = "Parquet file ending in .parquet"  # what Session.store says of other paths today
 
 
 def kind(path) -> str:
@@ -35,16 +28,16 @@ def kind(path) -> str:
     raise EinsumError(f"{str(path)!r}: unknown kind of tensor file; use one of {', '.join(SUFFIXES)}")
 
 
-def _read_arrow(path):
+def _arrow_schema(path):
     import pyarrow as pa
 
     try:
         with pa.memory_map(str(path)) as src:
             try:
-                return pa.ipc.open_file(src).read_all()
+                return pa.ipc.open_file(src).schema
             except pa.ArrowInvalid:
                 src.seek(0)
-                return pa.ipc.open_stream(src).read_all()
+                return pa.ipc.open_stream(src).schema
     except (pa.ArrowException, OSError) as e:
         raise EinsumError(f"cannot read {str(path)!r} as an Arrow IPC file: {e}") from None
 
@@ -77,68 +70,31 @@ def info(path) -> tuple[tuple[int, ...], str]:
             meta = pq.read_schema(path).metadata
         except (pa.ArrowException, OSError) as e:
             raise EinsumError(f"cannot read {where!r} as Parquet: {e}") from None
-        table = None
     else:
-        table = _read_arrow(path)
-        meta = table.schema.metadata
+        meta = _arrow_schema(path).metadata
     m = read_metadata(meta, where)
     if "shape" in m and "dtype" in m:
         return tuple(m["shape"]), check_dtype(m["dtype"], where)
-    got = read_source(path if table is None else table, where, Wanted())
+    got = read_source(path, where, Wanted())  # element form without a shape: read it
     return tuple(got.shape), got.dtype
 
 
 def store_file(db, name: str, path, tile=None, dtype=None, shape=None, replace: bool = False):
-    """``db.store(name, path, ...)``; for ``.npy`` / Arrow IPC while ``Session.store`` does not
-    read those paths itself, the file is read here and stored as an array / a table."""
+    """``db.store(name, path, ...)`` for a tensor file (its kind checked by suffix first)."""
     path = pathlib.Path(path)
-    k = kind(path)
+    kind(path)
     if not path.is_file():
         raise EinsumError(f"no such file {str(path)!r}")
     kw = {"tile": tile, "replace": replace, "dtype": dtype}
     if shape is not None:
         kw["shape"] = shape
-    try:
-        return db.store(name, str(path), **kw)
-    except EinsumError as e:
-        if k == "parquet" or _PATH_REFUSED not in str(e):
-            raise
-    if k == "npy":
-        if shape is not None:
-            raise EinsumError(f"{str(path)!r}: --shape is for element-form tables; a .npy file has its own shape")
-        return db.store(name, _load_npy(path), **kw)
-    return db.store(name, _read_arrow(path), **kw)
+    return db.store(name, str(path), **kw)
 
 
 def export(tensor, path, form: str = "tiles") -> pathlib.Path:
-    """Write ``tensor`` to ``path`` by its suffix, atomically (a temporary file renamed over it):
-    ``Tensor.export`` where it exists, else ``.parquet`` by ``to_parquet`` and ``.npy`` / Arrow
-    IPC here."""
-    path = pathlib.Path(path)
-    k = kind(path)
-    if hasattr(tensor, "export"):
-        return tensor.export(path, form=form)
-    if k == "parquet":
-        return tensor.to_parquet(path, form)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        if k == "npy":
-            if form != "tiles":
-                raise EinsumError("a .npy file holds the dense array; --form is for .parquet and Arrow files")
-            with open(tmp, "wb") as f:
-                np.save(f, tensor.to_numpy(), allow_pickle=False)
-        else:
-            import pyarrow as pa
-
-            table = tensor.to_arrow(form)
-            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-                w.write_table(table)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise EinsumError(f"cannot write {str(path)!r}: {e}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    """``tensor.export(path, form)``: by the suffix, atomically (its kind checked first)."""
+    kind(path)
+    return tensor.export(pathlib.Path(path), form=form)
 
 
 def file_digest(path, chunk: int = 1 << 22) -> str:

@@ -46,7 +46,15 @@ from dataclasses import dataclass, field
 
 from .. import __version__
 from ..errors import EinsumError
-from ..plan.steps import EinsumStep, FillStep, Plan, RetileStep, TiledValue, output_tiles, step_target
+from ..plan.steps import (
+    EinsumStep,
+    FillStep,
+    Plan,
+    RetileStep,
+    TiledValue,
+    output_tiles,
+    step_target,
+)
 from .spec import InputSpec, Job, JobError
 
 TABLE = "eds_jobs"

@@ -92,7 +92,7 @@ class Job:
     inputs: dict[str, InputSpec]
     steps: dict[str, StepSpec]
     order: tuple[str, ...]  # the steps in an order where each comes after what it reads
-    lines: "Lines" = field(repr=False, compare=False, default=None)
+    lines: Lines = field(repr=False, compare=False, default=None)
 
     def line(self, *path) -> int | None:
         return self.lines.line(*path) if self.lines is not None else None
@@ -156,8 +156,8 @@ def load_job(path, *, database=None, memory=None, workers=None, tile_bytes=None)
     return parse_job(text, path, database=database, memory=memory, workers=workers, tile_bytes=tile_bytes)
 
 
-_TOML_AT = re.compile(r"^(.*?)\s*\(at line (\d+), column (\d+)\)\s*$", re.S)
-_TOML_END = re.compile(r"^(.*?)\s*\(at end of document\)\s*$", re.S)
+_TOML_AT = re.compile(r"^(.*?)\s*\(at line (\d+), column (\d+)\)\s*$", re.DOTALL)
+_TOML_END = re.compile(r"^(.*?)\s*\(at end of document\)\s*$", re.DOTALL)
 
 
 def parse_job(text: str, path, *, database=None, memory=None, workers=None, tile_bytes=None) -> Job:
@@ -274,7 +274,7 @@ def _input(name, spec, base: pathlib.Path, lines: Lines, err) -> InputSpec:
     has = [k for k in ("file", "tensor") if k in spec]
     if len(has) != 1:
         raise err("give exactly one of 'file' (a file to load) and 'tensor' (a stored tensor)"
-                  + (f", not both" if len(has) == 2 else ""), *where, input=name)
+                  + (", not both" if len(has) == 2 else ""), *where, input=name)
     file = tensor = tile = dtype = None
     if "file" in spec:
         f = spec["file"]
