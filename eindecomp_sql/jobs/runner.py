@@ -198,7 +198,7 @@ def input_shapes(job: Job, db=None) -> tuple[dict[str, tuple[tuple[int, ...], st
 def lookup(db, name: str):
     """The stored Tensor ``name``, or None (also in a read-only database without a catalog)."""
     v = db.backend.lookup(name)
-    return None if v is None else db._tensor(v)
+    return None if v is None else db.tensor(v.name)
 
 
 def tensor_names(db) -> list[str]:
