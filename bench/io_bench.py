@@ -1,0 +1,248 @@
+"""Files in and out at size: db.store of a float32 .npy and of a tiled Parquet file, and
+Tensor.export to .npy and Parquet, against numpy's np.save and pyarrow's Parquet writer of the
+same array, side by side in one run. Each case runs in a fresh interpreter (a subprocess) that
+reports its wall time and its peak RSS above its own baseline (VmHWM after imports and setup,
+sampled from /proc/self/status); medians over --repeats runs go to bench/io_results.json.
+
+    python bench/io_bench.py --size 1G --repeats 3      # what bench/io_results.json holds
+    python bench/io_bench.py --size 64M                 # a quick run
+    python bench/io_bench.py --size 4G --cases baseline_np_save,baseline_pq_write,baseline_pq_write_plain,stream_npy
+
+The store cases take DuckDB about 4x the tensor at their peak (measured: +4.2 GB for 1 GiB), so
+at 4 GiB they (and the export cases, which read what store_npy stored) need ~17 GB free beyond
+everything else: on the 24 GB development machine only the cases without DuckDB ran at 4 GiB.
+
+Inputs live under --dir (default /tmp/eds_io_bench) and are deleted at the end. The database
+is a file there (an in-memory DuckDB holds the whole tensor in RAM by definition). The tensor
+is square, cut in tiles of --tile (default 1024x1024, 4 MB of float32).
+
+Cases:
+  baseline_np_save      np.save of the array (already in memory)
+  baseline_pq_write     pyarrow.parquet.write_table of the array as one float32 column
+  baseline_pq_write_plain  the same without dictionary and statistics (as export writes tiles)
+  stream_npy            what store hands DuckDB for the .npy: its tile batches, consumed
+                        (Python's part of store_npy alone)
+  store_npy             db.store("A", "a.npy", tile=...)   (returns after the commit)
+  store_parquet         db.store("A", "a.parquet")         (a tiled file, as Tensor.export writes it)
+  export_npy            T.export("out.npy")
+  export_parquet        T.export("out.parquet")
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# store_npy before the export cases: they read the database it leaves
+CASES = ["baseline_np_save", "baseline_pq_write", "baseline_pq_write_plain", "stream_npy", "store_npy", "store_parquet", "export_npy",
+         "export_parquet"]
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B")
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+# -- the child: one case, one process ------------------------------------------------------------
+def _status_mb(key: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {key}")
+
+
+def hwm_mb() -> float:
+    return _status_mb("VmHWM")
+
+
+def baseline_mb() -> float:
+    """The resident size now, with the peak reset to it (``5`` to clear_refs resets VmHWM), so
+    that setup (opening the database, loading the baseline's array) is not the peak measured."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return hwm_mb()
+    return _status_mb("VmRSS")
+
+
+def child(case: str, d: pathlib.Path, tile: tuple[int, int]) -> dict:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import duckdb
+    import eindecomp_sql as eds
+    from eindecomp_sql import io
+
+    npy, parquet, dbfile = d / "a.npy", d / "a.parquet", d / "store.duckdb"
+    out = d / ("out.npy" if case.endswith("npy") else "out.parquet")
+    out.unlink(missing_ok=True)
+    extra = {}
+    if case.startswith("baseline"):
+        a = np.load(npy)  # in memory: the baselines write from RAM
+        base = baseline_mb()
+        t0 = time.perf_counter()
+        if case == "baseline_np_save":
+            with open(out, "wb") as f:
+                np.save(f, a)
+        elif case == "baseline_pq_write":
+            pq.write_table(pa.table({"value": a.reshape(-1)}), out)
+        else:  # without the dictionary pyarrow tries (and drops) on random floats
+            pq.write_table(pa.table({"value": a.reshape(-1)}), out, use_dictionary=False, write_statistics=False)
+        seconds = time.perf_counter() - t0
+    elif case == "stream_npy":
+        base = baseline_mb()
+        t0 = time.perf_counter()
+        inc = io.read_source(str(npy), "bench", io.Wanted(tile=tile), stream=True)
+        n = sum(b.num_rows for b in inc.tiles)
+        seconds = time.perf_counter() - t0
+        extra["tiles"] = n
+    elif case.startswith("store"):
+        # store_npy leaves its database for the export cases; store_parquet writes another
+        dbfile = dbfile if case == "store_npy" else d / "store2.duckdb"
+        for f in d.glob(dbfile.name + "*"):
+            f.unlink()
+        db = eds.connect(duckdb.connect(str(dbfile)))
+        base = baseline_mb()
+        t0 = time.perf_counter()
+        db.store("A", str(npy if case == "store_npy" else parquet), tile=tile)
+        seconds = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        db.close()  # DuckDB checkpoints its WAL into the file here
+        extra["close_seconds"] = time.perf_counter() - t1
+    else:
+        db = eds.connect(duckdb.connect(str(dbfile)))
+        T = db.tensor("A")
+        base = baseline_mb()
+        t0 = time.perf_counter()
+        T.export(out)
+        seconds = time.perf_counter() - t0
+        db.close()
+    peak = hwm_mb()
+    out.unlink(missing_ok=True)
+    return {"seconds": seconds, "rss_growth_mb": peak - base, "baseline_rss_mb": base, **extra}
+
+
+# -- the parent ---------------------------------------------------------------------------------
+def make_inputs(d: pathlib.Path, n: int, tile) -> None:
+    """a.npy (n x n float32, random) and a.parquet (its tiles, with the metadata, as
+    Tensor.export writes them; made from the .npy stream, not through DuckDB)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from eindecomp_sql import io
+
+    rng = np.random.default_rng(0)
+    a = np.lib.format.open_memmap(d / "a.npy", mode="w+", dtype=np.float32, shape=(n, n))
+    step = max(1, (64 << 20) // (4 * n))
+    for i in range(0, n, step):
+        a[i:i + step] = rng.standard_normal((min(step, n - i), n), dtype=np.float32)
+    del a
+    inc = io.read_source(str(d / "a.npy"), "bench", io.Wanted(tile=tile), stream=True)
+    meta = io.tensor_metadata(inc.shape, inc.dtype, inc.tile, inc.keys, "tiles", "A")
+    schema = inc.tiles.schema.with_metadata(meta)
+    with pq.ParquetWriter(d / "a.parquet", schema, use_dictionary=list(inc.keys),
+                          write_statistics=list(inc.keys)) as w:
+        for b in inc.tiles:
+            w.write_batch(b)
+
+
+def run_case(case: str, d: pathlib.Path, tile, timeout: float) -> dict:
+    cmd = [sys.executable, __file__, "--child", case, "--dir", str(d), "--tile", f"{tile[0]}x{tile[1]}"]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    if p.returncode != 0:
+        return {"error": f"exit {p.returncode}: {(p.stderr or p.stdout).strip().splitlines()[-1:]}"}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="64M", help="bytes of float32 data (e.g. 64M, 1G, 4G)")
+    ap.add_argument("--tile", default="1024x1024")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", default="/tmp/eds_io_bench")
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--out", default=str(ROOT / "bench" / "io_results.json"))
+    ap.add_argument("--keep", action="store_true", help="keep the input files")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    tile = tuple(int(x) for x in args.tile.lower().split("x"))
+    d = pathlib.Path(args.dir)
+    if args.child:
+        print(json.dumps(child(args.child, d, tile)))
+        return
+    size = parse_size(args.size)
+    n = max(1, math.isqrt(size // 4))
+    tile = (min(tile[0], n), min(tile[1], n))
+    cases = [c for c in args.cases.split(",") if c]
+    d.mkdir(parents=True, exist_ok=True)
+    try:
+        t0 = time.perf_counter()
+        make_inputs(d, n, tile)
+        print(f"inputs: {n}x{n} float32 ({n * n * 4 / 2**30:.2f} GiB), tile {tile}, "
+              f"made in {time.perf_counter() - t0:.1f} s", flush=True)
+        runs: dict[str, list[dict]] = {c: [] for c in cases}
+        for r in range(args.repeats):  # interleaved: each round runs every case once
+            for c in cases:
+                res = run_case(c, d, tile, timeout=3600)
+                runs[c].append(res)
+                print(f"  round {r + 1} {c:18s} " + (res["error"] if "error" in res else
+                      f"{res['seconds']:7.2f} s  RSS +{res['rss_growth_mb']:7.0f} MB"), flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(d, ignore_errors=True)
+    summary = {}
+    for c, rs in runs.items():
+        ok = [x for x in rs if "error" not in x]
+        summary[c] = {"runs": len(rs), "failed": [x["error"] for x in rs if "error" in x]}
+        if ok:
+            summary[c].update(seconds_median=statistics.median(x["seconds"] for x in ok),
+                              seconds_min=min(x["seconds"] for x in ok), seconds_max=max(x["seconds"] for x in ok),
+                              rss_growth_mb_median=statistics.median(x["rss_growth_mb"] for x in ok),
+                              rss_growth_mb_max=max(x["rss_growth_mb"] for x in ok))
+            if "close_seconds" in ok[0]:
+                summary[c]["close_seconds_median"] = statistics.median(x["close_seconds"] for x in ok)
+
+    def ratio(a, b):
+        if "seconds_median" in summary.get(a, {}) and "seconds_median" in summary.get(b, {}):
+            return summary[a]["seconds_median"] / summary[b]["seconds_median"]
+        return None
+
+    bars = {
+        "store_npy / baseline_pq_write": ratio("store_npy", "baseline_pq_write"),
+        "store_parquet / baseline_pq_write": ratio("store_parquet", "baseline_pq_write"),
+        "export_npy / baseline_np_save": ratio("export_npy", "baseline_np_save"),
+        "export_parquet / baseline_pq_write": ratio("export_parquet", "baseline_pq_write"),
+        "store_npy / baseline_pq_write_plain": ratio("store_npy", "baseline_pq_write_plain"),
+        "store_parquet / baseline_pq_write_plain": ratio("store_parquet", "baseline_pq_write_plain"),
+        "export_parquet / baseline_pq_write_plain": ratio("export_parquet", "baseline_pq_write_plain"),
+    }
+    result = {"size_bytes": n * n * 4, "shape": [n, n], "dtype": "float32", "tile": list(tile),
+              "repeats": args.repeats, "machine": {"cpus": os.cpu_count()},
+              "bar": "time ratios <= 1.5; store RSS growth <= 500 MB", "time_ratios": bars, "cases": summary}
+    key = f"{n * n * 4 / 2**30:.3g}GiB" if n * n * 4 >= 2**30 else f"{n * n * 4 / 2**20:.3g}MiB"
+    out = pathlib.Path(args.out)
+    allres = json.loads(out.read_text()) if out.exists() else {}
+    allres[key] = result
+    out.write_text(json.dumps(allres, indent=1) + "\n")
+    print(json.dumps({"time_ratios": bars, **{c: {k: v for k, v in s.items() if k != "failed" or v}
+                                               for c, s in summary.items()}}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
