@@ -118,27 +118,31 @@ class _Watchdog:
 
     def _loop(self) -> None:
         while True:
-            job = self.job
-            ticking = job is not None and job.watch is not None
+            # not holding the job while waiting: a finished plan's objects (its progress
+            # callback, DuckDB results it refers to) must go when the plan goes
+            ticking = getattr(self.job, "watch", None) is not None
             ready, _, _ = select.select([self.reader], [], [], TICK_SECONDS if ticking else None)
-            data = self.reader.recv(64) if ready else b""
-            # under the lock: a job is never stopped after its plan has finished (the next
-            # plan's kernels would find the cancel flag set)
-            with self.lock:
-                job = self.job
-                if job is None:
-                    continue
-                others = bytes(b for b in data if b not in (0, signal.SIGINT))
-                if others and job.old_fd != -1:  # other signals: to whoever listened before (asyncio)
-                    try:
-                        os.write(job.old_fd, others)
-                    except OSError:
-                        pass
-                if signal.SIGINT in data:
-                    job.hit.set()
-                    job.stop()
-                else:
-                    job.tick()
+            self._handle(self.reader.recv(64) if ready else b"")
+
+    def _handle(self, data: bytes) -> None:
+        # under the lock: a job is never stopped after its plan has finished (the next plan's
+        # kernels would find the cancel flag set); a method, so no reference to the job
+        # outlives it
+        with self.lock:
+            job = self.job
+            if job is None:
+                return
+            others = bytes(b for b in data if b not in (0, signal.SIGINT))
+            if others and job.old_fd != -1:  # other signals: to whoever listened before (asyncio)
+                try:
+                    os.write(job.old_fd, others)
+                except OSError:
+                    pass
+            if signal.SIGINT in data:
+                job.hit.set()
+                job.stop()
+            else:
+                job.tick()
 
 
 _dog: _Watchdog | None = None
