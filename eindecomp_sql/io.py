@@ -990,13 +990,9 @@ def _atomic_write(path, write, what: str) -> pathlib.Path:
 
 @contextlib.contextmanager
 def tile_batches(backend, value):
-    """Batches of stored tensor ``value``'s tiles: streamed on the DuckDB backend (its
-    ``tile_batches``, not yet in the Backend protocol), else its whole table from ``read_tiles``."""
-    if backend.name == "duckdb":
-        with backend.tile_batches(value, STREAM_BATCH_BYTES) as batches:
-            yield batches
-    else:
-        yield iter(backend.read_tiles(value).to_batches())
+    """Batches of stored tensor ``value``'s tiles, streamed where the backend streams."""
+    with backend.tile_batches(value, STREAM_BATCH_BYTES) as batches:
+        yield batches
 
 
 def export_tensor(value, batches, path, form: str = "tiles") -> pathlib.Path:

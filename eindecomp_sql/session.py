@@ -160,7 +160,7 @@ class Session:
         incoming = io.read_source(
             source, f"store({name!r})",
             io.Wanted(tile, keys, shape, dtype, index, value, tile_bytes=self.tile_bytes),
-            con=self.backend.con, stream=self.backend.name == "duckdb")
+            con=self.backend.con, stream=self.backend.streams_in)
         stored = TiledValue(name, incoming.shape, incoming.dtype, incoming.tile, incoming.keys)
         try:
             with self._call():

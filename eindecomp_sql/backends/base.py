@@ -39,6 +39,7 @@ class Backend(Protocol):
     lock: Any  # an RLock: one session call at a time sees the engine
     con: Any  # the DuckDB connection for the SQL interface and DuckDB sources; None without one
     cost_model: CostModel  # what plans cost on this engine: the planner optimizes under it
+    streams_in: bool  # store_tiles also takes a pa.RecordBatchReader or a sqlglot SELECT it runs itself
 
     @property
     def closed(self) -> bool: ...
@@ -48,7 +49,8 @@ class Backend(Protocol):
         """Run every step of ``plan``; return the outputs bound to no table, as arrays."""
 
     def store_tiles(self, value: TiledValue, tiles, replace: bool = False) -> None:
-        """Store tiles (a pyarrow Table: key columns + ``tile``) as tensor ``value.name``."""
+        """Store tiles (a pyarrow Table: key columns + ``tile``; where ``streams_in``, also a
+        RecordBatchReader or a sqlglot SELECT) as tensor ``value.name``, all or nothing."""
 
     def lookup(self, name: str) -> TiledValue | None:
         """A stored tensor (named after its table; names compare case-insensitively)."""
@@ -57,6 +59,10 @@ class Backend(Protocol):
 
     def read_tiles(self, value: TiledValue):
         """The tiles of stored tensor ``value.name``, as a pyarrow Table."""
+
+    def tile_batches(self, value: TiledValue, batch_bytes: int):
+        """A context manager giving an iterator of record batches of ``value.name``'s tiles, of
+        about ``batch_bytes`` each where the engine streams (else its whole table)."""
 
     def drop(self, name: str) -> None:
         """Drop a stored tensor and its catalog entry."""

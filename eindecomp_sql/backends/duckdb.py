@@ -49,6 +49,7 @@ class DuckDBBackend:
     name = "duckdb"
     cost_model = COSTS  # what plans cost here: the session plans under it
     compiler = DuckDBCompiler()  # how plans become SQL here: dialect and tactics as class data
+    streams_in = True  # store_tiles scans a RecordBatchReader, or runs a SELECT (read_parquet) itself
 
     def __init__(self, database=None, config: dict | None = None, read_only: bool = False):
         allocator.retain_freed_memory()  # before DuckDB starts its threads (see allocator.py)

@@ -26,6 +26,7 @@ array([[ 14.,  38.,  62.],
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -246,7 +247,8 @@ class ReferenceBackend:
     con = None  # no SQL: no connection, no SQL interface
     # plans are made under DuckDB's cost model (the default): the reference runs the very
     # plans the DuckDB engine runs, which is what it checks
-    cost_model = getattr(_cost, "DEFAULT_COSTS", None)
+    cost_model = _cost.DEFAULT_COSTS
+    streams_in = False  # store_tiles takes whole tables
 
     def __init__(self, database=None, read_only: bool = False):
         if database is not None and not (isinstance(database, str) and database == ":memory:"):
@@ -346,6 +348,10 @@ class ReferenceBackend:
             self._check_writable(value.name)
             self._check_target(value.name, replace)
             self._put(value.name, value, got, temporary=False)
+
+    def tile_batches(self, value: TiledValue, batch_bytes: int):
+        """The tiles as batches of one whole table (the tensors are in memory already)."""
+        return contextlib.nullcontext(iter(self.read_tiles(value).to_batches()))
 
     def read_tiles(self, value: TiledValue) -> pa.Table:
         from ..udfs.tiles import tiles_to_arrow
