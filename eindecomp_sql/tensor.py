@@ -70,6 +70,15 @@ class Tensor:
         if fin is not None:
             fin()  # drops the temporary table now (a finalizer runs once)
 
+    def _live_value(self):
+        """The value, if its table is still this tensor's: a temporary result that left its
+        ``with`` block was dropped, and its table name may since hold another result."""
+        fin = self.__dict__.get("_finalizer")
+        if fin is not None and not fin.alive:
+            raise EinsumError(f"this temporary result ({self.value.name!r}) was dropped when it left its with "
+                              "block; compute it again, or pass out= to keep a result")
+        return self.value
+
     def to_arrow(self, form: str = "tiles") -> pa.Table:
         """The tensor as an Arrow table, described in its schema metadata (``eindecomp_sql.*``
         keys: format version, layout, shape, dtype, tile, keys, byte order; docs/LAYOUT.md), so
@@ -87,7 +96,7 @@ class Tensor:
         """
         from .io import elements_table, tensor_metadata
 
-        v = self.value
+        v = self._live_value()
         if form == "tiles":
             table = self.session.backend.read_tiles(v)
         elif form == "elements":
@@ -135,11 +144,12 @@ class Tensor:
         """
         from .io import export_tensor, tile_batches
 
-        return export_tensor(self.value, lambda: tile_batches(self.session.backend, self.value), path, form)
+        v = self._live_value()
+        return export_tensor(v, lambda: tile_batches(self.session.backend, v), path, form)
 
     def to_numpy(self) -> np.ndarray:
         """The whole tensor as a numpy array (native byte order)."""
-        v = self.value
+        v = self._live_value()
         return array_from_tiles(self.session.backend.read_tiles(v), v.shape, v.tile, v.dtype, v.keys)
 
     def __array__(self, dtype=None, copy=None):

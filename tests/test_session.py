@@ -306,3 +306,17 @@ def test_a_repeated_graph_run_reuses_its_compiled_sql():
         for out in (first, second):
             assert_close(out[h.name].to_numpy(), a @ a.T)
             assert_close(out[y.name].to_numpy(), np.maximum(a @ a.T, 0))
+
+
+def test_a_temporary_result_used_after_its_with_block_says_so(db):
+    """Dropped temporary results' table names are used again (a cache hit when binding SQL):
+    a handle used after its with block must never read whichever result holds the name now."""
+    a = np.arange(12.0).reshape(3, 4)
+    A = db.store("tw_A", a, replace=True)
+    with db.einsum("ij->ji", A) as t:
+        np.testing.assert_array_equal(t.to_numpy(), a.T)
+    later = db.einsum("ij->j", A)  # may take the name t's table had
+    for use in (t.to_numpy, t.to_arrow, lambda: db.einsum("ij->i", t)):
+        with pytest.raises(EinsumError, match="was dropped when it left its with block"):
+            use()
+    np.testing.assert_array_equal(later.to_numpy(), a.sum(axis=0))

@@ -174,7 +174,7 @@ class DuckDBBackend:
     def drop_table(self, table_name: str) -> None:
         """Drop a table that is not in the catalog (a temporary result), if it exists."""
         with self.lock:
-            self._run(drop_table(table_name).sql(dialect="duckdb"))
+            self._run(self.compiler.drop_table_sql(table_name))
 
     def drop(self, name: str) -> None:
         with self.lock, self._transaction():
@@ -362,12 +362,12 @@ class DuckDBBackend:
                     if t.table is not None and not t.temporary:
                         self._write_catalog(t.table, v)
                 for t in scratch:
-                    self._run(drop_table(t).sql(dialect="duckdb"))
+                    self._run(self.compiler.drop_table_sql(t))
         except BaseException:
             self._set_large_buffers(True)
             for t in scratch:  # TEMP tables are not rolled back in every case: be sure
                 try:
-                    self._run(drop_table(t).sql(dialect="duckdb"))
+                    self._run(self.compiler.drop_table_sql(t))
                 except duckdb.Error:
                     pass
             raise

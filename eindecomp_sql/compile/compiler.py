@@ -305,8 +305,9 @@ class SQLCompiler:
         return e.sql(dialect=self.dialect)
 
     def quote(self, table_name: str) -> str:
-        """A table name as a quoted identifier in the compiler's dialect."""
-        return ident(table_name).sql(dialect=self.dialect)
+        """A table name as a quoted identifier in the compiler's dialect (cached: rendering
+        one costs sqlglot ~0.05 ms, several times on every run of a plan)."""
+        return _quoted(table_name, self.dialect)
 
     def bind_sql(self, text: str, tables: dict[str, str]) -> str:
         """``text`` with every value's placeholder replaced by its table (``tables``: value
@@ -580,6 +581,20 @@ class SQLCompiler:
 
     def drop_table(self, table_name: str) -> exp.Drop:
         return exp.Drop(tables=[table(table_name)], kind="TABLE", exists=True)
+
+    def drop_table_sql(self, table_name: str) -> str:
+        """``DROP TABLE IF EXISTS`` the table, as text (cached per name)."""
+        return _drop_sql(table_name, self.dialect)
+
+
+@lru_cache(maxsize=4096)
+def _quoted(name: str, dialect) -> str:
+    return ident(name).sql(dialect=dialect)
+
+
+@lru_cache(maxsize=4096)
+def _drop_sql(name: str, dialect) -> str:
+    return exp.Drop(tables=[table(name)], kind="TABLE", exists=True).sql(dialect=dialect)
 
 
 def _product(factors: list[exp.Expression]) -> exp.Expression | None:
