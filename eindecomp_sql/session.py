@@ -82,6 +82,20 @@ class Session:
             finally:
                 self._depth -= 1
 
+    @staticmethod
+    def _check_overwrites(plan: Plan, inputs: dict, outputs: dict) -> None:
+        """Refuse a kept output written over a table the plan reads, unless the plan is one
+        statement (DuckDB reads the old table whole before CREATE OR REPLACE swaps it): with
+        several statements a later one would read the half-made result (wrong answers)."""
+        read = {t.lower(): name for name, t in inputs.items() if isinstance(t, str)}
+        single = len(plan.steps) == 1 and plan.steps[0].batches == 1
+        for name, target in outputs.items():
+            if target.table is None or target.temporary or target.table.lower() not in read or single:
+                continue
+            raise EinsumError(f"out={target.table!r} is also read by this plan ({len(plan.steps)} step(s), "
+                              f"{sum(s.batches for s in plan.steps)} statement(s)): a later statement would read the "
+                              "half-written result; write to another table (and drop or rename afterwards)")
+
     def _collect(self) -> None:
         while self._garbage:
             name = self._garbage.popleft()
@@ -284,6 +298,7 @@ class Session:
             # where the result goes is no part of the plan: the plan and its SQL are the same
             # on every call (cached); a temporary result gets a fresh table
             target = Target(out) if out is not None else Target(self._temp_name(), temporary=True)
+            self._check_overwrites(p, inputs, {RESULT: target})
             self.backend.execute(p, inputs, {RESULT: target}, replace=replace, progress=reporter(progress))
             return self._tensor(p.result, target.table, target.temporary)
 
@@ -317,6 +332,11 @@ class Session:
             raise EinsumError(f"out names unknown outputs {unknown}; the outputs are {outputs}")
         for t in targets.values():
             check_name(t, "output name")
+        seen: dict[str, str] = {}
+        for k, t in targets.items():  # DuckDB's names ignore case
+            if t.lower() in seen:
+                raise EinsumError(f"out names table {t!r} for both {seen[t.lower()]!r} and {k!r}: one table per output")
+            seen[t.lower()] = k
         with self._call():
             bound = {}
             by_name = {v.name: v for v in gplan.plan.inputs}
@@ -345,6 +365,7 @@ class Session:
             for v in gplan.outputs:
                 table = targets.get(v.name)
                 outs[v.name] = Target(table) if table is not None else Target(self._temp_name(), temporary=True)
+            self._check_overwrites(gplan.plan, bound, outs)
             self.backend.execute(gplan.plan, bound, outs, replace=replace, progress=reporter(progress))
             result = {v.name: self._tensor(v, outs[v.name].table, outs[v.name].temporary) for v in gplan.plan.outputs}
         # one return type per plan, fixed by how its outputs were asked for (never by count)

@@ -163,12 +163,16 @@ def test_a_closure_round_trips_through_pickle_and_computes_the_same():
     a = np.random.default_rng(0).standard_normal((4, 6))
     b = np.random.default_rng(1).standard_normal((6, 5))
     step = steps("ij,jk->ik", [("A", (4, 6), (4, 6)), ("B", (6, 5), (6, 5))], scaled, "max")[0]
-    text = kernel_spec(step)
-    join = from_json(text).join
-    assert join.pickled is not None and json.loads(text)["join"] == {
+    text = kernel_spec(step)  # in-process: a live token only, nothing pickled into the SQL
+    assert set(json.loads(text)["join"]["callable"]) == {"live"} and len(text) < 1000
+    assert from_json(text).join.function().func is scaled  # the planning process runs the function itself
+    portable = kernel_spec(step, portable=True)  # for another process: the signed snapshot too
+    join = from_json(portable).join
+    assert json.loads(portable)["join"] == {
         "callable": {"pickle": join.pickled, "sig": join.signature, "live": join.live}}
-    assert join.function().func is scaled  # the planning process runs the function itself
-    fn = dataclasses.replace(join, live=None).function()  # another process: the signed snapshot
+    with pytest.raises(EinsumError, match="not one of this process's live functions"):
+        dataclasses.replace(join, live="elsewhere:1").function()  # the kernels DuckDB calls never unpickle
+    fn = dataclasses.replace(join, live="elsewhere:1").function(allow_pickle=True)
     assert fn.func is not scaled and fn.func_id == id(fn.func)
     assert fn.label == "callable(scaled)"
     np.testing.assert_array_equal(fn.func(a, b.T[:4, :6]), scaled(a, b.T[:4, :6]))
@@ -189,11 +193,17 @@ def test_a_forged_or_unsigned_pickle_is_never_unpickled():
 
     evil = base64.b64encode(pickle.dumps(print)).decode()
     good = json.loads(kernel_spec(steps("ij,jk->ik", [("A", (4, 6), (4, 6)), ("B", (6, 5), (6, 5))],
-                                        lambda x, y: x * y, "sum")[0]))
+                                        lambda x, y: x * y, "sum")[0], portable=True))
     for sig in (None, "0" * 64, good["join"]["callable"]["sig"]):
         body = {**good, "join": {"callable": {"pickle": evil, "sig": sig, "live": None}}}
+        with pytest.raises(EinsumError, match="not one of this process's live functions"):
+            from_json(json.dumps(body)).join.function()  # what the kernels DuckDB calls do
         with pytest.raises(EinsumError, match="not signed by this process's spec key"):
-            from_json(json.dumps(body)).join.function()
+            from_json(json.dumps(body)).join.function(allow_pickle=True)
+    # a live token from elsewhere resolves to nothing here
+    body = {**good, "join": {"callable": {"live": "0123456789abcdef:" + good["join"]["callable"]["live"].split(":")[1]}}}
+    with pytest.raises(EinsumError, match="not one of this process's live functions"):
+        from_json(json.dumps(body)).join.function()
 
 
 def test_the_live_function_runs_in_the_planning_process():
@@ -223,9 +233,10 @@ def test_an_unpicklable_callable_is_refused_naming_it():
             return x * y
 
     step = steps("ij,jk->ik", [("A", (4, 6), (4, 6)), ("B", (6, 5), (6, 5))], locked, "sum")[0]
+    kernel_spec(step)  # in-process: nothing to pickle, the live function runs
     with pytest.raises(EinsumError, match=r"join callable '.*locked' cannot be pickled .*lock.*define it at module "
                                           r"level or make it \(and what it closes over\) picklable"):
-        kernel_spec(step)
+        kernel_spec(step, portable=True)
 
 
 def test_pickles_are_cached_while_the_function_lives():

@@ -320,3 +320,27 @@ def test_a_temporary_result_used_after_its_with_block_says_so(db):
         with pytest.raises(EinsumError, match="was dropped when it left its with block"):
             use()
     np.testing.assert_array_equal(later.to_numpy(), a.sum(axis=0))
+
+
+def test_an_output_over_a_table_the_plan_reads(db):
+    """One statement may replace a table it reads (DuckDB reads it whole first); a plan of
+    several statements may not: a later one would read the half-made result."""
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((30, 20))
+    db.store("ow_A", a, replace=True)
+    t = db.einsum("ij->ij", "ow_A", join="neg", out="ow_A", replace=True)  # one statement: fine
+    np.testing.assert_array_equal(t.to_numpy(), -a)
+    db.store("ow_B", a, tile=(7, 20), replace=True)  # cut otherwise: a retile, then the einsum
+    with pytest.raises(EinsumError, match="out='OW_B' is also read by this plan"):
+        db.einsum("ij->ji", "ow_B", out="OW_B", replace=True)
+    np.testing.assert_array_equal(db.tensor("ow_B").to_numpy(), a)  # untouched
+
+
+def test_two_outputs_may_not_share_a_table(db):
+    from eindecomp_sql.graph import Graph
+
+    g = Graph()
+    x = g.input("x", (4, 3), "float64")
+    y, z = g.reduce(x, 1, name="y"), g.reduce(x, 0, name="z")
+    with pytest.raises(EinsumError, match="out names table 'T' for both 'y' and 'z'"):
+        g.plan(outputs=[y, z]).run(db, x=np.ones((4, 3)), out={"y": "t", "z": "T"}, replace=True)

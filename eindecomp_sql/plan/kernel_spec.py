@@ -4,16 +4,18 @@ The compiler puts a spec's JSON in the SQL as the first argument of every tile U
 (``kernel_spec(step)``); the kernels (``udfs/``) read it back with ``from_json``, which refuses
 a version, op or device it does not know. A spec names the device its kernels run on; which
 devices have kernels is the kernels' business (``udfs/devices.py``), the spec only carries the
-name. A user's join callable travels in the spec itself, pickled (cloudpickle, base64), so any
-process that reads the spec can run it: nothing is looked up in a registry that never forgets.
+name. A user's join callable travels with the spec in one of two ways:
 
-Two guards. The pickle is signed (HMAC-SHA256 under a key of this process, or the
-``EDS_SPEC_KEY`` environment variable shared by processes that run each other's plans), and
-the kernels refuse to unpickle an unsigned or forged one: unpickling runs code, and SQL on the
-connection can call the kernels with any text. And the process that planned runs the *live*
-function (found through a weak, process-local table by the spec's ``live`` token), not a copy:
-a callable whose closure changes between calls computes with what it closes over now, as a
-Python call would; only other processes run the pickled snapshot.
+- **live** (the default, for kernels in the planning process): a token, random per process
+  plus the function's id, that a weak process-local table resolves to the function itself. The
+  function runs as it is now (a closure that changes between calls computes with its current
+  values), nothing is pickled, nothing big enters the SQL text, and the table forgets a
+  function when it goes (a plan holds its callables while it is cached).
+- **portable** (``kernel_spec(step, portable=True)``, for executors in other processes): the
+  function cloudpickled (base64) and signed (HMAC-SHA256 under ``set_spec_key``'s key). Only a
+  reader that asks for pickles (``KernelJoin.function(allow_pickle=True)``) unpickles one, and
+  only a correctly signed one. The kernels DuckDB calls never do: SQL on the connection can call
+  them with any text, and unpickling runs code.
 
 Pure: stdlib, numpy and the notation; cloudpickle is imported only when a callable is pickled
 or unpickled.
@@ -106,12 +108,33 @@ _live: "weakref.WeakValueDictionary[str, Callable]" = weakref.WeakValueDictionar
 _live_strong: dict[str, Callable] = {}
 
 
-def _spec_key() -> bytes:
-    key = os.environ.get("EDS_SPEC_KEY")
-    return key.encode() if key else _PROCESS_KEY
-
-
 _PROCESS_KEY = os.urandom(32)
+_key: bytes = _PROCESS_KEY
+# live tokens start with this process's nonce: a token from elsewhere (another process, a
+# forked child's parent, hand-written SQL) never resolves to a function here
+_NONCE = os.urandom(8).hex()
+
+
+def set_spec_key(key: bytes) -> None:
+    """The key portable specs are signed and checked with: processes that run each other's
+    plans share one (handed over by the job, not through the environment, which SQL can read
+    from ``/proc``). By default a random key of this process."""
+    global _key
+    if not isinstance(key, bytes) or len(key) < 16:
+        raise EinsumError("the spec key must be at least 16 random bytes")
+    _key = key
+
+
+def _spec_key() -> bytes:
+    return _key
+
+
+def _new_nonce() -> None:  # a forked child is another process
+    global _NONCE
+    _NONCE = os.urandom(8).hex()
+
+
+os.register_at_fork(after_in_child=_new_nonce)
 
 
 def sign(text: str) -> str:
@@ -130,8 +153,8 @@ def _callable_name(fn) -> str:
 
 
 def live_token(fn: Callable) -> str:
-    """A token this process resolves back to ``fn`` while it lives (``pid:id``)."""
-    token = f"{os.getpid()}:{id(fn)}"
+    """A token this process resolves back to ``fn`` while it lives (``nonce:id``)."""
+    token = f"{_NONCE}:{id(fn)}"
     try:
         _live[token] = fn
     except TypeError:  # takes no weak reference (a builtin): module-level, kept
@@ -203,27 +226,36 @@ class KernelJoin:
     live: str | None = None  # live_token(fn): the planning process runs the function itself
 
     def __post_init__(self):
-        given = [v for v in (self.name, self.expr, self.pickled) if v is not None]
+        func = self.live if self.pickled is None else self.pickled
+        given = [v for v in (self.name, self.expr, func) if v is not None]
         if len(given) != 1 or not all(isinstance(v, str) for v in given):
             raise EinsumError(f"kernel spec join must be one of a name, an expression or a callable, got {self}")
 
     @classmethod
-    def of(cls, join: JoinFunction) -> KernelJoin:
+    def of(cls, join: JoinFunction, portable: bool = False) -> KernelJoin:
         if join.func is not None:
+            if not portable:
+                return cls(live=live_token(join.func))
             text = pickle_callable(join.func)
             return cls(pickled=text, signature=sign(text), live=live_token(join.func))
         if join.expr is not None:
             return cls(expr=join.expr)
         return cls(name=join.name)
 
-    def function(self) -> JoinFunction:
-        """The join as the notation describes it (a callable unpickled, its id as identity)."""
-        if self.pickled is not None:
+    def function(self, allow_pickle: bool = False) -> JoinFunction:
+        """The join as the notation describes it. A callable is the live function when the
+        spec comes from this process; else, with ``allow_pickle``, the signed pickle."""
+        if self.live is not None or self.pickled is not None:
             fn = None
-            if self.live is not None and self.live.split(":")[0] == str(os.getpid()):
+            if self.live is not None and self.live.split(":")[0] == _NONCE:
                 fn = _live.get(self.live) or _live_strong.get(self.live)
-            if fn is None:  # another process, or the function is gone: the signed snapshot
+            if fn is None and self.pickled is not None and allow_pickle:
                 fn = unpickle_callable(self.pickled, self.signature)
+            if fn is None:
+                raise EinsumError(
+                    "kernel spec callable is not one of this process's live functions"
+                    + ("" if self.pickled is None else " (its pickle is read only by executors that ask for pickles)")
+                    + ": a plan with a Python callable join runs in the process that planned it")
             return JoinFunction(func=fn, func_id=id(fn))
         if self.expr is not None:
             return JoinFunction(expr=self.expr)
@@ -232,6 +264,8 @@ class KernelJoin:
     def to_dict(self) -> dict:
         if self.pickled is not None:
             return {"callable": {"pickle": self.pickled, "sig": self.signature, "live": self.live}}
+        if self.live is not None:
+            return {"callable": {"live": self.live}}
         if self.expr is not None:
             return {"expr": self.expr}
         return {"name": self.name}
@@ -243,8 +277,10 @@ class KernelJoin:
         (key, value), = d.items()
         if key != "callable":
             return cls(**{key: value})
+        if isinstance(value, dict) and set(value) == {"live"} and isinstance(value["live"], str):
+            return cls(live=value["live"])
         if not isinstance(value, dict) or set(value) != {"pickle", "sig", "live"}:
-            raise EinsumError(f"kernel spec join callable must be {{pickle, sig, live}}, got {value!r:.80}")
+            raise EinsumError(f"kernel spec join callable must be {{live}} or {{pickle, sig, live}}, got {value!r:.80}")
         return cls(pickled=value["pickle"], signature=value["sig"], live=value["live"])
 
 
@@ -461,7 +497,7 @@ def from_json(text: str) -> KernelSpec:
         raise EinsumError(f"kernel spec {op} is malformed ({e})") from None
 
 
-def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu") -> str:
+def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu", portable: bool = False) -> str:
     """The JSON of a plan step's kernel spec: labels, sizes, tile sizes, dtypes, the join, the
     device. ``batch`` is the range of first target keys one statement of a retile covers."""
     from .steps import FillStep, RetileStep  # a step module imports the plan package
@@ -478,7 +514,7 @@ def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu")
         spec = EinsumKernelSpec(
             inputs=tuple(tuple(op.labels) for op in node.operands), output=tuple(node.output),
             labels=tuple(node.labels), reduced=tuple(node.reduced), size=dict(node.sizes), tile=step.tile_of,
-            join=KernelJoin.of(node.join), agg=node.agg.name, dtypes=tuple(v.dtype for v in step.inputs),
+            join=KernelJoin.of(node.join, portable), agg=node.agg.name, dtypes=tuple(v.dtype for v in step.inputs),
             out_dtype=step.result.dtype, device=device,
         )
     return to_json(spec)
