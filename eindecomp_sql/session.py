@@ -83,10 +83,12 @@ class Session:
                 self._depth -= 1
 
     @staticmethod
-    def _check_overwrites(plan: Plan, inputs: dict, outputs: dict) -> None:
+    def _check_overwrites(plan: Plan, inputs: dict, outputs: dict, replace: bool) -> None:
         """Refuse a kept output written over a table the plan reads, unless the plan is one
         statement (DuckDB reads the old table whole before CREATE OR REPLACE swaps it): with
         several statements a later one would read the half-made result (wrong answers)."""
+        if not replace:  # an existing table is refused anyway ("already exists")
+            return
         read = {t.lower(): name for name, t in inputs.items() if isinstance(t, str)}
         single = len(plan.steps) == 1 and plan.steps[0].batches == 1
         for name, target in outputs.items():
@@ -298,7 +300,7 @@ class Session:
             # where the result goes is no part of the plan: the plan and its SQL are the same
             # on every call (cached); a temporary result gets a fresh table
             target = Target(out) if out is not None else Target(self._temp_name(), temporary=True)
-            self._check_overwrites(p, inputs, {RESULT: target})
+            self._check_overwrites(p, inputs, {RESULT: target}, replace)
             self.backend.execute(p, inputs, {RESULT: target}, replace=replace, progress=reporter(progress))
             return self._tensor(p.result, target.table, target.temporary)
 
@@ -365,7 +367,7 @@ class Session:
             for v in gplan.outputs:
                 table = targets.get(v.name)
                 outs[v.name] = Target(table) if table is not None else Target(self._temp_name(), temporary=True)
-            self._check_overwrites(gplan.plan, bound, outs)
+            self._check_overwrites(gplan.plan, bound, outs, replace)
             self.backend.execute(gplan.plan, bound, outs, replace=replace, progress=reporter(progress))
             result = {v.name: self._tensor(v, outs[v.name].table, outs[v.name].temporary) for v in gplan.plan.outputs}
         # one return type per plan, fixed by how its outputs were asked for (never by count)

@@ -143,3 +143,61 @@ def test_ctrl_c_with_a_handler_that_does_not_raise(tmp_path):
     lines = out.splitlines()
     assert lines[:1] == ["handler"] and lines[1].startswith("interrupted"), out + err
     assert "tensors ['A']" in lines, out
+
+
+def test_a_ctrl_c_at_the_end_of_a_plan_never_stops_the_next_one():
+    """The watchdog is one thread kept between plans: a SIGINT byte written as a plan ends is
+    drained with it, never read as the next plan's Ctrl-C (was 29 in 300 before)."""
+    import signal
+
+    a = np.ones((4, 4))
+    with eds.connect() as db:
+        for _ in range(60):
+            fired = []
+
+            def report(p):
+                if not fired and p.tiles_done == p.tiles:  # the finished step's report
+                    fired.append(True)
+                    signal.raise_signal(signal.SIGINT)
+
+            with pytest.raises(KeyboardInterrupt):
+                db.einsum_numpy("ij,jk->ik", a, a, progress=report)
+            db.einsum_numpy("ij,jk->ik", a, a)  # right away, no Ctrl-C: must not be interrupted
+
+
+@pytest.mark.parametrize("out", [None, "C"])
+def test_a_ctrl_c_after_the_last_statement_leaves_nothing_written(out):
+    """A Ctrl-C that lands after the last statement but before the commit rolls the plan back
+    (the caller gets KeyboardInterrupt: nothing may be written)."""
+    import signal
+
+    with eds.connect() as db:
+        A = db.store("A", np.ones((4, 4)))
+
+        def report(p):
+            if p.tiles_done == p.tiles and p.step == p.steps:
+                signal.raise_signal(signal.SIGINT)
+
+        with pytest.raises(KeyboardInterrupt):
+            db.einsum("ij,jk->ik", A, A, out=out, progress=report)
+        tables = db.backend._run("SELECT table_name FROM duckdb_tables() ORDER BY 1")
+        assert [t for (t,) in tables] == ["A", "eds_catalog"] and db.tensors() == ["A"]
+
+
+def test_a_progress_callback_may_use_the_session():
+    """Callbacks run outside the watchdog's lock: one that calls into the session (which waits
+    for the running plan) neither deadlocks on the main thread nor on another thread."""
+    code = """
+import threading, numpy as np, eindecomp_sql as eds
+db = eds.connect()
+A = db.store("A", np.random.default_rng(0).standard_normal((600, 600)), tile=(100, 100))
+seen = []
+def report(p):
+    seen.append(db.tensors())
+db.einsum("ij,jk->ik", A, A, progress=report)
+t = threading.Thread(target=lambda: db.einsum("ij,jk->ik", A, A, progress=report)); t.start(); t.join()
+print("ok", len(seen) > 0)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok", "True"]

@@ -21,7 +21,7 @@ from ..plan.steps import output_tiles
 from ..sql_templates import template
 from ..udfs.tiles import array_from_tiles, tiles_from_array
 from . import allocator
-from ..udfs.pool import KernelState
+from ..udfs.pool import Cancelled, KernelState
 from .base import Target
 from .running import Watch, run_interruptible
 
@@ -97,8 +97,8 @@ class DuckDBBackend:
     def closed(self) -> bool:
         return self._closed
 
-    def _set_large_buffers(self, on: bool) -> None:
-        if on != self._large_buffers:
+    def _set_large_buffers(self, on: bool, force: bool = False) -> None:
+        if force or on != self._large_buffers:
             self._run(f"SET arrow_large_buffer_size = {'true' if on else 'false'}")
             self._large_buffers = on
 
@@ -334,16 +334,23 @@ class DuckDBBackend:
 
     def _run_steps(self, plan: Plan, compiled, tables, outputs, replace: bool, watch: Watch) -> dict[str, pa.Table]:
         scratch: list[str] = []
+        made: list[str] = []  # tables written outside a transaction: dropped if the plan is stopped
         rows: dict[str, pa.Table] = {}
         bind = self.compiler.bind_sql
+        atomic = _atomic(plan, compiled, outputs)
+        big = False  # a step switched the (database-wide) Arrow offset setting
         try:
-            with self._transaction(_atomic(plan, compiled, outputs)):
+            with self._transaction(atomic):
                 for k, c in enumerate(compiled):
                     watch.begin(k)
                     target = outputs.get(c.value, _SCRATCH)
                     try:
                         peak = plan.peak_of(plan.steps[k])
-                        self._set_large_buffers(peak >= LARGE_BUFFER_BYTES or peak < SMALL_BUFFER_BYTES)
+                        if peak >= SMALL_BUFFER_BYTES:
+                            # the setting is the database's: another session may have changed it,
+                            # so a large step always says what it needs
+                            self._set_large_buffers(peak >= LARGE_BUFFER_BYTES, force=True)
+                            big = True
                         if target.table is None and c.value in outputs:
                             parts = [self._work.sql(bind(text, tables)).to_arrow_table() for text in c.batches]
                             rows[c.value] = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
@@ -354,6 +361,8 @@ class DuckDBBackend:
                                 self._run(bind(text, tables))
                             if target is _SCRATCH:
                                 scratch.append(tables[c.value])
+                            elif not atomic:
+                                made.append(tables[c.value])
                     except duckdb.Error as e:
                         raise ExecutionError(f"step {k} ({plan.steps[k].describe()}) failed: {e}") from e
                     watch.poll(finished=True)
@@ -363,16 +372,21 @@ class DuckDBBackend:
                         self._write_catalog(t.table, v)
                 for t in scratch:
                     self._run(self.compiler.drop_table_sql(t))
+                if watch.stopping():  # Ctrl-C (or a failed progress callback) after the last
+                    # statement: roll back rather than commit what the caller is told was stopped
+                    raise Cancelled("the plan was stopped before it committed")
         except BaseException:
-            self._set_large_buffers(True)
-            for t in scratch:  # TEMP tables are not rolled back in every case: be sure
+            if big:
+                self._set_large_buffers(True, force=True)
+            for t in scratch + made:  # TEMP tables are not rolled back in every case: be sure
                 try:
                     self._run(self.compiler.drop_table_sql(t))
                 except duckdb.Error:
                     pass
             raise
         # back to the safe default for whatever the connection runs next (a user's query)
-        self._set_large_buffers(True)
+        if big:
+            self._set_large_buffers(True, force=True)
         return rows
 
     def close(self) -> None:

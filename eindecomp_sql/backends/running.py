@@ -58,6 +58,7 @@ class Watch:
                  kernels: pool.KernelState):
         self.report = report
         self.steps = steps  # (description, output tiles) per step
+        self.stopping: Callable[[], bool] = lambda: False  # Ctrl-C or a failed callback (run_interruptible)
         self.kernels = kernels
         self.start = time.perf_counter()
         self.current = 0
@@ -88,26 +89,37 @@ class _Job:
         self.failed: list[BaseException] = []  # a progress callback's error
         self.old_fd = -1
 
-    def tick(self) -> None:
-        if self.watch is not None and not self.hit.is_set() and not self.failed:
-            try:
-                self.watch.poll()
-            except BaseException as e:  # noqa: BLE001 - raised on the calling thread
-                self.failed.append(e)
-                self.stop()
+    def stopping(self) -> bool:
+        return self.hit.is_set() or bool(self.failed)
+
+    def poll(self) -> BaseException | None:
+        """Report progress; the callback's error, if it raised."""
+        if self.watch is None or self.stopping():
+            return None
+        try:
+            self.watch.poll()
+        except BaseException as e:  # noqa: BLE001 - raised on the calling thread
+            return e
+        return None
 
 
 class _Watchdog:
     """One thread per process, started with the first plan run on the main thread and kept:
     it waits on the socket the C-level signal handler writes to (``signal.set_wakeup_fd``)
     and ticks progress. Starting a thread per plan cost ~0.3 ms on an idle machine and
-    several ms on a busy one, on every small einsum."""
+    several ms on a busy one, on every small einsum.
+
+    Each plan that arms it gets a new ``generation``: bytes read while one plan was current are
+    never applied to the next (a Ctrl-C at the end of a plan must not stop the following one).
+    Progress callbacks run outside the lock, so one that uses the session (whose finishing plan
+    waits on this lock) cannot deadlock it."""
 
     def __init__(self):
         self.reader, self.writer = socket.socketpair()
         self.writer.setblocking(False)
         self.lock = threading.Lock()
         self.job: _Job | None = None
+        self.generation = 0
         threading.Thread(target=self._loop, name="eds-watchdog", daemon=True).start()
 
     def wake(self) -> None:
@@ -116,33 +128,70 @@ class _Watchdog:
         except OSError:
             pass
 
+    def arm(self, job: _Job) -> _Job | None:
+        """Make ``job`` current; returns the job it displaces (a plan run from inside another's
+        progress callback), to be put back by ``disarm``."""
+        with self.lock:
+            previous, self.job = self.job, job
+            self.generation += 1
+        return previous
+
+    def disarm(self, job: _Job, previous: _Job | None) -> None:
+        """``job`` is done (the wakeup fd already given back): forget it, and drain what the
+        signal handler wrote meanwhile, passing other signals' bytes on."""
+        with self.lock:
+            self.job = previous
+            self.generation += 1
+            self.reader.setblocking(False)
+            try:
+                while True:
+                    data = self.reader.recv(4096)
+                    if not data:
+                        break
+                    self._forward(job, data)
+            except (BlockingIOError, InterruptedError):
+                pass
+            finally:
+                self.reader.setblocking(True)
+
+    @staticmethod
+    def _forward(job: _Job, data: bytes) -> None:
+        others = bytes(b for b in data if b not in (0, signal.SIGINT))
+        if others and job.old_fd != -1:  # other signals: to whoever listened before (asyncio)
+            try:
+                os.write(job.old_fd, others)
+            except OSError:
+                pass
+
     def _loop(self) -> None:
         while True:
             # not holding the job while waiting: a finished plan's objects (its progress
             # callback, DuckDB results it refers to) must go when the plan goes
+            gen = self.generation
             ticking = getattr(self.job, "watch", None) is not None
             ready, _, _ = select.select([self.reader], [], [], TICK_SECONDS if ticking else None)
-            self._handle(self.reader.recv(64) if ready else b"")
+            try:
+                data = self.reader.recv(64) if ready else b""
+            except (BlockingIOError, InterruptedError):  # drained by disarm meanwhile
+                data = b""
+            self._handle(data, gen)
 
-    def _handle(self, data: bytes) -> None:
-        # under the lock: a job is never stopped after its plan has finished (the next plan's
-        # kernels would find the cancel flag set); a method, so no reference to the job
-        # outlives it
+    def _handle(self, data: bytes, gen: int) -> None:
         with self.lock:
             job = self.job
-            if job is None:
-                return
-            others = bytes(b for b in data if b not in (0, signal.SIGINT))
-            if others and job.old_fd != -1:  # other signals: to whoever listened before (asyncio)
-                try:
-                    os.write(job.old_fd, others)
-                except OSError:
-                    pass
+            if job is None or gen != self.generation:
+                return  # read while another plan (or none) was current
+            self._forward(job, data)
             if signal.SIGINT in data:
                 job.hit.set()
                 job.stop()
-            else:
-                job.tick()
+                return
+        error = job.poll()  # outside the lock (see the class docstring)
+        if error is not None:
+            with self.lock:
+                if self.job is job and gen == self.generation:
+                    job.failed.append(error)
+                    job.stop()
 
 
 _dog: _Watchdog | None = None
@@ -185,33 +234,35 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
             pass
 
     job = _Job(stop_plan, watch)
+    if watch is not None:
+        watch.stopping = job.stopping  # the backend asks before it commits
     if catch:
         dog = _watchdog()
         signal.signal(signal.SIGINT, lambda signum, frame: job.hit.set())
         job.old_fd = signal.set_wakeup_fd(dog.writer.fileno(), warn_on_full_buffer=False)
-        with dog.lock:
-            dog.job = job
+        displaced = dog.arm(job)
         if job.watch is not None:
             dog.wake()  # out of its untimed wait: this plan's progress ticks
-        finish = dog
+        ticker = None
     else:  # progress on another thread: a ticker for this plan only
-        finish = _Ticker(job)
+        ticker = _Ticker(job)
     error = None
     try:
         result = work()
     except BaseException as e:
-        if not (job.hit.is_set() or job.failed):
+        if not job.stopping():
             raise
         result, error = None, e  # the stopped statement's error: what stopped it speaks instead
     finally:
-        with finish.lock:
-            finish.job = None
-        if isinstance(finish, _Ticker):
-            finish.end()
-        kernels.cancel.clear()
+        if ticker is not None:
+            ticker.end()
         if catch:
+            # the wakeup fd first: after it, nothing more is written for this plan, and what
+            # was written is drained (never read by the next plan)
             signal.set_wakeup_fd(job.old_fd)
+            dog.disarm(job, displaced)
             signal.signal(signal.SIGINT, previous)
+        kernels.cancel.clear()
     if job.hit.is_set():
         previous(signal.SIGINT, None)  # Python's default raises KeyboardInterrupt here
         # a handler that returns (asyncio's cancels its task; a flag-setter) still gets no result
@@ -225,18 +276,18 @@ class _Ticker:
     """Progress for a plan run off the main thread (no signals to watch): a thread that ticks."""
 
     def __init__(self, job: _Job):
-        self.lock = threading.Lock()
-        self.job: _Job | None = job
+        self.job = job
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="eds-progress", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
         while not self._stop.wait(TICK_SECONDS):
-            with self.lock:
-                if self.job is not None:
-                    self.job.tick()
+            error = self.job.poll()
+            if error is not None and not self._stop.is_set():
+                self.job.failed.append(error)
+                self.job.stop()
 
     def end(self) -> None:
+        # not joined: a callback may be waiting for the session this plan's caller still holds
         self._stop.set()
-        self._thread.join()
