@@ -222,21 +222,23 @@ class Session:
             self.backend.drop(name)
 
     # -- einsum -----------------------------------------------------------------------------
-    def _resolve(self, operands) -> tuple[list[TiledValue], dict[str, str | np.ndarray]]:
+    def _resolve(self, operands, what=None) -> tuple[list[TiledValue], dict[str, str | np.ndarray]]:
         """Operands as plan values, and what each is bound to: a stored tensor's table (the
-        value is named after it), or an array (free: the plan picks its tiling)."""
+        value is named after it), or an array (free: the plan picks its tiling). ``what``:
+        how errors name each operand (default ``operand k``)."""
         values, inputs = [], {}
         for k, x in enumerate(operands):
+            where = what[k] if what is not None else f"operand {k}"
             if isinstance(x, str):
                 x = self.tensor(x)
             if isinstance(x, Tensor):
                 if x.session is not self and (self.backend.con is None or x.session.backend.con is not self.backend.con):
-                    raise EinsumError(f"operand {k} is a tensor of another session")
+                    raise EinsumError(f"{where} is a tensor of another session")
                 v = x._live_value()
                 values.append(v)
                 inputs[v.name] = v.name
                 continue
-            a = as_array(x, f"operand {k}")
+            a = as_array(x, where)
             # a stable name per operand position (calls hold the session lock), so a repeated
             # einsum on same-shaped arrays finds its plan and SQL in the caches
             name = f"_eds_in{k}"
@@ -346,7 +348,7 @@ class Session:
                 x = inputs[v.name]
                 want = by_name.get(v.name)  # None: an input the plan no longer reads (a fill)
                 if isinstance(x, (Tensor, str)):
-                    t = self._resolve([x])[0][0]
+                    t = self._resolve([x], [f"input {v.name!r}"])[0][0]
                     if t.shape != v.shape or t.dtype != v.dtype:
                         raise EinsumError(f"input {v.name!r}: the graph wants {v.shape} {v.dtype}, got {t.shape} {t.dtype}")
                     if want is not None and (t.tile != want.tile or t.keys != want.keys):

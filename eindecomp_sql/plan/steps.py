@@ -50,8 +50,10 @@ class TiledValue:
 
     Plans are built over values, never tables: a plan names its inputs, its intermediates and
     its outputs, and a backend binds each name to storage when it runs the plan (a table, an
-    array, rows to return). Two einsums over equally shaped, equally cut operands are one plan,
-    whatever the operands are called or stored as. A graph input not yet bound to data has
+    array, rows to return). Where a result goes is no part of its plan, so a repeated einsum is
+    one plan and one compiled SQL whatever its result is called; operands are told apart by
+    name (a stored tensor's value is named after its table, an array after its position). A
+    graph input not yet bound to data has
     ``tile`` None until a plan chooses how to cut it.
     """
 
