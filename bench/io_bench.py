@@ -11,6 +11,11 @@ sampled from /proc/self/status); medians over --repeats runs go to bench/io_resu
 The store cases take DuckDB about 4x the tensor at their peak (measured: +4.2 GB for 1 GiB), so
 at 4 GiB they (and the export cases, which read what store_npy stored) need ~17 GB free beyond
 everything else: on the 24 GB development machine only the cases without DuckDB ran at 4 GiB.
+The store cases close the duckdb connection too (close_seconds: DuckDB checkpoints the WAL into
+the file then), so the export cases read a checkpointed file, as a later session would: reading
+one takes DuckDB ~3x the tensor (+3.1 GB for 1 GiB). Before, the connection stayed open, the
+WAL was left behind and replayed into memory before the export's baseline (+1.1 GB measured).
+Why DuckDB 2.0 needs this much, and what did not help, is in docs/LAYOUT.md.
 
 Inputs live under --dir (default /tmp/eds_io_bench) and are deleted at the end. The database
 is a file there (an in-memory DuckDB holds the whole tensor in RAM by definition). The tensor
@@ -114,22 +119,27 @@ def child(case: str, d: pathlib.Path, tile: tuple[int, int]) -> dict:
         dbfile = dbfile if case == "store_npy" else d / "store2.duckdb"
         for f in d.glob(dbfile.name + "*"):
             f.unlink()
-        db = eds.connect(duckdb.connect(str(dbfile)))
+        con = duckdb.connect(str(dbfile))
+        db = eds.connect(con)
         base = baseline_mb()
         t0 = time.perf_counter()
         db.store("A", str(npy if case == "store_npy" else parquet), tile=tile)
         seconds = time.perf_counter() - t0
         t1 = time.perf_counter()
-        db.close()  # DuckDB checkpoints its WAL into the file here
+        db.close()  # the session only: the connection is ours, not the session's
+        con.close()  # the last connection: DuckDB checkpoints its WAL into the file here
         extra["close_seconds"] = time.perf_counter() - t1
+        extra["wal_left"] = any(d.glob(dbfile.name + ".wal"))
     else:
-        db = eds.connect(duckdb.connect(str(dbfile)))
+        con = duckdb.connect(str(dbfile))
+        db = eds.connect(con)
         T = db.tensor("A")
         base = baseline_mb()
         t0 = time.perf_counter()
         T.export(out)
         seconds = time.perf_counter() - t0
         db.close()
+        con.close()
     peak = hwm_mb()
     out.unlink(missing_ok=True)
     return {"seconds": seconds, "rss_growth_mb": peak - base, "baseline_rss_mb": base, **extra}
