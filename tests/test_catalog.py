@@ -102,3 +102,12 @@ def test_output_labels_differing_only_in_case(backend):
         c = db.einsum("iI,I->iI", a, b, out="C")
         assert c.keys == ("d0", "d1")  # i and I would be one column name to DuckDB
         np.testing.assert_allclose(c.to_numpy(), np.einsum("iI,I->iI", a, b))
+
+
+def test_a_read_only_database_without_a_catalog_lists_no_tensors(tmp_path):
+    import duckdb
+
+    path = tmp_path / "plain.duckdb"
+    duckdb.connect(str(path)).close()  # a DuckDB file this package never wrote to
+    with eds.connect(path, read_only=True) as db:
+        assert db.tensors() == []

@@ -149,7 +149,10 @@ class DuckDBBackend:
 
     def names(self) -> list[str]:
         with self.lock:
-            return [r[0] for r in self._run("SELECT name FROM eds_catalog ORDER BY name")]
+            try:
+                return [r[0] for r in self._run("SELECT name FROM eds_catalog ORDER BY name")]
+            except duckdb.CatalogException:  # a database opened read-only that never had a catalog
+                return []
 
     def table_exists(self, table_name: str) -> bool:
         """Whether a table or view of this name (DuckDB compares names case-insensitively)
