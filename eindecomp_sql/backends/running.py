@@ -273,10 +273,15 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
 
 
 class _Ticker:
-    """Progress for a plan run off the main thread (no signals to watch): a thread that ticks."""
+    """Progress for a plan run off the main thread (no signals to watch): a thread that ticks.
+
+    Not joined at the end (a callback may be waiting for the session the plan's caller still
+    holds); a lock makes sure a callback's failure never stops anything once the plan ended
+    (the next plan's kernels would find the cancel flag set)."""
 
     def __init__(self, job: _Job):
         self.job = job
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="eds-progress", daemon=True)
         self._thread.start()
@@ -284,10 +289,12 @@ class _Ticker:
     def _loop(self) -> None:
         while not self._stop.wait(TICK_SECONDS):
             error = self.job.poll()
-            if error is not None and not self._stop.is_set():
-                self.job.failed.append(error)
-                self.job.stop()
+            if error is not None:
+                with self._lock:
+                    if not self._stop.is_set():
+                        self.job.failed.append(error)
+                        self.job.stop()
 
     def end(self) -> None:
-        # not joined: a callback may be waiting for the session this plan's caller still holds
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
