@@ -270,3 +270,15 @@ def test_graph_errors():
         g.plan().run(eds.connect())
     with pytest.raises(EinsumError, match="memory budget"):
         g.plan(memory="lots")
+
+
+def test_inputs_named_like_run_arguments_go_in_a_dict(db):
+    g = Graph()
+    o, p, w = g.input("out", (3, 2), "float64"), g.input("progress", (2,), "float64"), g.input("w", (3,), "float64")
+    y = g.einsum("ij,j,i->i", o, p, w)
+    a, b, c = np.arange(6.0).reshape(3, 2), np.array([2.0, -1.0]), np.array([1.0, 2.0, 3.0])
+    want = (a @ b) * c
+    np.testing.assert_allclose(g.plan(outputs=y).run(db, inputs={"out": a, "progress": b}, w=c).to_numpy(), want)
+    np.testing.assert_allclose(g.run(db, inputs={"out": a, "progress": b, "w": c}).to_numpy(), want)
+    with pytest.raises(EinsumError, match=r"input\(s\) \['w'\] given both"):
+        g.plan(outputs=y).run(db, inputs={"out": a, "progress": b, "w": c}, w=c)

@@ -268,11 +268,14 @@ class Graph:
 
         return plan_graph(self, workers=workers, memory=memory, strategy=strategy, outputs=outputs, inputs=inputs)
 
-    def run(self, db, outputs=None, out=None, replace: bool = False, progress=None, **inputs):
+    def run(self, db, outputs=None, out=None, replace: bool = False, progress=None, *, inputs=None, **named):
         """Plan for these inputs (stored tensors as they are cut) under session ``db``'s
         options and engine cost model, and run: ``g.plan(outputs=..., inputs=<the stored
-        ones>).run(db, ...)`` in one call."""
-        from ..plan.graph_plan import plan_graph
+        ones>).run(db, ...)`` in one call. Inputs as keywords, or as a dict ``inputs=`` (for
+        inputs named like this method's own arguments)."""
+        from ..plan.graph_plan import merge_inputs, plan_graph
+
+        inputs = merge_inputs(inputs, named)
 
         stored = {}
         for name, x in inputs.items():
@@ -282,4 +285,4 @@ class Graph:
                 stored[name] = x
         p = plan_graph(self, workers=db.workers, memory=db.memory, tile_bytes=db.tile_bytes, outputs=outputs,
                        inputs=stored, costs=db.backend.cost_model)
-        return p.run(db, out=out, replace=replace, progress=progress, **inputs)
+        return p.run(db, out=out, replace=replace, progress=progress, inputs=inputs)

@@ -158,7 +158,7 @@ class GraphPlan:
         return None
 
     # -- running ---------------------------------------------------------------------------
-    def run(self, db, out=None, replace: bool = False, progress=None, **inputs):
+    def run(self, db, out=None, replace: bool = False, progress=None, *, inputs=None, **named):
         """Run on session ``db``: exactly the steps ``explain()`` lists. Inputs by name: numpy
         arrays (cut the way the plan cuts them), Tensors or stored tensor names, stored in the
         tiles the plan reads (``plan_input_tile``; plan a graph over stored tensors with
@@ -167,7 +167,9 @@ class GraphPlan:
         collected). ``progress``: as for ``Session.einsum``.
 
         Returns one ``Tensor`` when the plan was made with ``outputs`` None or one value, a
-        dict name -> Tensor when it was made with a list or tuple (even of one)."""
+        dict name -> Tensor when it was made with a list or tuple (even of one). ``inputs``: the
+        inputs as a dict instead (for inputs named like this method's own arguments)."""
+        inputs = merge_inputs(inputs, named)
         known = {v.name for v in self.inputs} | set(self.unused_inputs)
         missing = [v.name for v in self.inputs if v.name not in inputs]
         extra = [k for k in inputs if k not in known]
@@ -176,6 +178,18 @@ class GraphPlan:
         used = {v.name for v in self.inputs}
         return db.run_graph_plan(self, {k: x for k, x in inputs.items() if k in used}, out=out, replace=replace,
                                  progress=progress)
+
+
+def merge_inputs(given, named: dict) -> dict:
+    """``inputs=`` (a dict) and keyword inputs, as one dict; a name given both ways is an error."""
+    if given is None:
+        return dict(named)
+    if not hasattr(given, "items"):
+        raise EinsumError(f"inputs must be a dict {{input name: array, Tensor or name}}, got {given!r:.60}")
+    both = sorted(set(given) & set(named))
+    if both:
+        raise EinsumError(f"input(s) {both} given both in inputs= and as keywords")
+    return {**dict(given), **named}
 
 
 def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp",
