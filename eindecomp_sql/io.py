@@ -529,6 +529,10 @@ def _describe_tiled(columns: list[str], meta: dict, want: Wanted, where: str) ->
         raise EinsumError(f"{where}: index= and value= are for tables in element form; this one is tiled "
                           "(a binary 'tile' column)")
     if meta:
+        missing = [k for k in ("shape", "dtype", "tile") if meta.get(k) is None]
+        if missing:  # the tiles' bytes mean nothing without them (a missing dtype read them as float64)
+            raise EinsumError(f"{where}: the table's eindecomp_sql metadata lacks {', '.join(missing)}; it cannot "
+                              "be read as tiles (write it with Tensor.to_arrow() / export())")
         shape, dtype, tile = tuple(meta.get("shape", ())), meta.get("dtype"), meta.get("tile")
         if want.shape is not None and tuple(want.shape) != shape:
             raise EinsumError(f"{where}: shape={want.shape} but the table holds a tensor of shape {shape}")

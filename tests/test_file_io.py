@@ -342,3 +342,20 @@ def test_a_400mb_npy_streams_in_bounded_memory(tmp_path, backend):
     nbytes, grew_mb = map(int, out.stdout.split())
     assert nbytes == 10240 * 10240 * 4
     assert grew_mb < 200, f"RSS grew by {grew_mb} MB streaming a 400 MB .npy"
+
+
+@pytest.mark.parametrize("drop", ["dtype", "shape", "tile"])
+def test_tiled_metadata_missing_a_field_is_refused(tmp_path, drop):
+    """A tiled file whose metadata lacks dtype (or shape, or tile) is refused: its bytes would be
+    read as float64 (int64 0, 1, 2 came back as 0.0, 4.9e-324, ...)."""
+    import eindecomp_sql as eds
+
+    with eds.connect() as db:
+        path = db.store("m", np.arange(12, dtype=np.int64).reshape(3, 4), tile=(2, 4)).export(tmp_path / "m.parquet")
+        t = pq.read_table(path)
+        meta = {k: v for k, v in t.schema.metadata.items() if k != f"eindecomp_sql.{drop}".encode()}
+        assert len(meta) == len(t.schema.metadata) - 1
+        pq.write_table(t.replace_schema_metadata(meta), tmp_path / "bad.parquet")
+        with pytest.raises(EinsumError, match=f"metadata lacks {drop}"):
+            db.store("bad", tmp_path / "bad.parquet")
+        assert db.tensors() == ["m"]

@@ -374,3 +374,41 @@ def test_a_part_that_fails_while_running_is_named_and_leaves_nothing(tmp_path, c
     summary = json.loads(out)
     assert summary["ok"] is False and "does not fit" in summary["error"] and summary["steps"] == []
     assert stored(tmp_path / "t.duckdb") == {}
+
+
+def test_a_result_replaced_by_hand_is_not_done(tmp_path, capsys):
+    """Done needs the tiles the job recorded, not only a matching fingerprint and shape: a step's
+    result (or a loaded input) replaced by hand with the same shape, dtype, tile and keys is
+    computed again, and the job's results follow."""
+    job = small_job(tmp_path)
+    assert run_main(capsys, "run", job)[0] == 0
+    before = stored(tmp_path / "t.duckdb")
+    with eds.connect(str(tmp_path / "t.duckdb")) as db:
+        h = db.tensor("h")
+        db.store("h", np.full(h.shape, 7.0), tile=h.tile, keys=h.keys, replace=True)
+    code, out, err = run_main(capsys, "explain", job)
+    assert code == 0 and "stored tensor 'h' was replaced since the job wrote it" in out, out
+    code, out, err = run_main(capsys, "run", job, "--force", "--json")
+    assert code == 0, err
+    # h is computed again; s was computed from the h the job wrote, which h is again: still done
+    assert {e["name"]: e["skipped"] for e in json.loads(out)["steps"]} == {"x": True, "h": False, "s": True}
+    after = stored(tmp_path / "t.duckdb")
+    assert all(same_bytes(before[k], after[k]) for k in before)
+
+
+def test_files_the_package_exported_are_job_inputs_and_databases_must_be_duckdb(tmp_path, capsys):
+    """A tiled export keeps its keys (i, k for an einsum result); a job reads it as d0, d1. And a
+    non-DuckDB file given as the database is refused (DuckDB would open a Parquet file as a
+    database that silently keeps nothing)."""
+    job = small_job(tmp_path)
+    assert run_main(capsys, "run", job)[0] == 0
+    assert run_main(capsys, "export", tmp_path / "t.duckdb", "h", tmp_path / "h.parquet")[0] == 0
+    (tmp_path / "job2.toml").write_text('database = "u.duckdb"\n[inputs]\na = { file = "h.parquet" }\n'
+                                        '[steps.c]\nspec = "ij,jk->ik"\noperands = ["a", "a"]\n')
+    code, out, err = run_main(capsys, "run", tmp_path / "job2.toml")
+    assert code == 0, err
+    h = stored(tmp_path / "t.duckdb")["h"]
+    assert np.allclose(stored(tmp_path / "u.duckdb")["c"], h @ h)
+    assert run_main(capsys, "run", tmp_path / "job2.toml", "--json")[0] == 0  # resumes: all done
+    code, out, err = run_main(capsys, "store", tmp_path / "h.parquet", "B", tmp_path / "x.npy")
+    assert code == 1 and "is not a DuckDB database file" in err, err

@@ -425,6 +425,13 @@ def _open(database, read_only: bool, config: dict | None):
     if not isinstance(database, (str, os.PathLike)):
         raise EinsumError(f"database must be a file path, ':memory:' or a duckdb connection, got "
                           f"{type(database).__name__}")
+    if str(database) != ":memory:" and os.path.isfile(database) and os.path.getsize(database) > 0:
+        # DuckDB 2.0 opens some other files (a Parquet file) as an in-memory database that
+        # silently keeps nothing: a DuckDB file says DUCK at byte 8
+        with open(database, "rb") as f:
+            head = f.read(12)
+        if head[8:12] != b"DUCK":
+            raise EinsumError(f"{str(database)!r} is not a DuckDB database file")
     try:
         return duckdb.connect(database, read_only=read_only, config=config or {})
     except duckdb.IOException as e:

@@ -79,13 +79,15 @@ def info(path) -> tuple[tuple[int, ...], str]:
     return tuple(got.shape), got.dtype
 
 
-def store_file(db, name: str, path, tile=None, dtype=None, shape=None, replace: bool = False):
-    """``db.store(name, path, ...)`` for a tensor file (its kind checked by suffix first)."""
+def store_file(db, name: str, path, tile=None, dtype=None, shape=None, replace: bool = False, keys=None):
+    """``db.store(name, path, ...)`` for a tensor file (its kind checked by suffix first);
+    ``keys``: the key names to store it under (a job's plan reads its inputs as ``d0, d1, ...``,
+    whatever keys a tiled file carries)."""
     path = pathlib.Path(path)
     kind(path)
     if not path.is_file():
         raise EinsumError(f"no such file {str(path)!r}")
-    kw = {"tile": tile, "replace": replace, "dtype": dtype}
+    kw = {"tile": tile, "replace": replace, "dtype": dtype, "keys": keys}
     if shape is not None:
         kw["shape"] = shape
     return db.store(name, str(path), **kw)

@@ -71,7 +71,8 @@ SCHEMA = f"""CREATE TABLE IF NOT EXISTS {TABLE} (
     tiles BIGINT,
     bytes BIGINT,
     peak_bytes BIGINT,
-    updated TIMESTAMP
+    updated TIMESTAMP,
+    content_md5 VARCHAR          -- content_md5() of the result when done: a tensor replaced by hand is not done
 )"""
 
 # Tests set this to a callable(event, part name) to kill the process at a chosen point:
@@ -311,11 +312,19 @@ def split(job: Job, g, owner: dict[str, str], gplan) -> dict[str, object]:
 # -- fingerprints ----------------------------------------------------------------------------
 def content_md5(db, t) -> str:
     """md5 over a stored tensor's tiles, in key order, computed by DuckDB (docs/cli.md)."""
-    keys = ", ".join(f'"{k}"' for k in t.keys)
-    order = f" ORDER BY {keys}" if keys else ""
+    from sqlglot import exp
+
+    from ..compile.sql import DIALECT, col, table
+
+    tiles = exp.func("md5", col("tile"))
+    if t.keys:
+        tiles = exp.Order(this=tiles, expressions=[exp.Ordered(this=col(k)) for k in t.keys])
+    # string_agg(md5(tile), '' ORDER BY keys): sqlglot prints it as LISTAGG, DuckDB's alias
+    agg = exp.GroupConcat(this=tiles, separator=exp.Literal.string(""))
+    query = exp.select(exp.func("md5", agg), exp.func("count", exp.Star())).from_(table(t.name))
     cur = db.connection.cursor()
     try:
-        row = cur.execute(f"SELECT md5(string_agg(md5(tile), ''{order})), count(*) FROM \"{t.name}\"").fetchone()
+        row = cur.execute(query.sql(dialect=DIALECT)).fetchone()
     finally:
         cur.close()
     return f"{row[0]}:{row[1]}"
@@ -331,14 +340,14 @@ def read_rows(db, names) -> dict[str, dict]:
         if not have:
             return {}
         low = [n.lower() for n in names]
-        rel = cur.execute(f"SELECT tensor, name, kind, fingerprint, detail, file_stat, state FROM {TABLE} "
+        rel = cur.execute(f"SELECT tensor, name, kind, fingerprint, detail, file_stat, state, content_md5 FROM {TABLE} "
                           "WHERE tensor IN (SELECT unnest(?))", [low]).fetchall()
     finally:
         cur.close()
     out = {}
-    for tensor, name, kind, fp, detail, stat, state in rel:
+    for tensor, name, kind, fp, detail, stat, state, md5 in rel:
         out[tensor] = {"name": name, "kind": kind, "fingerprint": fp, "detail": json.loads(detail),
-                       "file_stat": json.loads(stat) if stat else None, "state": state}
+                       "file_stat": json.loads(stat) if stat else None, "state": state, "content_md5": md5}
     return out
 
 
@@ -375,7 +384,8 @@ def prepare(job: Job, db=None) -> Prepared:
         st = i.file.stat()
         stat = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
         row = rows.get(i.name.lower())
-        if row is not None and row["kind"] == "load" and row["file_stat"] == stat and "sha256" in row["detail"]:
+        if (row is not None and row["kind"] == "load" and row["file_stat"] == {**stat, "file": str(i.file)}
+                and "sha256" in row["detail"]):
             sha = row["detail"]["sha256"]  # size and mtime unchanged: the recorded hash stands
         else:
             sha = files.file_digest(i.file)
@@ -419,6 +429,9 @@ def _status(db, p: Part, row: dict | None) -> None:
     elif not matches:
         p.status, p.why = "changed", (f"stored tensor {cur.name!r} ({cur.shape} {cur.dtype} tile {cur.tile}) is not "
                                       "what the job wrote there")
+    elif row["state"] == "done" and row.get("content_md5") != content_md5(db, cur):
+        p.status, p.why = "changed", (f"stored tensor {cur.name!r} was replaced since the job wrote it (its tiles "
+                                      "differ from what the job recorded)")
     else:
         p.status = "done"
 
@@ -515,13 +528,13 @@ class Runner:
             self.entries.append(self._run(p, k, n))
         return self.entries
 
-    def _write(self, p: Part, state: str, seconds=None) -> None:
+    def _write(self, p: Part, state: str, seconds=None, md5=None) -> None:
         self.cur.execute(
-            f"INSERT OR REPLACE INTO {TABLE} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, now())",
+            f"INSERT OR REPLACE INTO {TABLE} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, now(), ?)",
             [p.name.lower(), p.name, p.kind, str(self.prep.job.path), p.fingerprint,
              json.dumps(p.detail, sort_keys=True), json.dumps(p.file_stat) if p.file_stat else None, state,
              seconds, p.tiles if seconds is not None else None, _nbytes(p.value) if seconds is not None else None,
-             p.peak])
+             p.peak, md5])
 
     def _run(self, p: Part, k: int, n: int) -> dict:
         from . import files
@@ -536,7 +549,8 @@ class Runner:
         t0 = time.perf_counter()
         try:
             if p.kind == "load":
-                files.store_file(self.db, p.name, p.source.file, tile=p.value.tile, dtype=p.source.dtype)  # (3)
+                files.store_file(self.db, p.name, p.source.file, tile=p.value.tile, dtype=p.source.dtype,
+                                 keys=p.value.keys)  # (3)
                 self.reporter.progress(p, k, n, p.tiles, p.tiles, _nbytes(p.value), time.perf_counter() - t0)
             else:
                 self.watched = True
@@ -548,7 +562,7 @@ class Runner:
                            input=p.name if p.kind == "load" else None) from e
         seconds = time.perf_counter() - t0
         _hook("committed", p.name)
-        self._write(p, "done", seconds)  # (4)
+        self._write(p, "done", seconds, content_md5(self.db, self.db.tensor(p.name)))  # (4)
         _hook("done", p.name)
         self.reporter.finished(p, k, n, seconds)
         return entry(p, False, seconds)

@@ -232,6 +232,10 @@ def parse_job(text: str, path, *, database=None, memory=None, workers=None, tile
         if s.name.lower() in stored:
             raise err(f"writes over stored tensor {s.name!r}, which input {stored[s.name.lower()]!r} reads; "
                       "rename the step", "steps", s.name, step=s.name)
+    for i in inputs.values():
+        if i.tensor is None and i.name.lower() in stored and stored[i.name.lower()] != i.name:
+            raise err(f"loads a file as tensor {i.name!r}, which input {stored[i.name.lower()]!r} reads as a stored "
+                      "tensor: it would write over it; rename the input", "inputs", i.name)
     seen: dict[str, str] = {}
     for name in list(inputs) + list(steps):
         low = name.lower()
