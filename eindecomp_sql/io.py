@@ -632,18 +632,7 @@ def write_parquet(table: pa.Table, path) -> pathlib.Path:
     renamed over ``path``, so a failure leaves no half-written file (and any old file intact)."""
     import pyarrow.parquet as pq
 
-    target = pathlib.Path(os.fspath(path))
-    tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, target)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise EinsumError(f"cannot write Parquet file {str(target)!r}: {e}") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return target
+    return _atomic_write(path, lambda tmp: pq.write_table(table, tmp), "Parquet")
 
 
 # -- files: .npy, Arrow IPC and Parquet, streamed -------------------------------------------
@@ -977,19 +966,48 @@ def _from_table(table: pa.Table, want: Wanted, where: str) -> Incoming:
 # -- out: export to a file, streamed ------------------------------------------------------------
 def _atomic_write(path, write, what: str) -> pathlib.Path:
     """Run ``write(tmp)`` on a temporary file in the directory of ``path``, then rename it over
-    ``path``: a failure leaves no half-written file (and an older file at ``path`` intact)."""
-    target = pathlib.Path(os.fspath(path))
-    tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+    ``path``: a failure leaves no half-written file (and an older file at ``path`` intact).
+
+    A symlink is followed (the file it names is replaced, the link stays); an existing file's
+    permissions carry over to the new one; the data and the rename are fsynced, so a power loss
+    leaves the old file or the new one, not an empty one. The temporary name is short, so a
+    target name near the file system's limit still works."""
+    given = pathlib.Path(os.fspath(path))
+    target = pathlib.Path(os.path.realpath(given)) if given.is_symlink() else given
+    tmp = target.with_name(f".eds-{secrets.token_hex(6)}.tmp")
+
+    def cleanup():
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+
     try:
         write(tmp)
+        if target.exists():
+            os.chmod(tmp, target.stat().st_mode & 0o7777)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, target)
+        try:
+            dfd = os.open(target.parent, os.O_RDONLY)
+        except OSError:
+            dfd = None  # a directory that cannot be opened for reading: the rename stands unsynced
+        if dfd is not None:
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise EinsumError(f"cannot write {what} file {str(target)!r}: {e}") from None
+        cleanup()
+        raise EinsumError(f"cannot write {what} file {str(given)!r}: {e}") from None
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        cleanup()
         raise
-    return target
+    return given
 
 
 @contextlib.contextmanager

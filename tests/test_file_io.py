@@ -359,3 +359,25 @@ def test_tiled_metadata_missing_a_field_is_refused(tmp_path, drop):
         with pytest.raises(EinsumError, match=f"metadata lacks {drop}"):
             db.store("bad", tmp_path / "bad.parquet")
         assert db.tensors() == ["m"]
+
+
+def test_exports_keep_permissions_follow_symlinks_and_take_long_names(tmp_path):
+    import eindecomp_sql as eds
+
+    with eds.connect() as db:
+        t = db.store("p", np.arange(6.0).reshape(2, 3))
+        secret = tmp_path / "secret.npy"
+        secret.write_bytes(b"old")
+        os.chmod(secret, 0o600)
+        t.export(secret)
+        assert (secret.stat().st_mode & 0o777) == 0o600 and np.array_equal(np.load(secret), t.to_numpy())
+        (tmp_path / "real").mkdir()
+        link = tmp_path / "link.npy"
+        link.symlink_to(tmp_path / "real" / "target.npy")
+        t.export(link)
+        assert link.is_symlink() and np.array_equal(np.load(tmp_path / "real" / "target.npy"), t.to_numpy())
+        long = tmp_path / ("a" * 245 + ".npy")  # a valid name; target + a long temp suffix was not
+        t.export(long)
+        assert np.array_equal(np.load(long), t.to_numpy())
+        t.export(tmp_path / "x.parquet")
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
