@@ -73,7 +73,9 @@ def test_numpy_keywords_match_numpy(backend, case, dtype, casting, out_dtype, or
     scale = error_scale(spec, arrays) if np.asarray(want).dtype.kind in "fc" else None
     if np.asarray(want).dtype.kind in "iub" and dtype is not None and np.dtype(dtype).kind in "fc":
         scale = None  # computed in floats, cast to ints: equal but for rounding at the cast
-    assert_close(got, want, scale)
+    # rounding is the computation dtype's, whatever out= holds (float32 work into a float64 out)
+    eps = 1e-4 if computes_in in (np.float32, np.complex64) else None
+    assert_close(got, want, scale, eps=eps)
     if our_out is None and np.ndim(got) >= 2:
         if (order or "K").upper() == "F":
             assert got.flags.f_contiguous
