@@ -230,35 +230,23 @@ def as_table(x, where: str, con=None) -> pa.Table | None:
 
 
 def read_parquet(path, where: str, con=None) -> pa.Table:
-    """A Parquet file read by DuckDB (on a cursor of ``con``, or a connection of its own), with
-    the file's key-value metadata put back on the Arrow schema. The whole table is held in
-    memory (reading it in batches is the streaming issue's work)."""
+    """A Parquet file read whole by DuckDB (on a cursor of ``con``, or a connection of its
+    own), with the file's key-value metadata put back on the Arrow schema."""
     import duckdb
 
     p = os.fspath(path)
     if not p.lower().endswith(".parquet"):
         raise EinsumError(f"{where}: a path must name a Parquet file ending in .parquet, got {p!r}; read "
                           "other files with DuckDB (db.connection.read_csv(path)) and store the relation")
-    if not os.path.isfile(p):
-        raise EinsumError(f"{where}: no such Parquet file {p!r}")
+    cur = _parquet_cursor(p, where, con)
     try:
-        cur = con.cursor() if con is not None else duckdb.connect()
-    except duckdb.Error as e:
-        raise EinsumError(f"{where}: cannot read {p!r}: the connection is closed ({e})") from None
-    try:
-        # DuckDB reads a path as a glob pattern ('[', '*', '?'): x[1].parquet could read x1.parquet
-        matched = [r[0] for r in cur.execute("SELECT file FROM glob(?)", [p]).fetchall()]
-        if any(ch in p for ch in "*?[") and [os.path.realpath(m) for m in matched] != [os.path.realpath(p)]:
-            raise EinsumError(f"{where}: {p!r} reads as a file pattern in DuckDB (it matches {len(matched)} "
-                              "file(s)); rename the file without '*', '?' or '['")
         table = cur.read_parquet(p).to_arrow_table()
-        meta = dict(cur.execute("SELECT key, value FROM parquet_kv_metadata(?)", [p]).fetchall())
+        meta = _parquet_meta(cur, p)
     except duckdb.Error as e:
         raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet: {e}") from None
     finally:
         cur.close()
-    meta = {bytes(k): bytes(v) for k, v in meta.items() if bytes(k).startswith(PREFIX.encode())}
-    return table.replace_schema_metadata(meta or None)
+    return table.replace_schema_metadata(meta)
 
 
 # -- metadata ----------------------------------------------------------------------------------
@@ -857,6 +845,9 @@ def _parquet_cursor(p: str, where: str, con):
         if any(ch in p for ch in "*?[") and [os.path.realpath(m) for m in matched] != [os.path.realpath(p)]:
             raise EinsumError(f"{where}: {p!r} reads as a file pattern in DuckDB (it matches {len(matched)} "
                               "file(s)); rename the file without '*', '?' or '['")
+    except duckdb.Error as e:
+        cur.close()
+        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet: {e}") from None
     except BaseException:
         cur.close()
         raise
