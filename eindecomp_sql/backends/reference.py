@@ -358,14 +358,7 @@ class ReferenceBackend:
 
         with self.lock:
             self._check_open()
-            found = self._find(value.name)
-        if found is None:
-            raise EinsumError(f"tensor {value.name!r} no longer exists in this database (dropped, or "
-                              "replaced by another session)")
-        stored, tiles = found
-        if (stored.shape, stored.dtype, stored.tile) != (value.shape, value.dtype, value.tile):
-            raise EinsumError(f"tensor {value.name!r} was replaced: it is now {stored.shape} {stored.dtype} in tiles "
-                              f"{stored.tile}, not {value.shape} {value.dtype} in tiles {value.tile}")
+            tiles = self._stored(value.name, value, f"tensor {value.name!r} was replaced: it is now")
         keys = sorted(tiles)
         cols = {k: pa.array(np.array([key[p] for key in keys], dtype=np.int64)) for p, k in enumerate(value.keys)}
         cols["tile"] = tiles_to_arrow([tiles[key] for key in keys])
@@ -414,17 +407,21 @@ class ReferenceBackend:
                     self._put(t.table, values[name][0], values[name][1], temporary=t.temporary)
             return arrays
 
+    def _stored(self, name: str, want: TiledValue, what: str) -> Tiles:
+        """The tiles of stored tensor ``name``, which must be cut as ``want`` says."""
+        found = self._find(name)
+        if found is None:
+            raise EinsumError(f"tensor {name!r} no longer exists in this database (dropped, or replaced by another "
+                              "session)")
+        stored, tiles = found
+        if (stored.shape, stored.dtype, stored.tile) != (want.shape, want.dtype, want.tile):
+            raise EinsumError(f"{what} {stored.shape} {stored.dtype} in tiles {stored.tile}, but "
+                              f"{want.shape} {want.dtype} in tiles {want.tile} is wanted")
+        return tiles
+
     def _bind_input(self, v: TiledValue, x) -> Tiles:
         if isinstance(x, str):
-            found = self._find(x)
-            if found is None:
-                raise EinsumError(f"tensor {x!r} no longer exists in this database (dropped, or replaced by another "
-                                  "session)")
-            stored, tiles = found
-            if (stored.shape, stored.dtype, stored.tile) != (v.shape, v.dtype, v.tile):
-                raise EinsumError(f"input {v.name!r}: tensor {x!r} is {stored.shape} {stored.dtype} in tiles "
-                                  f"{stored.tile}, but the plan reads {v.shape} {v.dtype} in tiles {v.tile}")
-            return tiles
+            return self._stored(x, v, f"input {v.name!r}: tensor {x!r} is")
         a = np.asarray(x)
         if a.shape != v.shape or a.dtype.newbyteorder("=") != np.dtype(v.dtype):
             raise EinsumError(f"input {v.name!r}: the plan reads {v.shape} {v.dtype}, got an array {a.shape} {a.dtype}")
