@@ -156,7 +156,7 @@ def test_element_parquet_written_like_pandas_and_spark(db, tmp_path):
 
 
 def test_element_parquet_written_by_pandas(db, tmp_path):
-    pd = pytest.importorskip("pandas")
+    import pandas as pd  # a test dependency (pyproject's test extras)
     df = pd.DataFrame({"i": [0, 2, 1], "j": [1, 0, 1], "value": [1.5, -2.0, 3.0]})
     df[df.value != 3.0].to_parquet(tmp_path / "p.parquet")  # a filtered frame: its index is written
     same(db.store("fio_pandas", tmp_path / "p.parquet", replace=True).to_numpy(), np.array([[0, 1.5], [0, 0], [-2.0, 0]]))
