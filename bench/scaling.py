@@ -4,6 +4,10 @@ to that many cores, with numpy, dask.array and eindecomp_sql side by side in it.
     .venv/bin/python bench/scaling.py                 # --cores 1,2,all; writes bench/scaling.{json,md}
     .venv/bin/python bench/scaling.py --big           # also the 6000³ float64 and 8192² float32 GEMMs
     .venv/bin/python bench/scaling.py --quick         # 256²-sized check of the harness (seconds)
+    .venv/bin/python bench/scaling.py --into-results  # also put the tables in bench/RESULTS.md
+
+The default run takes about 5 minutes on 2 cores (mostly the 1-core child, and dask's einsum on
+two_label_abcd_cdef); --big adds several minutes per core count.
 
 In the child for n cores: ``taskset`` to the first n cores this process may use; BLAS at n
 threads (OPENBLAS/OMP/MKL_NUM_THREADS, so numpy uses the same cores); dask's threaded scheduler
@@ -36,7 +40,8 @@ sys.path.insert(0, str(HERE))
 from workloads import WORKLOADS, Methods, is_matmul, make_inputs  # noqa: E402
 
 DEFAULT = ["gemm_2048", "gemm_4096", "batched_bij_bjk", "chain_3", "two_label_abcd_cdef"]
-# the "default session" bars: eds.einsum on arrays (eds_numpy below) at sizes that take seconds
+# the issue's big GEMMs, whose bars are for eds.einsum in the default session (eds_numpy below);
+# every method runs on them, and each takes seconds to minutes per call on few cores
 BIG = {"gemm_6000_f64": ("ij,jk->ik", [(6000, 6000), (6000, 6000)], "float64"),
        "gemm_8192_f32": ("ij,jk->ik", [(8192, 8192), (8192, 8192)], "float32")}
 # the same shapes of work, small enough to check the harness end to end in seconds
@@ -230,7 +235,8 @@ def markdown(results: dict, command: str) -> str:
                                      f"{runs[str(c)]['facts']['duckdb_threads']}, BLAS threads "
                                      f"{runs[str(c)]['facts']['blas_threads']}, load average "
                                      f"{runs[str(c)]['facts']['loadavg_start']:.2f} at the start, "
-                                     f"{runs[str(c)]['facts']['loadavg_end']:.2f} at the end" for c in counts) + ".", "",
+                                     f"{runs[str(c)]['facts']['loadavg_end']:.2f} at the end" for c in counts)
+           + " (load averages include this run's own work).", "",
            "## Times", "", "| workload | method | " + " | ".join(label[c] for c in counts) + " |",
            "|---|---|" + "---|" * len(counts)]
     for name, w in analysis.items():
@@ -275,6 +281,20 @@ def markdown(results: dict, command: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def into_results(text: str, path: Path = HERE / "RESULTS.md") -> None:
+    """Put ``text`` in RESULTS.md as its "Scaling across core counts" section (headings one level
+    down), replacing the section an earlier run put there and leaving every other section be."""
+    section = "\n".join("#" + line if line.startswith("#") else line for line in text.splitlines())
+    old = path.read_text() if path.exists() else ""
+    head = "## Scaling across core counts"
+    start = old.find(head)
+    if start < 0:
+        path.write_text(old.rstrip("\n") + "\n\n" + section + "\n")
+        return
+    end = old.find("\n## ", start + len(head))  # the next section at our level
+    path.write_text(old[:start] + section + "\n" + (old[end:] if end >= 0 else ""))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cores", default="1,2,all", help="comma-separated core counts; 'all': every core")
@@ -284,6 +304,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes (" + ", ".join(QUICK) + ")")
     ap.add_argument("--out", help="path prefix of the .json and .md written (default bench/scaling, "
                                   "bench/scaling_quick with --quick)")
+    ap.add_argument("--into-results", action="store_true",
+                    help="also put the tables in bench/RESULTS.md (its scaling section; not with --quick)")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--workloads", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -291,6 +313,8 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, args.workloads.split(","), rounds)))
         return
+    if args.quick and args.into_results:
+        ap.error("--quick numbers check the harness: they do not go into RESULTS.md")
     names = list(QUICK) if args.quick else DEFAULT + (list(BIG) if args.big else [])
     if args.only:
         names = args.only.split(",")
@@ -309,6 +333,8 @@ def main() -> None:
     Path(f"{prefix}.json").write_text(json.dumps(results, indent=1))
     text = markdown(results, "python " + " ".join(["bench/scaling.py"] + sys.argv[1:]))
     Path(f"{prefix}.md").write_text(text)
+    if args.into_results:
+        into_results(text)
     print(text)
 
 
