@@ -6,8 +6,8 @@ to that many cores, with numpy, dask.array and eindecomp_sql side by side in it.
     .venv/bin/python bench/scaling.py --quick         # 256²-sized check of the harness (seconds)
     .venv/bin/python bench/scaling.py --into-results  # also put the tables in bench/RESULTS.md
 
-The default run takes about 5 minutes on 2 cores (mostly the 1-core child, and dask's einsum on
-two_label_abcd_cdef); --big adds several minutes per core count.
+On 2 cores the default run should take 4-5 minutes (estimated from the times in RESULTS.md, most
+of it the 1-core child and dask's einsum on two_label_abcd_cdef); --big adds minutes per core count.
 
 In the child for n cores: ``taskset`` to the first n cores this process may use; BLAS at n
 threads (OPENBLAS/OMP/MKL_NUM_THREADS, so numpy uses the same cores); dask's threaded scheduler
@@ -76,9 +76,10 @@ def child(n: int, names: list[str], rounds: int) -> dict:
     from eindecomp_sql.api import default_session
 
     dask.config.set(scheduler="threads", num_workers=n)
-    default_session().connection.execute(f"SET threads = {n}")
+    con = default_session().connection  # eds.einsum's session (eds_numpy)
+    con.execute(f"SET threads = {n}")
     facts = {"affinity": sorted(os.sched_getaffinity(0)), "kernel_threads": pool.THREADS,
-             "duckdb_threads": default_session().connection.execute("SELECT current_setting('threads')").fetchall()[0][0],
+             "duckdb_threads": con.execute("SELECT current_setting('threads')").fetchall()[0][0],
              "blas_threads": [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"],
              "duckdb": duckdb.__version__, "loadavg_start": os.getloadavg()[0]}
     out = {}
@@ -148,7 +149,7 @@ def amdahl(t1: float, t2: float) -> tuple[float, float, str]:
     """S, P of T(n) = S + P/n through T(1) and T(2), held to 0 <= S <= T(1), and a note when
     held (noise, or a busy core, can put T(2) above T(1) or below T(1)/2)."""
     s = 2 * t2 - t1
-    note = "T(2) >= T(1): no speed-up, S held to T(1)" if s > t1 else "T(2) < T(1)/2: S held to 0" if s < 0 else ""
+    note = "T(2) > T(1): no speed-up, S held to T(1)" if s > t1 else "T(2) < T(1)/2: S held to 0" if s < 0 else ""
     s = min(max(s, 0.0), t1)
     return s, t1 - s, note
 
