@@ -21,13 +21,15 @@ from ..plan.steps import output_tiles
 from ..sql_templates import template
 from ..udfs.tiles import array_from_tiles, tiles_from_array
 from . import allocator
-from ..udfs.pool import Cancelled, KernelState
+from ..udfs.pool import THREADS, Cancelled, KernelState
 from .base import Target
 from .running import Watch, run_interruptible
 
 
-# a step whose projected peak (the tiles of one UDF call) reaches this exports with 64-bit offsets
-LARGE_BUFFER_BYTES = 1 << 30
+# a step whose projected peak (the tiles of one UDF call, every column together) reaches this
+# exports with 64-bit offsets: below it no one column can pass the 2 GiB that 32-bit offsets
+# address (at 1 GiB, a 6000² float64 GEMM of one-tile operands, 1.15 GB, took the slower path)
+LARGE_BUFFER_BYTES = 2 << 30
 # below this a step keeps the default 64-bit offsets: 32-bit ones save ~7 ms per 64 MB of
 # tiles, nothing measurable on small tiles, and switching costs two SET statements (~1 ms,
 # the setting is the database's, so it is put back after the plan)
@@ -432,8 +434,14 @@ def _open(database, read_only: bool, config: dict | None):
             head = f.read(12)
         if head[8:12] != b"DUCK":
             raise EinsumError(f"{str(database)!r} is not a DuckDB database file")
+    config = dict(config or {})
+    # DuckDB starts a thread per core of the machine, whatever the process may run on (taskset,
+    # a container's cpuset): pinned to 1 core of 2 it still ran 2 threads. The kernels' pool
+    # follows the cores this process may use (udfs/pool.py), and so does DuckDB's, unless the
+    # caller says otherwise.
+    config.setdefault("threads", THREADS)
     try:
-        return duckdb.connect(database, read_only=read_only, config=config or {})
+        return duckdb.connect(database, read_only=read_only, config=config)
     except duckdb.IOException as e:
         text = str(e)
         if "lock" in text.lower():

@@ -18,9 +18,39 @@ from ..errors import EinsumError
 
 # Tiles are the unit one kernel call works on and one DuckDB row carries. Measured on 2 cores
 # (docs/DESIGN.md): every byte that crosses DuckDB <-> Arrow costs ~1 ns, so fewer, larger
-# tiles win until a tile no longer fits comfortably in memory; 64 MiB keeps a 4096² float32
-# matrix in one tile and the kernels split large tiles across workers themselves.
-DEFAULT_TILE_BYTES = 64 << 20
+# tiles win until a tile no longer fits comfortably in memory; the kernels split large tiles
+# across the cores themselves. A fixed cap made a cliff just above it: a 6000² float64 GEMM
+# (288 MB operands) under a 64 MiB cap was cut into a grouped plan with a retile and took
+# 3.4x numpy's time where one tile each took 1.13x (docs/DESIGN.md, "Tile size"). So the cap
+# follows the machine: a 32nd of its memory (a step holds ~4 tiles: two operands, the result
+# in Arrow and in DuckDB), never below 64 MiB nor above 1 GiB (Arrow's 32-bit offsets end at 2).
+MIN_TILE_BYTES = 64 << 20
+MAX_TILE_BYTES = 1 << 30
+
+
+def machine_tile_bytes(memory: int | None = None) -> int:
+    """The default tile cap for a machine with ``memory`` bytes (default: this one's),
+    rounded down to a MiB.
+
+    >>> machine_tile_bytes(24 << 30) >> 20, machine_tile_bytes(1 << 30) >> 20, machine_tile_bytes(1 << 40) >> 20
+    (768, 64, 1024)
+    """
+    if memory is None:
+        memory = _physical_memory()
+    cap = min(max(memory // 32, MIN_TILE_BYTES), MAX_TILE_BYTES)
+    return cap >> 20 << 20
+
+
+def _physical_memory() -> int:
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not on a POSIX system that says
+        return 0
+
+
+DEFAULT_TILE_BYTES = machine_tile_bytes()
 
 
 def ceil_div(a, b):
