@@ -167,7 +167,7 @@ def cli():
 @click.argument("name")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--tile", callback=_tile, metavar="AxB", help="Tile shape, e.g. 1024x1024 (default: fit the "
-                                                           "tile size, 64 MiB).")
+                                                           "tile size: a 32nd of the machine's memory, 64 MiB to 1 GiB).")
 @click.option("--dtype", help="Cast the values to this dtype (numpy's same_kind rule).")
 @click.option("--shape", callback=_tile, metavar="AxB", help="Shape of an element-form table (default: the "
                                                              "largest index + 1).")
