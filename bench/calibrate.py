@@ -60,7 +60,8 @@ def main():
         c = forced.costs
         t = _median_time(lambda: db.backend.execute(forced, {"A": "A", "B": "B"}, {node.result.name: Target("C")},
                                                     replace=True))
-        rows.append({"kind": "einsum", "pieces": [pi, pj, pk], "join": c.join, "agg": c.agg, "retile": 0, "time": t})
+        rows.append({"kind": "einsum", "pieces": [pi, pj, pk], "join": c.join, "agg": c.agg, "retile": 0, "time": t,
+                     "model_cost": forced.cost})
         print(rows[-1], flush=True)
     A = db.store("A", a, replace=True)
     for tile in ((N // 2, N // 2), (N // 4, N), (N, N // 4), (N // 8, N // 8), (N // 4, N // 4)):
@@ -85,8 +86,14 @@ def main():
         r["predicted"] = float(t0 + s_join * r["join"] + s_group * (r["join"] if r["agg"] else 0) + s_agg * r["agg"])
     for r in ret:
         r["predicted"] = float(s_retile * r["retile"])
+    # what the planner needs is the order: does a cheaper plan (under the weights cost.py ships)
+    # run faster? Spearman's rank correlation of its cost with the measured time, over the grid
+    shipped = spearman([r["model_cost"] for r in ein], [r["time"] for r in ein])
+    fitted = spearman([r["predicted"] for r in ein], [r["time"] for r in ein])
     out = {
         "n": N,
+        "rank_correlation_shipped_weights": shipped,
+        "rank_correlation_fitted": fitted,
         "t0_s": float(t0),
         "s_per_join_byte": float(s_join),
         "s_per_group_byte": float(s_group),
@@ -102,6 +109,23 @@ def main():
           f"retile {s_retile * 1e9:.2f} ns/B")
     print(f"weights relative to a join byte: group {s_group / s_join:.2f}, agg {s_agg / s_join:.2f}, "
           f"retile {s_retile / s_join:.2f}")
+    print(f"rank correlation with measured time over the {len(ein)} einsum steps: the shipped weights' plan cost "
+          f"{shipped:.3f}, this run's fit {fitted:.3f}")
+
+
+def spearman(x, y) -> float:
+    """Spearman's rank correlation (ties get their mean rank)."""
+    def ranks(v):
+        v = np.asarray(v, dtype=float)
+        order = np.argsort(v, kind="stable")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v))
+        for value in np.unique(v):  # ties: the mean of their ranks
+            same = v == value
+            r[same] = r[same].mean()
+        return r
+    rx, ry = ranks(x), ranks(y)
+    return float(np.corrcoef(rx, ry)[0, 1])
 
 
 if __name__ == "__main__":

@@ -352,9 +352,12 @@ class DuckDBBackend:
                     try:
                         peak = plan.peak_of(plan.steps[k])
                         if peak >= SMALL_BUFFER_BYTES:
-                            # the setting is the database's: another session may have changed it,
-                            # so a large step always says what it needs
-                            self._set_large_buffers(peak >= LARGE_BUFFER_BYTES, force=True)
+                            # the setting is the database's: another session may have changed it.
+                            # A step that needs 64-bit offsets always says so; 32-bit ones only
+                            # save time, so they are said once per plan (~0.3 ms a SET: LLaMA
+                            # block's graph said it 4 times)
+                            large = peak >= LARGE_BUFFER_BYTES
+                            self._set_large_buffers(large, force=large or not big)
                             big = True
                         if target.table is None and c.value in outputs:
                             parts = [self._work.sql(bind(text, tables)).to_arrow_table() for text in c.batches]
