@@ -192,7 +192,7 @@ class FusedKernel(_TileLayout):
         self.out_dtype = np.dtype(spec.out_dtype)
         self.slot_labels = [tuple(x) for x in spec.inputs] + [st.labels for st in f.prologues]
         dtypes = list(spec.dtypes) + [st.dtype for st in f.prologues]
-        self.prologues = [(st.args, join_callable(st.join.function()), st.labels) for st in f.prologues]
+        self.prologues = [self._compiled(st) for st in f.prologues]
         self.core_args = f.core
         core_inputs = tuple(self.slot_labels[a] for a in f.core)
         labels = first_appearance(*core_inputs)
@@ -204,21 +204,33 @@ class FusedKernel(_TileLayout):
         self.slot_labels.append(tuple(f.core_labels))
         self.epilogues = []
         for st in f.epilogues:
-            self.epilogues.append((st.args, join_callable(st.join.function()), st.labels))
+            self.epilogues.append(self._compiled(st))
             self.slot_labels.append(st.labels)
         # a product BLAS threads itself (udfs/register.py: _run) is still one when fused
         self.blas = self.core.blas
 
-    def _stage(self, join, args: list[tuple[np.ndarray, tuple[str, ...]]], labels: tuple[str, ...]):
-        """``join`` of the arrays (each with its labels, all distinct) broadcast by label to ``labels``."""
+    @staticmethod
+    def _compiled(st):
+        """A stage as (slots it reads, its join as a function, its labels, its dtype, cast first)."""
+        return st.args, join_callable(st.join.function()), st.labels, np.dtype(st.dtype), st.cast
+
+    def _stage(self, stage, slots: list) -> np.ndarray:
+        """One stage on the slots: its join of the arrays it reads (each with its labels, all
+        distinct) broadcast by label, in its dtype, computed as the unfused step's kernel
+        computes it (``EinsumKernel.contract``: a product summed casts its inputs first)."""
+        args, join, labels, dtype, cast = stage
         xs = []
-        for x, labs in args:
+        for a in args:
+            x, labs = slots[a], self.slot_labels[a]
+            if cast and x.dtype != dtype:
+                x = x.astype(dtype)
             present = [lab for lab in labels if lab in labs]
             x = x.transpose([labs.index(lab) for lab in present])
             dims = iter(x.shape)
             xs.append(x.reshape([next(dims) if lab in labs else 1 for lab in labels]))
         full = [max(x.shape[a] for x in xs) for a in range(len(labels))]
-        return self.xp.broadcast_to(self.xp.asarray(join(*xs)), full)
+        r = self.xp.broadcast_to(self.xp.asarray(join(*xs)), full)
+        return r if r.dtype == dtype else r.astype(dtype)
 
     def contract_group(self, members: list[list[np.ndarray]], out: np.ndarray) -> None:
         xp = self.xp
@@ -230,15 +242,15 @@ class FusedKernel(_TileLayout):
             acc = out
         for q, tiles in enumerate(members):
             slots = list(tiles)
-            for args, join, labels in self.prologues:
-                slots.append(self._stage(join, [(slots[a], self.slot_labels[a]) for a in args], labels))
+            for stage in self.prologues:
+                slots.append(self._stage(stage, slots))
             core.contract([slots[a] for a in self.core_args], acc, accumulate=q > 0)
         if not self.epilogues:
             return
         # epilogues read output-labelled input tiles: the same in every member of the group
         slots = list(members[0]) + [None] * len(self.prologues) + [acc]
-        for args, join, labels in self.epilogues:
-            slots.append(self._stage(join, [(slots[a], self.slot_labels[a]) for a in args], labels))
+        for stage in self.epilogues:
+            slots.append(self._stage(stage, slots))
         xp.copyto(out, slots[-1], casting="unsafe")
 
     def split(self, ext: dict[str, int], parts: int, members: int = 1):

@@ -293,16 +293,19 @@ class KernelJoin:
 @dataclass(frozen=True)
 class KernelStage:
     """One element-wise join inside a fused kernel: ``out[labels] = join(slots args...)``,
-    broadcast the numpy way by label, in ``dtype``. Slots are numbered as ``KernelFusion`` says.
+    broadcast the numpy way by label, stored in ``dtype`` as an unfused step would store it.
+    ``cast``: the inputs are cast to ``dtype`` before the join (a product summed follows
+    ``np.einsum``, which computes in the result dtype). Slots are numbered as ``KernelFusion`` says.
 
     >>> KernelStage(args=(2, 1), join=KernelJoin(name="add"), labels=("i", "k"), dtype="float64").to_dict()
-    {'args': [2, 1], 'join': {'name': 'add'}, 'out': ['i', 'k'], 'dtype': 'float64'}
+    {'args': [2, 1], 'join': {'name': 'add'}, 'out': ['i', 'k'], 'dtype': 'float64', 'cast': False}
     """
 
     args: tuple[int, ...]
     join: KernelJoin
     labels: tuple[str, ...]
     dtype: str
+    cast: bool = False
 
     def __post_init__(self):
         _set(self, "args", _ints(self.args, "fused stage args"))
@@ -314,15 +317,19 @@ class KernelStage:
             raise EinsumError(f"kernel spec fused stage join must be a KernelJoin, got {self.join!r}")
         _set(self, "labels", _labels(self.labels, "fused stage labels"))
         _check_dtype(self.dtype)
+        if not isinstance(self.cast, bool):
+            raise EinsumError(f"kernel spec fused stage cast must be true or false, got {self.cast!r}")
 
     def to_dict(self) -> dict:
-        return {"args": list(self.args), "join": self.join.to_dict(), "out": list(self.labels), "dtype": self.dtype}
+        return {"args": list(self.args), "join": self.join.to_dict(), "out": list(self.labels), "dtype": self.dtype,
+                "cast": self.cast}
 
     @classmethod
     def from_dict(cls, d) -> KernelStage:
-        if not isinstance(d, dict) or set(d) != {"args", "join", "out", "dtype"}:
-            raise EinsumError(f"kernel spec fused stage must be {{args, join, out, dtype}}, got {d!r:.80}")
-        return cls(args=d["args"], join=KernelJoin.from_dict(d["join"]), labels=d["out"], dtype=d["dtype"])
+        if not isinstance(d, dict) or set(d) != {"args", "join", "out", "dtype", "cast"}:
+            raise EinsumError(f"kernel spec fused stage must be {{args, join, out, dtype, cast}}, got {d!r:.80}")
+        return cls(args=d["args"], join=KernelJoin.from_dict(d["join"]), labels=d["out"], dtype=d["dtype"],
+                   cast=d["cast"])
 
 
 @dataclass(frozen=True)
@@ -674,8 +681,9 @@ def _kernel_fusion(step, portable: bool) -> KernelFusion:
                      for op in n.operands)
 
     def stage(n) -> KernelStage:
+        # the kernels' rule for a product summed (np.einsum's): inputs cast to the result dtype
         return KernelStage(args=args(n), join=KernelJoin.of(n.join, portable), labels=tuple(n.output),
-                           dtype=n.result.dtype)
+                           dtype=n.result.dtype, cast=n.join.name == "mul" and n.agg.name == "sum")
 
     nxt = len(step.node.operands)
     prologues = []
