@@ -613,10 +613,10 @@ def from_json(text: str) -> KernelSpec:
     """The spec ``to_json`` wrote; an ``EinsumError`` for an unknown version, op or device, or
     a malformed spec (saying what it got and what it reads).
 
-    >>> from_json('{"v": 2, "op": "fill"}')
+    >>> from_json('{"v": 3, "op": "fill"}')
     Traceback (most recent call last):
     ...
-    eindecomp_sql.errors.EinsumError: kernel spec version 2 is not supported; this eindecomp_sql reads version 1
+    eindecomp_sql.errors.EinsumError: kernel spec version 3 is not supported; this eindecomp_sql reads version 1, 2
     """
     try:
         body = json.loads(text)
