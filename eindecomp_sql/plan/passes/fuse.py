@@ -58,8 +58,18 @@ def _reads(step) -> tuple[str, ...]:
     return ()
 
 
-def _readers(steps, name: str) -> list[int]:
-    return [k for k, s in enumerate(steps) if name in _reads(s)]
+class _Index:
+    """Who reads each value (how many steps) and which einsum step makes it, by position;
+    rebuilt after every fusion (positions shift)."""
+
+    def __init__(self, steps: list):
+        self.readers: dict[str, list[int]] = {}
+        self.producer: dict[str, int] = {}
+        for k, s in enumerate(steps):
+            for name in dict.fromkeys(_reads(s)):
+                self.readers.setdefault(name, []).append(k)
+            if isinstance(s, EinsumStep):
+                self.producer[s.result.name] = k
 
 
 def _program(step: EinsumStep) -> Fusion:
@@ -136,20 +146,22 @@ def _worth(fused: EinsumStep, parts: list[EinsumStep], options) -> bool:
 
 # -- epilogues: into the producer ------------------------------------------------------------
 def _fuse_epilogues(steps: list, keep: set[str], options) -> None:
+    index = _Index(steps)
     k = 0
     while k < len(steps):
         s = steps[k]
         if isinstance(s, EinsumStep) and s.fused is None and _elementwise(s.node):
-            found = _as_epilogue(steps, k, keep, options)
+            found = _as_epilogue(steps, k, index, keep, options)
             if found is not None:
                 j, fused = found  # the producer, always before k
                 steps[k] = fused
                 del steps[j]
+                index = _Index(steps)
                 continue  # k now holds the next step
         k += 1
 
 
-def _as_epilogue(steps: list, k: int, keep: set[str], options):
+def _as_epilogue(steps: list, k: int, index: _Index, keep: set[str], options):
     s = steps[k]
     node = s.node
     for op, v in zip(node.operands, s.inputs):
@@ -160,8 +172,8 @@ def _as_epilogue(steps: list, k: int, keep: set[str], options):
             continue  # the node broadcasts this operand: its tiles are not the output's
         if any(o.value == name and o != op for o in node.operands):
             continue
-        j = next((i for i, p in enumerate(steps) if isinstance(p, EinsumStep) and p.result.name == name), None)
-        if j is None or _readers(steps, name) != [k]:
+        j = index.producer.get(name)
+        if j is None or index.readers.get(name) != [k]:
             continue
         p = steps[j]
         prog = _program(p)
@@ -181,18 +193,20 @@ def relabel_operand(op: Operand, to: dict[str, str]) -> Operand:
 
 # -- prologues: into the consumer ------------------------------------------------------------
 def _fuse_prologues(steps: list, keep: set[str], options) -> None:
+    index = _Index(steps)
     k = 0
     while k < len(steps):
         p = steps[k]
         if (isinstance(p, EinsumStep) and p.result.name not in keep
                 and all(_elementwise(n) for n in _program(p).nodes)):
-            readers = _readers(steps, p.result.name)
+            readers = index.readers.get(p.result.name, [])
             if len(readers) == 1 and isinstance(steps[readers[0]], EinsumStep):
                 c = readers[0]
                 fused = _as_prologue(p, steps[c], options)
                 if fused is not None:
                     steps[c] = fused
                     del steps[k]
+                    index = _Index(steps)
                     continue
         k += 1
 
