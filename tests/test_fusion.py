@@ -200,7 +200,10 @@ def test_random_graphs_fused_match_numpy_and_unfused(db, case, data):
     outputs = list(want)
     if data.draw(st.booleans(), label="optimizer"):
         workers = data.draw(st.integers(1, 4), label="workers")
-        plans = {fuse: plan_graph(g, workers=workers, outputs=outputs, fuse=fuse).plan for fuse in (False, True)}
+        gplans = {fuse: plan_graph(g, workers=workers, outputs=outputs, fuse=fuse) for fuse in (False, True)}
+        plans = {fuse: p.plan for fuse, p in gplans.items()}
+        # EinDecomp never costs more than a baseline, fused or not
+        assert all(p.cost <= c.total for p in gplans.values() for c in p.baselines.values() if c is not None)
     else:
         draws = {}
         for n in g.needed(outputs):
@@ -508,3 +511,40 @@ def test_fused_kernel_spec_round_trips_and_is_refused_when_malformed():
     for text, match in bad:
         with pytest.raises(EinsumError, match=match):
             from_json(json.dumps(text))
+
+
+def test_a_portable_fused_spec_signs_its_stages_callables():
+    """Stage joins travel as the contraction's join does: a live token, and with portable=True
+    the signed pickle too."""
+    g = Graph()
+    x, w = g.input("x", (4, 3), "float64"), g.input("w", (3, 2), "float64")
+    y = g.map(lambda t: t * 2.0, g.einsum("ij,jk->ik", x, w))
+    (step,) = g.plan(outputs=y).plan.steps
+    live = json.loads(kernel_spec(step))["fused"]["epi"][0]["join"]["callable"]
+    assert set(live) == {"live"}
+    portable = json.loads(kernel_spec(step, portable=True))["fused"]["epi"][0]["join"]["callable"]
+    assert set(portable) == {"pickle", "sig", "live"}
+    fn = from_json(kernel_spec(step, portable=True)).fused.epilogues[0].join.function(allow_pickle=True).func
+    np.testing.assert_array_equal(fn(np.arange(3.0)), np.arange(3.0) * 2.0)
+
+
+def test_no_baseline_is_cheaper_once_fused(monkeypatch):
+    """Fusion runs after the optimizer, which does not see it; should a baseline's plan come out
+    cheaper after all passes, it is the plan (here the optimizer is made to pick badly)."""
+    from eindecomp_sql.plan.graph_plan import _plan_cached
+    from eindecomp_sql.plan.optimize import baseline
+    from eindecomp_sql.plan.passes import chunking
+
+    def model_parallel(nodes, values, fixed, workers, model, **_):
+        return baseline("model-parallel", nodes, values, fixed, workers=workers, model=model)
+
+    g, _ = ffn(b=1024, d=64, f=256)
+    _plan_cached.cache_clear()
+    monkeypatch.setattr(chunking, "optimize", model_parallel)
+    try:
+        p = g.plan(workers=4)
+    finally:
+        _plan_cached.cache_clear()
+    assert p.baselines["model-parallel"].total > p.baselines["data-parallel"].total
+    assert p.cost == min(c.total for c in p.baselines.values())
+    assert p.pieces == g.plan(workers=4, strategy="data-parallel").pieces
