@@ -185,14 +185,20 @@ def test_attention_plan_structure():
     g, _ = attention(s=1024, d=512, h=8, e=64, dtype="float32")
     p = g.plan(workers=4)
     assert len(p.nodes) == 11
+    unfused = g.plan(workers=4, fuse=False)
+    assert len([s for s in unfused.plan.steps if isinstance(s, EinsumStep)]) == 11 and not unfused.fused
     einsums = [s for s in p.plan.steps if isinstance(s, EinsumStep)]
-    assert len(einsums) == 11 and p.retiles <= 1
+    # the scale runs in the scores' kernel, the division by the softmax sum in the kernel of
+    # the product with v: two statements fewer, two intermediates never stored
+    assert len(einsums) == 9 and p.retiles <= 1
+    assert p.fused == {"v4": "v5", "v9": "v10"}
     # head-parallel: every projection, score, softmax and value node cuts the heads 4 ways
     # and nothing else, so no step groups partial results and the softmax never re-tiles
     for n in p.nodes[:-1]:
         assert p.pieces[n.result.name] == {lab: 4 if lab == "h" else 1 for lab in n.labels}, n.describe()
     assert not any(s.grouped for s in einsums[:-1])
     assert all(p.cost <= c.total for c in p.baselines.values())
+    assert p.cost < unfused.cost  # the fused-away intermediates are no longer read
 
 
 def test_explain_and_dot():

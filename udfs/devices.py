@@ -15,7 +15,7 @@ from types import ModuleType
 
 from eindecomp_sql.errors import EinsumError
 
-# device -> (module with EinsumKernel and RetileKernel classes, array namespace module);
+# device -> (module with EinsumKernel, FusedKernel and RetileKernel classes, array namespace module);
 # both imported on first use, so a GPU library loads only when a spec asks for its device
 KERNELS: dict[str, tuple[str, str]] = {
     "cpu": (f"{__package__}.kernels", "numpy"),
@@ -28,8 +28,9 @@ def devices() -> tuple[str, ...]:
 
 
 def register_device(device: str, kernels: str, namespace: str) -> None:
-    """Kernels for ``device``: the module named ``kernels`` (its ``EinsumKernel`` and
-    ``RetileKernel`` take a spec and ``xp=``) computing with the array module ``namespace``."""
+    """Kernels for ``device``: the module named ``kernels`` (its ``EinsumKernel``,
+    ``FusedKernel`` (a spec with a fused program) and ``RetileKernel`` take a spec and ``xp=``)
+    computing with the array module ``namespace``."""
     KERNELS[device] = (kernels, namespace)
 
 

@@ -26,7 +26,54 @@ BLOCK_ELEMENTS = 1 << 22
 MIN_SPLIT_WORK = 1 << 18
 
 
-class EinsumKernel:
+class _TileLayout:
+    """Tile shapes from keys, and the cut of one tile's work into tasks: what the UDFs ask of
+    every einsum kernel (``inputs``, ``output``, ``labels``, ``size``, ``tile`` set by it)."""
+
+    # -- shapes -----------------------------------------------------------------------------
+    def extents(self, keys: dict[str, int]) -> dict[str, int]:
+        return {lab: min(self.tile[lab], self.size[lab] - keys.get(lab, 0) * self.tile[lab]) for lab in self.labels}
+
+    def in_shapes(self, ext: dict[str, int]) -> list[tuple[int, ...]]:
+        return [tuple(ext[lab] for lab in x) for x in self.inputs]
+
+    def out_shape(self, ext: dict[str, int]) -> tuple[int, ...]:
+        return tuple(ext[lab] for lab in self.output)
+
+    # -- parallel split ---------------------------------------------------------------------
+    def split(self, ext: dict[str, int], parts: int, members: int = 1) -> list[tuple[str, int, int] | None]:
+        """Ranges of one output label to cut a tile's work (``members`` tile tuples of extents
+        ``ext``) into ``parts`` tasks."""
+        work = int(np.prod(list(ext.values()), dtype=np.int64)) * members
+        if parts <= 1 or not self.output or work < MIN_SPLIT_WORK:
+            return [None]
+        # the first output label long enough keeps every slice of a C-order tile contiguous
+        lab = next((lb for lb in self.output if ext[lb] >= parts), max(self.output, key=lambda lb: ext[lb]))
+        n = ext[lab]
+        parts = min(parts, n)
+        if parts <= 1:
+            return [None]
+        bounds = [n * p // parts for p in range(parts + 1)]
+        return [(lab, bounds[p], bounds[p + 1]) for p in range(parts)]
+
+    def sliced(self, tiles: list[np.ndarray], out: np.ndarray, cut):
+        if cut is None:
+            return tiles, out
+        lab, a, b = cut
+        new_tiles = []
+        for x, labs in zip(tiles, self.inputs):
+            idx = tuple(slice(a, b) if lb == lab else slice(None) for lb in labs)
+            new_tiles.append(x[idx])
+        oidx = tuple(slice(a, b) if lb == lab else slice(None) for lb in self.output)
+        return new_tiles, out[oidx]
+
+    def contract_group(self, members: list[list[np.ndarray]], out: np.ndarray) -> None:
+        """``out`` from the tiles of every member of a group (one member: a row step)."""
+        for q, tiles in enumerate(members):
+            self.contract(tiles, out, accumulate=q > 0)
+
+
+class EinsumKernel(_TileLayout):
     """out[out labels] = agg over reduced labels of join(tiles...), for tiles of any extents."""
 
     def __init__(self, spec: EinsumKernelSpec, xp=np):
@@ -63,16 +110,6 @@ class EinsumKernel:
                 diag = "".join(letters[lab] for lab in x) + "->" + "".join(letters[lab] for lab in uniq)
             perm = [uniq.index(lab) for lab in self.all if lab in uniq]
             self._diag.append((uniq, diag, perm))
-
-    # -- shapes -----------------------------------------------------------------------------
-    def extents(self, keys: dict[str, int]) -> dict[str, int]:
-        return {lab: min(self.tile[lab], self.size[lab] - keys.get(lab, 0) * self.tile[lab]) for lab in self.labels}
-
-    def in_shapes(self, ext: dict[str, int]) -> list[tuple[int, ...]]:
-        return [tuple(ext[lab] for lab in x) for x in self.inputs]
-
-    def out_shape(self, ext: dict[str, int]) -> tuple[int, ...]:
-        return tuple(ext[lab] for lab in self.output)
 
     # -- evaluation -------------------------------------------------------------------------
     def contract(self, tiles: list[np.ndarray], out: np.ndarray, accumulate: bool) -> None:
@@ -133,32 +170,93 @@ class EinsumKernel:
             acc = part if acc is None else self.agg(acc, part)
         return acc
 
-    # -- parallel split ---------------------------------------------------------------------
-    def split(self, ext: dict[str, int], parts: int, members: int = 1) -> list[tuple[str, int, int] | None]:
-        """Ranges of one output label to cut a tile's work (``members`` tile tuples of extents
-        ``ext``) into ``parts`` tasks."""
-        work = int(np.prod(list(ext.values()), dtype=np.int64)) * members
-        if parts <= 1 or not self.output or work < MIN_SPLIT_WORK:
-            return [None]
-        # the first output label long enough keeps every slice of a C-order tile contiguous
-        lab = next((lb for lb in self.output if ext[lb] >= parts), max(self.output, key=lambda lb: ext[lb]))
-        n = ext[lab]
-        parts = min(parts, n)
-        if parts <= 1:
-            return [None]
-        bounds = [n * p // parts for p in range(parts + 1)]
-        return [(lab, bounds[p], bounds[p + 1]) for p in range(parts)]
 
-    def sliced(self, tiles: list[np.ndarray], out: np.ndarray, cut):
-        if cut is None:
-            return tiles, out
-        lab, a, b = cut
-        new_tiles = []
-        for x, labs in zip(tiles, self.inputs):
-            idx = tuple(slice(a, b) if lb == lab else slice(None) for lb in labs)
-            new_tiles.append(x[idx])
-        oidx = tuple(slice(a, b) if lb == lab else slice(None) for lb in self.output)
-        return new_tiles, out[oidx]
+class FusedKernel(_TileLayout):
+    """A fused step's kernel (``KernelFusion``): element-wise prologues computing operands of
+    the contraction from the input tiles, the contraction (an ``EinsumKernel`` over those
+    slots, aggregating a group's members in place), then element-wise epilogues on each
+    finished output tile. Values between the stages never leave the kernel."""
+
+    def __init__(self, spec: EinsumKernelSpec, xp=np):
+        from eindecomp_sql.notation.spec import first_appearance
+
+        f = spec.fused
+        self.xp = xp
+        self.inputs = list(spec.inputs)
+        self.output = spec.output
+        self.labels = spec.labels
+        self.reduced = spec.reduced
+        self.size = spec.size
+        self.tile = spec.tile
+        self.dtypes = [np.dtype(d) for d in spec.dtypes]
+        self.out_dtype = np.dtype(spec.out_dtype)
+        self.slot_labels = [tuple(x) for x in spec.inputs] + [st.labels for st in f.prologues]
+        dtypes = list(spec.dtypes) + [st.dtype for st in f.prologues]
+        self.prologues = [self._compiled(st) for st in f.prologues]
+        self.core_args = f.core
+        core_inputs = tuple(self.slot_labels[a] for a in f.core)
+        labels = first_appearance(*core_inputs)
+        self.core = EinsumKernel(EinsumKernelSpec(
+            inputs=core_inputs, output=f.core_labels, labels=labels,
+            reduced=tuple(lab for lab in labels if lab not in f.core_labels), size=spec.size, tile=spec.tile,
+            join=spec.join, agg=spec.agg, dtypes=tuple(dtypes[a] for a in f.core), out_dtype=f.core_dtype,
+            device=spec.device), xp=xp)
+        self.slot_labels.append(tuple(f.core_labels))
+        self.epilogues = []
+        for st in f.epilogues:
+            self.epilogues.append(self._compiled(st))
+            self.slot_labels.append(st.labels)
+        # a product BLAS threads itself (udfs/register.py: _run) is still one when fused
+        self.blas = self.core.blas
+
+    @staticmethod
+    def _compiled(st):
+        """A stage as (slots it reads, its join as a function, its labels, its dtype, cast first)."""
+        return st.args, join_callable(st.join.function()), st.labels, np.dtype(st.dtype), st.cast
+
+    def _stage(self, stage, slots: list) -> np.ndarray:
+        """One stage on the slots: its join of the arrays it reads (each with its labels, all
+        distinct) broadcast by label, in its dtype, computed as the unfused step's kernel
+        computes it (``EinsumKernel.contract``: a product summed casts its inputs first)."""
+        args, join, labels, dtype, cast = stage
+        xs = []
+        for a in args:
+            x, labs = slots[a], self.slot_labels[a]
+            if cast and x.dtype != dtype:
+                x = x.astype(dtype)
+            present = [lab for lab in labels if lab in labs]
+            x = x.transpose([labs.index(lab) for lab in present])
+            dims = iter(x.shape)
+            xs.append(x.reshape([next(dims) if lab in labs else 1 for lab in labels]))
+        full = [max(x.shape[a] for x in xs) for a in range(len(labels))]
+        r = self.xp.broadcast_to(self.xp.asarray(join(*xs)), full)
+        return r if r.dtype == dtype else r.astype(dtype)
+
+    def contract_group(self, members: list[list[np.ndarray]], out: np.ndarray) -> None:
+        xp = self.xp
+        core = self.core
+        if self.epilogues:  # the contraction's own tile (dtype, label order) until the epilogues ran
+            dims = dict(zip(self.output, out.shape))
+            acc = xp.empty(tuple(dims[lab] for lab in core.output), dtype=core.out_dtype)
+        else:
+            acc = out
+        for q, tiles in enumerate(members):
+            slots = list(tiles)
+            for stage in self.prologues:
+                slots.append(self._stage(stage, slots))
+            core.contract([slots[a] for a in self.core_args], acc, accumulate=q > 0)
+        if not self.epilogues:
+            return
+        # epilogues read output-labelled input tiles: the same in every member of the group
+        slots = list(members[0]) + [None] * len(self.prologues) + [acc]
+        for stage in self.epilogues:
+            slots.append(self._stage(stage, slots))
+        xp.copyto(out, slots[-1], casting="unsafe")
+
+    def split(self, ext: dict[str, int], parts: int, members: int = 1):
+        # cut where the contraction alone would (its label order), so a fused step's products
+        # are sliced as the unfused step's were
+        return self.core.split(ext, parts, members)
 
 
 class _MatmulPlan:
@@ -223,7 +321,9 @@ def einsum_kernel(spec_json: str) -> EinsumKernel:
     """The kernel of an einsum spec, on the spec's device (built once per distinct spec: a
     callable join is unpickled once)."""
     spec = read_spec(spec_json, EinsumKernelSpec)
-    return devices.kernel_module(spec.device).EinsumKernel(spec, xp=devices.namespace(spec.device))
+    module = devices.kernel_module(spec.device)
+    kind = module.EinsumKernel if spec.fused is None else module.FusedKernel
+    return kind(spec, xp=devices.namespace(spec.device))
 
 
 class RetileKernel:

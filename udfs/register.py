@@ -82,7 +82,7 @@ def einsum_rows(spec_arr, keys_arr, *tile_arrs) -> pa.Array:
 
         def fn(cut, tiles=tiles, r=r):
             t, o = kernel.sliced(tiles, writer.out(r), cut)
-            kernel.contract(t, o, accumulate=False)
+            kernel.contract_group([t], o)
 
         items.append((ext, fn, 1))
     _run(kernel, items)
@@ -110,9 +110,9 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
             member_tiles.append([tile_view(v[m], dt, s) for v, dt, s in zip(views, kernel.dtypes, kernel.in_shapes(ext))])
 
         def fn(cut, member_tiles=member_tiles, g=g):
-            for q, tiles in enumerate(member_tiles):
-                t, o = kernel.sliced(tiles, writer.out(g), cut)
-                kernel.contract(t, o, accumulate=q > 0)
+            out = writer.out(g)
+            parts = [kernel.sliced(tiles, out, cut) for tiles in member_tiles]
+            kernel.contract_group([t for t, _ in parts], parts[0][1])
 
         items.append((kernel.extents(b), fn, len(rows)))
     _run(kernel, items)

@@ -9,7 +9,9 @@ them: clear rather than fast. It really runs the plan's tiling. Every value is a
   combination of pieces of the reduced labels, the tiles are joined element-wise (the node's
   join), aggregated over the reduced labels, and the partial results of the pieces are
   combined with the node's aggregation;
-- a ``FillStep`` fills its tiles with its value.
+- a ``FillStep`` fills its tiles with its value;
+- a fused ``EinsumStep`` runs the graph nodes it fuses one after the other, each as above, over
+  the step's tiling (``EinsumStep.unfused``): the DuckDB kernels run them in one call per tile.
 
 What a join or an aggregation means comes from ``notation/numpy_impl.py``, as for the kernels.
 Nothing is written until every step has run: a failed or interrupted ``execute`` leaves the
@@ -228,6 +230,17 @@ def run_einsum(step: EinsumStep, inputs: list[tuple[TiledValue, Tiles]]) -> Tile
     return _Einsum(step).run(inputs)
 
 
+def run_fused(step: EinsumStep, values: dict[str, tuple[TiledValue, Tiles]]) -> Tiles:
+    """A fused step as the nodes it fuses, one after the other, over the step's tiles (values
+    the kernel keeps to itself live here for the step only)."""
+    local = dict(values)
+    tiles: Tiles = {}
+    for part in step.unfused():
+        tiles = run_einsum(part, [local[v.name] for v in part.inputs])
+        local[part.result.name] = (part.result, tiles)
+    return tiles
+
+
 def run_step(step, values: dict[str, tuple[TiledValue, Tiles]]) -> Tiles:
     """The tiles ``step`` computes from ``values`` (value name -> value, tiles)."""
     if isinstance(step, RetileStep):
@@ -235,6 +248,8 @@ def run_step(step, values: dict[str, tuple[TiledValue, Tiles]]) -> Tiles:
     if isinstance(step, FillStep):
         return run_fill(step)
     if isinstance(step, EinsumStep):
+        if step.fused is not None:
+            return run_fused(step, values)
         return run_einsum(step, [values[v.name] for v in step.inputs])
     raise EinsumError(f"the reference backend cannot run a {type(step).__name__}")
 

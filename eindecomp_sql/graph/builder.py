@@ -248,7 +248,8 @@ class Graph:
                 want.update(op.value for op in n.operands)
         return tuple(n for n in self._nodes if n.result.name in want)
 
-    def plan(self, workers: int = 1, memory=None, strategy: str = "eindecomp", outputs=None, inputs=None):
+    def plan(self, workers: int = 1, memory=None, strategy: str = "eindecomp", outputs=None, inputs=None,
+             fuse: bool = True):
         """Choose a chunking for every node (see ``eindecomp_sql.plan.optimize``).
 
         ``outputs``: what ``plan.run`` returns. None (the default): the last-added node's
@@ -263,10 +264,15 @@ class Graph:
         ``"square-tiles"``. ``inputs``: input name -> a stored ``Tensor`` (or the tile shape it
         is stored in): the plan reads that input cut so, choosing every other cut knowing it
         (and showing any re-tile in ``explain()``); other inputs are cut as the plan chooses.
+        ``fuse``: element-wise nodes (maps, scales, broadcasts, ``elementwise``) run inside the
+        kernel of the einsum that produces or consumes them where the tilings agree, saving a
+        statement and a stored intermediate each (``explain()`` shows what fused); False plans
+        one step per node.
         """
         from ..plan.graph_plan import plan_graph
 
-        return plan_graph(self, workers=workers, memory=memory, strategy=strategy, outputs=outputs, inputs=inputs)
+        return plan_graph(self, workers=workers, memory=memory, strategy=strategy, outputs=outputs, inputs=inputs,
+                          fuse=fuse)
 
     def run(self, db, outputs=None, out=None, replace: bool = False, progress=None, *, inputs=None, **named):
         """Plan for these inputs (stored tensors as they are cut) under session ``db``'s

@@ -139,9 +139,11 @@ def _fraction(pieces_along: int, batches: int) -> float:
 
 
 def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str], batches: int = 1,
-              model: CostModel = DEFAULT_COSTS) -> int:
+              model: CostModel = DEFAULT_COSTS, held_tile_bytes: int = 0) -> int:
     """Projected peak memory of running ``node`` with ``pieces``, in bytes, when the step runs
-    as ``batches`` statements over ranges of its batch label's keys, on ``model``'s engine."""
+    as ``batches`` statements over ranges of its batch label's keys, on ``model``'s engine.
+    ``held_tile_bytes``: what a fused kernel holds besides its output, per output tile in
+    flight (the values it computes and never stores)."""
     size = node.size
     tile = {lab: tile_of(size[lab], pieces[lab]) for lab in node.labels}
     in_tile = sum(
@@ -154,8 +156,8 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
     reduced = math.prod(pieces[lab] for lab in node.reduced)
     rows = model.vector_rows
     if reduced > 1 and model.grouped_holds_all:  # every joined row is held by list() until its group is done
-        return out_tiles * reduced * in_tile + min(out_tiles, rows) * 2 * out_tile
-    return min(out_tiles, rows) * (in_tile + 2 * out_tile)
+        return out_tiles * reduced * in_tile + min(out_tiles, rows) * (2 * out_tile + held_tile_bytes)
+    return min(out_tiles, rows) * (in_tile + 2 * out_tile + held_tile_bytes)
 
 
 def retile_peak(shape, dtype, target_tile, batches: int = 1, model: CostModel = DEFAULT_COSTS) -> int:

@@ -23,14 +23,16 @@ from .steps import Plan, Step, TiledValue, step_target
 class Options:
     """The knobs a plan is made under: join tasks per step (``workers``), the memory budget in
     bytes (None: none), the largest tile a plan creates (``tile_bytes``; None: no cap), how
-    chunkings are chosen (``strategy``: the optimizer or a baseline) and the engine's cost
-    model (``costs``: weights and peak rules; the backend's)."""
+    chunkings are chosen (``strategy``: the optimizer or a baseline), the engine's cost
+    model (``costs``: weights and peak rules; the backend's) and whether element-wise nodes
+    fuse into the einsum steps next to them (``fuse``)."""
 
     workers: int = 1
     budget: int | None = None
     tile_bytes: int | None = None
     strategy: str = "eindecomp"
     costs: CostModel = DEFAULT_COSTS
+    fuse: bool = True  # element-wise nodes run inside the einsum steps next to them (passes/fuse.py)
 
 
 @dataclass(frozen=True)

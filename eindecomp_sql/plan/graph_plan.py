@@ -58,12 +58,24 @@ class GraphPlan:
     def cost(self) -> float:
         """The cost model's total for this plan, in cost units (a unit is what one byte fed to
         a join costs; see ``eindecomp_sql.plan.cost``). Not memory: see ``plan.peak_bytes``."""
-        return self.choice.costs.total
+        return self.costs.total
 
     @property
     def costs(self) -> Costs:
-        """The cost model's terms (join, grouped, aggregation, retile bytes) of this plan."""
-        return self.choice.costs
+        """The cost model's terms (join, grouped, aggregation, retile bytes) of the steps this
+        plan runs: a fused step counts the tiles it reads, not the intermediates it never
+        stores (before fusion this is the optimizer's own total, ``choice.costs``)."""
+        return self.plan.costs
+
+    @property
+    def fused(self) -> dict[str, str]:
+        """Node result -> the value of the step it runs in, for every node that runs inside
+        another's step (``plan/passes/fuse.py``): its result is never stored."""
+        out = {}
+        for step in self.plan.steps:
+            if isinstance(step, EinsumStep) and step.fused is not None:
+                out.update((n.result.name, step.result.name) for n in step.fused.nodes[:-1])
+        return out
 
     @property
     def pieces(self) -> dict[str, dict[str, int]]:
@@ -82,10 +94,12 @@ class GraphPlan:
         from ..compile import sql_listing
 
         c = self.costs
+        fused = self.fused
         lines = [
             f"graph plan ({self.strategy}, workers={self.workers}, memory budget "
             f"{'none' if self.budget is None else format_bytes(self.budget)}): {len(self.nodes)} node(s), "
-            f"{len(self.plan.steps)} step(s), {self.retiles} retile(s)",
+            f"{len(self.plan.steps)} step(s), {self.retiles} retile(s)"
+            + (f", {len(fused)} node(s) fused into others' steps" if fused else ""),
             f"outputs: {', '.join(v.name for v in self.outputs)}"
             + (f"; inputs not read: {', '.join(self.unused_inputs)}" if self.unused_inputs else ""),
             f"cost {describe_costs(c)}",
@@ -107,7 +121,9 @@ class GraphPlan:
             lines.append(f"  {n.result.name} = {n.describe()}  shape {n.result.shape} {n.result.dtype} "
                          f"({format_bytes(nbytes(n.result.shape, n.result.dtype))})")
             lines.append("    pieces " + " ".join(f"{lab}:{p[lab]}" for lab in n.labels)
-                         + "   tile " + " ".join(f"{lab}:{tiles[lab]}" for lab in n.labels))
+                         + "   tile " + " ".join(f"{lab}:{tiles[lab]}" for lab in n.labels)
+                         + (f"   fused: runs in the step computing {fused[n.result.name]}, not stored"
+                            if n.result.name in fused else ""))
         lines += ["", self.plan.explain()]
         if sql:
             lines += ["", sql_listing(self.plan)]
@@ -116,7 +132,9 @@ class GraphPlan:
     def to_dot(self) -> str:
         """Graphviz source: inputs (boxes) and nodes (ellipses; outputs drawn double) with their
         shape, dtype, bytes and chunking; every edge carries the shape and bytes of the value it
-        moves, and a re-tile on the way is drawn red with its target tile."""
+        moves, and a re-tile on the way is drawn red with its target tile. The nodes of a fused
+        step sit in one dashed box (one statement); a value that never leaves its kernel is a
+        dashed node, its edges dashed."""
         def q(s):  # a DOT string; NL stays the two characters backslash-n, a DOT line break
             return '"' + str(s).replace('"', r'\"') + '"'
 
@@ -124,6 +142,7 @@ class GraphPlan:
             return f"{v.shape} {v.dtype}, {format_bytes(nbytes(v.shape, v.dtype))}"
 
         outputs = {v.name for v in self.outputs}
+        fused = self.fused
         out = ["digraph eindecomp {", "  rankdir=TB;", "  node [fontname=Helvetica, fontsize=10];",
                "  edge [fontname=Helvetica, fontsize=9];"]
         for v in self.inputs:
@@ -134,16 +153,31 @@ class GraphPlan:
             chunks = " ".join(f"{lab}:{p[lab]}" for lab in n.labels)
             label = f"{n.result.name} = {n.describe()}" + NL + size(n.result) + NL + f"pieces {chunks}"
             extra = ", peripheries=2" if n.result.name in outputs else ""
-            out.append(f"  {q(n.result.name)} [shape=ellipse{extra}, label={q(label)}];")
+            style = ""
+            if n.result.name in fused:
+                label += NL + f"fused into the step computing {fused[n.result.name]}, not stored"
+                style = ", style=dashed"
+            out.append(f"  {q(n.result.name)} [shape=ellipse{extra}, label={q(label)}{style}];")
         values = {v.name: v for v in self.inputs}
         values.update((n.result.name, n.result) for n in self.nodes)
-        for step in self.plan.steps:
+        for k, step in enumerate(self.plan.steps):
             if not isinstance(step, EinsumStep):
                 continue
-            for op, v in zip(step.node.operands, step.inputs):
-                src, dst = q(op.value), q(step.node.result.name)
+            if step.fused is None:
+                reads = [(step.node.result.name, op, v) for op, v in zip(step.node.operands, step.inputs)]
+            else:
+                names = [n.result.name for n in step.fused.nodes]
+                out.append(f"  subgraph {q(f'cluster_step{k}')} {{ label={q(f'step {k}: one statement')}; "
+                           f"style=dashed; {' '.join(q(x) + ';' for x in names)} }}")
+                given = {(op.value, op.labels, op.dropped): v for op, v in zip(step.node.operands, step.inputs)}
+                reads = [(n.result.name, op, given.get((op.value, op.labels, op.dropped)))
+                         for n in step.fused.nodes for op in n.operands]
+            for node, op, v in reads:
+                src, dst = q(op.value), q(node)
                 moved = size(values[op.value])
-                if v.name != op.value:  # the operand was re-tiled on the way
+                if v is None:  # computed in the same kernel
+                    out.append(f"  {src} -> {dst} [style=dashed, label={q(moved + NL + 'inside the kernel')}];")
+                elif v.name != op.value:  # the operand was re-tiled on the way
                     out.append(f"  {src} -> {dst} [color=red, label={q(moved + NL + 'retile to tile ' + str(v.tile))}];")
                 else:
                     out.append(f"  {src} -> {dst} [label={q(moved)}];")
@@ -193,11 +227,13 @@ def merge_inputs(given, named: dict) -> dict:
 
 
 def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp",
-               tile_bytes: int | None = None, outputs=None, inputs=None, costs: CostModel = DEFAULT_COSTS) -> GraphPlan:
+               tile_bytes: int | None = None, outputs=None, inputs=None, costs: CostModel = DEFAULT_COSTS,
+               fuse: bool = True) -> GraphPlan:
     """Choose every node's chunking with ``strategy`` and build the steps for ``outputs``
     (see ``Graph.plan``). Only the nodes the outputs depend on are planned. ``inputs``: graph
     input name -> the tile shape it is stored in (or a Tensor): the plan reads it so cut.
-    ``costs``: the cost model of the engine the plan is for."""
+    ``costs``: the cost model of the engine the plan is for. ``fuse``: element-wise nodes run
+    inside the einsum steps next to them where they can (``plan/passes/fuse.py``)."""
     if strategy not in STRATEGIES:
         raise EinsumError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -218,7 +254,7 @@ def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp"
     used = tuple(v for v in graph.inputs if v.name in read)
     unused = tuple(v.name for v in graph.inputs if v.name not in read)
     return _plan_cached(nodes, used, picked, single, unused, workers, budget, strategy, tile_bytes,
-                        tuple(sorted(fixed.items())), costs)
+                        tuple(sorted(fixed.items())), costs, bool(fuse))
 
 
 def _fixed_tiles(graph, inputs) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
@@ -248,19 +284,30 @@ def _fixed_tiles(graph, inputs) -> dict[str, tuple[tuple[int, ...], tuple[str, .
 @lru_cache(maxsize=128)
 def _plan_cached(nodes: tuple[EinsumNode, ...], inputs: tuple[ValueInfo, ...], picked: tuple[ValueInfo, ...],
                  single: bool, unused: tuple[str, ...], workers: int, budget: int | None, strategy: str,
-                 tile_bytes: int | None, fixed: tuple, costs: CostModel) -> GraphPlan:  # noqa: PLR0913
+                 tile_bytes: int | None, fixed: tuple, costs: CostModel, fuse: bool = True) -> GraphPlan:  # noqa: PLR0913
     cut = dict(fixed)  # input name -> (tile, keys) it is stored in
     values = tuple(TiledValue(v.name, v.shape, v.dtype, *cut.get(v.name, (None, tuple(f"d{k}" for k in range(len(v.shape))))))
                    for v in inputs)
 
     def draft(strat: str) -> Draft:
-        return Draft(nodes, values, tuple(v.name for v in picked), Options(workers, budget, tile_bytes, strat, costs))
+        return Draft(nodes, values, tuple(v.name for v in picked),
+                     Options(workers, budget, tile_bytes, strat, costs, fuse=fuse))
 
     made = run_passes(draft(strategy))
     baselines: dict[str, Costs | None] = {}
+    others: dict[str, Draft] = {}
     for s in STRATEGIES[1:]:  # the fixed strategies' costs, and whether their steps fit the budget
         other = made if s == strategy else run_passes(draft(s), PASSES[:-1])
         fits = budget is None or other.plan().peak_bytes <= budget
-        baselines[s] = other.choice.costs if fits else None
+        baselines[s] = other.plan().costs if fits else None
+        if fits:
+            others[s] = other
+    if strategy == "eindecomp":
+        # The optimizer's candidates include every baseline's chunking, so before fusion it
+        # never costs more than one; fusion, which it does not see, saves more under some
+        # chunkings than others: a baseline left cheaper after fusion is taken as it is.
+        cheaper = [o for s, o in others.items() if baselines[s].total < made.plan().costs.total]
+        if cheaper:
+            made = min(cheaper, key=lambda o: o.plan().costs.total)
     return GraphPlan(nodes, inputs, picked, strategy, workers, budget, made.choice, made.plan(),
                      MappingProxyType(baselines), single, unused)

@@ -45,7 +45,11 @@ from ..errors import EinsumError
 from ..notation.functions import AGGREGATIONS, JoinFunction
 
 SPEC_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+# version 2 adds the einsum's optional "fused" program (element-wise stages around the
+# contraction, ``KernelFusion``); a spec is written with the lowest version that can say it, so
+# every unfused step's spec stays version 1
+FUSED_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
 # device names a spec may carry; whether this process has kernels for one is udfs/devices.py's
 DEVICES = ("cpu", "cuda")
 OPS = ("einsum", "retile", "fill")
@@ -287,6 +291,112 @@ class KernelJoin:
 # -- the specs ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class KernelStage:
+    """One element-wise join inside a fused kernel: ``out[labels] = join(slots args...)``,
+    broadcast the numpy way by label, stored in ``dtype`` as an unfused step would store it.
+    ``cast``: the inputs are cast to ``dtype`` before the join (a product summed follows
+    ``np.einsum``, which computes in the result dtype). Slots are numbered as ``KernelFusion`` says.
+
+    >>> KernelStage(args=(2, 1), join=KernelJoin(name="add"), labels=("i", "k"), dtype="float64").to_dict()
+    {'args': [2, 1], 'join': {'name': 'add'}, 'out': ['i', 'k'], 'dtype': 'float64', 'cast': False}
+    """
+
+    args: tuple[int, ...]
+    join: KernelJoin
+    labels: tuple[str, ...]
+    dtype: str
+    cast: bool = False
+
+    def __post_init__(self):
+        _set(self, "args", _ints(self.args, "fused stage args"))
+        if not self.args:
+            raise EinsumError("kernel spec fused stage reads no slot")
+        if isinstance(self.join, dict):
+            _set(self, "join", KernelJoin.from_dict(self.join))
+        if not isinstance(self.join, KernelJoin):
+            raise EinsumError(f"kernel spec fused stage join must be a KernelJoin, got {self.join!r}")
+        _set(self, "labels", _labels(self.labels, "fused stage labels"))
+        _check_dtype(self.dtype)
+        if not isinstance(self.cast, bool):
+            raise EinsumError(f"kernel spec fused stage cast must be true or false, got {self.cast!r}")
+
+    def to_dict(self) -> dict:
+        return {"args": list(self.args), "join": self.join.to_dict(), "out": list(self.labels), "dtype": self.dtype,
+                "cast": self.cast}
+
+    @classmethod
+    def from_dict(cls, d) -> KernelStage:
+        if not isinstance(d, dict) or set(d) != {"args", "join", "out", "dtype", "cast"}:
+            raise EinsumError(f"kernel spec fused stage must be {{args, join, out, dtype, cast}}, got {d!r:.80}")
+        return cls(args=d["args"], join=KernelJoin.from_dict(d["join"]), labels=d["out"], dtype=d["dtype"],
+                   cast=d["cast"])
+
+
+@dataclass(frozen=True)
+class KernelFusion:
+    """What a fused einsum kernel computes around its contraction (``EinsumKernelSpec.fused``).
+
+    Slots hold tiles: ``0 .. n-1`` the step's input tiles (the spec's ``inputs``), then one per
+    prologue, then the contraction's result, then one per epilogue. Prologues read input tiles
+    and earlier prologues; the contraction (the spec's ``join`` and ``agg``) reads ``core``
+    slots and writes ``core_labels`` in ``core_dtype``; epilogues run once per output tile,
+    after the aggregation, on input tiles (the same in every member of a group: their labels
+    are output labels), the contraction's result and earlier epilogues. The last slot is the
+    output tile.
+    """
+
+    core: tuple[int, ...]
+    core_labels: tuple[str, ...]
+    core_dtype: str
+    prologues: tuple[KernelStage, ...] = ()
+    epilogues: tuple[KernelStage, ...] = ()
+
+    def __post_init__(self):
+        _set(self, "core", _ints(self.core, "fused core args"))
+        _set(self, "core_labels", _labels(self.core_labels, "fused core labels"))
+        _check_dtype(self.core_dtype)
+        for what in ("prologues", "epilogues"):
+            stages = tuple(KernelStage.from_dict(x) if isinstance(x, dict) else x for x in getattr(self, what))
+            if not all(isinstance(x, KernelStage) for x in stages):
+                raise EinsumError(f"kernel spec fused {what} must be stages, got {stages!r:.80}")
+            _set(self, what, stages)
+
+    def check(self, inputs: int) -> None:
+        """Every stage reads slots defined before it, as the class docstring says."""
+        p = len(self.prologues)
+        core_slot = inputs + p
+
+        def bad(what, args, allowed):
+            wrong = [a for a in args if a not in allowed]
+            if wrong:
+                raise EinsumError(f"kernel spec fused {what} reads slots {wrong}, which it may not (slots "
+                                  f"0..{inputs - 1} are inputs, {inputs}..{core_slot - 1} prologues, {core_slot} the "
+                                  "contraction, the rest epilogues)")
+
+        for q, st in enumerate(self.prologues):
+            bad(f"prologue {q}", st.args, set(range(inputs + q)))
+        bad("core", self.core, set(range(core_slot)))
+        for q, st in enumerate(self.epilogues):
+            bad(f"epilogue {q}", st.args, set(range(inputs)) | set(range(core_slot, core_slot + 1 + q)))
+
+    def to_dict(self) -> dict:
+        return {"pro": [x.to_dict() for x in self.prologues], "core": list(self.core),
+                "core_out": list(self.core_labels), "core_dtype": self.core_dtype,
+                "epi": [x.to_dict() for x in self.epilogues]}
+
+    @classmethod
+    def from_dict(cls, d) -> KernelFusion:
+        keys = {"pro", "core", "core_out", "core_dtype", "epi"}
+        if not isinstance(d, dict) or set(d) != keys:
+            raise EinsumError(f"kernel spec fused must have keys {sorted(keys)}, got {d!r:.80}")
+        if not isinstance(d["pro"], list) or not isinstance(d["epi"], list):
+            raise EinsumError("kernel spec fused prologues and epilogues must be lists")
+        return cls(core=d["core"], core_labels=d["core_out"], core_dtype=d["core_dtype"],
+                   prologues=tuple(KernelStage.from_dict(x) for x in d["pro"]),
+                   epilogues=tuple(KernelStage.from_dict(x) for x in d["epi"]))
+
+
+@dataclass(frozen=True)
 class EinsumKernelSpec:
     """One einsum over tiles: ``out[output] = agg over reduced of join(inputs...)``, every label
     with its size and tile size, and the dtypes in and out.
@@ -314,6 +424,7 @@ class EinsumKernelSpec:
     out_dtype: str
     version: int = SPEC_VERSION
     device: str = "cpu"
+    fused: KernelFusion | None = None  # version 2: element-wise stages around the contraction
 
     op = "einsum"
 
@@ -338,18 +449,44 @@ class EinsumKernelSpec:
         if missing or len(self.dtypes) != len(self.inputs):
             raise EinsumError(f"kernel spec einsum is inconsistent: labels without size or tile {missing}, "
                               f"{len(self.inputs)} inputs and {len(self.dtypes)} dtypes")
+        if isinstance(self.fused, dict):
+            _set(self, "fused", KernelFusion.from_dict(self.fused))
+        if self.fused is not None:
+            self._check_fused()
+
+    def _check_fused(self) -> None:
+        f = self.fused
+        if not isinstance(f, KernelFusion):
+            raise EinsumError(f"kernel spec einsum fused must be a KernelFusion, got {f!r:.80}")
+        if self.version < FUSED_VERSION:
+            raise EinsumError(f"kernel spec einsum: a fused program needs version {FUSED_VERSION}, the spec says "
+                              f"{self.version}")
+        f.check(len(self.inputs))
+        known = set(self.labels)
+        stages = list(f.prologues) + list(f.epilogues)
+        unknown = sorted(({lab for st in stages for lab in st.labels} | set(f.core_labels)) - known)
+        last = f.epilogues[-1] if f.epilogues else None
+        out, dtype = (last.labels, last.dtype) if last else (f.core_labels, f.core_dtype)
+        if unknown or out != self.output or dtype != self.out_dtype:
+            raise EinsumError(f"kernel spec einsum fused program is inconsistent: unknown labels {unknown}, its last "
+                              f"slot is {list(out)} {dtype} where the output is {list(self.output)} {self.out_dtype}")
 
     def _body(self) -> dict:
-        return {"in": [list(x) for x in self.inputs], "out": list(self.output), "labels": list(self.labels),
+        body = {"in": [list(x) for x in self.inputs], "out": list(self.output), "labels": list(self.labels),
                 "reduced": list(self.reduced), "size": dict(self.size), "tile": dict(self.tile),
                 "join": self.join.to_dict(), "agg": self.agg, "dtypes": list(self.dtypes),
                 "out_dtype": self.out_dtype}
+        if self.fused is not None:
+            body["fused"] = self.fused.to_dict()
+        return body
 
     @classmethod
     def _from_body(cls, b: dict, version: int, device: str) -> EinsumKernelSpec:
+        fused = b.get("fused")
         return cls(inputs=b["in"], output=b["out"], labels=b["labels"], reduced=b["reduced"], size=b["size"],
                    tile=b["tile"], join=KernelJoin.from_dict(b["join"]), agg=b["agg"], dtypes=b["dtypes"],
-                   out_dtype=b["out_dtype"], version=version, device=device)
+                   out_dtype=b["out_dtype"], version=version, device=device,
+                   fused=KernelFusion.from_dict(fused) if fused is not None else None)
 
 
 @dataclass(frozen=True)
@@ -452,6 +589,16 @@ _KEYS = {
     "fill": {"shape", "tile", "dtype", "value"},
 }
 _OPTIONAL = {"einsum": set(), "retile": {"first_key_range"}, "fill": set()}
+# keys a version adds (a version-1 reader refuses them as unknown)
+_OPTIONAL_SINCE = {2: {"einsum": {"fused"}}}
+
+
+def _optional(op: str, version: int) -> set[str]:
+    keys = set(_OPTIONAL[op])
+    for v, extra in _OPTIONAL_SINCE.items():
+        if version >= v:
+            keys |= extra.get(op, set())
+    return keys
 
 
 def to_json(spec: KernelSpec) -> str:
@@ -466,10 +613,10 @@ def from_json(text: str) -> KernelSpec:
     """The spec ``to_json`` wrote; an ``EinsumError`` for an unknown version, op or device, or
     a malformed spec (saying what it got and what it reads).
 
-    >>> from_json('{"v": 2, "op": "fill"}')
+    >>> from_json('{"v": 3, "op": "fill"}')
     Traceback (most recent call last):
     ...
-    eindecomp_sql.errors.EinsumError: kernel spec version 2 is not supported; this eindecomp_sql reads version 1
+    eindecomp_sql.errors.EinsumError: kernel spec version 3 is not supported; this eindecomp_sql reads version 1, 2
     """
     try:
         body = json.loads(text)
@@ -486,7 +633,7 @@ def from_json(text: str) -> KernelSpec:
         raise EinsumError(f"kernel spec op {op!r} is unknown; ops are {', '.join(OPS)}")
     device = _check_device(body.pop("device", None))
     keys = set(body)
-    missing, extra = _KEYS[op] - keys, keys - _KEYS[op] - _OPTIONAL[op]
+    missing, extra = _KEYS[op] - keys, keys - _KEYS[op] - _optional(op, version)
     if missing or extra:
         raise EinsumError(f"kernel spec {op}: missing keys {sorted(missing)}, unknown keys {sorted(extra)}")
     try:
@@ -511,10 +658,46 @@ def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu",
         spec = FillKernelSpec(shape=r.shape, tile=r.tile, dtype=r.dtype, value=step.value, device=device)
     else:
         node = step.node
+        fused = _kernel_fusion(step, portable) if step.fused is not None else None
         spec = EinsumKernelSpec(
             inputs=tuple(tuple(op.labels) for op in node.operands), output=tuple(node.output),
             labels=tuple(node.labels), reduced=tuple(node.reduced), size=dict(node.sizes), tile=step.tile_of,
             join=KernelJoin.of(node.join, portable), agg=node.agg.name, dtypes=tuple(v.dtype for v in step.inputs),
-            out_dtype=step.result.dtype, device=device,
+            out_dtype=step.result.dtype, device=device, fused=fused,
+            version=SPEC_VERSION if fused is None else FUSED_VERSION,
         )
     return to_json(spec)
+
+
+def _kernel_fusion(step, portable: bool) -> KernelFusion:
+    """A fused step's nodes (``steps.Fusion``) as slots: the step's operands, then each node's
+    result in the order the kernel computes them."""
+    f = step.fused
+    slot = {(op.value, op.labels, op.dropped): k for k, op in enumerate(step.node.operands)}
+    made: dict[str, int] = {}
+
+    def args(n) -> tuple[int, ...]:
+        return tuple(made[op.value] if op.value in made else slot[(op.value, op.labels, op.dropped)]
+                     for op in n.operands)
+
+    def stage(n) -> KernelStage:
+        # the kernels' rule for a product summed (np.einsum's): inputs cast to the result dtype
+        return KernelStage(args=args(n), join=KernelJoin.of(n.join, portable), labels=tuple(n.output),
+                           dtype=n.result.dtype, cast=n.join.name == "mul" and n.agg.name == "sum")
+
+    nxt = len(step.node.operands)
+    prologues = []
+    for n in f.prologues:
+        prologues.append(stage(n))
+        made[n.result.name] = nxt
+        nxt += 1
+    core = args(f.core)
+    made[f.core.result.name] = nxt
+    nxt += 1
+    epilogues = []
+    for n in f.epilogues:
+        epilogues.append(stage(n))
+        made[n.result.name] = nxt
+        nxt += 1
+    return KernelFusion(core=core, core_labels=tuple(f.core.output), core_dtype=f.core.result.dtype,
+                        prologues=tuple(prologues), epilogues=tuple(epilogues))

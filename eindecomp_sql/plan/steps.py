@@ -100,6 +100,48 @@ class RetileStep:
         return f"retile {self.source.name} {self.source.tile} -> {self.target.tile}{batched}"
 
 
+def stage_text(node: EinsumNode) -> str:
+    """A fused element-wise node in a step's description: its join alone when it maps one
+    operand in place (``relu``), else the node (``bo,o->bo join=add``)."""
+    (op, *more) = node.operands
+    if not more and op.labels == node.output and not op.dropped and node.join.name != "identity":
+        return node.join.label
+    return node.describe()
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """The graph nodes one fused ``EinsumStep`` runs in a single kernel, relabelled into the
+    step's labels (``plan/passes/fuse.py``): ``prologues`` compute operands of ``core``
+    element-wise from tiles the step reads, ``core`` is the einsum the step joins and
+    aggregates, and ``epilogues`` apply, in order, to every finished tile of ``core``'s result.
+    Each node reads tiles the step's SQL joins or results of the nodes before it. Only the last
+    node's result is stored: the others (``hidden``) live inside the kernel."""
+
+    core: EinsumNode
+    prologues: tuple[EinsumNode, ...] = ()
+    epilogues: tuple[EinsumNode, ...] = ()
+
+    @property
+    def nodes(self) -> tuple[EinsumNode, ...]:
+        """Every node, in the order the kernel computes them."""
+        return self.prologues + (self.core,) + self.epilogues
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The results of the element-wise nodes fused around the core."""
+        return tuple(n.result.name for n in self.prologues + self.epilogues)
+
+    @property
+    def hidden(self) -> tuple[str, ...]:
+        """Values computed inside the kernel and never stored: every node's result but the last."""
+        return tuple(n.result.name for n in self.nodes[:-1])
+
+    def describe(self) -> str:
+        pro = "".join(f"{n.result.name} = {stage_text(n)}; " for n in self.prologues)
+        return pro + self.core.describe() + "".join(f" + {stage_text(n)}" for n in self.epilogues)
+
+
 @dataclass(frozen=True)
 class EinsumStep:
     """One einsum node run as a join of tiled tables plus tile kernels.
@@ -107,6 +149,10 @@ class EinsumStep:
     ``chunk`` is how every label is cut (tile sides, and pieces). When a reduced label has more than one
     piece, partial results meet in a GROUP BY and the kernel contracts the whole group per call
     (``grouped``); otherwise every joined row is one output tile.
+
+    A fused step (``fused`` set) runs several graph nodes in one kernel: ``node`` is then the
+    einsum its SQL joins and aggregates (every tile any fused node reads, labelled in the step's
+    labels, with the last node's output and result), and ``fused`` what the kernel computes.
     """
 
     node: EinsumNode
@@ -114,6 +160,7 @@ class EinsumStep:
     result: TiledValue
     chunk: Chunking
     batches: int = 1  # statements, over ranges of the keys of ``batch_label``
+    fused: Fusion | None = None
 
     @property
     def batch_label(self) -> str | None:
@@ -143,13 +190,46 @@ class EinsumStep:
 
     def peak(self, model: CostModel = DEFAULT_COSTS) -> int:
         dtypes = {op.value: v.dtype for op, v in zip(self.node.operands, self.inputs)}
-        return step_peak(self.node, self.pieces, dtypes, self.batches, model)
+        held = 0
+        if self.fused is not None:
+            # a fused kernel also holds, per output tile in flight, a tile of every value it
+            # keeps to itself (prologue results, the core's result before the epilogues)
+            tile = self.tile_of
+            held = sum(nbytes([tile[lab] for lab in n.output], n.result.dtype) for n in self.fused.nodes[:-1])
+        return step_peak(self.node, self.pieces, dtypes, self.batches, model, held_tile_bytes=held)
+
+    def unfused(self) -> tuple["EinsumStep", ...]:
+        """The steps a fused step stands for, over the same tiles: one per node, reading the
+        step's inputs and each other's results (values named after the nodes' results, cut as
+        the step cuts its labels). What the reference backend runs; an unfused step is itself."""
+        if self.fused is None:
+            return (self,)
+        tile = self.tile_of
+        reads = {(op.value, op.labels, op.dropped): v for op, v in zip(self.node.operands, self.inputs)}
+        made: dict[str, TiledValue] = {}
+        out = []
+        last = self.fused.nodes[-1]
+        for n in self.fused.nodes:
+            inputs = tuple(made[op.value] if op.value in made else reads[(op.value, op.labels, op.dropped)]
+                           for op in n.operands)
+            result = self.result if n is last else TiledValue(
+                n.result.name, n.result.shape, n.result.dtype, tuple(tile[lab] for lab in n.output),
+                key_names(n.output))
+            made[n.result.name] = result
+            chunk = Chunking(tuple(sorted(n.sizes)), tuple(sorted((lab, tile[lab]) for lab in n.labels)))
+            out.append(EinsumStep(n, inputs, result, chunk))
+        return tuple(out)
 
     def describe(self) -> str:
         p = self.pieces
         chunks = " ".join(f"{lab}:{p[lab]}" for lab in self.node.labels)
         batched = f" in {self.batches} batches over {self.batch_label}" if self.batches > 1 else ""
-        return f"einsum {self.node.describe()} [{chunks}]{batched} -> {self.result.name}"
+        if self.fused is None:
+            return f"einsum {self.node.describe()} [{chunks}]{batched} -> {self.result.name}"
+        f = self.fused
+        hidden = ", ".join(f.hidden)
+        return (f"einsum {f.describe()} [{chunks}]{batched} -> {self.result.name} "
+                f"[fused {', '.join(f.names)}; {hidden} not stored]")
 
 
 def fill_peak(result: TiledValue, batches: int) -> int:

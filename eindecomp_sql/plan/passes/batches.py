@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..cost import choose_batches, max_batches, retile_max_batches, retile_peak, step_peak
+from ..cost import choose_batches, max_batches, retile_max_batches, retile_peak
 from ..draft import Draft
 from ..steps import EinsumStep, FillStep, RetileStep, fill_peak
 
@@ -37,7 +37,6 @@ def _batched(step, budget, model):
                            retile_max_batches(s.shape, t.tile), budget)
         return replace(step, batches=b)
     assert isinstance(step, EinsumStep)
-    node, pieces = step.node, step.pieces
-    dtypes = {op.value: v.dtype for op, v in zip(node.operands, step.inputs)}
-    b = choose_batches(lambda k: step_peak(node, pieces, dtypes, k, model), max_batches(node, pieces), budget)
+    # the step's own peak: a fused step's kernel holds more than its node alone
+    b = choose_batches(lambda k: replace(step, batches=k).peak(model), max_batches(step.node, step.pieces), budget)
     return replace(step, batches=b)
