@@ -268,15 +268,29 @@ class _MatmulPlan:
     into the output buffer (one full pass over the output, ~10% of a 4096² GEMM here).
     """
 
-    def __init__(self, x_pre, y_pre, x_perm, y_perm, groups, out_perm, out_labels_order):
+    def __init__(self, x_pre, y_pre, x_perm, y_perm, groups, out_perm, out_labels_order, swap=False):
         self.x_pre, self.y_pre = x_pre, y_pre
         self.x_perm, self.y_perm = x_perm, y_perm
         self.groups = groups  # lengths of (batch, m, k, n)
         self.out_perm = out_perm  # None when the output is already in batch, m, n order
+        self.swap = swap  # the operands' roles swapped: run(x, y) multiplies y by x
 
     @classmethod
     def build(cls, inputs, output):
-        x, y = inputs
+        """The plan for ``inputs -> output``; when the output lists the second operand's labels
+        first (``kl,ik->il``), the operands swap roles so the product lands in the output's
+        order: no temporary and no transposing copy (the chain_3 benchmark's second step took
+        0.046 s against 0.021 s for the same FLOPs the other way round)."""
+        plan = cls._build(*inputs, output)
+        if plan is not None and plan.out_perm is not None:
+            other = cls._build(inputs[1], inputs[0], output)
+            if other is not None and other.out_perm is None:
+                other.swap = True
+                return other
+        return plan
+
+    @classmethod
+    def _build(cls, x, y, output):
         if len(set(x)) != len(x) or len(set(y)) != len(y):
             return None  # diagonals: leave to np.einsum
         out = set(output)
@@ -295,6 +309,8 @@ class _MatmulPlan:
         return cls(x_pre, y_pre, x_perm, y_perm, (len(batch), len(m), len(k), len(n)), out_perm, order)
 
     def run(self, x: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
+        if self.swap:
+            x, y = y, x
         if self.x_pre:
             x = x.sum(axis=self.x_pre, dtype=x.dtype)
         if self.y_pre:
