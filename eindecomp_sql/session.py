@@ -427,8 +427,9 @@ def connect(database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int
         tensors stored there are found again after reopening), or an open DuckDB connection to
         work in (it is not closed with the session).
     tile_bytes : int
-        The largest tile, in bytes, a plan creates (default 64 MiB). Stored tensors are cut into
-        tiles of at most this size unless ``store(..., tile=)`` says otherwise.
+        The largest tile, in bytes, a plan creates (default: a 32nd of the memory this
+        process may use, 64 MiB to 1 GiB). Stored tensors are cut into tiles of at most this
+        size unless ``store(..., tile=)`` says otherwise.
     workers : int
         Join tasks per step the optimizer aims for (default 1: kernels already use every core).
     memory : None, int or str

@@ -338,7 +338,10 @@ def einsum_kernel(spec_json: str) -> EinsumKernel:
     callable join is unpickled once)."""
     spec = read_spec(spec_json, EinsumKernelSpec)
     module = devices.kernel_module(spec.device)
-    kind = module.EinsumKernel if spec.fused is None else module.FusedKernel
+    kind = module.EinsumKernel if spec.fused is None else getattr(module, "FusedKernel", None)
+    if kind is None:
+        raise EinsumError(f"device {spec.device!r}: its kernel module {module.__name__} has no FusedKernel, so it "
+                          "cannot run a fused step; add one, or plan with fuse=False")
     return kind(spec, xp=devices.namespace(spec.device))
 
 

@@ -17,7 +17,7 @@ from ..compile.sql import table
 from ..errors import EinsumError
 from ..plan import Plan, TiledValue
 from ..plan.cost import CostModel
-from ..plan.steps import output_tiles
+from ..plan.steps import output_tiles, step_target
 from ..sql_templates import template
 from ..udfs.tiles import array_from_tiles, tiles_from_array
 from . import allocator
@@ -351,6 +351,9 @@ class DuckDBBackend:
                     target = outputs.get(c.value, _SCRATCH)
                     try:
                         peak = plan.peak_of(plan.steps[k])
+                        if target.table is None and c.value in outputs:
+                            # returned as Arrow: the whole result is one column of the fetch
+                            peak = max(peak, step_target(plan.steps[k]).nbytes)
                         if peak >= SMALL_BUFFER_BYTES:
                             # the setting is the database's: another session may have changed it.
                             # A step that needs 64-bit offsets always says so; 32-bit ones only
@@ -437,14 +440,8 @@ def _open(database, read_only: bool, config: dict | None):
             head = f.read(12)
         if head[8:12] != b"DUCK":
             raise EinsumError(f"{str(database)!r} is not a DuckDB database file")
-    config = dict(config or {})
-    # DuckDB starts a thread per core of the machine, whatever the process may run on (taskset,
-    # a container's cpuset): pinned to 1 core of 2 it still ran 2 threads. The kernels' pool
-    # follows the cores this process may use (udfs/pool.py), and so does DuckDB's, unless the
-    # caller says otherwise.
-    config.setdefault("threads", THREADS)
     try:
-        return duckdb.connect(database, read_only=read_only, config=config)
+        con = duckdb.connect(database, read_only=read_only, config=config or {})
     except duckdb.IOException as e:
         text = str(e)
         if "lock" in text.lower():
@@ -455,3 +452,22 @@ def _open(database, read_only: bool, config: dict | None):
         raise EinsumError(f"cannot open database {str(database)!r}: {text}") from None
     except duckdb.Error as e:
         raise EinsumError(f"cannot open database {str(database)!r}: {e}") from None
+    _follow_affinity(con, config)
+    return con
+
+
+def _follow_affinity(con, config: dict | None) -> None:
+    """DuckDB starts a thread per core of the machine, whatever the process may run on
+    (taskset, a container's cpuset): pinned to 1 core of 2 it still ran 2 threads next to a
+    kernel pool of 1. A database we open follows the cores this process may use, as the
+    kernels' pool does (udfs/pool.py), unless the caller's config names a thread count. Set
+    after connecting, not in the config: DuckDB refuses a second connection to a file open with
+    another config, even one equal to its defaults."""
+    if any(k.lower() in ("threads", "worker_threads") for k in (config or {})):
+        return
+    if THREADS >= (os.cpu_count() or THREADS):
+        return  # not restricted: DuckDB's default is already every core
+    try:
+        con.execute(f"SET threads = {int(THREADS)}").fetchall()
+    except duckdb.Error:  # best effort: the setting only sizes DuckDB's pool
+        pass

@@ -106,8 +106,11 @@ def nbytes(shape, dtype) -> int:
 
 
 
-def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str, int]) -> Costs:
-    """Join and aggregation bytes of ``node`` cut into ``pieces`` (label -> number of pieces)."""
+def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str, int],
+               agg_dtype: str | None = None) -> Costs:
+    """Join and aggregation bytes of ``node`` cut into ``pieces`` (label -> number of pieces);
+    partial results are aggregated in ``agg_dtype`` (default: the result's; a fused step
+    aggregates its core's result, before any epilogue changes the dtype)."""
     join = 0
     for op in node.operands:
         rep = 1
@@ -118,7 +121,7 @@ def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str
     red = 1
     for lab in node.reduced:
         red *= pieces[lab]
-    out = nbytes(node.result.shape, node.result.dtype)
+    out = nbytes(node.result.shape, agg_dtype or node.result.dtype)
     return Costs(join=join, agg=out * (red - 1), group=join if red > 1 else 0)
 
 

@@ -181,8 +181,11 @@ class EinsumStep:
 
     @property
     def costs(self) -> Costs:
-        """Join and aggregation bytes of the cost model."""
-        return step_costs(self.node, self.pieces, {op.value: v.nbytes for op, v in zip(self.node.operands, self.inputs)})
+        """Join and aggregation bytes of the cost model (a fused step aggregates its core's
+        result, in the core's dtype: an epilogue runs after the aggregation)."""
+        agg_dtype = self.fused.core.result.dtype if self.fused is not None else None
+        return step_costs(self.node, self.pieces, {op.value: v.nbytes for op, v in zip(self.node.operands, self.inputs)},
+                          agg_dtype)
 
     @property
     def peak_bytes(self) -> int:

@@ -42,12 +42,23 @@ def machine_tile_bytes(memory: int | None = None) -> int:
 
 
 def _physical_memory() -> int:
+    """The memory this process may use: the machine's, or its container's limit if lower
+    (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``; 0 when nothing says)."""
     import os
 
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not on a POSIX system that says
-        return 0
+        total = 0
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < (total or 1 << 62):  # "max" and 2^63-ish: no limit
+            total = int(text)
+    return max(total, 0)
 
 
 DEFAULT_TILE_BYTES = machine_tile_bytes()
