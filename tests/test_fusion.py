@@ -548,3 +548,25 @@ def test_no_baseline_is_cheaper_once_fused(monkeypatch):
     assert p.baselines["model-parallel"].total > p.baselines["data-parallel"].total
     assert p.cost == min(c.total for c in p.baselines.values())
     assert p.pieces == g.plan(workers=4, strategy="data-parallel").pieces
+
+
+def test_a_fused_step_aggregates_in_its_cores_dtype():
+    """Partial results are aggregated before any epilogue runs: a float64 bias after a float32
+    product cut along its reduced label aggregates float32 bytes, and so fuses as the float32
+    bias does (priced at the epilogue's float64 it cost more than the two steps and stayed apart)."""
+    n = 64
+
+    def fused_step(bias_dtype):
+        g = Graph()
+        x, w = g.input("x", (n, n), "float32"), g.input("w", (n, n), "float32")
+        o = g.add(g.einsum("ij,jk->ik", x, w), g.input("b", (n,), bias_dtype))
+        p = forced_plan(g, [o.name], lambda node: {lab: 4 if lab == "j" else 1 for lab, _ in node.sizes},
+                        lambda v: v.shape, fuse=True)
+        (step,) = [s for s in p.steps if isinstance(s, EinsumStep)]
+        return step
+
+    for dtype in ("float32", "float64"):
+        step = fused_step(dtype)
+        assert step.fused is not None, dtype
+        assert step.result.dtype == dtype
+        assert step.costs.agg == nbytes((n, n), "float32") * 3, dtype

@@ -344,3 +344,17 @@ def test_two_outputs_may_not_share_a_table(db):
     y, z = g.reduce(x, 1, name="y"), g.reduce(x, 0, name="z")
     with pytest.raises(EinsumError, match="out names table 'T' for both 'y' and 'z'"):
         g.plan(outputs=[y, z]).run(db, x=np.ones((4, 3)), out={"y": "t", "z": "T"}, replace=True)
+
+
+def test_a_file_open_in_plain_duckdb_opens_in_a_session_too(tmp_path):
+    """DuckDB refuses a second connection to a file opened with another config: the session
+    opens files with the caller's config only (it sets its thread count after connecting)."""
+    import duckdb
+
+    path = str(tmp_path / "shared.db")
+    con = duckdb.connect(path)
+    with eds.connect(path) as db:
+        db.store("a", np.arange(6.0).reshape(2, 3))
+        other = duckdb.connect(path)  # and the other way round, while the session is open
+        other.close()
+    con.close()
