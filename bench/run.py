@@ -188,7 +188,25 @@ def write_markdown(results: dict, path: Path) -> None:
     for extra in results.get("notes", []):
         out += ["", extra]
     out += graph_sections()
+    out += kept_sections(path, out)
     path.write_text("\n".join(out) + "\n")
+
+
+def kept_sections(path: Path, generated: list[str]) -> list[str]:
+    """The ``## `` sections of the existing file that this script does not write (other
+    scripts' sections: small work, files in and out, scaling), kept as they are, at the end."""
+    if not path.exists():
+        return []
+    ours = {line for line in generated if line.startswith("## ")}
+    kept, current = [], None
+    for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            current = None if line in ours else []
+            if current is not None:
+                kept.append(current)
+        if current is not None:
+            current.append(line)
+    return [line for section in kept for line in [""] + section]
 
 
 def _same_plan(name: str, grid_label: str, workers: int) -> str:
