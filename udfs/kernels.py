@@ -30,6 +30,18 @@ class _TileLayout:
     """Tile shapes from keys, and the cut of one tile's work into tasks: what the UDFs ask of
     every einsum kernel (``inputs``, ``output``, ``labels``, ``size``, ``tile`` set by it)."""
 
+    def _take_layout(self, spec: EinsumKernelSpec, xp) -> None:
+        """The spec's labels, sizes, tiles and dtypes, as every einsum kernel keeps them."""
+        self.xp = xp  # the array namespace computing on tile data
+        self.inputs = list(spec.inputs)
+        self.output = spec.output
+        self.labels = spec.labels
+        self.reduced = spec.reduced
+        self.size = spec.size
+        self.tile = spec.tile
+        self.dtypes = [np.dtype(d) for d in spec.dtypes]
+        self.out_dtype = np.dtype(spec.out_dtype)
+
     # -- shapes -----------------------------------------------------------------------------
     def extents(self, keys: dict[str, int]) -> dict[str, int]:
         return {lab: min(self.tile[lab], self.size[lab] - keys.get(lab, 0) * self.tile[lab]) for lab in self.labels}
@@ -77,15 +89,7 @@ class EinsumKernel(_TileLayout):
     """out[out labels] = agg over reduced labels of join(tiles...), for tiles of any extents."""
 
     def __init__(self, spec: EinsumKernelSpec, xp=np):
-        self.xp = xp  # the array namespace computing on tile data
-        self.inputs = list(spec.inputs)
-        self.output = spec.output
-        self.labels = spec.labels
-        self.reduced = spec.reduced
-        self.size = spec.size
-        self.tile = spec.tile
-        self.dtypes = [np.dtype(d) for d in spec.dtypes]
-        self.out_dtype = np.dtype(spec.out_dtype)
+        self._take_layout(spec, xp)
         self.agg = AGG_UFUNC[spec.agg]
         self.fast = spec.join.name == "mul" and spec.agg == "sum"
         # a user's callable (unpickled from the spec) comes back checked on every call
@@ -181,15 +185,7 @@ class FusedKernel(_TileLayout):
         from eindecomp_sql.notation.spec import first_appearance
 
         f = spec.fused
-        self.xp = xp
-        self.inputs = list(spec.inputs)
-        self.output = spec.output
-        self.labels = spec.labels
-        self.reduced = spec.reduced
-        self.size = spec.size
-        self.tile = spec.tile
-        self.dtypes = [np.dtype(d) for d in spec.dtypes]
-        self.out_dtype = np.dtype(spec.out_dtype)
+        self._take_layout(spec, xp)
         self.slot_labels = [tuple(x) for x in spec.inputs] + [st.labels for st in f.prologues]
         dtypes = list(spec.dtypes) + [st.dtype for st in f.prologues]
         self.prologues = [self._compiled(st) for st in f.prologues]
