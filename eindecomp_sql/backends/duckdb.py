@@ -44,7 +44,7 @@ class ExecutionError(EinsumError):
 # on this engine (bench/RESULTS.md "Cost model calibration"), a UDF gets up to one vector of
 # 2,048 rows per call, and list() holds a grouped step's joined tiles without spilling. The
 # pure layer's default (plans made without a session, g.plan()) is this same model.
-COSTS = CostModel("duckdb", join=1.0, group=0.7, agg=1.5, retile=3.0, vector_rows=2048, grouped_holds_all=True)
+COSTS = CostModel("duckdb", join=1.0, group=0.7, agg=6.0, retile=3.0, statement=2.5e6, vector_rows=2048, grouped_holds_all=True)
 
 
 class DuckDBBackend:

@@ -13,8 +13,8 @@ For an einsum node cut into ``d[l]`` pieces per label:
   joined tiles through a ``list()`` aggregate before the kernel contracts each group, so those
   join bytes are moved once more.
 
-The total is ``join + GROUP * group + AGG * agg + RETILE * retile``: every term in "bytes that
-cost what one join byte costs". The weights, and the rules for peak memory, are facts about the
+The total is ``join + GROUP * group + AGG * agg + RETILE * retile + STATEMENT * statements``:
+every term in "bytes that cost what one join byte costs" (a statement's fixed cost counted so). The weights, and the rules for peak memory, are facts about the
 engine that runs the plan: a ``CostModel`` holds them, a backend brings its own
 (``Backend.cost_model``; DuckDB's are calibrated by ``bench/calibrate.py``, numbers in
 bench/RESULTS.md), and the formulas here take it as data.
@@ -64,19 +64,27 @@ class CostModel:
     name: str = "duckdb"
     join: float = 1.0
     group: float = 0.7
-    agg: float = 1.5
+    agg: float = 6.0
     retile: float = 3.0
+    # what one more statement costs (binding, a TEMP table made and dropped, the kernel call):
+    # ~1 ms on DuckDB, in join bytes at the calibrated ~0.4 ns a byte
+    statement: float = 2.5e6
     vector_rows: int = 2048
     grouped_holds_all: bool = True
 
     def total(self, c: "Costs") -> float:
-        return self.join * c.join + self.group * c.group + self.agg * c.agg + self.retile * c.retile
+        return (self.join * c.join + self.group * c.group + self.agg * c.agg + self.retile * c.retile
+                + self.statement * c.statements)
 
 
 # DuckDB's weights (seconds per byte relative to a join byte), fitted by bench/calibrate.py
-# (2048² float32 GEMMs under 17 chunkings and 10 re-tiles: join 1.6 ns/B, grouped join bytes
-# 1.1 ns/B more, aggregation 2.4 ns/B, retile 5.2 ns/B with its per-statement overhead): see
-# bench/RESULTS.md "Cost model calibration". The default wherever no backend says otherwise.
+# (2048² float32 GEMMs under 23 chunkings and 10 re-tiles). Re-fitted 2026-11-23: four runs put
+# aggregation at 3-7x a join byte (it was 1.5) and the grouped-join weight anywhere in 0.2-3.6
+# (grouped steps are exactly those that aggregate, so the grid cannot tell them apart); with a
+# fixed cost per statement (~1 ms, the floor of one DuckDB statement with a UDF: 2.5 MB of join
+# bytes at ~0.4 ns/B), so that heavier aggregation does not buy bytes with extra statements on
+# small plans. See docs/DESIGN.md "Cost model re-calibration" and bench/RESULTS.md. The default
+# wherever no backend says otherwise.
 DEFAULT_COSTS = CostModel()
 
 
@@ -90,6 +98,7 @@ class Costs:
     retile: int = 0
     group: int = 0
     model: CostModel = field(default=DEFAULT_COSTS, compare=False, repr=False)
+    statements: int = 0  # statements run (each pays the model's fixed ``statement`` cost)
 
     @property
     def total(self) -> float:
@@ -97,7 +106,7 @@ class Costs:
 
     def __add__(self, other: "Costs") -> "Costs":
         return Costs(self.join + other.join, self.agg + other.agg, self.retile + other.retile,
-                     self.group + other.group, self.model)
+                     self.group + other.group, self.model, self.statements + other.statements)
 
 
 def nbytes(shape, dtype) -> int:
@@ -122,7 +131,7 @@ def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str
     for lab in node.reduced:
         red *= pieces[lab]
     out = nbytes(node.result.shape, agg_dtype or node.result.dtype)
-    return Costs(join=join, agg=out * (red - 1), group=join if red > 1 else 0)
+    return Costs(join=join, agg=out * (red - 1), group=join if red > 1 else 0, statements=1)
 
 
 def batch_label(node: EinsumNode, pieces: dict[str, int]) -> str | None:

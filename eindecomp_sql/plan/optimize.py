@@ -118,7 +118,7 @@ class _Problem:
         agg = nbytes(node.result.shape, node.result.dtype) * (red - 1)
         group = np.where(red > 1, join, 0)
         m = self.model
-        return m.join * join + m.group * group + m.agg * agg
+        return m.join * join + m.group * group + m.agg * agg + m.statement  # one statement each
 
     def _axes(self, node: EinsumNode, k: int) -> tuple[str | None, ...]:
         """The label of every axis of operand ``k``'s value (None: a dropped size-1 axis)."""
@@ -201,14 +201,14 @@ class _Problem:
 
     def node_cost(self, node: EinsumNode, pieces: dict[str, int]) -> Costs:
         c = step_costs(node, pieces, self.bytes)
-        return Costs(c.join, c.agg, c.retile, c.group, self.model)
+        return Costs(c.join, c.agg, c.retile, c.group, self.model, c.statements)
 
     def retile(self, value: str, target: tuple[int, ...]) -> Costs:
         if self.budget is not None:
             v = self.values[value]
             if retile_peak(v.shape, v.dtype, target, retile_max_batches(v.shape, target), self.model) > self.budget:
                 return Costs(retile=10**30, model=self.model)  # effectively forbidden
-        return Costs(retile=self.bytes[value], model=self.model)
+        return Costs(retile=self.bytes[value], model=self.model, statements=1)
 
     # -- evaluation of a full assignment ----------------------------------------------------
     def evaluate(self, pieces: dict[str, dict[str, int]], input_tiles: dict[str, tuple[int, ...]]) -> Costs:

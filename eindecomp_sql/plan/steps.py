@@ -32,6 +32,8 @@ def describe_costs(c: Costs) -> str:
     terms = [(m.join, "join", c.join), (m.group, "grouped", c.group), (m.agg, "aggregation", c.agg),
              (m.retile, "retile", c.retile)]
     parts = [f"{'' if w == 1 else f'{w:g} x '}{name} {format_bytes(b)}" for w, name, b in terms if b]
+    if c.statements:
+        parts.append(f"{c.statements} statement{'' if c.statements == 1 else 's'} x {format_bytes(m.statement)}")
     return f"{c.total:,.0f} cost units" + (" = " + " + ".join(parts) if parts else "")
 
 
@@ -85,7 +87,7 @@ class RetileStep:
 
     @property
     def costs(self) -> Costs:
-        return Costs(retile=self.source.nbytes)
+        return Costs(retile=self.source.nbytes, statements=self.batches)
 
     @property
     def peak_bytes(self) -> int:
@@ -184,8 +186,9 @@ class EinsumStep:
         """Join and aggregation bytes of the cost model (a fused step aggregates its core's
         result, in the core's dtype: an epilogue runs after the aggregation)."""
         agg_dtype = self.fused.core.result.dtype if self.fused is not None else None
-        return step_costs(self.node, self.pieces, {op.value: v.nbytes for op, v in zip(self.node.operands, self.inputs)},
-                          agg_dtype)
+        c = step_costs(self.node, self.pieces, {op.value: v.nbytes for op, v in zip(self.node.operands, self.inputs)},
+                       agg_dtype)
+        return replace(c, statements=self.batches)
 
     @property
     def peak_bytes(self) -> int:
@@ -258,7 +261,7 @@ class FillStep:
 
     @property
     def costs(self) -> Costs:
-        return Costs()
+        return Costs(statements=self.batches)
 
     @property
     def peak_bytes(self) -> int:

@@ -7,10 +7,13 @@ when the plan finishes, as every value that is not an output is.
 >>> from dataclasses import replace
 >>> from eindecomp_sql.plan.draft import example
 >>> from eindecomp_sql.plan.passes.chunking import choose_chunking
->>> d = example("ij,jk->ik", (8, 6), (6, 5))
->>> d = replace(d, inputs=(replace(d.inputs[0], tile=(4, 3)), d.inputs[1]))
+>>> d = example("ij,jk->ik", (512, 512), (512, 512))  # A stored in 64 tiles of 64²
+>>> d = replace(d, inputs=(replace(d.inputs[0], tile=(64, 64)), d.inputs[1]))
 >>> [s.describe() for s in insert_retiles(choose_chunking(d)).steps]
-['retile A (4, 3) -> (8, 6)', 'einsum ij,jk->ik [i:1 j:1 k:1] -> _eds_result']
+['retile A (64, 64) -> (512, 512)', 'einsum ij,jk->ik [i:1 j:1 k:1] -> _eds_result']
+
+(An 8×6 A in four tiles would not be re-tiled: the statement a retile adds costs more than the
+bytes it saves there, so the step reads A as cut.)
 """
 
 from __future__ import annotations
