@@ -15,9 +15,10 @@ For an einsum node cut into ``d[l]`` pieces per label:
 
 The total is ``join + GROUP * group + AGG * agg + RETILE * retile + STATEMENT * statements``:
 every term in "bytes that cost what one join byte costs" (a statement's fixed cost counted so).
-The weights, and the rules for peak memory, are facts about the engine that runs the plan: a ``CostModel`` holds them, a backend brings its own
-(``Backend.cost_model``; DuckDB's are calibrated by ``bench/calibrate.py``, numbers in
-bench/RESULTS.md), and the formulas here take it as data.
+The weights, and the rules for peak memory, are facts about the engine that runs the plan: a
+``CostModel`` holds them, a backend brings its own (``Backend.cost_model``; DuckDB's are
+calibrated by ``bench/calibrate.py``, numbers in bench/RESULTS.md), and the formulas here take it
+as data.
 
 Peak memory of a step (bytes), from how DuckDB runs it (``CostModel.vector_rows`` and
 ``CostModel.grouped_holds_all`` say how much of this an engine shares): a row step holds the tiles of the rows
