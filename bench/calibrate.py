@@ -7,7 +7,7 @@ the join and aggregation terms vary, the FLOPs stay the same) and single re-tile
 by least squares, and reports the weights relative to a join byte (what cost.py uses) with
 predicted against measured time for every run.
 
-    .venv/bin/python bench/calibrate.py     # writes bench/calibration.json
+    .venv/bin/python bench/calibrate.py [--reps 7]    # writes bench/calibration.json
 """
 
 from __future__ import annotations
@@ -31,7 +31,11 @@ HERE = Path(__file__).parent
 N = 2048
 
 
-def _median_time(f, reps=3):
+REPS = 3  # timed runs per grid point (--reps): the median of more is steadier on a shared machine
+
+
+def _median_time(f, reps=None):
+    reps = reps or REPS
     f()
     ts = []
     for _ in range(reps):
@@ -92,6 +96,7 @@ def main():
     fitted = spearman([r["predicted"] for r in ein], [r["time"] for r in ein])
     out = {
         "n": N,
+        "reps": REPS,
         "rank_correlation_shipped_weights": shipped,
         "rank_correlation_fitted": fitted,
         "t0_s": float(t0),
@@ -129,4 +134,9 @@ def spearman(x, y) -> float:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=REPS, help="timed runs per grid point (median)")
+    REPS = ap.parse_args().reps
     main()
