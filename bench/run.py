@@ -274,7 +274,8 @@ def graph_sections() -> list[str]:
                 f"ns/B, retile {c['s_per_retile_byte'] * 1e9:.2f} ns/B: weights relative to a join byte group "
                 f"{c['group_weight']:.2f}, aggregation {c['agg_weight']:.2f}, retile {c['retile_weight']:.2f}. "
                 "Fits move by about a third from run to run on this shared machine; eindecomp_sql/plan/cost.py "
-                "uses weights rounded over the runs so far (group 0.7, aggregation 1.5, retile 3.0). Rank "
+                "uses weights rounded over the runs so far (group 0.7, aggregation 6.0, retile 3.0, and a fixed "
+                "2.5 MB of join bytes per statement; aggregation was 1.5 until 2026-11-23). Rank "
                 "correlation of plan cost with measured time over the einsum "
                 f"steps: the shipped weights {c.get('rank_correlation_shipped_weights', float('nan')):.3f}, "
                 f"this run's fit {c.get('rank_correlation_fitted', float('nan')):.3f}.", "",
