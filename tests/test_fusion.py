@@ -549,6 +549,12 @@ def test_no_baseline_is_cheaper_once_fused(monkeypatch):
     assert p.baselines["model-parallel"].total > p.baselines["data-parallel"].total
     assert p.cost == min(c.total for c in p.baselines.values())
     assert p.pieces == g.plan(workers=4, strategy="data-parallel").pieces
+    # explain() says whose chunking runs
+    assert p.taken_from == "data-parallel"
+    assert p.explain(sql=False).startswith("graph plan (eindecomp taking data-parallel's chunking, cheaper once fused")
+    monkeypatch.undo()  # the optimizer's own plan takes no baseline's
+    _plan_cached.cache_clear()
+    assert g.plan(workers=4).taken_from is None
 
 
 def test_a_fused_step_aggregates_in_its_cores_dtype():

@@ -53,6 +53,9 @@ class GraphPlan:
     baselines: dict[str, Costs | None]  # strategy -> its cost (None: over the memory budget)
     single: bool = True
     unused_inputs: tuple[str, ...] = ()
+    # the baseline whose chunking EinDecomp took because it came out cheaper after fusion (None:
+    # the optimizer's own)
+    taken_from: str | None = None
 
     @property
     def cost(self) -> float:
@@ -96,7 +99,9 @@ class GraphPlan:
         c = self.costs
         fused = self.fused
         lines = [
-            f"graph plan ({self.strategy}, workers={self.workers}, memory budget "
+            f"graph plan ({self.strategy}"
+            + (f" taking {self.taken_from}'s chunking, cheaper once fused" if self.taken_from else "")
+            + f", workers={self.workers}, memory budget "
             f"{'none' if self.budget is None else format_bytes(self.budget)}): {len(self.nodes)} node(s), "
             f"{len(self.plan.steps)} step(s), {self.retiles} retile(s)"
             + (f", {len(fused)} node(s) fused into others' steps" if fused else ""),
@@ -302,12 +307,14 @@ def _plan_cached(nodes: tuple[EinsumNode, ...], inputs: tuple[ValueInfo, ...], p
         baselines[s] = other.plan().costs if fits else None
         if fits:
             others[s] = other
+    taken = None
     if strategy == "eindecomp":
         # The optimizer's candidates include every baseline's chunking, so before fusion it
         # never costs more than one; fusion, which it does not see, saves more under some
         # chunkings than others: a baseline left cheaper after fusion is taken as it is.
-        cheaper = [o for s, o in others.items() if baselines[s].total < made.plan().costs.total]
+        cheaper = [s for s, o in others.items() if baselines[s].total < made.plan().costs.total]
         if cheaper:
-            made = min(cheaper, key=lambda o: o.plan().costs.total)
+            taken = min(cheaper, key=lambda s: others[s].plan().costs.total)
+            made = others[taken]
     return GraphPlan(nodes, inputs, picked, strategy, workers, budget, made.choice, made.plan(),
-                     MappingProxyType(baselines), single, unused)
+                     MappingProxyType(baselines), single, unused, taken)
