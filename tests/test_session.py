@@ -358,3 +358,18 @@ def test_a_file_open_in_plain_duckdb_opens_in_a_session_too(tmp_path):
         other = duckdb.connect(path)  # and the other way round, while the session is open
         other.close()
     con.close()
+
+
+def test_a_file_open_in_one_session_is_refused_by_a_second_with_our_error(tmp_path):
+    """A file opened twice in one process is one DuckDB database, where the kernels are
+    registered once: a second session says so in our words, and works once the first closes."""
+    from eindecomp_sql.errors import EinsumError
+
+    path = str(tmp_path / "twice.db")
+    first = eds.connect(path)
+    first.store("x", np.ones((3, 3)))
+    with pytest.raises(EinsumError, match="already open in another eindecomp_sql session"):
+        eds.connect(path)
+    first.close()
+    with eds.connect(path) as second:
+        np.testing.assert_array_equal(second.einsum_numpy("ij,jk->ik", "x", "x"), np.full((3, 3), 3.0))

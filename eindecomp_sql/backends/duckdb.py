@@ -92,6 +92,14 @@ class DuckDBBackend:
                 self.con.close()
             if isinstance(e, duckdb.ConnectionException):
                 raise EinsumError(f"cannot use this DuckDB connection: {e}") from e
+            if isinstance(e, duckdb.CatalogException) and "already exists" in str(e):
+                # the kernels are registered in the database, and a file opened twice in one
+                # process is one database: the second session would share (and cancel, count
+                # progress for) the first one's kernels
+                raise EinsumError(
+                    "this database is already open in another eindecomp_sql session of this process "
+                    "(a file opened twice in one process is one DuckDB database, and the kernels are "
+                    "registered in it once): use that session, or close it first") from None
             raise
         allocator.attach()  # counted only once set up, so the last close() can trim
 
