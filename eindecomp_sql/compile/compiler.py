@@ -555,7 +555,7 @@ class SQLCompiler:
                 for k, n, t in zip(keys, value.shape, value.tile)]
         elements = []
         for p, (k, lab, t) in enumerate(zip(keys, labels, value.tile)):
-            stride = _product([e.copy() for e in exts[p + 1:]]) or num(1)
+            stride = fold(exp.Mul, [e.copy() for e in exts[p + 1:]]) or num(1)
             index = exp.Mod(this=exp.Paren(this=exp.IntDiv(this=ucol("off"), expression=exp.Paren(this=stride))),
                             expression=exts[p].copy())
             coord = exp.Add(this=exp.Mul(this=k.copy(), expression=num(t)), expression=index)
@@ -597,13 +597,14 @@ def _drop_sql(name: str, dialect) -> str:
     return exp.Drop(tables=[table(name)], kind="TABLE", exists=True).sql(dialect=dialect)
 
 
-def _product(factors: list[exp.Expression]) -> exp.Expression | None:
-    """``f0 * f1 * ...`` (left-associative, as a parser reads it); None for no factors."""
-    if not factors:
+def fold(op: type[exp.Binary], terms: list[exp.Expression]) -> exp.Expression | None:
+    """``t0 op t1 op ...`` (left-associative, as a parser reads it; ``op``: ``exp.Mul``,
+    ``exp.Add``); None for no terms."""
+    if not terms:
         return None
-    out = factors[0]
-    for f in factors[1:]:
-        out = exp.Mul(this=out, expression=f)
+    out = terms[0]
+    for term in terms[1:]:
+        out = op(this=out, expression=term)
     return out
 
 

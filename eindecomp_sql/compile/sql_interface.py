@@ -44,6 +44,7 @@ from .compiler import (
     call,
     cast,
     col,
+    fold,
     ident,
     key_list,
     name,
@@ -297,16 +298,6 @@ def _of(key: str, alias_: str) -> exp.Column:
     return exp.Column(this=ident(key), table=name(alias_))
 
 
-def _sum(terms: list[exp.Expression]) -> exp.Expression | None:
-    """``t0 + t1 + ...`` (left-associative, as a parser reads it); None for no terms."""
-    if not terms:
-        return None
-    out = terms[0]
-    for term in terms[1:]:
-        out = exp.Add(this=out, expression=term)
-    return out
-
-
 def pack_elements(op: ElementTable, tiled: TiledValue, compiler: SQLCompiler | None = None) -> exp.Select:
     """The tiled table of an element-form operand: every tile of the grid, empty ones too
     (they are zeros), each packed from the element rows whose indices fall in it.
@@ -332,7 +323,7 @@ def pack_elements(op: ElementTable, tiled: TiledValue, compiler: SQLCompiler | N
     idx = [cast(col(i), "BIGINT") for i in op.indices]
     strides = [math.prod(tiled.tile[p + 1:]) for p in range(op.ndim)]
     # (index % tile side) * stride, summed: the element's C-order position in a full tile
-    offset = _sum([exp.Mul(this=exp.Paren(this=exp.Mod(this=i.copy(), expression=num(t))), expression=num(s))
+    offset = fold(exp.Add, [exp.Mul(this=exp.Paren(this=exp.Mod(this=i.copy(), expression=num(t))), expression=num(s))
                    for i, t, s in zip(idx, tiled.tile, strides)])
     # the plan was made from the committed rows (read on another connection); rows this query
     # sees beyond that shape would be dropped silently, so they stop the query instead
