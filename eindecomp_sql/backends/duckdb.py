@@ -359,8 +359,8 @@ class DuckDBBackend:
                     target = outputs.get(c.value, _SCRATCH)
                     try:
                         peak = plan.peak_of(plan.steps[k])
-                        if target.table is None and c.value in outputs:
-                            # returned as Arrow: the whole result is one column of the fetch
+                        returned = target.table is None and c.value in outputs
+                        if returned:  # fetched as Arrow: the whole result is one column
                             peak = max(peak, step_target(plan.steps[k]).nbytes)
                         if peak >= SMALL_BUFFER_BYTES:
                             # the setting is the database's: another session may have changed it.
@@ -370,7 +370,7 @@ class DuckDBBackend:
                             large = peak >= LARGE_BUFFER_BYTES
                             self._set_large_buffers(large, force=large or not big)
                             big = True
-                        if target.table is None and c.value in outputs:
+                        if returned:
                             parts = [self._work.sql(bind(text, tables)).to_arrow_table() for text in c.batches]
                             rows[c.value] = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
                         else:

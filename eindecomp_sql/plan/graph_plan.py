@@ -314,7 +314,7 @@ def _plan_cached(nodes: tuple[EinsumNode, ...], inputs: tuple[ValueInfo, ...], p
         # chunkings than others: a baseline left cheaper after fusion is taken as it is.
         cheaper = [s for s, o in others.items() if baselines[s].total < made.plan().costs.total]
         if cheaper:
-            taken = min(cheaper, key=lambda s: others[s].plan().costs.total)
+            taken = min(cheaper, key=lambda s: baselines[s].total)
             made = others[taken]
     return GraphPlan(nodes, inputs, picked, strategy, workers, budget, made.choice, made.plan(),
                      MappingProxyType(baselines), single, unused, taken)
