@@ -16,7 +16,8 @@ import eindecomp_sql as eds
 from eindecomp_sql.compile import DuckDBCompiler
 from eindecomp_sql.errors import EinsumError
 from eindecomp_sql.graph import Graph, ValueInfo
-from eindecomp_sql.plan import EinsumStep, RetileStep, TiledValue
+from eindecomp_sql.plan import EinsumStep, ProgramStep, RetileStep, TiledValue
+from eindecomp_sql.plan.steps import one_tile
 from eindecomp_sql.plan.cost import Costs, max_batches, nbytes
 from eindecomp_sql.plan.draft import Draft, Options
 from eindecomp_sql.plan.graph_plan import GraphPlan, plan_graph
@@ -174,15 +175,28 @@ def assert_near(got, want):
 
 def check_fused_plan(plan, unfused_steps: int):
     """Fusion's invariants: one einsum step fewer per value kept inside a kernel, none of them
-    an output, read by a step or named in the SQL; fused specs are version 2, others version 1."""
-    einsums = [s for s in plan.steps if isinstance(s, EinsumStep)]
+    an output, read by a step or named in the SQL; fused specs are version 2, others version 1.
+    A program (plan/passes/program.py) holds einsum steps over single tiles: its results but
+    the last are read by no step outside it and kept by none, and are named in no SQL."""
+    einsums = [s for step in plan.steps for s in (step.steps if isinstance(step, ProgramStep) else (step,))
+               if isinstance(s, EinsumStep)]
     hidden = [h for s in einsums if s.fused for h in s.fused.hidden]
     assert len(einsums) == unfused_steps - len(hidden)
     outputs = {v.name for v in plan.outputs}
     reads = {v.name for s in einsums for v in s.inputs} | {s.source.name for s in plan.steps if isinstance(s, RetileStep)}
     assert not (set(hidden) & (outputs | reads))
+    inside = []
+    for step in plan.steps:
+        if isinstance(step, ProgramStep):
+            mine = {s.result.name for s in step.steps[:-1]}
+            outside = {v.name for other in plan.steps if other is not step
+                       for v in (other.steps if isinstance(other, ProgramStep) else (other,))
+                       for v in (getattr(v, "inputs", None) or (getattr(v, "source", None),)) if v is not None}
+            assert len(step.steps) > 1 and not (mine & (outputs | outside))
+            assert all(one_tile(v) for s in step.steps for v in (*s.inputs, s.result))
+            inside += list(mine)
     sql = "\n".join(c.text for c in DuckDBCompiler().compile_plan(plan))
-    assert not any(f'"_eds_v_{h}"' in sql for h in hidden)
+    assert not any(f'"_eds_v_{h}"' in sql for h in hidden + inside)
     for s in einsums:
         spec = from_json(kernel_spec(s))
         assert spec.version == (FUSED_VERSION if s.fused else SPEC_VERSION)
@@ -314,15 +328,16 @@ def test_random_graphs_fuse_somewhere():
 
 
 # -- statements -------------------------------------------------------------------------------
-@pytest.mark.parametrize("make,workers,unfused,fused", [
-    (chain, 1, 5, 5), (ffn, 1, 3, 2), (ffn, 4, 3, 2), (attention, 1, 11, 9), (llama_block, 1, 25, 16),
+@pytest.mark.parametrize("make,workers,unfused,elementwise,fused", [
+    (chain, 1, 5, 5, 1), (ffn, 1, 3, 2, 1), (ffn, 4, 3, 2, 2), (attention, 1, 11, 9, 1), (llama_block, 1, 25, 16, 1),
 ])
-def test_fused_graphs_run_fewer_statements(make, workers, unfused, fused):
-    """One CREATE per step listed: fewer for a fused plan (the counts docs/DESIGN.md quotes)."""
+def test_fused_graphs_run_fewer_statements(make, workers, unfused, elementwise, fused):
+    """One CREATE per step listed: fewer for a fused plan, one where every value is one tile
+    (a program; the counts docs/DESIGN.md quotes)."""
     g, ref = make()
     xs = random_inputs(g, 0)
     with eds.connect() as db:
-        for fuse, count in ((False, unfused), (True, fused)):
+        for fuse, count in ((False, unfused), ("elementwise", elementwise), (True, fused)):
             p = g.plan(workers=workers, fuse=fuse)
             text = p.explain()
             rec = Recorder(db.backend)
@@ -408,7 +423,7 @@ def test_a_value_read_twice_is_stored(db):
     x, w = g.input("x", (6, 5), "float64"), g.input("w", (5, 7), "float64")
     h = g.einsum("ij,jk->ik", x, w)
     y = g.add(g.map("exp", h), h)  # h has two readers: the map and the add
-    p = g.plan(outputs=y)
+    p = g.plan(outputs=y, fuse="elementwise")  # (one tile each: otherwise one program)
     assert "v1" not in p.fused
     assert p.fused == {"v2": "v3"}  # the map still fuses into the add (the map's only reader)
     rng = np.random.default_rng(1)

@@ -15,7 +15,8 @@ import numpy as np
 
 from eindecomp_sql.errors import EinsumError
 from eindecomp_sql.notation.numpy_impl import AGG_UFUNC, join_callable
-from eindecomp_sql.plan.kernel_spec import EinsumKernelSpec, KernelSpec, RetileKernelSpec, from_json
+from eindecomp_sql.plan.kernel_spec import (EinsumKernelSpec, KernelSpec, ProgramKernelSpec, RetileKernelSpec, from_json,
+                                            to_json)
 
 from . import devices
 
@@ -339,6 +340,65 @@ def einsum_kernel(spec_json: str) -> EinsumKernel:
         raise EinsumError(f"device {spec.device!r}: its kernel module {module.__name__} has no FusedKernel, so it "
                           "cannot run a fused step; add one, or plan with fuse=False")
     return kind(spec, xp=devices.namespace(spec.device))
+
+
+class ProgramKernel:
+    """A program step's kernel (``ProgramKernelSpec``): the einsum kernels of its steps, each
+    over whole values, run one after the other on one call's input tiles. A result lives until
+    the last step reading it has run."""
+
+    def __init__(self, spec: ProgramKernelSpec):
+        self.kernels = [einsum_kernel(to_json(s)) for s in spec.steps]
+        self.args = spec.args
+        self.dtypes = [np.dtype(d) for d in spec.dtypes]
+        last = self.kernels[-1]
+        self.out_dtype = last.out_dtype
+        self.out_shape = last.out_shape(last.extents({}))
+        n = len(self.dtypes)
+        last_read = {}
+        for j, args in enumerate(self.args):
+            for a in args:
+                last_read[a] = j
+        # slots to let go of once step j ran (inputs are DuckDB's: only results are freed)
+        self.free_after = [[a for a, j2 in last_read.items() if j2 == j and a >= n] for j in range(len(self.args))]
+
+    def run(self, tiles: list, out: np.ndarray, run) -> None:
+        """Every step on ``tiles`` (one uint8 buffer per input), the last into ``out``;
+        ``run(kernel, items)`` runs a step's work on the kernel threads."""
+        if len(tiles) != len(self.dtypes):
+            raise ValueError(f"eindecomp_sql program kernel: got {len(tiles)} tiles for {len(self.dtypes)} inputs")
+        slots: list = []
+        for raw, dt in zip(tiles, self.dtypes):
+            if raw.nbytes % dt.itemsize:
+                raise ValueError(f"eindecomp_sql program kernel: a tile of {raw.nbytes} bytes is no whole {dt} array")
+            slots.append(raw.view(dt))
+        final = len(self.kernels) - 1
+        for j, (k, args) in enumerate(zip(self.kernels, self.args)):
+            ext = k.extents({})
+            xs = [_whole(slots[a], dt, shape) for a, dt, shape in zip(args, k.dtypes, k.in_shapes(ext))]
+            o = out if j == final else k.xp.empty(k.out_shape(ext), dtype=k.out_dtype)
+
+            def fn(cut, k=k, xs=xs, o=o):
+                t, oo = k.sliced(xs, o, cut)
+                k.contract_group([t], oo)
+
+            run(k, [(ext, fn, 1)])
+            slots.append(o)
+            for a in self.free_after[j]:
+                slots[a] = None
+
+
+def _whole(x: np.ndarray, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """A value (an input's elements, or an earlier step's result) as the array a step reads."""
+    if x.dtype != dtype or x.size != int(np.prod(shape, dtype=np.int64)):
+        raise ValueError(f"eindecomp_sql program kernel: a {x.dtype} value of {x.size} elements where {dtype} "
+                         f"{shape} is read")
+    return x.reshape(shape)
+
+
+@lru_cache(maxsize=128)
+def program_kernel(spec_json: str) -> ProgramKernel:
+    return ProgramKernel(read_spec(spec_json, ProgramKernelSpec))
 
 
 class RetileKernel:

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from eindecomp_sql.plan.kernel_spec import FillKernelSpec
 
-from .kernels import einsum_kernel, read_spec, retile_kernel
+from .kernels import einsum_kernel, program_kernel, read_spec, retile_kernel
 from .pool import THREADS, KernelState, check_cancelled, note_tiles, run_tasks, run_wide, serving
 from .tiles import TileWriter, _as_array, blob_views, tile_view
 from eindecomp_sql.notation.checks import SQL_TYPES
@@ -116,6 +116,20 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
 
         items.append((kernel.extents(b), fn, len(rows)))
     _run(kernel, items)
+    return _finished(writer)
+
+
+def program_rows(spec_arr, tiles_arr) -> pa.Array:
+    """A program step: each row holds one tile per input (a list); its einsums run one after
+    the other, each on the kernel threads, and the last one's result is the row's tile."""
+    program = program_kernel(_spec(spec_arr))
+    lists = _as_array(tiles_arr)
+    offsets = lists.offsets.to_numpy()
+    views = blob_views(lists.values)
+    writer = TileWriter(program.out_dtype, [program.out_shape] * len(lists))
+    for r in range(len(lists)):
+        check_cancelled()
+        program.run(views[offsets[r]:offsets[r + 1]], writer.out(r), _run)
     return _finished(writer)
 
 
@@ -227,6 +241,7 @@ def register_kernels(con, state: KernelState | None = None) -> None:
         create_function(f"eds_einsum{n}", rows, [text, keys] + [blob] * n, blob, **opts)
         member = duckdb.struct_type({"k": keys, **{f"t{k}": blob for k in range(n)}})
         create_function(f"eds_einsum_group{n}", einsum_groups, [text, keys, duckdb.list_type(member)], blob, **opts)
+    create_function("eds_program", program_rows, [text, duckdb.list_type(blob)], blob, **opts)
     cut = duckdb.struct_type({"n": keys, "k": keys, "t": blob})
     create_function("eds_split", retile_split, [text, keys, blob], duckdb.list_type(cut), **opts)
     piece = duckdb.struct_type({"k": keys, "t": blob})

@@ -10,6 +10,7 @@ them: clear rather than fast. It really runs the plan's tiling. Every value is a
   join), aggregated over the reduced labels, and the partial results of the pieces are
   combined with the node's aggregation;
 - a ``FillStep`` fills its tiles with its value;
+- a ``ProgramStep`` runs its einsum steps one after the other, each as above;
 - a fused ``EinsumStep`` runs the graph nodes it fuses one after the other, each as above, over
   the step's tiling (``EinsumStep.unfused``): the DuckDB kernels run them in one call per tile.
 
@@ -40,7 +41,7 @@ import pyarrow as pa
 
 from ..errors import EinsumError
 from ..notation.numpy_impl import AGG_UFUNC, join_callable
-from ..plan import EinsumStep, FillStep, Plan, RetileStep, TiledValue
+from ..plan import EinsumStep, FillStep, Plan, ProgramStep, RetileStep, TiledValue
 from ..plan import cost as _cost
 from ..plan.steps import step_target
 from .base import Target
@@ -241,8 +242,21 @@ def run_fused(step: EinsumStep, values: dict[str, tuple[TiledValue, Tiles]]) -> 
     return tiles
 
 
+def run_program(step: ProgramStep, values: dict[str, tuple[TiledValue, Tiles]]) -> Tiles:
+    """A program step as its einsum steps, one after the other (the results it keeps to
+    itself live here for the step only)."""
+    local = dict(values)
+    tiles: Tiles = {}
+    for part in step.steps:
+        tiles = run_step(part, local)
+        local[part.result.name] = (part.result, tiles)
+    return tiles
+
+
 def run_step(step, values: dict[str, tuple[TiledValue, Tiles]]) -> Tiles:
     """The tiles ``step`` computes from ``values`` (value name -> value, tiles)."""
+    if isinstance(step, ProgramStep):
+        return run_program(step, values)
     if isinstance(step, RetileStep):
         return run_retile(step, values[step.source.name][1])
     if isinstance(step, FillStep):

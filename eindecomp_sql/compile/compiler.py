@@ -38,7 +38,7 @@ from functools import cache, lru_cache
 import numpy as np
 from sqlglot import exp
 
-from ..plan import EinsumStep, FillStep, Plan, RetileStep, Step, TiledValue
+from ..plan import EinsumStep, FillStep, Plan, ProgramStep, RetileStep, Step, TiledValue
 from ..plan.cost import nbytes
 from ..plan.kernel_spec import kernel_spec
 from ..plan.steps import step_target
@@ -219,6 +219,7 @@ class SQLCompiler:
     split_udf: str = "eds_split"  # a source tile -> its pieces, keyed by target tile
     assemble_udf: str = "eds_assemble"  # pieces -> one target tile
     fill_udf: str = "eds_fill"  # a tile key -> a tile full of one value
+    program_udf: str = "eds_program"  # one tile per input, as a list -> the program's result tile
     values_udf: str = "eds_values_{dtype}"  # a tile -> the typed list of its elements
     # the SQL interface's UDFs (compile/sql_interface.py)
     pack_udf: str = "eds_pack_{dtype}"  # element rows -> one tile
@@ -344,6 +345,8 @@ class SQLCompiler:
             return self.retile(step, batch)
         if isinstance(step, FillStep):
             return self.fill(step, batch)
+        if isinstance(step, ProgramStep):
+            return self.program(step)
         if step.grouped:
             return self.einsum_groups(step, batch)
         return self.einsum_rows(step, batch)
@@ -441,6 +444,26 @@ class SQLCompiler:
         select = select.from_(subquery(inner, "joined"), copy=False)
         if keys:
             select.set("group", exp.Group(expressions=[col(key) for key in keys]))
+        return select
+
+    def program(self, step: ProgramStep) -> exp.Select:
+        """A program step: its inputs are one row each, read side by side (by position where
+        the engine can, else a cross product of one-row tables), and one kernel call computes
+        every einsum of the program from their tiles::
+
+            SELECT 0 AS <key>..., eds_program(spec, [t0.tile, t1.tile, ...]) AS tile
+            FROM <input 0> AS t0 POSITIONAL JOIN <input 1> AS t1 ...
+        """
+        tiles = exp.Array(expressions=[col(TILE, f"t{k}") for k in range(len(step.inputs))])
+        kernel = call(self.program_udf, self.spec_literal(step), tiles)
+        select = exp.Select(expressions=[alias(cast(num(0), "BIGINT"), ident(key)) for key in step.result.keys]
+                            + [alias(kernel, name(TILE))])
+        tables = [exp.Table(this=ident(slot(v.name)), alias=exp.TableAlias(this=ident(f"t{k}")))
+                  for k, v in enumerate(step.inputs)]
+        select = select.from_(tables[0], copy=False)
+        if len(tables) > 1:
+            method = "POSITIONAL" if self.positional_join_single_tiles else None
+            select.set("joins", [exp.Join(this=t, method=method) if method else exp.Join(this=t) for t in tables[1:]])
         return select
 
     def retile(self, step: RetileStep, batch: tuple[int, int] | None = None) -> exp.Select:

@@ -266,8 +266,9 @@ class Graph:
         (and showing any re-tile in ``explain()``); other inputs are cut as the plan chooses.
         ``fuse``: element-wise nodes (maps, scales, broadcasts, ``elementwise``) run inside the
         kernel of the einsum that produces or consumes them where the tilings agree, saving a
-        statement and a stored intermediate each (``explain()`` shows what fused); False plans
-        one step per node.
+        statement and a stored intermediate each, and consecutive steps whose every value is one
+        tile run as one program (one statement, one kernel call; ``explain()`` shows what fused).
+        ``"elementwise"``: only the first; False plans one step per node.
         """
         from ..plan.graph_plan import plan_graph
 

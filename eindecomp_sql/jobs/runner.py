@@ -50,6 +50,7 @@ from ..plan.steps import (
     EinsumStep,
     FillStep,
     Plan,
+    ProgramStep,
     RetileStep,
     TiledValue,
     output_tiles,
@@ -274,13 +275,14 @@ def split(job: Job, g, owner: dict[str, str], gplan) -> dict[str, object]:
     steps = gplan.plan.steps
     mine: dict[str, list[int]] = {name: [] for name in job.order}
     readers: dict[str, set[str]] = {}  # a value -> job steps whose einsum steps read it
+    # a program (plan/passes/program.py) never spans job steps: each job step's result is kept
     for s in steps:
-        if isinstance(s, EinsumStep):
+        if isinstance(s, (EinsumStep, ProgramStep)):
             for v in s.inputs:
-                readers.setdefault(v.name, set()).add(owner[s.node.result.name])
+                readers.setdefault(v.name, set()).add(owner[s.result.name])
     for k, s in enumerate(steps):
-        if isinstance(s, EinsumStep):
-            mine[owner[s.node.result.name]].append(k)
+        if isinstance(s, (EinsumStep, ProgramStep)):
+            mine[owner[s.result.name]].append(k)
         elif isinstance(s, FillStep):
             mine[owner[s.result.name]].append(k)
         elif isinstance(s, RetileStep):
@@ -295,7 +297,8 @@ def split(job: Job, g, owner: dict[str, str], gplan) -> dict[str, object]:
         made = {step_target(s).name for s in own}
         read: dict[str, TiledValue] = {}
         for s in own:
-            for v in (s.inputs if isinstance(s, EinsumStep) else (s.source,) if isinstance(s, RetileStep) else ()):
+            for v in (s.inputs if isinstance(s, (EinsumStep, ProgramStep)) else
+                      (s.source,) if isinstance(s, RetileStep) else ()):
                 if v.name not in made:
                     known = plan_inputs.get(v.name) or outputs.get(v.name)
                     if known != v:  # cannot happen: every value a step reads is made or given

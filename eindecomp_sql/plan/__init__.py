@@ -5,7 +5,7 @@ einsums and graphs go through one pipeline of passes (``pipeline.PASSES``).
 """
 
 from .einsum import plan_einsum
-from .steps import EinsumStep, FillStep, Plan, RetileStep, Step, TiledValue
+from .steps import EinsumStep, FillStep, Plan, ProgramStep, RetileStep, Step, TiledValue
 from .tiling import DEFAULT_TILE_BYTES, auto_tile, check_tile, grid
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "EinsumStep",
     "FillStep",
     "Plan",
+    "ProgramStep",
     "RetileStep",
     "Step",
     "TiledValue",

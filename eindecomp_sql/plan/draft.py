@@ -18,21 +18,24 @@ from .cost import DEFAULT_COSTS, CostModel
 from .optimize import Choice
 from .steps import Plan, Step, TiledValue, step_target
 
+FUSE_MODES = (True, False, "elementwise")
+
 
 @dataclass(frozen=True)
 class Options:
     """The knobs a plan is made under: join tasks per step (``workers``), the memory budget in
     bytes (None: none), the largest tile a plan creates (``tile_bytes``; None: no cap), how
     chunkings are chosen (``strategy``: the optimizer or a baseline), the engine's cost
-    model (``costs``: weights and peak rules; the backend's) and whether element-wise nodes
-    fuse into the einsum steps next to them (``fuse``)."""
+    model (``costs``: weights and peak rules; the backend's) and what fuses (``fuse``)."""
 
     workers: int = 1
     budget: int | None = None
     tile_bytes: int | None = None
     strategy: str = "eindecomp"
     costs: CostModel = DEFAULT_COSTS
-    fuse: bool = True  # element-wise nodes run inside the einsum steps next to them (passes/fuse.py)
+    # element-wise nodes run inside the einsum steps next to them (passes/fuse.py), and steps over
+    # single tiles as programs (passes/program.py); "elementwise": only the first; False: neither
+    fuse: bool | str = True
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ from ..errors import EinsumError
 from ..graph import EinsumNode, ValueInfo
 from .cost import DEFAULT_COSTS, CostModel, Costs, nbytes, parse_memory
 from .tiling import tile_of
-from .draft import Draft, Options
+from .draft import FUSE_MODES, Draft, Options
 from .optimize import STRATEGIES, Choice
 from .pipeline import PASSES, run_passes
-from .steps import EinsumStep, Plan, RetileStep, TiledValue, describe_costs, format_bytes
+from .steps import EinsumStep, Plan, ProgramStep, RetileStep, TiledValue, describe_costs, format_bytes
 from .tiling import check_tile
 
 
@@ -78,6 +78,8 @@ class GraphPlan:
         for step in self.plan.steps:
             if isinstance(step, EinsumStep) and step.fused is not None:
                 out.update((n.result.name, step.result.name) for n in step.fused.nodes[:-1])
+            elif isinstance(step, ProgramStep):
+                out.update((name, step.result.name) for name in step.hidden)
         return out
 
     @property
@@ -166,17 +168,27 @@ class GraphPlan:
         values = {v.name: v for v in self.inputs}
         values.update((n.result.name, n.result) for n in self.nodes)
         for k, step in enumerate(self.plan.steps):
-            if not isinstance(step, EinsumStep):
-                continue
-            if step.fused is None:
-                reads = [(step.node.result.name, op, v) for op, v in zip(step.node.operands, step.inputs)]
+            if isinstance(step, ProgramStep):
+                parts, inside = step.steps, {s.result.name for s in step.steps}
+            elif isinstance(step, EinsumStep):
+                parts, inside = (step,), set()
             else:
-                names = [n.result.name for n in step.fused.nodes]
+                continue
+            if isinstance(step, ProgramStep) or step.fused is not None:
+                names = [n.result.name for s in parts for n in (s.fused.nodes if s.fused else (s.node,))]
                 out.append(f"  subgraph {q(f'cluster_step{k}')} {{ label={q(f'step {k}: one statement')}; "
                            f"style=dashed; {' '.join(q(x) + ';' for x in names)} }}")
-                given = {(op.value, op.labels, op.dropped): v for op, v in zip(step.node.operands, step.inputs)}
-                reads = [(n.result.name, op, given.get((op.value, op.labels, op.dropped)))
-                         for n in step.fused.nodes for op in n.operands]
+            reads = []
+            for s in parts:
+                if s.fused is None:
+                    reads += [(s.node.result.name, op, None if v.name in inside else v)
+                              for op, v in zip(s.node.operands, s.inputs)]
+                else:
+                    given = {(op.value, op.labels, op.dropped): v for op, v in zip(s.node.operands, s.inputs)}
+                    for n in s.fused.nodes:
+                        for op in n.operands:
+                            v = given.get((op.value, op.labels, op.dropped))
+                            reads.append((n.result.name, op, None if v is None or v.name in inside else v))
             for node, op, v in reads:
                 src, dst = q(op.value), q(node)
                 moved = size(values[op.value])
@@ -233,16 +245,20 @@ def merge_inputs(given, named: dict) -> dict:
 
 def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp",
                tile_bytes: int | None = None, outputs=None, inputs=None, costs: CostModel = DEFAULT_COSTS,
-               fuse: bool = True) -> GraphPlan:
+               fuse: bool | str = True) -> GraphPlan:
     """Choose every node's chunking with ``strategy`` and build the steps for ``outputs``
     (see ``Graph.plan``). Only the nodes the outputs depend on are planned. ``inputs``: graph
     input name -> the tile shape it is stored in (or a Tensor): the plan reads it so cut.
     ``costs``: the cost model of the engine the plan is for. ``fuse``: element-wise nodes run
-    inside the einsum steps next to them where they can (``plan/passes/fuse.py``)."""
+    inside the einsum steps next to them where they can (``plan/passes/fuse.py``) and steps
+    over single tiles run as programs (``plan/passes/program.py``); ``"elementwise"``: only
+    the first; False: neither."""
     if strategy not in STRATEGIES:
         raise EinsumError(f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise EinsumError(f"workers must be a positive int, got {workers!r}")
+    if fuse not in FUSE_MODES or isinstance(fuse, int) and not isinstance(fuse, bool):
+        raise EinsumError(f"fuse must be True, False or 'elementwise', got {fuse!r}")
     budget = parse_memory(memory)
     picked, single = graph.select(outputs)
     nodes = graph.needed([v.name for v in picked])
@@ -259,7 +275,7 @@ def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp"
     used = tuple(v for v in graph.inputs if v.name in read)
     unused = tuple(v.name for v in graph.inputs if v.name not in read)
     return _plan_cached(nodes, used, picked, single, unused, workers, budget, strategy, tile_bytes,
-                        tuple(sorted(fixed.items())), costs, bool(fuse))
+                        tuple(sorted(fixed.items())), costs, fuse)
 
 
 def _fixed_tiles(graph, inputs) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
@@ -289,7 +305,7 @@ def _fixed_tiles(graph, inputs) -> dict[str, tuple[tuple[int, ...], tuple[str, .
 @lru_cache(maxsize=128)
 def _plan_cached(nodes: tuple[EinsumNode, ...], inputs: tuple[ValueInfo, ...], picked: tuple[ValueInfo, ...],
                  single: bool, unused: tuple[str, ...], workers: int, budget: int | None, strategy: str,
-                 tile_bytes: int | None, fixed: tuple, costs: CostModel, fuse: bool = True) -> GraphPlan:  # noqa: PLR0913
+                 tile_bytes: int | None, fixed: tuple, costs: CostModel, fuse: bool | str = True) -> GraphPlan:  # noqa: PLR0913
     cut = dict(fixed)  # input name -> (tile, keys) it is stored in
     values = tuple(TiledValue(v.name, v.shape, v.dtype, *cut.get(v.name, (None, tuple(f"d{k}" for k in range(len(v.shape))))))
                    for v in inputs)

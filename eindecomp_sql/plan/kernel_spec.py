@@ -49,10 +49,12 @@ SPEC_VERSION = 1
 # contraction, ``KernelFusion``); a spec is written with the lowest version that can say it, so
 # every unfused step's spec stays version 1
 FUSED_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)
+# version 3 adds op "program": einsum specs run one after the other in one call (ProgramKernelSpec)
+PROGRAM_VERSION = 3
+SUPPORTED_VERSIONS = (1, 2, 3)
 # device names a spec may carry; whether this process has kernels for one is udfs/devices.py's
 DEVICES = ("cpu", "cuda")
-OPS = ("einsum", "retile", "fill")
+OPS = ("einsum", "retile", "fill", "program")
 
 
 def _check_device(device) -> str:
@@ -581,14 +583,87 @@ class FillKernelSpec:
                    device=device)
 
 
-KernelSpec = Union[EinsumKernelSpec, RetileKernelSpec, FillKernelSpec]
-_CLASSES = {"einsum": EinsumKernelSpec, "retile": RetileKernelSpec, "fill": FillKernelSpec}
+@dataclass(frozen=True)
+class ProgramKernelSpec:
+    """Einsums over single tiles computed one after the other in one kernel call: the call
+    gets one tile per input (``dtypes``); ``steps[j]`` reads the slots ``args[j]``, where slots
+    0..n-1 are the inputs and slot n+j is step j's result; the last step's result is the
+    call's. Each step is an ``EinsumKernelSpec`` whose tiles hold whole values.
+
+    >>> one = EinsumKernelSpec(inputs=(("i", "j"), ("j", "k")), output=("i", "k"), labels=("i", "j", "k"),
+    ...                        reduced=("j",), size={"i": 2, "j": 3, "k": 2}, tile={"i": 2, "j": 3, "k": 2},
+    ...                        join=KernelJoin(name="mul"), agg="sum", dtypes=("float64", "float64"),
+    ...                        out_dtype="float64")
+    >>> spec = ProgramKernelSpec(steps=(one, one), args=((0, 1), (2, 1)), dtypes=("float64", "float64"))
+    >>> from_json(to_json(spec)) == spec
+    True
+    >>> ProgramKernelSpec(steps=(one,), args=((0, 2),), dtypes=("float64", "float64"))
+    Traceback (most recent call last):
+    ...
+    eindecomp_sql.errors.EinsumError: kernel spec program step 0 reads slot 2, but only slots 0..1 are defined before it
+    """
+
+    steps: tuple[EinsumKernelSpec, ...]
+    args: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    version: int = PROGRAM_VERSION
+    device: str = "cpu"
+
+    op = "program"
+
+    def __post_init__(self):
+        steps = tuple(_from_dict(dict(x)) if isinstance(x, dict) else x for x in self.steps)
+        if not steps or not all(isinstance(x, EinsumKernelSpec) for x in steps):
+            raise EinsumError(f"kernel spec program steps must be einsum specs, got {self.steps!r:.80}")
+        _set(self, "steps", steps)
+        _set(self, "args", tuple(_ints(a, "program step args") for a in self.args))
+        _set(self, "dtypes", tuple(_check_dtype(d) for d in self.dtypes))
+        _check_version(self.version)
+        if self.version < PROGRAM_VERSION:
+            raise EinsumError(f"kernel spec program needs version {PROGRAM_VERSION}, the spec says {self.version}")
+        _check_device(self.device)
+        if len(self.args) != len(steps):
+            raise EinsumError(f"kernel spec program has {len(steps)} steps and {len(self.args)} argument lists")
+        slots = list(self.dtypes)
+        for j, (step, args) in enumerate(zip(steps, self.args)):
+            if step.device != self.device:
+                raise EinsumError(f"kernel spec program step {j} runs on {step.device!r}, the program on {self.device!r}")
+            if len(args) != len(step.inputs):
+                raise EinsumError(f"kernel spec program step {j} has {len(step.inputs)} inputs but reads {len(args)} slots")
+            for a, want in zip(args, step.dtypes):
+                if not 0 <= a < len(slots):
+                    raise EinsumError(f"kernel spec program step {j} reads slot {a}, but only slots "
+                                      f"0..{len(slots) - 1} are defined before it")
+                if slots[a] != want:
+                    raise EinsumError(f"kernel spec program step {j} wants {want} from slot {a}, which holds {slots[a]}")
+            slots.append(step.out_dtype)
+
+    @property
+    def out_dtype(self) -> str:
+        return self.steps[-1].out_dtype
+
+    def _body(self) -> dict:
+        return {"steps": [_as_dict(x) for x in self.steps], "args": [list(a) for a in self.args],
+                "dtypes": list(self.dtypes)}
+
+    @classmethod
+    def _from_body(cls, b: dict, version: int, device: str) -> ProgramKernelSpec:
+        if not isinstance(b["steps"], list) or not all(isinstance(x, dict) for x in b["steps"]):
+            raise EinsumError(f"kernel spec program steps must be a list of specs, got {b['steps']!r:.80}")
+        return cls(steps=tuple(_from_dict(dict(x)) for x in b["steps"]), args=b["args"], dtypes=b["dtypes"],
+                   version=version, device=device)
+
+
+KernelSpec = Union[EinsumKernelSpec, RetileKernelSpec, FillKernelSpec, ProgramKernelSpec]
+_CLASSES = {"einsum": EinsumKernelSpec, "retile": RetileKernelSpec, "fill": FillKernelSpec,
+            "program": ProgramKernelSpec}
 _KEYS = {
     "einsum": {"in", "out", "labels", "reduced", "size", "tile", "join", "agg", "dtypes", "out_dtype"},
     "retile": {"shape", "from", "to", "dtype"},
     "fill": {"shape", "tile", "dtype", "value"},
+    "program": {"steps", "args", "dtypes"},
 }
-_OPTIONAL = {"einsum": set(), "retile": {"first_key_range"}, "fill": set()}
+_OPTIONAL = {"einsum": set(), "retile": {"first_key_range"}, "fill": set(), "program": set()}
 # keys a version adds (a version-1 reader refuses them as unknown)
 _OPTIONAL_SINCE = {2: {"einsum": {"fused"}}}
 
@@ -601,27 +676,35 @@ def _optional(op: str, version: int) -> set[str]:
     return keys
 
 
+def _as_dict(spec: KernelSpec) -> dict:
+    body = spec._body()
+    body.update(v=spec.version, device=spec.device, op=spec.op)
+    return body
+
+
 def to_json(spec: KernelSpec) -> str:
     """The spec as compact JSON with sorted keys (equal specs give equal text), with its version
     ``"v"``, ``"device"`` and ``"op"``."""
-    body = spec._body()
-    body.update(v=spec.version, device=spec.device, op=spec.op)
-    return json.dumps(body, separators=(",", ":"), sort_keys=True)
+    return json.dumps(_as_dict(spec), separators=(",", ":"), sort_keys=True)
 
 
 def from_json(text: str) -> KernelSpec:
     """The spec ``to_json`` wrote; an ``EinsumError`` for an unknown version, op or device, or
     a malformed spec (saying what it got and what it reads).
 
-    >>> from_json('{"v": 3, "op": "fill"}')
+    >>> from_json('{"v": 4, "op": "fill"}')
     Traceback (most recent call last):
     ...
-    eindecomp_sql.errors.EinsumError: kernel spec version 3 is not supported; this eindecomp_sql reads version 1, 2
+    eindecomp_sql.errors.EinsumError: kernel spec version 4 is not supported; this eindecomp_sql reads version 1, 2, 3
     """
     try:
         body = json.loads(text)
     except (TypeError, ValueError) as e:
         raise EinsumError(f"kernel spec is not JSON ({e}): {str(text)[:80]!r}") from None
+    return _from_dict(body)
+
+
+def _from_dict(body) -> KernelSpec:
     if not isinstance(body, dict):
         raise EinsumError(f"kernel spec must be a JSON object, got {type(body).__name__}")
     if "v" not in body:
@@ -647,8 +730,10 @@ def from_json(text: str) -> KernelSpec:
 def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu", portable: bool = False) -> str:
     """The JSON of a plan step's kernel spec: labels, sizes, tile sizes, dtypes, the join, the
     device. ``batch`` is the range of first target keys one statement of a retile covers."""
-    from .steps import FillStep, RetileStep  # a step module imports the plan package
+    from .steps import FillStep, ProgramStep, RetileStep  # a step module imports the plan package
 
+    if isinstance(step, ProgramStep):
+        return to_json(_program_spec(step, device, portable))
     if isinstance(step, RetileStep):
         s, t = step.source, step.target
         spec = RetileKernelSpec(shape=s.shape, source_tile=s.tile, target_tile=t.tile, dtype=s.dtype,
@@ -657,16 +742,31 @@ def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu",
         r = step.result
         spec = FillKernelSpec(shape=r.shape, tile=r.tile, dtype=r.dtype, value=step.value, device=device)
     else:
-        node = step.node
-        fused = _kernel_fusion(step, portable) if step.fused is not None else None
-        spec = EinsumKernelSpec(
-            inputs=tuple(tuple(op.labels) for op in node.operands), output=tuple(node.output),
-            labels=tuple(node.labels), reduced=tuple(node.reduced), size=dict(node.sizes), tile=step.tile_of,
-            join=KernelJoin.of(node.join, portable), agg=node.agg.name, dtypes=tuple(v.dtype for v in step.inputs),
-            out_dtype=step.result.dtype, device=device, fused=fused,
-            version=SPEC_VERSION if fused is None else FUSED_VERSION,
-        )
+        spec = _einsum_spec(step, device, portable)
     return to_json(spec)
+
+
+def _einsum_spec(step, device: str, portable: bool) -> EinsumKernelSpec:
+    node = step.node
+    fused = _kernel_fusion(step, portable) if step.fused is not None else None
+    return EinsumKernelSpec(
+        inputs=tuple(tuple(op.labels) for op in node.operands), output=tuple(node.output),
+        labels=tuple(node.labels), reduced=tuple(node.reduced), size=dict(node.sizes), tile=step.tile_of,
+        join=KernelJoin.of(node.join, portable), agg=node.agg.name, dtypes=tuple(v.dtype for v in step.inputs),
+        out_dtype=step.result.dtype, device=device, fused=fused,
+        version=SPEC_VERSION if fused is None else FUSED_VERSION,
+    )
+
+
+def _program_spec(step, device: str, portable: bool) -> ProgramKernelSpec:
+    """A program step's einsums as slots: its inputs, then each step's result."""
+    slot = {v.name: k for k, v in enumerate(step.inputs)}
+    args = []
+    for j, s in enumerate(step.steps):
+        args.append(tuple(slot[v.name] for v in s.inputs))
+        slot[s.result.name] = len(step.inputs) + j
+    return ProgramKernelSpec(steps=tuple(_einsum_spec(s, device, portable) for s in step.steps), args=tuple(args),
+                             dtypes=tuple(v.dtype for v in step.inputs), device=device)
 
 
 def _kernel_fusion(step, portable: bool) -> KernelFusion:

@@ -238,6 +238,76 @@ class EinsumStep:
                 f"[fused {', '.join(f.names)}; {hidden} not stored]")
 
 
+def one_tile(v: TiledValue) -> bool:
+    """Whether ``v`` is a single tile holding at least one element."""
+    return v.nbytes > 0 and all(g == 1 for g in v.grid)
+
+
+@dataclass(frozen=True)
+class ProgramStep:
+    """Einsum steps over values that are each one tile, run one after the other in a single
+    kernel call (``plan/passes/program.py``): the statement reads every tile ``inputs`` names
+    once (one row each), the kernel computes ``steps`` in order, each reading those tiles and
+    the results of the steps before it, and only the last step's result is stored. Each step
+    keeps its own chunking (every label in one piece) and may itself be fused.
+
+    When a plan cuts nothing, a statement per node buys nothing: each costs DuckDB a few
+    milliseconds outside its kernel and copies its tiles in and out (docs/DESIGN.md,
+    "Programs: graphs of single tiles").
+    """
+
+    steps: tuple[EinsumStep, ...]
+    inputs: tuple[TiledValue, ...]  # tiles read that no step here computes, in slot order
+
+    batches = 1  # one statement: a program is never batched (it is one tile)
+
+    @property
+    def result(self) -> TiledValue:
+        return self.steps[-1].result
+
+    @property
+    def hidden(self) -> tuple[str, ...]:
+        """Values computed inside the kernel and never stored (fused nodes' included)."""
+        out = []
+        for s in self.steps:
+            out += list(s.fused.hidden) if s.fused is not None else []
+            if s is not self.steps[-1]:
+                out.append(s.result.name)
+        return tuple(out)
+
+    @property
+    def costs(self) -> Costs:
+        """Only the inputs cross into the kernel, once: what the steps compute stays inside."""
+        return Costs(join=sum(v.nbytes for v in self.inputs), statements=1)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.peak()
+
+    def peak(self, model: CostModel = DEFAULT_COSTS) -> int:
+        """The input tiles (their Arrow copy), then at each step the results still to be read
+        (the kernel lets go of one after its last reader) and what a fused step holds besides,
+        and the result's copy into DuckDB."""
+        last_use: dict[str, int] = {}
+        for j, s in enumerate(self.steps):
+            for v in s.inputs:
+                last_use[v.name] = j
+        live: dict[str, int] = {}
+        most = 0
+        for j, s in enumerate(self.steps):
+            held = sum(nbytes(n.result.shape, n.result.dtype) for n in s.fused.nodes[:-1]) if s.fused else 0
+            live[s.result.name] = s.result.nbytes
+            most = max(most, sum(live.values()) + held)
+            for name in [n for n in live if last_use.get(n, -1) <= j and n != self.result.name]:
+                del live[name]
+        return sum(v.nbytes for v in self.inputs) + most + self.result.nbytes
+
+    def describe(self) -> str:
+        inner = "; ".join(s.describe() for s in self.steps)
+        return (f"program of {len(self.steps)} einsums on single tiles -> {self.result.name} "
+                f"[{inner}; {', '.join(self.hidden)} not stored]")
+
+
 def fill_peak(result: TiledValue, batches: int) -> int:
     """Bytes of the largest batch of a fill: whole rows of tiles along the first key."""
     if not result.shape or result.nbytes == 0:
@@ -278,7 +348,7 @@ class FillStep:
         return f"fill {self.result.name} {self.result.shape} with {self.value!r}{batched} (a reduced label has size 0)"
 
 
-Step = Union[RetileStep, EinsumStep, FillStep]
+Step = Union[RetileStep, EinsumStep, FillStep, ProgramStep]
 
 
 def step_target(step: Step) -> TiledValue:

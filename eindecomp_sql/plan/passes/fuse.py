@@ -24,7 +24,7 @@ the other; a prologue may carry a whole chain of element-wise nodes.
 >>> from eindecomp_sql.plan.graph_plan import plan_graph
 >>> g = Graph(); x = g.input("x", (8, 4)); w = g.input("w", (4, 6)); v = g.input("v", (6, 3))
 >>> h = g.map("relu", g.einsum("bi,io->bo", x, w))
->>> [s.describe() for s in plan_graph(g, outputs=g.einsum("bo,op->bp", h, v)).plan.steps]
+>>> [s.describe() for s in plan_graph(g, outputs=g.einsum("bo,op->bp", h, v), fuse="elementwise").plan.steps]
 ['einsum bi,io->bo + relu [b:1 i:1 o:1] -> v2 [fused v2; v1 not stored]', 'einsum bo,op->bp [b:1 o:1 p:1] -> v3']
 """
 
