@@ -1,6 +1,7 @@
 """A session as users share it: threads, results that free themselves, options checked at
 connect(), clear errors for closed sessions, dropped tensors and files DuckDB cannot open."""
 
+import contextlib
 import gc
 import subprocess
 import sys
@@ -373,3 +374,42 @@ def test_a_file_open_in_one_session_is_refused_by_a_second_with_our_error(tmp_pa
     first.close()
     with eds.connect(path) as second:
         np.testing.assert_array_equal(second.einsum_numpy("ij,jk->ik", "x", "x"), np.full((3, 3), 3.0))
+
+
+@pytest.mark.parametrize("registry", [True, False])
+def test_arrays_are_readable_for_the_run_only(registry, monkeypatch):
+    """Arrays enter a plan through duckdb's source registry (or, without it, as views): the
+    answer is numpy's either way, and nothing stays readable once the plan ran, or failed."""
+    import duckdb
+
+    from eindecomp_sql.backends.duckdb import DuckDBBackend
+
+    monkeypatch.setattr(DuckDBBackend, "source_registry", registry)
+    rng = np.random.default_rng(0)
+    a, b, c = rng.standard_normal((5, 4)), rng.standard_normal((4, 3)), rng.standard_normal((3, 2))
+    with eds.connect() as db:
+        seen = []
+        arrays = db.backend._arrays
+
+        def spy(tables):
+            with arrays(tables) as names:
+                seen.append(dict(names))
+                yield names
+
+        monkeypatch.setattr(db.backend, "_arrays", contextlib.contextmanager(spy))
+        np.testing.assert_allclose(db.einsum_numpy("ij,jk,kl->il", a, b, c), a @ b @ c, rtol=1e-12)
+        with pytest.raises(EinsumError):
+            db.einsum_numpy("ij,jk->ik", a, np.full((4, 3), "x", dtype=object))
+        def bad(x, y):  # fine on the planner's probe, fails on the data
+            if 5 in np.shape(x):
+                raise ValueError("no")
+            return x * y
+
+        with pytest.raises(EinsumError):  # a kernel fails mid-plan
+            db.einsum_numpy("ij,jk->ik", a, b, join=bad)
+        assert len(seen) >= 2 and all(len(s) >= 1 for s in seen)
+        assert registry == all(not n.startswith("_eds_a") for s in seen for n in s.values())
+        for s in seen:
+            for name in s.values():
+                with pytest.raises(duckdb.Error):  # no such table, or its object released
+                    db.backend._work.execute(f'SELECT * FROM "{name}"').fetchall()
