@@ -1,5 +1,5 @@
-"""Statements each benchmark graph runs, one step per node against fused (docs/DESIGN.md "Fused
-graphs"): the CREATE TABLE / INSERT statements the DuckDB backend runs for the plan's steps,
+"""Statements each benchmark graph runs, one step per node against element-wise fusion alone and
+against full fusion (single-tile steps as programs) (docs/DESIGN.md "Fused graphs", "Programs"): the CREATE TABLE / INSERT statements the DuckDB backend runs for the plan's steps,
 counted, and the results checked against numpy. Small sizes (tests/graphs.py's defaults): this
 counts statements, it times nothing.
 
@@ -42,18 +42,20 @@ def count_statements(db, plan, xs) -> tuple[int, np.ndarray]:
 
 def main():
     with eds.connect() as db:
-        print(f"{'graph':12s} {'workers':>7s} {'nodes':>5s} {'unfused':>8s} {'fused':>6s}  fused nodes")
+        print(f"{'graph':12s} {'workers':>7s} {'nodes':>5s} {'unfused':>8s} {'elementwise':>11s} {'fused':>6s}  "
+              "fused nodes")
         for name, make in WORKLOADS.items():
             g, ref = make()
             xs = random_inputs(g, 0)
             want = ref(**xs)
             for workers in (1, 4):
                 counts = {}
-                for fuse in (False, True):
+                for fuse in (False, "elementwise", True):
                     p = g.plan(workers=workers, fuse=fuse)
                     counts[fuse], got = count_statements(db, p, xs)
                     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
-                print(f"{name:12s} {workers:7d} {len(g.nodes):5d} {counts[False]:8d} {counts[True]:6d}  "
+                print(f"{name:12s} {workers:7d} {len(g.nodes):5d} {counts[False]:8d} {counts['elementwise']:11d} "
+                      f"{counts[True]:6d}  "
                       f"{', '.join(f'{a}->{b}' for a, b in p.fused.items())}")
 
 
