@@ -1,0 +1,121 @@
+"""A plan as tile tasks for a device worker (``udfs/runtime.py``): one task per output tile of
+every step, reading exactly the tiles the step's SQL would join for it, computed as the
+reference backend computes a tile. Tile ids are ``(value name, key)``.
+
+>>> import numpy as np
+>>> from eindecomp_sql.plan import TiledValue, plan_einsum
+>>> a = TiledValue("A", (4, 6), "float64", (2, 3), ("d0", "d1"))
+>>> b = TiledValue("B", (6, 5), "float64", (3, 5), ("d0", "d1"))
+>>> tasks = plan_tasks(plan_einsum("ij,jk->ik", (a, b)))
+>>> [(t.name, t.inputs) for t in tasks][:1]
+[('_eds_result(0, 0)', (('A', (0, 0)), ('B', (0, 0)), ('A', (0, 1)), ('B', (1, 0))))]
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from ..plan import EinsumStep, FillStep, Plan, ProgramStep, RetileStep, TiledValue
+from . import reference as ref
+from ..udfs.runtime import Task
+
+
+def tile_ids(value: TiledValue) -> list:
+    return [(value.name, key) for key in ref._keys(value.shape, value.tile)]
+
+
+def host_tiles(value: TiledValue, array: np.ndarray) -> dict:
+    """``array`` cut as ``value`` is, by tile id."""
+    return {(value.name, key): t for key, t in ref.cut(array, value.tile).items()}
+
+
+def assemble(value: TiledValue, tiles: dict) -> np.ndarray:
+    return ref.assemble(value, {key: tiles[(value.name, key)] for key in ref._keys(value.shape, value.tile)})
+
+
+def plan_tasks(plan: Plan) -> list[Task]:
+    """Every step of ``plan`` as tile tasks, in the plan's order (fused steps and programs as
+    the steps they stand for)."""
+    tasks: list[Task] = []
+    for step in plan.steps:
+        for s in (step.steps if isinstance(step, ProgramStep) else (step,)):
+            for part in (s.unfused() if isinstance(s, EinsumStep) else (s,)):
+                tasks += _step_tasks(part)
+    return tasks
+
+
+def _nbytes(shape, dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _step_tasks(step) -> list[Task]:
+    if isinstance(step, FillStep):
+        r = step.result
+        return [Task(f"{r.name}{key}", (), (r.name, key), _nbytes(ref._extent(ref._box(r.shape, r.tile, key)), r.dtype),
+                     lambda arrays, e=ref._extent(ref._box(r.shape, r.tile, key)), v=step.value, d=r.dtype:
+                     np.full(e, v, dtype=d))
+                for key in ref._keys(r.shape, r.tile)]
+    if isinstance(step, RetileStep):
+        return _retile_tasks(step)
+    return _einsum_tasks(step)
+
+
+def _einsum_tasks(step: EinsumStep) -> list[Task]:
+    e = ref._Einsum(step)
+    node, result = step.node, step.result
+    tasks = []
+    for okey in itertools.product(*(range(step.pieces[lab]) for lab in node.output)):
+        members = []  # per piece of the reduced labels: (keys, extents, the tile id of each operand)
+        for rkey in itertools.product(*(range(step.pieces[lab]) for lab in node.reduced)):
+            keys = dict(zip(node.output, okey)) | dict(zip(node.reduced, rkey))
+            ids = []
+            for op, v in zip(node.operands, step.inputs):
+                labels = iter(op.labels)
+                ids.append((v.name, tuple(0 if ax in op.dropped else keys[next(labels)] for ax in range(len(v.shape)))))
+            members.append((keys, e.extents(keys), ids))
+        inputs = tuple(dict.fromkeys(i for _, _, ids in members for i in ids))
+        index = {i: n for n, i in enumerate(inputs)}
+
+        def run(arrays, members=members, index=index):
+            acc = None
+            for keys, ext, ids in members:
+                tiles = [_operand(e, k, arrays[index[i]], ext) for k, i in enumerate(ids)]
+                part = e.partial(tiles, ext)
+                acc = part if acc is None else np.asarray(e.agg(acc, part)).astype(e.out_dtype, casting="unsafe")
+            return acc
+
+        shape = ref._extent(ref._box(result.shape, result.tile, okey))
+        flops = 2.0 * sum(float(np.prod(list(ext.values()))) for _, ext, _ in members)
+        tasks.append(Task(f"{result.name}{okey}", inputs, (result.name, okey), _nbytes(shape, result.dtype), run, flops))
+    return tasks
+
+
+def _operand(e, k: int, tile: np.ndarray, ext: dict) -> np.ndarray:
+    op = e.node.operands[k]
+    if op.dropped:
+        tile = tile.reshape([n for ax, n in enumerate(tile.shape) if ax not in op.dropped])
+    return tile.reshape(tuple(ext[lab] for lab in op.labels))
+
+
+def _retile_tasks(step: RetileStep) -> list[Task]:
+    s, t = step.source, step.target
+    tasks = []
+    for key in ref._keys(t.shape, t.tile):
+        box = ref._box(t.shape, t.tile, key)
+        sources = list(itertools.product(*(range(b.start // a, (b.stop - 1) // a + 1) for b, a in zip(box, s.tile))))
+
+        def run(arrays, box=box, sources=sources):
+            out = np.empty(ref._extent(box), dtype=np.dtype(t.dtype))
+            for src, piece in zip(sources, arrays):
+                sbox = ref._box(s.shape, s.tile, src)
+                lo = [max(b.start, c.start) for b, c in zip(box, sbox)]
+                hi = [min(b.stop, c.stop) for b, c in zip(box, sbox)]
+                out[tuple(slice(a - b.start, z - b.start) for a, z, b in zip(lo, hi, box))] = \
+                    piece[tuple(slice(a - c.start, z - c.start) for a, z, c in zip(lo, hi, sbox))]
+            return out
+
+        tasks.append(Task(f"{t.name}{key}", tuple((s.name, src) for src in sources), (t.name, key),
+                          _nbytes(ref._extent(box), t.dtype), run))
+    return tasks
