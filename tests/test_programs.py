@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import event, given, settings
+from hypothesis import event, given, reject, settings
 from hypothesis import strategies as st
 
 import eindecomp_sql as eds
@@ -75,14 +75,21 @@ def single_tile_graphs(draw):
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @settings(max_examples=80, deadline=None)
-@given(single_tile_graphs())
-def test_random_single_tile_graphs_run_as_programs_and_match_numpy(db, case):
+@given(single_tile_graphs(), st.sampled_from([None, None, 1500, 6000]))
+def test_random_single_tile_graphs_run_as_programs_and_match_numpy(db, case, memory):
     """Every einsum step ends up in a program or alone; a program stores one value, which is kept
-    or read after it; the results are numpy's, and the same bits as the per-node plan's."""
+    or read after it, and fits the budget; the results are numpy's, and the same bits as the
+    per-node plan's."""
     g, arrays, want = case
     outputs = list(want)
-    plans = {fuse: g.plan(outputs=outputs, fuse=fuse) for fuse in ("elementwise", True)}
+    try:
+        plans = {fuse: g.plan(outputs=outputs, fuse=fuse, memory=memory) for fuse in ("elementwise", True)}
+    except EinsumError as e:  # a budget no chunking of some node fits: refused before running
+        assert memory is not None and "fits the memory budget" in str(e)
+        reject()
     plan = plans[True].plan
+    if memory is not None:
+        assert plan.peak_bytes <= memory
     kept = {v.name for v in plan.outputs}
     for k, step in enumerate(plan.steps):
         if isinstance(step, ProgramStep):
@@ -171,6 +178,14 @@ def test_the_budget_keeps_steps_apart():
     tight = g.plan(outputs=y, memory=program.peak_bytes - 1)
     assert not any(isinstance(s, ProgramStep) for s in tight.plan.steps)
     assert tight.plan.peak_bytes <= program.peak_bytes - 1
+    fits = g.plan(outputs=y, memory=program.peak_bytes)  # a budget it fits: still one program
+    (step,) = fits.plan.steps
+    assert isinstance(step, ProgramStep) and fits.plan.peak_bytes == program.peak_bytes
+    rng = np.random.default_rng(6)
+    xs = {n: rng.standard_normal((64, 64)).astype(np.float32) for n in "xwv"}
+    with eds.connect(memory=program.peak_bytes) as db:
+        got = fits.run(db, **xs).to_numpy()
+    np.testing.assert_allclose(got, xs["x"] @ xs["w"] @ xs["v"], rtol=1e-4, atol=1e-4)
 
 
 def test_fuse_false_and_elementwise_make_no_programs():

@@ -6,7 +6,12 @@ backend (``backends/duckdb.py``) holds a ``DuckDBCompiler()`` and runs what it c
 
 from __future__ import annotations
 
+import re
+
 from .compiler import SQLCompiler
+
+# the names duckdb's source registry gives the arrays a plan reads (backends/duckdb.py: _arrays)
+_REGISTRY_NAME = re.compile(r"__duckdb_source_[A-Za-z0-9_]*")
 
 
 class DuckDBCompiler(SQLCompiler):
@@ -21,3 +26,12 @@ class DuckDBCompiler(SQLCompiler):
     # turns the join into a cross product: ~1 ms faster on small tiles, but ~80 ms slower on
     # two 64 MB tiles (the cross product copies its right side; a hash join's build is cheaper).
     small_tile_bytes = 1 << 20
+
+    def quote(self, table_name: str) -> str:
+        """Arrays are read by names the client's source registry makes afresh on every run:
+        plain identifiers, quoted here directly (what sqlglot prints for them) rather than
+        through the shared cache, which they would churn. Every other name, a user's included,
+        is quoted by sqlglot."""
+        if _REGISTRY_NAME.fullmatch(table_name):
+            return f'"{table_name}"'
+        return super().quote(table_name)

@@ -54,6 +54,7 @@ from ..plan.steps import (
     RetileStep,
     TiledValue,
     output_tiles,
+    step_reads,
     step_target,
 )
 from .spec import InputSpec, Job, JobError
@@ -297,8 +298,7 @@ def split(job: Job, g, owner: dict[str, str], gplan) -> dict[str, object]:
         made = {step_target(s).name for s in own}
         read: dict[str, TiledValue] = {}
         for s in own:
-            for v in (s.inputs if isinstance(s, (EinsumStep, ProgramStep)) else
-                      (s.source,) if isinstance(s, RetileStep) else ()):
+            for v in step_reads(s):
                 if v.name not in made:
                     known = plan_inputs.get(v.name) or outputs.get(v.name)
                     if known != v:  # cannot happen: every value a step reads is made or given

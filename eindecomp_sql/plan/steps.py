@@ -356,6 +356,15 @@ def step_target(step: Step) -> TiledValue:
     return step.target if isinstance(step, RetileStep) else step.result
 
 
+def step_reads(step: Step) -> tuple[TiledValue, ...]:
+    """The values a step's statement reads (a fill reads none)."""
+    if isinstance(step, (EinsumStep, ProgramStep)):
+        return step.inputs
+    if isinstance(step, RetileStep):
+        return (step.source,)
+    return ()
+
+
 def output_tiles(step: Step) -> int:
     """How many tiles a step writes (what progress counts)."""
     value = step_target(step)

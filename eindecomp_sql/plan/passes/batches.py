@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from ..cost import choose_batches, max_batches, retile_max_batches, retile_peak
 from ..draft import Draft
-from ..steps import EinsumStep, FillStep, RetileStep, fill_peak
+from ..steps import EinsumStep, FillStep, ProgramStep, RetileStep, fill_peak
 
 
 def split_batches(d: Draft) -> Draft:
@@ -29,8 +29,8 @@ def _batched(step, budget, model):
         r = step.result
         most = r.grid[0] if r.shape and r.nbytes else 1  # batches cut the first key
         return replace(step, batches=choose_batches(lambda b: fill_peak(r, b), most, budget))
-    if budget is None:
-        return step
+    if budget is None or isinstance(step, ProgramStep):
+        return step  # a program is one tile: one statement (passes/program.py checked its peak)
     if isinstance(step, RetileStep):
         s, t = step.source, step.target
         b = choose_batches(lambda k: retile_peak(s.shape, s.dtype, t.tile, k, model),

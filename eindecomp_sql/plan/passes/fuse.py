@@ -35,7 +35,7 @@ from dataclasses import replace
 from ...graph import EinsumNode, Operand
 from ..cost import Costs, max_batches
 from ..draft import Draft
-from ..steps import EinsumStep, Fusion, RetileStep, TiledValue
+from ..steps import EinsumStep, Fusion, RetileStep, TiledValue, step_reads
 
 
 def fuse_elementwise(d: Draft) -> Draft:
@@ -51,11 +51,7 @@ def fuse_elementwise(d: Draft) -> Draft:
 
 # -- what a step reads and runs ----------------------------------------------------------------
 def _reads(step) -> tuple[str, ...]:
-    if isinstance(step, EinsumStep):
-        return tuple(v.name for v in step.inputs)
-    if isinstance(step, RetileStep):
-        return (step.source.name,)
-    return ()
+    return tuple(v.name for v in step_reads(step))
 
 
 class _Index:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..draft import Draft
-from ..steps import EinsumStep, ProgramStep, RetileStep, one_tile
+from ..steps import EinsumStep, ProgramStep, one_tile, step_reads
 
 
 def fuse_programs(d: Draft) -> Draft:
@@ -34,8 +34,8 @@ def fuse_programs(d: Draft) -> Draft:
     steps = list(d.steps)
     readers: dict[str, set[int]] = {}
     for k, s in enumerate(steps):
-        for name in _reads(s):
-            readers.setdefault(name, set()).add(k)
+        for v in step_reads(s):
+            readers.setdefault(v.name, set()).add(k)
     keep = set(d.outputs)
     out: list = []
     run: list[int] = []
@@ -52,14 +52,6 @@ def fuse_programs(d: Draft) -> Draft:
     for s in out:  # a program over the budget came back as its steps
         flat += list(s) if isinstance(s, tuple) else [s]
     return replace(d, steps=tuple(flat))
-
-
-def _reads(step) -> tuple[str, ...]:
-    if isinstance(step, EinsumStep):
-        return tuple(v.name for v in step.inputs)
-    if isinstance(step, RetileStep):
-        return (step.source.name,)
-    return ()
 
 
 def _eligible(step) -> bool:
