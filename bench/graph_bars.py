@@ -4,7 +4,7 @@ dask.array on the same graph, node by node, with the element-wise-only, unfused 
 plans beside it. One process, every method once per round in a shuffled order (a
 run right after dask's came out slower: its threads and freed memory linger), medians.
 
-    .venv/bin/python bench/graph_bars.py [--rounds 11] [--only ffn,attention] [--out FILE]
+    .venv/bin/python bench/graph_bars.py [--rounds 11] [--only ffn,attention] [--out FILE] [--pair]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from graphs import random_inputs  # noqa: E402
 from graphs_run import WORKLOADS  # noqa: E402
 
 
-def bench(name: str, rounds: int) -> dict:
+def bench(name: str, rounds: int, dask: bool = True, only_default: bool = False) -> dict:
     import dask.array as da
 
     g, ref = WORKLOADS[name]()
@@ -44,8 +44,11 @@ def bench(name: str, rounds: int) -> dict:
         assert np.allclose(got, want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max())), label
     fns = {label: (lambda p=p: p.run(db, **xs)) for label, p in plans.items()}
     fns["numpy"] = lambda: evaluate(g, xs)
-    fns["dask.array"] = lambda: evaluate(g, dxs, xp=da)
-    fns["dask.array"]()
+    if only_default:
+        fns = {k: f for k, f in fns.items() if k in ("default (fused, workers=1)", "numpy")}
+    if dask:
+        fns["dask.array"] = lambda: evaluate(g, dxs, xp=da)
+        fns["dask.array"]()
     times = {k: [] for k in fns}
     for r in range(rounds):
         order = list(fns)
@@ -64,9 +67,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--only", help="comma-separated graph names")
     ap.add_argument("--out", default=str(HERE / "graph_bars.json"), help="where the JSON goes")
+    ap.add_argument("--pair", action="store_true",
+                    help="only the default plan and numpy, alternating (no dask.array, no other plans)")
     args = ap.parse_args()
     names = args.only.split(",") if args.only else list(WORKLOADS)
-    out = {name: bench(name, args.rounds) for name in names}
+    out = {name: bench(name, args.rounds, dask=not args.pair, only_default=args.pair) for name in names}
     Path(args.out).write_text(json.dumps(out, indent=1))
     print("| graph | method | steps | median s (min-max) | ratio to numpy |")
     print("|---|---|---|---|---|")
