@@ -163,3 +163,21 @@ def test_belady_counts_the_offline_optimum_on_a_known_sequence():
     rt = TileRuntime(SimulatedDevice(), budget=16)
     rt.run(tasks, {"a": one, "b": one, "c": one}, [])
     assert rt.stats.h2d_bytes >= 4 * 8
+
+
+def test_a_tile_left_by_an_earlier_run_is_written_back_before_it_is_evicted():
+    """Run 1 keeps r on the device. Run 2 reads r only at its end and is given no host copy,
+    under a budget that must evict r first: r goes back to the host and comes again."""
+    n = 8
+    rt = TileRuntime(SimulatedDevice(), budget=3 * n * 8)
+    x = np.arange(float(n))
+    rt.run([Task("r", ("x",), "r", n * 8, lambda a: a[0] + 1)], {"x": x}, ["r"])
+    ys = {f"y{k}": np.full(n, float(k)) for k in range(3)}
+    tasks = [Task(f"z{k}", (f"y{k}",), f"z{k}", n * 8, lambda a: a[0] * 2) for k in range(3)]
+    tasks.append(Task("last", ("r", "z2"), "out", n * 8, lambda a: a[0] + a[1]))
+    got = rt.run(tasks, ys, ["out", "z0"])
+    np.testing.assert_array_equal(got["out"], x + 1 + 4)
+    np.testing.assert_array_equal(got["z0"], np.zeros(n))
+    assert rt.stats.peak_bytes <= 3 * n * 8
+    assert ("evict", "r") in rt.stats.log and rt.stats.uploads.get("r") == 1  # it did leave, and came back
+    _check_log(rt.stats)

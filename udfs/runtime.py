@@ -186,6 +186,10 @@ class TileRuntime:
         for k, t in enumerate(tasks):
             for tid in t.inputs:
                 uses.setdefault(tid, []).append(k)
+        for tid, tile in self.cache.items():
+            # a tile an earlier run left here that this run reads but was not given on the host:
+            # only the device holds it now, so it goes back to the host before any eviction
+            tile.dirty = tile.dirty or (tid not in host and (tid in uses or tid in keep))
         _Run(self, tasks, host, keep, sizes, uses).go()
         return {tid: host[tid] for tid in keep}
 
