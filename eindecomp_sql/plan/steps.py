@@ -303,9 +303,9 @@ class ProgramStep:
         return sum(v.nbytes for v in self.inputs) + most + self.result.nbytes
 
     def describe(self) -> str:
-        inner = "; ".join(s.describe() for s in self.steps)
+        """One line (what progress and errors say); ``Plan.explain`` lists the steps under it."""
         return (f"program of {len(self.steps)} einsums on single tiles -> {self.result.name} "
-                f"[{inner}; {', '.join(self.hidden)} not stored]")
+                f"[{', '.join(self.hidden)} not stored]")
 
 
 def fill_peak(result: TiledValue, batches: int) -> int:
@@ -434,6 +434,8 @@ class Plan:
         for k, s in enumerate(self.steps):
             lines.append(f"  step {k}: {s.describe()} ({describe_costs(replace(s.costs, model=self.model))}; "
                          f"peak memory {format_bytes(s.peak(self.model))})")
+            if isinstance(s, ProgramStep):  # its einsums, in the order the kernel runs them
+                lines += [f"    {k}.{j}: {part.describe()}" for j, part in enumerate(s.steps)]
         for r in self.outputs:
             lines.append(f"  result {r.name}: shape {r.shape} {r.dtype} tile {r.tile} grid {r.grid}")
         return "\n".join(lines)

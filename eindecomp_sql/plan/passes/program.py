@@ -15,9 +15,11 @@ one that does not stays as its steps. ``fuse=False`` or ``"elementwise"`` turns 
 >>> from eindecomp_sql.plan.graph_plan import plan_graph
 >>> g = Graph(); x = g.input("x", (8, 4)); w = g.input("w", (4, 6)); v = g.input("v", (6, 3))
 >>> y = g.einsum("bo,op->bp", g.einsum("bi,io->bo", x, w), v)
->>> [s.describe() for s in plan_graph(g, outputs=y).plan.steps]  # doctest: +NORMALIZE_WHITESPACE
-['program of 2 einsums on single tiles -> v2 [einsum bi,io->bo [b:1 i:1 o:1] -> v1;
-  einsum bo,op->bp [b:1 o:1 p:1] -> v2; v1 not stored]']
+>>> for line in plan_graph(g, outputs=y).plan.explain().splitlines()[4:7]:
+...     print(line[:78])
+  step 0: program of 2 einsums on single tiles -> v2 [v1 not stored] (2,500,29
+    0.0: einsum bi,io->bo [b:1 i:1 o:1] -> v1
+    0.1: einsum bo,op->bp [b:1 o:1 p:1] -> v2
 """
 
 from __future__ import annotations
