@@ -3,11 +3,12 @@ import pytest
 import eindecomp_sql as eds
 from helpers import *  # noqa: F401,F403  (hypothesis profile)
 
-# Every test that takes ``db`` or ``backend`` runs once per backend: the DuckDB engine, and the
+# Every test that takes ``db`` or ``backend`` runs once per backend: the DuckDB engine, the
 # reference backend that runs the same plans step by step in numpy
-# (eindecomp_sql/backends/reference.py). A test about DuckDB itself is marked
-# ``duckdb_only("why")`` and runs on DuckDB alone.
-BACKENDS = ("duckdb", "reference")
+# (eindecomp_sql/backends/reference.py), and the simulated-device backend that runs them as tile
+# tasks through the device worker's runtime (backends/device_sim.py). A test about DuckDB itself
+# is marked ``duckdb_only("why")`` and runs on DuckDB alone.
+BACKENDS = ("duckdb", "reference", "device-sim")
 
 
 def pytest_configure(config):

@@ -111,7 +111,7 @@ def backend_tables(db, temporary: bool | None = None) -> list[str]:
     """Every table the session's backend holds, sorted: kept tensors and temporary results
     (``temporary``: only those, or only the kept ones). What "left nothing written" is checked
     against, on either backend."""
-    if db.backend.name == "reference":
+    if db.backend.name != "duckdb":  # the reference backend and the simulated device (its subclass)
         return db.backend.tables(temporary)
     where = "" if temporary is None else f" WHERE temporary = {str(temporary).lower()}"
     return [r[0] for r in db.backend._run(f"SELECT table_name FROM duckdb_tables(){where} ORDER BY table_name")]

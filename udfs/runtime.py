@@ -157,9 +157,11 @@ class TileRuntime:
         return tile
 
     # -- one run ----------------------------------------------------------------------------
-    def run(self, tasks: list[Task], host: dict, keep: Iterable[Hashable] = ()) -> dict:
+    def run(self, tasks: list[Task], host: dict, keep: Iterable[Hashable] = (),
+            on_done: Callable[[Task], None] | None = None) -> dict:
         """Run ``tasks`` (in an order valid for their dependencies) on tiles ``host`` (tile id ->
-        host array) and return the tiles ``keep`` names, on the host."""
+        host array) and return the tiles ``keep`` names, on the host. ``on_done(task)`` is
+        called as each task finishes (what raises there stops the run)."""
         tasks = list(tasks)
         keep = set(keep)
         self.stats = RuntimeStats()
@@ -190,15 +192,26 @@ class TileRuntime:
             # a tile an earlier run left here that this run reads but was not given on the host:
             # only the device holds it now, so it goes back to the host before any eviction
             tile.dirty = tile.dirty or (tid not in host and (tid in uses or tid in keep))
-        _Run(self, tasks, host, keep, sizes, uses).go()
+        try:
+            _Run(self, tasks, host, keep, sizes, uses, on_done).go()
+        except BaseException:
+            # a kernel failed (or the run was stopped): what this run made or had in flight
+            # goes; what earlier runs left stays, unpinned
+            for tid in list(self.cache):
+                tile = self.cache[tid]
+                tile.pins, tile.busy = 0, False
+                if tid in made or tile.array is None:
+                    del self.cache[tid]
+            raise
         return {tid: host[tid] for tid in keep}
 
 
 class _Run:
     """The event loop of one ``TileRuntime.run``."""
 
-    def __init__(self, rt: TileRuntime, tasks, host, keep, sizes, uses):
+    def __init__(self, rt: TileRuntime, tasks, host, keep, sizes, uses, on_done=None):
         self.rt, self.tasks, self.host, self.keep, self.sizes, self.uses = rt, tasks, host, keep, sizes, uses
+        self.on_done = on_done
         self.dev = rt.device
         self.clock = 0.0
         self.events: list = []  # (time, seq, kind, payload)
@@ -444,6 +457,8 @@ class _Run:
             cache[tid].used = self.clock
         self.computing = None
         self.done.add(k)
+        if self.on_done is not None:
+            self.on_done(t)
 
 
 def belady_bytes(tasks: list[Task], sizes: dict, budget: int, resident: Iterable[Hashable] = ()) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .base import Backend, Target
 
-BACKENDS = ("duckdb", "reference")
+BACKENDS = ("duckdb", "reference", "device-sim")
 
 
 def create_backend(name: str = "duckdb", database=None, *, read_only: bool = False) -> Backend:
@@ -21,6 +21,10 @@ def create_backend(name: str = "duckdb", database=None, *, read_only: bool = Fal
         from .reference import ReferenceBackend
 
         return ReferenceBackend(database, read_only=read_only)
+    if name == "device-sim":
+        from .device_sim import SimulatedDeviceBackend
+
+        return SimulatedDeviceBackend(database, read_only=read_only)
     from ..errors import EinsumError
 
     raise EinsumError(f"unknown backend {name!r}; available: {', '.join(map(repr, BACKENDS))}")

@@ -1,6 +1,7 @@
 """A plan as tile tasks for a device worker (``udfs/runtime.py``): one task per output tile of
-every step, reading exactly the tiles the step's SQL would join for it, computed as the
-reference backend computes a tile. Tile ids are ``(value name, key)``.
+every step, reading exactly the tiles the step's SQL would join for it, computed by the step's
+tile kernel (einsums) or as the reference backend cuts and pastes (retiles, fills). Tile ids are
+``(value name, key)``.
 
 >>> import numpy as np
 >>> from eindecomp_sql.plan import TiledValue, plan_einsum
@@ -63,7 +64,14 @@ def _step_tasks(step) -> list[Task]:
 
 
 def _einsum_tasks(step: EinsumStep) -> list[Task]:
+    """One task per output tile, running the step's own tile kernel (``udfs/kernels.py``, built
+    from its kernel spec, as the DuckDB UDFs build it) over the tiles of every piece of the
+    reduced labels."""
+    from ..plan.kernel_spec import kernel_spec
+    from ..udfs.kernels import einsum_kernel
+
     e = ref._Einsum(step)
+    kernel = einsum_kernel(kernel_spec(step))
     node, result = step.node, step.result
     tasks = []
     for okey in itertools.product(*(range(step.pieces[lab]) for lab in node.output)):
@@ -78,15 +86,14 @@ def _einsum_tasks(step: EinsumStep) -> list[Task]:
         inputs = tuple(dict.fromkeys(i for _, _, ids in members for i in ids))
         index = {i: n for n, i in enumerate(inputs)}
 
-        def run(arrays, members=members, index=index):
-            acc = None
-            for keys, ext, ids in members:
-                tiles = [_operand(e, k, arrays[index[i]], ext) for k, i in enumerate(ids)]
-                part = e.partial(tiles, ext)
-                acc = part if acc is None else np.asarray(e.agg(acc, part)).astype(e.out_dtype, casting="unsafe")
-            return acc
-
         shape = ref._extent(ref._box(result.shape, result.tile, okey))
+
+        def run(arrays, members=members, index=index, shape=shape):
+            out = np.empty(shape, dtype=kernel.out_dtype)
+            kernel.contract_group([[_operand(e, k, arrays[index[i]], ext) for k, i in enumerate(ids)]
+                                   for _, ext, ids in members], out)
+            return out
+
         flops = 2.0 * sum(float(np.prod(list(ext.values()))) for _, ext, _ in members)
         tasks.append(Task(f"{result.name}{okey}", inputs, (result.name, okey), _nbytes(shape, result.dtype), run, flops))
     return tasks
