@@ -30,7 +30,7 @@ from ..plan import EinsumStep, Plan, ProgramStep
 from ..plan.steps import step_target
 from .base import Target
 from .device_tasks import plan_tasks
-from .reference import ReferenceBackend, _check_tiles, _keys, assemble
+from .reference import ReferenceBackend, _check_tiles, _keys
 from ..udfs.runtime import SimulatedDevice, TileRuntime
 
 DEVICE_MEMORY = 1 << 30  # the simulated device's cache, by default
@@ -60,11 +60,7 @@ class SimulatedDeviceBackend(ReferenceBackend):
         """Run the plan's tile tasks on the simulated device; as ``ReferenceBackend.execute``
         otherwise (every value computed before anything is written)."""
         with self.lock:
-            self._check_open()
-            for t in outputs.values():
-                if t.table is not None and not t.temporary:
-                    self._check_writable(t.table)
-                    self._check_target(t.table, replace)
+            self._check_outputs(outputs, replace)
             run = next(self._runs)
             rename, host = {}, {}
             for v in plan.inputs:
@@ -95,11 +91,7 @@ class SimulatedDeviceBackend(ReferenceBackend):
                 tiles = {key: got[(v.name, key)] for key in _keys(v.shape, v.tile)}
                 _check_tiles(v, tiles, f"output {v.name}")
                 values[v.name] = (v, tiles)
-            arrays = {name: assemble(values[name][0], values[name][1]) for name, t in outputs.items() if t.table is None}
-            for name, t in outputs.items():
-                if t.table is not None:
-                    self._put(t.table, values[name][0], values[name][1], temporary=t.temporary)
-            return arrays
+            return self._finish(outputs, values)
 
 
 def replace_task(task, rename: dict):

@@ -399,11 +399,7 @@ class ReferenceBackend:
         """Run every step in numpy; see ``base.Backend.execute`` for the binding. Every value
         is computed before anything is written, so a failure (or Ctrl-C) leaves nothing."""
         with self.lock:
-            self._check_open()
-            for t in outputs.values():
-                if t.table is not None and not t.temporary:
-                    self._check_writable(t.table)
-                    self._check_target(t.table, replace)
+            self._check_outputs(outputs, replace)
             values: dict[str, tuple[TiledValue, Tiles]] = {}
             for v in plan.inputs:
                 values[v.name] = (v, self._bind_input(v, inputs[v.name]))
@@ -425,16 +421,23 @@ class ReferenceBackend:
                     n = len(tiles)
                     progress(StepProgress(k + 1, len(plan.steps), step.describe(), n, n,
                                           sum(t.nbytes for t in tiles.values()), time.perf_counter() - start))
-            arrays = {}
-            for name, t in outputs.items():
-                value, tiles = values[name]
-                if t.table is None:
-                    arrays[name] = assemble(value, tiles)
-            # everything computed: now write
-            for name, t in outputs.items():
-                if t.table is not None:
-                    self._put(t.table, values[name][0], values[name][1], temporary=t.temporary)
-            return arrays
+            return self._finish(outputs, values)
+
+    def _check_outputs(self, outputs: Mapping[str, Target], replace: bool) -> None:
+        """Before anything runs: open, and every kept output writable and free (or replaced)."""
+        self._check_open()
+        for t in outputs.values():
+            if t.table is not None and not t.temporary:
+                self._check_writable(t.table)
+                self._check_target(t.table, replace)
+
+    def _finish(self, outputs: Mapping[str, Target], values: dict) -> dict[str, np.ndarray]:
+        """Everything computed: the outputs asked for as arrays, and the tables written."""
+        arrays = {name: assemble(*values[name]) for name, t in outputs.items() if t.table is None}
+        for name, t in outputs.items():
+            if t.table is not None:
+                self._put(t.table, values[name][0], values[name][1], temporary=t.temporary)
+        return arrays
 
     def _stored(self, name: str, want: TiledValue, what: str) -> Tiles:
         """The tiles of stored tensor ``name``, which must be cut as ``want`` says."""
