@@ -200,6 +200,10 @@ def test_the_simulated_device_backend_keeps_tensors_resident_and_never_stale():
         A = db.store("A", b, replace=True)
         np.testing.assert_allclose(db.einsum("ij->j", A).to_numpy(), b.sum(0), rtol=1e-12)
         assert db.backend.runtime.stats.h2d_bytes == b.nbytes
+        cached = [tid for tid in db.backend.runtime.cache if tid[0] in ("stored", "array")]
+        assert cached and all(tid[:3] == ("stored", "a", 2) for tid in cached)  # not version 1, no array
+        db.einsum("ij,j->i", A, np.ones(30))
+        assert not any(tid[0] == "array" for tid in db.backend.runtime.cache)
         with pytest.raises(EinsumError, match=r"step 0 \(einsum ij,ij->ij .*\) failed: join callable\(_fails_on_data\) raised ValueError: no"):
             db.einsum("ij,ij->ij", A, A, join=_fails_on_data)
         np.testing.assert_allclose(db.einsum("ij->i", A).to_numpy(), b.sum(1), rtol=1e-12)  # nothing left pinned

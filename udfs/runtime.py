@@ -156,6 +156,13 @@ class TileRuntime:
         self.stats.peak_bytes = max(self.stats.peak_bytes, used)
         return tile
 
+    def forget(self, ids: Iterable[Hashable]) -> None:
+        """Let go of cached tiles no run will read again (a replaced tensor's, an array's)."""
+        for tid in list(ids):
+            tile = self.cache.get(tid)
+            if tile is not None and not tile.pins and not tile.busy:
+                del self.cache[tid]
+
     # -- one run ----------------------------------------------------------------------------
     def run(self, tasks: list[Task], host: dict, keep: Iterable[Hashable] = (),
             on_done: Callable[[Task], None] | None = None) -> dict:

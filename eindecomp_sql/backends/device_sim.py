@@ -53,7 +53,10 @@ class SimulatedDeviceBackend(ReferenceBackend):
 
     def _put(self, name, value, tiles, temporary) -> None:
         super()._put(name, value, tiles, temporary)
-        self._versions[name.lower()] = self._versions.get(name.lower(), 0) + 1
+        key = name.lower()
+        self._versions[key] = self._versions.get(key, 0) + 1
+        # the tiles of the version before are never read again
+        self.runtime.forget([tid for tid in self.runtime.cache if tid[:2] == ("stored", key)])
 
     def execute(self, plan: Plan, inputs: Mapping[str, str | np.ndarray], outputs: Mapping[str, Target],
                 replace: bool = False, progress: Callable | None = None) -> dict[str, np.ndarray]:
@@ -86,6 +89,8 @@ class SimulatedDeviceBackend(ReferenceBackend):
                 step = plan.steps[k]
                 detail = str(e.error) if isinstance(e.error, EinsumError) else f"{type(e.error).__name__}: {e.error}"
                 raise EinsumError(f"step {k} ({step.describe()}) failed: {detail}") from e.error
+            finally:  # this run's arrays are never read again
+                self.runtime.forget([tid for tid in host if tid[0] == "array"])
             values = {}
             for v in plan.outputs:
                 tiles = {key: got[(v.name, key)] for key in _keys(v.shape, v.tile)}
