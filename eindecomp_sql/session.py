@@ -39,7 +39,7 @@ class Session:
     """
 
     def __init__(self, database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int = 1,
-                 memory=None, read_only: bool = False, backend: str = "duckdb"):
+                 memory=None, read_only: bool = False, backend: str = "duckdb", device_memory=None):
         # The plans' knobs: largest tile a plan creates, join tasks per step, memory budget.
         # One worker by default: kernels already use every core inside a call (docs/DESIGN.md).
         # Checked before the connection opens, so bad options leave nothing open.
@@ -49,7 +49,13 @@ class Session:
         if not isinstance(read_only, bool):
             raise EinsumError(f"read_only must be True or False, got {read_only!r}")
         self._counter = itertools.count()
-        self.backend = create_backend(backend, database, read_only=read_only)
+        options = {}
+        if device_memory is not None:
+            if backend != "device-sim":
+                raise EinsumError(f"device_memory sizes a device worker's cache; backend {backend!r} has none "
+                                  "(the 'device-sim' backend has one)")
+            options["device_memory"] = parse_memory(device_memory)
+        self.backend = create_backend(backend, database, read_only=read_only, **options)
         # one lock for the session and its backend: a session is shared between threads, and
         # every call (plan, register, run, read back) must see the connection to itself
         self._lock = self.backend.lock
@@ -417,7 +423,7 @@ def _close_open_sessions() -> None:
 
 
 def connect(database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int = 1, memory=None,
-            read_only: bool = False, backend: str = "duckdb") -> Session:
+            read_only: bool = False, backend: str = "duckdb", device_memory=None) -> Session:
     """A session over DuckDB.
 
     Parameters
@@ -438,9 +444,14 @@ def connect(database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int
     read_only : bool
         Open a database file read-only (several processes may do so at once).
     backend : str
-        The engine: ``"duckdb"`` (the default; SQL, files, the SQL interface) or
+        The engine: ``"duckdb"`` (the default; SQL, files, the SQL interface),
         ``"reference"`` (runs every plan step by step in numpy, tensors in memory: a check on
-        the DuckDB engine, and the harness the next engines drop into).
+        the DuckDB engine, and the harness the next engines drop into) or ``"device-sim"``
+        (the reference catalog, plans run as tile tasks by the device worker's scheduler and
+        cache on a simulated device: what will drive a GPU, checked without one).
+    device_memory : None, int or str
+        The device worker's cache (a size such as ``"256MB"``; default 1 GiB): only for a
+        backend with a device worker (``"device-sim"``).
 
     Every bad option raises :class:`EinsumError` here, before a connection opens.
 
@@ -449,4 +460,4 @@ def connect(database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int
     (2, 3)
     """
     return Session(database, tile_bytes=tile_bytes, workers=workers, memory=memory, read_only=read_only,
-                   backend=backend)
+                   backend=backend, device_memory=device_memory)

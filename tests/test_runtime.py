@@ -213,3 +213,28 @@ def _fails_on_data(x, y):
     if 40 in np.shape(x) or 20 in np.shape(x):
         raise ValueError("no")
     return x * y
+
+
+def test_a_working_set_twice_the_device_budget_through_the_session():
+    """``device_memory=`` caps the simulated device: a plan whose tiles add up to more than
+    twice the cap completes with numpy's answer, evicting on the way and never above the cap."""
+    import eindecomp_sql as eds
+
+    rng = np.random.default_rng(12)
+    a, b = rng.standard_normal((96, 80)), rng.standard_normal((80, 72))
+    budget = 40_000
+    with eds.connect(backend="device-sim", device_memory=budget, tile_bytes=4096) as db:
+        A, B = db.store("A", a), db.store("B", b)
+        got = db.einsum("ij,jk->ik", A, B).to_numpy()
+        stats = db.backend.runtime.stats
+        assert a.nbytes + b.nbytes + got.nbytes > 2 * budget
+        assert stats.peak_bytes <= budget and stats.evictions > 0
+        np.testing.assert_allclose(got, a @ b, rtol=1e-12)
+        # a sum of 10,000 elements in 4 kB tiles is one task reading every tile: refused, named
+        with pytest.raises(EinsumError, match="device task .* over the device budget of 40,000"):
+            db.einsum("i->", np.ones(10_000))
+        assert db.tensors() == ["A", "B"]
+    with pytest.raises(EinsumError, match="device_memory sizes a device worker's cache; backend 'duckdb' has none"):
+        eds.connect(device_memory="1GB")
+    with pytest.raises(EinsumError, match="memory budget 'lots'"):
+        eds.connect(backend="device-sim", device_memory="lots")

@@ -11,8 +11,13 @@ from .base import Backend, Target
 BACKENDS = ("duckdb", "reference", "device-sim")
 
 
-def create_backend(name: str = "duckdb", database=None, *, read_only: bool = False) -> Backend:
-    """The backend ``name`` over ``database`` (None: in memory)."""
+def create_backend(name: str = "duckdb", database=None, *, read_only: bool = False, **options) -> Backend:
+    """The backend ``name`` over ``database`` (None: in memory); ``options`` are the backend's
+    own (``device_memory`` for ``"device-sim"``)."""
+    if options and name != "device-sim":
+        from ..errors import EinsumError
+
+        raise EinsumError(f"backend {name!r} takes no options, got {sorted(options)}")
     if name == "duckdb":
         from .duckdb import DuckDBBackend
 
@@ -24,7 +29,7 @@ def create_backend(name: str = "duckdb", database=None, *, read_only: bool = Fal
     if name == "device-sim":
         from .device_sim import SimulatedDeviceBackend
 
-        return SimulatedDeviceBackend(database, read_only=read_only)
+        return SimulatedDeviceBackend(database, read_only=read_only, **options)
     from ..errors import EinsumError
 
     raise EinsumError(f"unknown backend {name!r}; available: {', '.join(map(repr, BACKENDS))}")
