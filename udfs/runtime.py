@@ -141,27 +141,35 @@ class TileRuntime:
         self.order = order
         self.lookahead = lookahead
         self.cache: dict[Hashable, _Tile] = {}  # resident (or arriving, or leaving) tiles
+        self._used = 0  # their bytes
         self.stats = RuntimeStats()
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _used_bytes(self) -> int:
-        return sum(t.nbytes for t in self.cache.values())
+        return self._used
 
     def _allocate(self, tid, nbytes: int) -> _Tile:
+        self._drop(tid)
         tile = _Tile(nbytes)
         self.cache[tid] = tile
-        used = self._used_bytes()
-        if used > self.budget:  # the scheduler makes room first: this is its invariant
-            raise AssertionError(f"device cache over its budget: {used} > {self.budget} bytes")
-        self.stats.peak_bytes = max(self.stats.peak_bytes, used)
+        self._used += nbytes
+        if self._used > self.budget:  # the scheduler makes room first: this is its invariant
+            raise AssertionError(f"device cache over its budget: {self._used} > {self.budget} bytes")
+        self.stats.peak_bytes = max(self.stats.peak_bytes, self._used)
         return tile
+
+    def _drop(self, tid) -> None:
+        """``tid`` leaves the cache (every removal goes through here: it keeps the count)."""
+        tile = self.cache.pop(tid, None)
+        if tile is not None:
+            self._used -= tile.nbytes
 
     def forget(self, ids: Iterable[Hashable]) -> None:
         """Let go of cached tiles no run will read again (a replaced tensor's, an array's)."""
         for tid in list(ids):
             tile = self.cache.get(tid)
             if tile is not None and not tile.pins and not tile.busy:
-                del self.cache[tid]
+                self._drop(tid)
 
     # -- one run ----------------------------------------------------------------------------
     def run(self, tasks: list[Task], host: dict, keep: Iterable[Hashable] = (),
@@ -190,7 +198,7 @@ class TileRuntime:
                                   f"device budget of {self.budget:,}: cut its tiles smaller")
         for tid in made:  # a tile a task writes anew is not the cached one of that id
             if tid in self.cache and not self.cache[tid].pins:
-                del self.cache[tid]
+                self._drop(tid)
         uses: dict[Hashable, list[int]] = {}
         for k, t in enumerate(tasks):
             for tid in t.inputs:
@@ -208,7 +216,7 @@ class TileRuntime:
                 tile = self.cache[tid]
                 tile.pins, tile.busy = 0, False
                 if tid in made or tile.array is None:
-                    del self.cache[tid]
+                    self._drop(tid)
             raise
         return {tid: host[tid] for tid in keep}
 
@@ -253,7 +261,7 @@ class _Run:
         cache = self.rt.cache
         for tid in [t for t, tile in cache.items() if t in self.made and not tile.pins and not tile.busy
                     and tile.array is not None and not self._needed(t)]:
-            del cache[tid]
+            self.rt._drop(tid)
             self.rt.stats.log.append(("free", tid))
 
     def _victim(self, before: float, exclude=()):
@@ -307,7 +315,7 @@ class _Run:
                 self._write_back(dirty[0])
             return False
         for tid in victims:
-            del rt.cache[tid]
+            rt._drop(tid)
             rt.stats.evictions += 1
             rt.stats.log.append(("evict", tid))
         return True
@@ -371,11 +379,15 @@ class _Run:
         cache = self.rt.cache
         end = min(len(self.tasks), self.next + self.rt.lookahead)
         window: set = set()  # tiles the tasks up to k touch: fetch no further than they fit at once
+        window_bytes = 0
         for k in range(self.next, end):
             if k in self.started:
                 continue
-            window |= set(self.tasks[k].inputs) | {self.tasks[k].output}
-            if sum(self.sizes[tid] for tid in window) > self.rt.budget:
+            for tid in (*self.tasks[k].inputs, self.tasks[k].output):
+                if tid not in window:
+                    window.add(tid)
+                    window_bytes += self.sizes[tid]
+            if window_bytes > self.rt.budget:
                 return  # a tile fetched this early would be evicted before its use
             for tid in self.tasks[k].inputs:
                 if self.copies >= self.dev.copy_streams:
@@ -424,7 +436,7 @@ class _Run:
                     if tile.dirty and self._needed(victim):
                         self._write_back(victim)
                         return
-                    del cache[victim]
+                    self.rt._drop(victim)
                     self.rt.stats.evictions += 1
                     self.rt.stats.log.append(("evict", victim))
                     victim = self._victim(before=-1, exclude=t.inputs)

@@ -70,59 +70,47 @@ def _einsum_tasks(step: EinsumStep) -> list[Task]:
     from ..plan.kernel_spec import kernel_spec
     from ..udfs.kernels import einsum_kernel
 
-    e = ref._Einsum(step)
     kernel = einsum_kernel(kernel_spec(step))
     node, result = step.node, step.result
     tasks = []
     for okey in itertools.product(*(range(step.pieces[lab]) for lab in node.output)):
-        members = []  # per piece of the reduced labels: (keys, extents, the tile id of each operand)
+        members = []  # per piece of the reduced labels: (the operands' tile shapes, their tile ids)
+        work = []  # join-space elements per member (the simulated device's compute time)
         for rkey in itertools.product(*(range(step.pieces[lab]) for lab in node.reduced)):
             keys = dict(zip(node.output, okey)) | dict(zip(node.reduced, rkey))
             ids = []
             for op, v in zip(node.operands, step.inputs):
                 labels = iter(op.labels)
                 ids.append((v.name, tuple(0 if ax in op.dropped else keys[next(labels)] for ax in range(len(v.shape)))))
-            members.append((keys, e.extents(keys), ids))
-        inputs = tuple(dict.fromkeys(i for _, _, ids in members for i in ids))
+            ext = kernel.extents(keys)
+            members.append((kernel.in_shapes(ext), ids))
+            work.append(float(np.prod(list(ext.values()))))
+        inputs = tuple(dict.fromkeys(i for _, ids in members for i in ids))
         index = {i: n for n, i in enumerate(inputs)}
 
         shape = ref._extent(ref._box(result.shape, result.tile, okey))
 
         def run(arrays, members=members, index=index, shape=shape):
+            # a tile read with its size-1 axes dropped is the same bytes in the kernel's shape
             out = np.empty(shape, dtype=kernel.out_dtype)
-            kernel.contract_group([[_operand(e, k, arrays[index[i]], ext) for k, i in enumerate(ids)]
-                                   for _, ext, ids in members], out)
+            kernel.contract_group([[arrays[index[i]].reshape(s) for s, i in zip(shapes, ids)]
+                                   for shapes, ids in members], out)
             return out
 
-        flops = 2.0 * sum(float(np.prod(list(ext.values()))) for _, ext, _ in members)
+        flops = 2.0 * sum(work)
         tasks.append(Task(f"{result.name}{okey}", inputs, (result.name, okey), _nbytes(shape, result.dtype), run, flops))
     return tasks
-
-
-def _operand(e, k: int, tile: np.ndarray, ext: dict) -> np.ndarray:
-    op = e.node.operands[k]
-    if op.dropped:
-        tile = tile.reshape([n for ax, n in enumerate(tile.shape) if ax not in op.dropped])
-    return tile.reshape(tuple(ext[lab] for lab in op.labels))
 
 
 def _retile_tasks(step: RetileStep) -> list[Task]:
     s, t = step.source, step.target
     tasks = []
     for key in ref._keys(t.shape, t.tile):
-        box = ref._box(t.shape, t.tile, key)
-        sources = list(itertools.product(*(range(b.start // a, (b.stop - 1) // a + 1) for b, a in zip(box, s.tile))))
+        sources = ref.overlapping(s, t, key)
 
-        def run(arrays, box=box, sources=sources):
-            out = np.empty(ref._extent(box), dtype=np.dtype(t.dtype))
-            for src, piece in zip(sources, arrays):
-                sbox = ref._box(s.shape, s.tile, src)
-                lo = [max(b.start, c.start) for b, c in zip(box, sbox)]
-                hi = [min(b.stop, c.stop) for b, c in zip(box, sbox)]
-                out[tuple(slice(a - b.start, z - b.start) for a, z, b in zip(lo, hi, box))] = \
-                    piece[tuple(slice(a - c.start, z - c.start) for a, z, c in zip(lo, hi, sbox))]
-            return out
+        def run(arrays, key=key, sources=sources):
+            return ref.retiled_tile(s, t, key, dict(zip(sources, arrays)))
 
         tasks.append(Task(f"{t.name}{key}", tuple((s.name, src) for src in sources), (t.name, key),
-                          _nbytes(ref._extent(box), t.dtype), run))
+                          _nbytes(ref._extent(ref._box(t.shape, t.tile, key)), t.dtype), run))
     return tasks

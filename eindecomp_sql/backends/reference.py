@@ -110,21 +110,27 @@ def run_retile(step: RetileStep, source: Tiles) -> Tiles:
     s, t = step.source, step.target
     if s.shape != t.shape or s.dtype != t.dtype:
         raise EinsumError(f"retile {s.name} -> {t.name}: {s.shape} {s.dtype} cannot become {t.shape} {t.dtype}")
-    dtype = np.dtype(t.dtype)
-    out = {}
-    for key in _keys(t.shape, t.tile):
-        box = _box(t.shape, t.tile, key)
-        tile = np.empty(_extent(box), dtype=dtype)
-        # the source keys overlapping the box, along each dimension
-        ranges = [range(b.start // a, (b.stop - 1) // a + 1) for b, a in zip(box, s.tile)]
-        for src in itertools.product(*ranges):
-            sbox = _box(s.shape, s.tile, src)
-            lo = [max(b.start, c.start) for b, c in zip(box, sbox)]
-            hi = [min(b.stop, c.stop) for b, c in zip(box, sbox)]
-            piece = source[src][tuple(slice(a - c.start, z - c.start) for a, z, c in zip(lo, hi, sbox))]
-            tile[tuple(slice(a - b.start, z - b.start) for a, z, b in zip(lo, hi, box))] = piece
-        out[key] = _frozen(tile)
-    return out
+    return {key: _frozen(retiled_tile(s, t, key, source)) for key in _keys(t.shape, t.tile)}
+
+
+def overlapping(source: TiledValue, target: TiledValue, key) -> list[tuple[int, ...]]:
+    """The keys of the source tiles that overlap target tile ``key``."""
+    box = _box(target.shape, target.tile, key)
+    return list(itertools.product(*(range(b.start // a, (b.stop - 1) // a + 1) for b, a in zip(box, source.tile))))
+
+
+def retiled_tile(source: TiledValue, target: TiledValue, key, tiles: Mapping) -> np.ndarray:
+    """Target tile ``key`` assembled from the pieces of the source tiles (``tiles``: source key
+    -> tile, at least those ``overlapping`` names) that fall in it."""
+    box = _box(target.shape, target.tile, key)
+    tile = np.empty(_extent(box), dtype=np.dtype(target.dtype))
+    for src in overlapping(source, target, key):
+        sbox = _box(source.shape, source.tile, src)
+        lo = [max(b.start, c.start) for b, c in zip(box, sbox)]
+        hi = [min(b.stop, c.stop) for b, c in zip(box, sbox)]
+        piece = tiles[src][tuple(slice(a - c.start, z - c.start) for a, z, c in zip(lo, hi, sbox))]
+        tile[tuple(slice(a - b.start, z - b.start) for a, z, b in zip(lo, hi, box))] = piece
+    return tile
 
 
 def run_fill(step: FillStep) -> Tiles:
@@ -231,23 +237,14 @@ def run_einsum(step: EinsumStep, inputs: list[tuple[TiledValue, Tiles]]) -> Tile
     return _Einsum(step).run(inputs)
 
 
-def run_fused(step: EinsumStep, values: dict[str, tuple[TiledValue, Tiles]]) -> Tiles:
-    """A fused step as the nodes it fuses, one after the other, over the step's tiles (values
-    the kernel keeps to itself live here for the step only)."""
+def run_in_turn(parts, values: dict[str, tuple[TiledValue, Tiles]]) -> Tiles:
+    """Steps one after the other, each reading ``values`` and the results before it; the last
+    one's tiles. What a fused step (``EinsumStep.unfused``: its nodes over the step's tiles) and
+    a program (its einsum steps) stand for: the values they keep to themselves live here for the
+    step only."""
     local = dict(values)
     tiles: Tiles = {}
-    for part in step.unfused():
-        tiles = run_einsum(part, [local[v.name] for v in part.inputs])
-        local[part.result.name] = (part.result, tiles)
-    return tiles
-
-
-def run_program(step: ProgramStep, values: dict[str, tuple[TiledValue, Tiles]]) -> Tiles:
-    """A program step as its einsum steps, one after the other (the results it keeps to
-    itself live here for the step only)."""
-    local = dict(values)
-    tiles: Tiles = {}
-    for part in step.steps:
+    for part in parts:
         tiles = run_step(part, local)
         local[part.result.name] = (part.result, tiles)
     return tiles
@@ -256,14 +253,14 @@ def run_program(step: ProgramStep, values: dict[str, tuple[TiledValue, Tiles]]) 
 def run_step(step, values: dict[str, tuple[TiledValue, Tiles]]) -> Tiles:
     """The tiles ``step`` computes from ``values`` (value name -> value, tiles)."""
     if isinstance(step, ProgramStep):
-        return run_program(step, values)
+        return run_in_turn(step.steps, values)
     if isinstance(step, RetileStep):
         return run_retile(step, values[step.source.name][1])
     if isinstance(step, FillStep):
         return run_fill(step)
     if isinstance(step, EinsumStep):
         if step.fused is not None:
-            return run_fused(step, values)
+            return run_in_turn(step.unfused(), values)
         return run_einsum(step, [values[v.name] for v in step.inputs])
     raise EinsumError(f"the reference backend cannot run a {type(step).__name__}")
 

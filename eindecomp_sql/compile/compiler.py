@@ -380,9 +380,12 @@ class SQLCompiler:
     def join_sources(self, step: EinsumStep, select: exp.Select) -> exp.Select:
         """``select`` reading the step's inputs ``t0, t1, ...``: pairwise by position when the
         tactic says so, else a cross product the WHERE clause turns into a join."""
+        return self._read_inputs(step.inputs, select, self.pairs_by_position(step))
+
+    def _read_inputs(self, inputs, select: exp.Select, positional: bool) -> exp.Select:
         tables = [exp.Table(this=ident(slot(v.name)), alias=exp.TableAlias(this=ident(f"t{k}")))
-                  for k, v in enumerate(step.inputs)]
-        method = "POSITIONAL" if self.pairs_by_position(step) else None
+                  for k, v in enumerate(inputs)]
+        method = "POSITIONAL" if positional else None
         select = select.from_(tables[0], copy=False)
         if len(tables) > 1:
             select.set("joins", [exp.Join(this=t, method=method) if method else exp.Join(this=t) for t in tables[1:]])
@@ -458,13 +461,7 @@ class SQLCompiler:
         kernel = call(self.program_udf, self.spec_literal(step), tiles)
         select = exp.Select(expressions=[alias(cast(num(0), "BIGINT"), ident(key)) for key in step.result.keys]
                             + [alias(kernel, name(TILE))])
-        tables = [exp.Table(this=ident(slot(v.name)), alias=exp.TableAlias(this=ident(f"t{k}")))
-                  for k, v in enumerate(step.inputs)]
-        select = select.from_(tables[0], copy=False)
-        if len(tables) > 1:
-            method = "POSITIONAL" if self.positional_join_single_tiles else None
-            select.set("joins", [exp.Join(this=t, method=method) if method else exp.Join(this=t) for t in tables[1:]])
-        return select
+        return self._read_inputs(step.inputs, select, self.positional_join_single_tiles)
 
     def retile(self, step: RetileStep, batch: tuple[int, int] | None = None) -> exp.Select:
         """Re-tile a tiled table the memory-efficient way (slice, regroup, concatenate):
