@@ -18,10 +18,24 @@ import sys, time, numpy as np, eindecomp_sql as eds
 path = sys.argv[1]
 db = eds.connect(path)
 a = np.random.default_rng(0).standard_normal((3000, 3000))
-A = db.store("A", a, tile=(250, 250))   # 1728 tile products: ~4 s on 2 cores, more under load
+A = db.store("A", a, tile=(125, 125))
+
+
+def slow(x, y):  # 576 tiles at 50 ms: ~15 s on 2 cores, ~2 s on 16, over at any tile
+    time.sleep(0.05)  # (a GEMM is the wrong test: the planner makes it one BLAS call, ~1 s)
+    return x * y
+
+
+said = []
+
+def running(p):  # the parent's cue: the plan has run a while and its tiles are not all done
+    if not said and p.elapsed >= 0.3 and p.tiles_done < p.tiles:
+        said.append(True)
+        print("running", flush=True)
+
 print("ready", flush=True)
 try:
-    db.einsum("ij,jk->ik", A, A, out="C")
+    db.einsum("ij,ij->ij", A, A, join=slow, out="C", progress=running)
     print("finished", flush=True)
 except KeyboardInterrupt:
     print("interrupted", time.time(), flush=True)
@@ -38,7 +52,8 @@ def test_ctrl_c_interrupts_a_running_plan(tmp_path):
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
-        time.sleep(1.0)  # the GEMM is running
+        # not a fixed sleep: CI once finished the GEMM within it, and the Ctrl-C came late
+        assert proc.stdout.readline().strip() == "running"
         sent = time.time()
         os.kill(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
@@ -135,7 +150,7 @@ def test_ctrl_c_with_a_handler_that_does_not_raise(tmp_path):
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
-        time.sleep(1.0)
+        assert proc.stdout.readline().strip() == "running"
         os.kill(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
@@ -201,3 +216,48 @@ print("ok", len(seen) > 0)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["ok", "True"]
+
+
+def _signal_around_commit(before: bool, handler):
+    """run_interruptible on this (the main) thread, with a SIGINT sent just before or just after
+    the work passes its commit point; what the work returned and whether it was told to stop."""
+    from eindecomp_sql.backends.running import Watch, run_interruptible
+    from eindecomp_sql.udfs.pool import KernelState
+
+    kernels = KernelState()
+    watch = Watch(None, [], kernels)
+    stopped = []
+
+    def work():
+        if before:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.3)  # the watchdog reads it
+        committed = watch.commit()
+        if not before:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.3)
+        return committed
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        return run_interruptible(work, lambda: stopped.append(True), kernels, watch), stopped
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def test_a_ctrl_c_after_the_commit_point_leaves_the_result_standing():
+    """A Ctrl-C during the COMMIT (CI once sent its SIGINT just as the GEMM ended) must not
+    report a committed plan as stopped, nor interrupt the COMMIT: the caller's handler runs as
+    if the signal came after the call returned."""
+    calls = []
+    committed, stopped = _signal_around_commit(False, lambda *a: calls.append(True))
+    assert committed is True and stopped == [] and calls == [True]
+    with pytest.raises(KeyboardInterrupt):  # Python's own handler raises, as after any call
+        _signal_around_commit(False, signal.default_int_handler)
+
+
+def test_a_ctrl_c_before_the_commit_point_stops_the_plan():
+    calls = []
+    with pytest.raises(KeyboardInterrupt):
+        _signal_around_commit(True, lambda *a: calls.append(True))
+    assert calls == [True]

@@ -414,7 +414,7 @@ class DuckDBBackend:
                         self._write_catalog(t.table, v)
                 for t in scratch:
                     self._run(self.compiler.drop_table_sql(t))
-                if watch.stopping():  # Ctrl-C (or a failed progress callback) after the last
+                if not watch.commit():  # Ctrl-C (or a failed progress callback) after the last
                     # statement: roll back rather than commit what the caller is told was stopped
                     raise Cancelled("the plan was stopped before it committed")
         except BaseException:

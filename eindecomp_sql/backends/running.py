@@ -59,6 +59,9 @@ class Watch:
         self.report = report
         self.steps = steps  # (description, output tiles) per step
         self.stopping: Callable[[], bool] = lambda: False  # Ctrl-C or a failed callback (run_interruptible)
+        # asked once, just before the backend commits: False means roll back; after True, a
+        # Ctrl-C no longer stops the plan (it came too late: the result is the caller's)
+        self.commit: Callable[[], bool] = lambda: not self.stopping()
         self.kernels = kernels
         self.start = time.perf_counter()
         self.current = 0
@@ -88,9 +91,35 @@ class _Job:
         self.hit = threading.Event()
         self.failed: list[BaseException] = []  # a progress callback's error
         self.old_fd = -1
+        # the commit point: a SIGINT before it stops the plan (``hit``), one after it is
+        # ``late``: the plan committed, and the caller's handler runs as if the signal had
+        # come just after the call returned (Python's default raises KeyboardInterrupt then)
+        self.gate = threading.Lock()
+        self.committed = False
+        self.late = False
 
     def stopping(self) -> bool:
         return self.hit.is_set() or bool(self.failed)
+
+    def commit(self) -> bool:
+        """The backend is about to commit: True if it may (nothing stopped the plan), and from
+        then on a Ctrl-C is late. Under ``gate`` against the watchdog; the Python-level handler
+        (on this, the main thread, between any two bytecodes) takes no lock, so ``hit`` is
+        looked at again once ``committed`` is set."""
+        with self.gate:
+            self.committed = True
+            if self.stopping():
+                self.committed = False
+                return False
+            return True
+
+    def on_sigint(self) -> bool:
+        """A SIGINT came: True if it stops the plan (the caller then calls ``stop``)."""
+        if self.committed:
+            self.late = True
+            return False
+        self.hit.set()
+        return True
 
     def poll(self) -> BaseException | None:
         """Report progress; the callback's error, if it raised."""
@@ -183,13 +212,15 @@ class _Watchdog:
                 return  # read while another plan (or none) was current
             self._forward(job, data)
             if signal.SIGINT in data:
-                job.hit.set()
-                job.stop()
+                with job.gate:
+                    stops = job.on_sigint()
+                if stops:  # not once committed: an interrupt could reach the COMMIT itself
+                    job.stop()
                 return
         error = job.poll()  # outside the lock (see the class docstring)
         if error is not None:
-            with self.lock:
-                if self.job is job and gen == self.generation:
+            with self.lock, job.gate:
+                if self.job is job and gen == self.generation and not job.committed:
                     job.failed.append(error)
                     job.stop()
 
@@ -235,10 +266,11 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
 
     job = _Job(stop_plan, watch)
     if watch is not None:
-        watch.stopping = job.stopping  # the backend asks before it commits
+        watch.stopping = job.stopping
+        watch.commit = job.commit  # the backend asks before it commits
     if catch:
         dog = _watchdog()
-        signal.signal(signal.SIGINT, lambda signum, frame: job.hit.set())
+        signal.signal(signal.SIGINT, lambda signum, frame: job.on_sigint())  # the watchdog stops
         job.old_fd = signal.set_wakeup_fd(dog.writer.fileno(), warn_on_full_buffer=False)
         displaced = dog.arm(job)
         if job.watch is not None:
@@ -267,6 +299,8 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
         previous(signal.SIGINT, None)  # Python's default raises KeyboardInterrupt here
         # a handler that returns (asyncio's cancels its task; a flag-setter) still gets no result
         raise KeyboardInterrupt from error
+    if job.late:  # after the commit: the result stands, the handler runs as after the call
+        previous(signal.SIGINT, None)
     if job.failed:
         raise job.failed[0]
     return result
@@ -290,8 +324,8 @@ class _Ticker:
         while not self._stop.wait(TICK_SECONDS):
             error = self.job.poll()
             if error is not None:
-                with self._lock:
-                    if not self._stop.is_set():
+                with self._lock, self.job.gate:
+                    if not self._stop.is_set() and not self.job.committed:
                         self.job.failed.append(error)
                         self.job.stop()
 
