@@ -9,11 +9,11 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e ".[test,spark]"
 	touch $@
 
 $(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed
-	$(BIN)/python -m pip install -q -e ".[test,bench]"
+	$(BIN)/python -m pip install -q -e ".[test,spark,bench]"
 	touch $@
 
 demo: $(VENV)/.installed

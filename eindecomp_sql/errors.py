@@ -13,6 +13,10 @@ class EinsumError(ValueError):
     """Bad input to eindecomp_sql: the message says what is wrong and where."""
 
 
+class ExecutionError(EinsumError):
+    """A plan failed while running in the engine (the message names the step)."""
+
+
 def caret(text: str, pos: int) -> str:
     """Two lines that point at character ``pos`` of ``text`` (for parse errors)."""
     return f"    {text}\n    {' ' * pos}^"

@@ -38,13 +38,14 @@ class Session:
     array([4., 4., 4.], dtype=float32)
     """
 
-    def __init__(self, database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int = 1,
-                 memory=None, read_only: bool = False, backend: str = "duckdb", device_memory=None):
+    def __init__(self, database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int | None = None,
+                 memory=None, read_only: bool = False, backend: str = "duckdb", device_memory=None, spark=None):
         # The plans' knobs: largest tile a plan creates, join tasks per step, memory budget.
         # One worker by default: kernels already use every core inside a call (docs/DESIGN.md).
         # Checked before the connection opens, so bad options leave nothing open.
         self.tile_bytes = check_count(tile_bytes, "tile_bytes")
-        self.workers = check_count(workers, "workers")
+        if workers is not None:
+            check_count(workers, "workers")
         self.memory = parse_memory(memory)
         if not isinstance(read_only, bool):
             raise EinsumError(f"read_only must be True or False, got {read_only!r}")
@@ -55,7 +56,13 @@ class Session:
                 raise EinsumError(f"device_memory sizes a device worker's cache; backend {backend!r} has none "
                                   "(the 'device-sim' backend has one)")
             options["device_memory"] = parse_memory(device_memory)
+        if spark is not None:
+            if backend != "spark":
+                raise EinsumError(f"spark= is the Spark session of backend 'spark', not of {backend!r}")
+            options["spark"] = spark
         self.backend = create_backend(backend, database, read_only=read_only, **options)
+        # the engine's own parallelism where it has one (Spark's default parallelism), else 1
+        self.workers = workers if workers is not None else getattr(self.backend, "default_workers", 1)
         # one lock for the session and its backend: a session is shared between threads, and
         # every call (plan, register, run, read back) must see the connection to itself
         self._lock = self.backend.lock
@@ -422,8 +429,8 @@ def _close_open_sessions() -> None:
             pass
 
 
-def connect(database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int = 1, memory=None,
-            read_only: bool = False, backend: str = "duckdb", device_memory=None) -> Session:
+def connect(database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int | None = None, memory=None,
+            read_only: bool = False, backend: str = "duckdb", device_memory=None, spark=None) -> Session:
     """A session over DuckDB.
 
     Parameters
@@ -431,13 +438,15 @@ def connect(database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int
     database : None, str, os.PathLike or duckdb.DuckDBPyConnection
         None or ``":memory:"`` for an in-memory database, a file path (created if missing;
         tensors stored there are found again after reopening), or an open DuckDB connection to
-        work in (it is not closed with the session).
+        work in (it is not closed with the session). For ``backend="spark"``: a directory
+        holding the tensors as Parquet (None: a temporary one, removed at ``close()``).
     tile_bytes : int
         The largest tile, in bytes, a plan creates (default: a 32nd of the memory this
         process may use, 64 MiB to 1 GiB). Stored tensors are cut into tiles of at most this
         size unless ``store(..., tile=)`` says otherwise.
     workers : int
-        Join tasks per step the optimizer aims for (default 1: kernels already use every core).
+        Join tasks per step the optimizer aims for (default 1: kernels already use every core;
+        on Spark, Spark's default parallelism).
     memory : None, int or str
         A memory budget (bytes, or a size such as ``"2GB"`` / ``"512MiB"``): a plan whose
         projected peak exceeds it is refused before anything runs.
@@ -448,10 +457,15 @@ def connect(database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int
         ``"reference"`` (runs every plan step by step in numpy, tensors in memory: a check on
         the DuckDB engine, and the harness the next engines drop into) or ``"device-sim"``
         (the reference catalog, plans run as tile tasks by the device worker's scheduler and
-        cache on a simulated device: what will drive a GPU, checked without one).
+        cache on a simulated device: what will drive a GPU, checked without one) or
+        ``"spark"`` (every step a Spark SQL statement, tensors as Parquet; needs the
+        ``eindecomp_sql[spark]`` extra).
     device_memory : None, int or str
         The device worker's cache (a size such as ``"256MB"``; default 1 GiB): only for a
         backend with a device worker (``"device-sim"``).
+    spark : None or pyspark.sql.SparkSession
+        The Spark session ``backend="spark"`` runs on (None: a local one, ``local[<cores>]``,
+        stopped at ``close()``). Its Python workers must import ``eindecomp_sql``.
 
     Every bad option raises :class:`EinsumError` here, before a connection opens.
 
@@ -460,4 +474,4 @@ def connect(database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int
     (2, 3)
     """
     return Session(database, tile_bytes=tile_bytes, workers=workers, memory=memory, read_only=read_only,
-                   backend=backend, device_memory=device_memory)
+                   backend=backend, device_memory=device_memory, spark=spark)

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from .base import Backend, Target
 
-BACKENDS = ("duckdb", "reference", "device-sim")
+BACKENDS = ("duckdb", "reference", "device-sim", "spark")
 
 
 def create_backend(name: str = "duckdb", database=None, *, read_only: bool = False, **options) -> Backend:
     """The backend ``name`` over ``database`` (None: in memory); ``options`` are the backend's
-    own (``device_memory`` for ``"device-sim"``)."""
-    if options and name != "device-sim":
+    own (``device_memory`` for ``"device-sim"``, ``spark`` for ``"spark"``)."""
+    own = {"device-sim": {"device_memory"}, "spark": {"spark"}}.get(name, set())
+    if set(options) - own:
         from ..errors import EinsumError
 
-        raise EinsumError(f"backend {name!r} takes no options, got {sorted(options)}")
+        raise EinsumError(f"backend {name!r} takes no options {sorted(set(options) - own)}")
     if name == "duckdb":
         from .duckdb import DuckDBBackend
 
@@ -30,6 +31,10 @@ def create_backend(name: str = "duckdb", database=None, *, read_only: bool = Fal
         from .device_sim import SimulatedDeviceBackend
 
         return SimulatedDeviceBackend(database, read_only=read_only, **options)
+    if name == "spark":
+        from .spark import SparkBackend
+
+        return SparkBackend(database, read_only=read_only, **options)
     from ..errors import EinsumError
 
     raise EinsumError(f"unknown backend {name!r}; available: {', '.join(map(repr, BACKENDS))}")

@@ -14,7 +14,7 @@ from sqlglot import exp
 
 from ..compile import DuckDBCompiler, create_table_as, drop_table
 from ..compile.sql import table
-from ..errors import EinsumError
+from ..errors import EinsumError, ExecutionError
 from ..plan import Plan, TiledValue
 from ..plan.cost import CostModel
 from ..plan.steps import output_tiles, step_target
@@ -34,10 +34,6 @@ LARGE_BUFFER_BYTES = 2 << 30
 # tiles, nothing measurable on small tiles, and switching costs two SET statements (~1 ms,
 # the setting is the database's, so it is put back after the plan)
 SMALL_BUFFER_BYTES = 16 << 20
-
-
-class ExecutionError(EinsumError):
-    """A plan failed while running in the engine (the message names the step)."""
 
 
 # What DuckDB's plans cost (plan/cost.py has the formulas): weights fitted by bench/calibrate.py

@@ -530,12 +530,17 @@ class SQLCompiler:
         kernel = call(self.fill_udf, self.spec_literal(step), key_list([k.copy() for k in keys]))
         select = exp.Select(expressions=[alias(k.copy(), ident(n)) for k, n in zip(keys, r.keys)]
                             + [alias(kernel, name(TILE))])
-        ranges = [range_table(lo, hi, f"g{p}", k) for p, ((lo, hi), k) in enumerate(zip(bounds, r.keys))]
+        ranges = [self.range_table(lo, hi, f"g{p}", k) for p, ((lo, hi), k) in enumerate(zip(bounds, r.keys))]
         if ranges:
             select = select.from_(ranges[0], copy=False)
             if len(ranges) > 1:
                 select.set("joins", [exp.Join(this=t) for t in ranges[1:]])
         return select
+
+    def range_table(self, lo: int, hi: int, as_: str, column: str) -> exp.Expression:
+        """A one-column table ``as_`` of the keys lo..hi-1 in column ``column`` (the dialect's
+        table function: DuckDB's ``range(lo, hi) AS as_(column)``)."""
+        return range_table(lo, hi, as_, column)
 
     # --- reading values
 

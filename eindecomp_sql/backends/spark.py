@@ -1,0 +1,391 @@
+"""The Spark backend: the same plans run as Spark SQL, tensors kept as Parquet.
+
+A tiled tensor is a directory of Parquet files (key columns, then ``tile``) under the
+database directory, with its description in ``_eds_tensor.json`` beside them (Spark and
+pyarrow skip files starting with ``_``). The catalog is those directories. A step is one
+Spark SQL statement, printed from the compiler's sqlglot expressions in Spark's dialect
+(``compile/spark.py``); its joins and group-bys are Spark's (its shuffle is our re-tiling),
+and its tile kernels are the Arrow kernels DuckDB calls, registered as Spark Arrow UDFs
+(``udfs/spark.py``) and run in Spark's Python workers.
+
+Every step's result is written as Parquet under the run's scratch directory and read back by
+the next steps: a plan reads a value many times, and Spark would otherwise recompute it for
+each reader. Outputs are moved into place only when every step has run, so a failed or
+interrupted plan leaves the catalog as it was (each move is one directory rename).
+
+pyspark is an optional dependency (``pip install eindecomp_sql[spark]``), imported only here.
+Without a ``spark=`` session the backend starts a local one (``local[<cores>]``) whose Python
+workers run this interpreter, and stops it at ``close()``; a session passed in must run
+workers that can import ``eindecomp_sql`` (``PYSPARK_PYTHON``), and is left running.
+
+>>> import eindecomp_sql as eds  # doctest: +SKIP
+>>> with eds.connect(backend="spark") as db:  # doctest: +SKIP
+...     A = db.store("A", np.arange(6.0).reshape(2, 3))
+...     db.einsum("ij,kj->ik", A, A).to_numpy()
+array([[ 5., 14.],
+       [14., 50.]])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import replace as _replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..compile.spark import SparkCompiler
+from ..errors import EinsumError, ExecutionError
+from ..plan import Plan, TiledValue
+from ..plan import cost as _cost
+from ..plan.steps import output_tiles
+from ..udfs.pool import THREADS
+from ..udfs.tiles import array_from_tiles, tiles_from_array
+from .base import Target
+
+META = "_eds_tensor.json"
+SCRATCH = "_eds_scratch"  # runs and temporary results; never a tensor (names never start with _eds_)
+
+
+def _local_session():
+    """A local SparkSession for this process: its Python workers run this interpreter (so they
+    import the kernels from the same environment), its UI off, shuffles in a few partitions."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master(f"local[{THREADS}]").appName("eindecomp_sql")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", str(max(2, THREADS)))
+             .config("spark.sql.adaptive.enabled", "true")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _spark_error(e: BaseException) -> str:
+    """A Spark failure's message, without the JVM stack: its first lines."""
+    text = str(e).strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return "\n".join(lines[:6])
+
+
+class SparkBackend:
+    """Tensors as Parquet directories, plans as Spark SQL (see the module docstring)."""
+
+    name = "spark"
+    con = None  # no DuckDB connection: no SQL interface, no DuckDB sources
+    cost_model = _cost.DEFAULT_COSTS
+    streams_in = False  # store_tiles takes whole tables
+
+    def __init__(self, database=None, read_only: bool = False, spark=None):
+        if database is None or (isinstance(database, str) and database == ":memory:"):
+            if read_only:
+                raise EinsumError("read_only needs a database directory to read")
+            self.root = tempfile.mkdtemp(prefix="eds-spark-")
+            self._owns_root = True
+        elif isinstance(database, (str, os.PathLike)):
+            self.root = os.fspath(database)
+            self._owns_root = False
+            if os.path.exists(self.root) and not os.path.isdir(self.root):
+                raise EinsumError(f"the Spark backend keeps tensors in a directory; {self.root!r} is a file")
+            if read_only and not os.path.isdir(self.root):
+                raise EinsumError(f"no database directory {self.root!r} to open read-only")
+            if not read_only:
+                os.makedirs(self.root, exist_ok=True)
+        else:
+            raise EinsumError(f"database must be None or a directory path for the Spark backend, got "
+                              f"{type(database).__name__}")
+        self.read_only = read_only
+        self.lock = threading.RLock()
+        self._closed = False
+        self._owns_spark = spark is None
+        try:
+            self.spark = _local_session() if spark is None else spark
+            from ..udfs.spark import register_spark_kernels
+
+            register_spark_kernels(self.spark)
+        except ImportError as e:
+            self._remove_root()
+            raise EinsumError("the Spark backend needs pyspark: pip install 'eindecomp_sql[spark]'") from e
+        except BaseException:
+            self._remove_root()
+            raise
+        self.compiler = SparkCompiler()
+        self._session_id = uuid.uuid4().hex[:12]
+        # a read-only session still writes its runs' scratch: beside the database, or in a
+        # directory of its own
+        self._scratch_base = tempfile.mkdtemp(prefix="eds-spark-") if read_only else None
+        self._scratch = os.path.join(self._scratch_base or self.root, SCRATCH, self._session_id)
+        os.makedirs(self._scratch, exist_ok=True)
+        self._counter = itertools.count()
+        # lower-cased name -> (value named as the session knows it, its directory)
+        self._temporary: dict[str, tuple[TiledValue, str]] = {}
+
+    @property
+    def default_workers(self) -> int:
+        """Join tasks per step the optimizer aims for: Spark's default parallelism."""
+        return int(self.spark.sparkContext.defaultParallelism)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EinsumError("this session is closed")
+
+    def _check_writable(self, name: str) -> None:
+        if self.read_only:
+            raise EinsumError(f"cannot write table {name!r}: this session is read-only")
+
+    # -- the catalog: a directory per tensor ------------------------------------------------
+    def _dir(self, name: str) -> str:
+        return os.path.join(self.root, name.lower())
+
+    def _read_meta(self, path: str) -> TiledValue | None:
+        try:
+            with open(os.path.join(path, META)) as f:
+                m = json.load(f)
+        except FileNotFoundError:
+            return None
+        return TiledValue(m["name"], tuple(m["shape"]), m["dtype"], tuple(m["tile"]), tuple(m["keys"]))
+
+    @staticmethod
+    def _write_meta(path: str, value: TiledValue) -> None:
+        with open(os.path.join(path, META), "w") as f:
+            json.dump({"name": value.name, "shape": list(value.shape), "dtype": value.dtype,
+                       "tile": list(value.tile), "keys": list(value.keys)}, f)
+
+    def _find(self, name: str) -> tuple[TiledValue, str] | None:
+        temp = self._temporary.get(name.lower())
+        if temp is not None:
+            return temp
+        path = self._dir(name)
+        value = self._read_meta(path)
+        return (value, path) if value is not None else None
+
+    def _check_target(self, name: str, replace: bool) -> None:
+        if self._find(name) is not None and not replace:
+            raise EinsumError(f"table {name!r} already exists; pass replace=True to overwrite it")
+
+    def _install(self, written: str, value: TiledValue) -> None:
+        """Move a written tensor directory into the catalog (replacing one of that name): one
+        rename puts it in place, after its description is written."""
+        self._write_meta(written, value)
+        path = self._dir(value.name)
+        old = None
+        if os.path.exists(path):
+            old = os.path.join(self._scratch, f"old-{next(self._counter)}")
+            os.rename(path, old)
+        os.rename(written, path)
+        self._temporary.pop(value.name.lower(), None)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def register_sql_interface(self, einsum_sql: Callable[..., str]) -> None:
+        """No DuckDB connection here: the SQL interface is DuckDB's."""
+
+    def lookup(self, name: str) -> TiledValue | None:
+        with self.lock:
+            self._check_open()
+            return self._read_meta(self._dir(name))
+
+    def names(self) -> list[str]:
+        with self.lock:
+            self._check_open()
+            found = (self._read_meta(os.path.join(self.root, d)) for d in sorted(os.listdir(self.root))
+                     if not d.startswith(("_", ".")))
+            return sorted(v.name for v in found if v is not None)
+
+    def table_exists(self, name: str) -> bool:
+        with self.lock:
+            self._check_open()
+            return self._find(name) is not None
+
+    def tables(self, temporary: bool | None = None) -> list[str]:
+        with self.lock:
+            kept = [] if temporary is True else self.names()
+            temp = [] if temporary is False else [v.name for v, _ in self._temporary.values()]
+            return sorted(kept + temp)
+
+    def drop(self, name: str) -> None:
+        with self.lock:
+            self._check_open()
+            self._check_writable(name)
+            path = self._dir(name)
+            if self._read_meta(path) is not None:
+                gone = os.path.join(self._scratch, f"dropped-{next(self._counter)}")
+                os.rename(path, gone)  # out of the catalog at once, then deleted
+                shutil.rmtree(gone, ignore_errors=True)
+
+    def drop_table(self, name: str) -> None:
+        with self.lock:
+            found = self._temporary.pop(name.lower(), None)
+            if found is not None:
+                shutil.rmtree(found[1], ignore_errors=True)
+
+    # -- data in and out --------------------------------------------------------------------
+    def _write_tiles(self, tiles: pa.Table, path: str) -> None:
+        """Tiles as one Parquet file in a new directory ``path`` (row groups of ~64 MB)."""
+        os.makedirs(path)
+        rows = max(1, tiles.num_rows)
+        per_row = max(1, tiles.nbytes // rows)
+        pq.write_table(tiles, os.path.join(path, "part-0.parquet"),
+                       row_group_size=max(1, (64 << 20) // per_row), compression="none")
+
+    def store_tiles(self, value: TiledValue, tiles: pa.Table, replace: bool = False) -> None:
+        with self.lock:
+            self._check_open()
+            self._check_writable(value.name)
+            self._check_target(value.name, replace)
+            written = os.path.join(self._scratch, f"store-{next(self._counter)}")
+            try:
+                self._write_tiles(tiles.select(list(value.keys) + ["tile"]), written)
+                self._install(written, value)
+            except BaseException:
+                shutil.rmtree(written, ignore_errors=True)
+                raise
+
+    def read_tiles(self, value: TiledValue) -> pa.Table:
+        with self.lock:
+            self._check_open()
+            path = self._stored(value.name, value, f"tensor {value.name!r} was replaced: it is now")
+            return pq.read_table(path, columns=list(value.keys) + ["tile"])
+
+    def tile_batches(self, value: TiledValue, batch_bytes: int):
+        return contextlib.nullcontext(iter(self.read_tiles(value).to_batches()))
+
+    def _stored(self, name: str, want: TiledValue, what: str) -> str:
+        found = self._find(name)
+        if found is None:
+            raise EinsumError(f"tensor {name!r} no longer exists in this database (dropped, or replaced by another "
+                              "session)")
+        stored, path = found
+        if (stored.shape, stored.dtype, stored.tile) != (want.shape, want.dtype, want.tile):
+            raise EinsumError(f"{what} {stored.shape} {stored.dtype} in tiles {stored.tile}, but "
+                              f"{want.shape} {want.dtype} in tiles {want.tile} is wanted")
+        return path
+
+    # -- execution --------------------------------------------------------------------------
+    def execute(self, plan: Plan, inputs: Mapping[str, str | np.ndarray], outputs: Mapping[str, Target],
+                replace: bool = False, progress: Callable | None = None) -> dict[str, np.ndarray]:
+        """Run the plan's steps, one Spark SQL statement each; see ``base.Backend.execute``.
+        Every step's result is written under the run's scratch directory; the outputs move
+        into the catalog only once every step has run."""
+        compiled = self.compiler.compile_plan(plan)
+        if any('"callable":' in c.text for c in compiled):
+            raise EinsumError("a Python callable join runs only in the process that planned it; on Spark write "
+                              "the join as an expression over x, y, ... (e.g. join='exp(x) * y')")
+        with self.lock:
+            self._check_open()
+            for t in outputs.values():
+                if t.table is not None and not t.temporary:
+                    self._check_writable(t.table)
+                    self._check_target(t.table, replace)
+            run = os.path.join(self._scratch, f"run-{next(self._counter)}")
+            views: list[str] = []
+            try:
+                os.makedirs(run)
+                paths = {v.name: self._bind_input(v, inputs[v.name], run, k) for k, v in enumerate(plan.inputs)}
+                tables = {name: self._view(path, views) for name, path in paths.items()}
+                arrays: dict[str, pa.Table] = {}
+                start = time.perf_counter()
+                for k, c in enumerate(compiled):
+                    step = plan.steps[k]
+                    text = self.compiler.bind_sql(c.text, tables)
+                    try:
+                        df = self.spark.sql(text)
+                        if c.value in outputs and outputs[c.value].table is None:
+                            arrays[c.value] = df.toArrow()
+                        else:
+                            path = os.path.join(run, f"s{k}")
+                            df.write.parquet(path)
+                            paths[c.value] = path
+                            tables[c.value] = self._view(path, views)
+                    except KeyboardInterrupt:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - Spark's errors come as many classes
+                        raise ExecutionError(f"step {k} ({step.describe()}) failed on Spark: {_spark_error(e)}") from e
+                    if progress is not None:
+                        from .running import StepProgress
+
+                        n = output_tiles(step)
+                        progress(StepProgress(k + 1, len(compiled), step.describe(), n, n, 0,
+                                              time.perf_counter() - start))
+                result = {}
+                for name, t in outputs.items():
+                    v = next(o for o in plan.outputs if o.name == name)
+                    if t.table is None:
+                        result[name] = array_from_tiles(arrays[name], v.shape, v.tile, v.dtype, v.keys)
+                for name, t in outputs.items():  # everything ran: now the catalog changes
+                    v = next(o for o in plan.outputs if o.name == name)
+                    if t.table is None:
+                        continue
+                    stored = _replace(v, name=t.table)
+                    if t.temporary:
+                        self._write_meta(paths[name], stored)
+                        kept = os.path.join(self._scratch, f"temp-{next(self._counter)}")
+                        os.rename(paths[name], kept)
+                        self._temporary[t.table.lower()] = (stored, kept)
+                    else:
+                        self._install(paths[name], stored)
+                return result
+            finally:
+                for view in views:
+                    with contextlib.suppress(Exception):
+                        self.spark.catalog.dropTempView(view)
+                shutil.rmtree(run, ignore_errors=True)
+
+    def _view(self, path: str, views: list[str]) -> str:
+        """A temporary view of the Parquet directory ``path``, named afresh (one Spark session
+        may serve several backends)."""
+        name = f"_eds_{self._session_id}_{next(self._counter)}"
+        self.spark.read.parquet(path).createOrReplaceTempView(name)
+        views.append(name)
+        return name
+
+    def _bind_input(self, v: TiledValue, x, run: str, k: int) -> str:
+        """The directory of the tiles a plan input reads: a stored tensor's, or the array's
+        tiles written for this run (Parquet gives Spark their true size: an in-memory
+        DataFrame is estimated at ~100 B per tile and broadcast)."""
+        if isinstance(x, str):
+            return self._stored(x, v, f"input {v.name!r}: tensor {x!r} is")
+        a = np.asarray(x)
+        if a.shape != v.shape or a.dtype.newbyteorder("=") != np.dtype(v.dtype):
+            raise EinsumError(f"input {v.name!r}: the plan reads {v.shape} {v.dtype}, got an array {a.shape} {a.dtype}")
+        path = os.path.join(run, f"in{k}")
+        self._write_tiles(tiles_from_array(a, v.tile, v.keys), path)
+        return path
+
+    def _remove_root(self) -> None:
+        if getattr(self, "_owns_root", False):
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def close(self) -> None:
+        with self.lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._temporary.clear()
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            if self._scratch_base is not None:
+                shutil.rmtree(self._scratch_base, ignore_errors=True)
+            self._remove_root()
+            if self._owns_spark:
+                self.spark.stop()
+
+
+__all__ = ["SparkBackend"]
