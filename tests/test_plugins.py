@@ -42,8 +42,8 @@ def test_the_session_calls_nothing_beyond_the_protocol():
 
 
 def test_unknown_backend_is_an_einsum_error():
-    with pytest.raises(EinsumError, match="unknown backend 'spark'.*'duckdb', 'reference'"):
-        eds.connect(backend="spark")
+    with pytest.raises(EinsumError, match="unknown backend 'oracle'.*'duckdb', 'reference'.*'spark'"):
+        eds.connect(backend="oracle")
 
 
 def test_session_plans_under_its_backends_cost_model():

@@ -49,7 +49,7 @@ from ..compile.spark import SparkCompiler
 from ..errors import EinsumError, ExecutionError
 from ..plan import Plan, TiledValue
 from ..plan import cost as _cost
-from ..plan.steps import output_tiles
+from ..plan.steps import output_tiles, step_target
 from ..udfs.pool import THREADS
 from ..udfs.tiles import array_from_tiles, tiles_from_array
 from .base import Target
@@ -300,7 +300,7 @@ class SparkBackend:
             try:
                 os.makedirs(run)
                 paths = {v.name: self._bind_input(v, inputs[v.name], run, k) for k, v in enumerate(plan.inputs)}
-                tables = {name: self._view(path, views) for name, path in paths.items()}
+                tables = {v.name: self._view(paths[v.name], v, views) for v in plan.inputs}
                 arrays: dict[str, pa.Table] = {}
                 start = time.perf_counter()
                 for k, c in enumerate(compiled):
@@ -314,7 +314,7 @@ class SparkBackend:
                             path = os.path.join(run, f"s{k}")
                             df.write.parquet(path)
                             paths[c.value] = path
-                            tables[c.value] = self._view(path, views)
+                            tables[c.value] = self._view(path, step_target(step), views)
                     except KeyboardInterrupt:
                         raise
                     except Exception as e:  # noqa: BLE001 - Spark's errors come as many classes
@@ -349,11 +349,15 @@ class SparkBackend:
                         self.spark.catalog.dropTempView(view)
                 shutil.rmtree(run, ignore_errors=True)
 
-    def _view(self, path: str, views: list[str]) -> str:
-        """A temporary view of the Parquet directory ``path``, named afresh (one Spark session
-        may serve several backends)."""
+    def _view(self, path: str, value: TiledValue, views: list[str]) -> str:
+        """A temporary view of ``value``'s tiles in the Parquet directory ``path``, named afresh
+        (one Spark session may serve several backends). The schema is said, not inferred:
+        inferring it runs a Spark job that reads the files' footers, on every view."""
         name = f"_eds_{self._session_id}_{next(self._counter)}"
-        self.spark.read.parquet(path).createOrReplaceTempView(name)
+        from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+
+        schema = StructType([StructField(k, LongType()) for k in value.keys] + [StructField("tile", BinaryType())])
+        self.spark.read.schema(schema).parquet(path).createOrReplaceTempView(name)
         views.append(name)
         return name
 
