@@ -18,12 +18,11 @@ Without a ``spark=`` session the backend starts a local one (``local[<cores>]``)
 workers run this interpreter, and stops it at ``close()``; a session passed in must run
 workers that can import ``eindecomp_sql`` (``PYSPARK_PYTHON``), and is left running.
 
->>> import eindecomp_sql as eds  # doctest: +SKIP
->>> with eds.connect(backend="spark") as db:  # doctest: +SKIP
-...     A = db.store("A", np.arange(6.0).reshape(2, 3))
-...     db.einsum("ij,kj->ik", A, A).to_numpy()
-array([[ 5., 14.],
-       [14., 50.]])
+Used as any session (``tests/test_spark.py`` runs this and the rest on a local session)::
+
+    with eds.connect("tensors/", backend="spark") as db:
+        A = db.store("A", np.arange(6.0).reshape(2, 3))
+        db.einsum("ij,kj->ik", A, A).to_numpy()  # [[5., 14.], [14., 50.]]
 """
 
 from __future__ import annotations
