@@ -38,14 +38,15 @@ class Session:
     array([4., 4., 4.], dtype=float32)
     """
 
-    def __init__(self, database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int | None = None,
+    def __init__(self, database=None, *, tile_bytes: int | None = None, workers: int | None = None,
                  memory=None, read_only: bool = False, backend: str = "duckdb", device_memory=None, spark=None):
         # The plans' knobs: largest tile a plan creates, join tasks per step, memory budget.
         # One worker by default: kernels already use every core inside a call (docs/DESIGN.md).
         # Checked before the connection opens, so bad options leave nothing open.
-        self.tile_bytes = check_count(tile_bytes, "tile_bytes")
+        if tile_bytes is not None:
+            tile_bytes = check_count(tile_bytes, "tile_bytes")
         if workers is not None:
-            check_count(workers, "workers")
+            workers = check_count(workers, "workers")
         self.memory = parse_memory(memory)
         if not isinstance(read_only, bool):
             raise EinsumError(f"read_only must be True or False, got {read_only!r}")
@@ -61,8 +62,11 @@ class Session:
                 raise EinsumError(f"spark= is the Spark session of backend 'spark', not of {backend!r}")
             options["spark"] = spark
         self.backend = create_backend(backend, database, read_only=read_only, **options)
-        # the engine's own parallelism where it has one (Spark's default parallelism), else 1
+        # the engine's own parallelism where it has one (Spark's default parallelism), else 1;
+        # tiles no bigger than the engine moves well (Spark: rows through the JVM)
         self.workers = workers if workers is not None else getattr(self.backend, "default_workers", 1)
+        self.tile_bytes = tile_bytes if tile_bytes is not None else min(
+            DEFAULT_TILE_BYTES, getattr(self.backend, "max_tile_bytes", DEFAULT_TILE_BYTES))
         # one lock for the session and its backend: a session is shared between threads, and
         # every call (plan, register, run, read back) must see the connection to itself
         self._lock = self.backend.lock
@@ -284,7 +288,9 @@ class Session:
         from .compile import sql_listing
 
         p = self.plan(spec, *operands, join=join, agg=agg)
-        return p.explain() + "\n\n" + sql_listing(p, {RESULT: out} if out is not None else None)
+        # the engine's own SQL where it prints another dialect (Spark's, with its shuffle bytes)
+        listing = getattr(self.backend, "sql_listing", sql_listing)
+        return p.explain() + "\n\n" + listing(p, {RESULT: out} if out is not None else None)
 
     def einsum(self, spec: str, *operands, join=None, agg=None, out: str | None = None, replace: bool = False,
                progress=None):
@@ -429,7 +435,7 @@ def _close_open_sessions() -> None:
             pass
 
 
-def connect(database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int | None = None, memory=None,
+def connect(database=None, *, tile_bytes: int | None = None, workers: int | None = None, memory=None,
             read_only: bool = False, backend: str = "duckdb", device_memory=None, spark=None) -> Session:
     """A session over DuckDB.
 
@@ -442,7 +448,7 @@ def connect(database=None, *, tile_bytes: int = DEFAULT_TILE_BYTES, workers: int
         holding the tensors as Parquet (None: a temporary one, removed at ``close()``).
     tile_bytes : int
         The largest tile, in bytes, a plan creates (default: a 32nd of the memory this
-        process may use, 64 MiB to 1 GiB). Stored tensors are cut into tiles of at most this
+        process may use, 64 MiB to 1 GiB; on Spark at most 32 MiB). Stored tensors are cut into tiles of at most this
         size unless ``store(..., tile=)`` says otherwise.
     workers : int
         Join tasks per step the optimizer aims for (default 1: kernels already use every core;

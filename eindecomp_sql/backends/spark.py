@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..compile.spark import SparkCompiler
+from ..compile.spark import SparkCompiler, shuffle_bytes
 from ..errors import EinsumError, ExecutionError
 from ..plan import Plan, TiledValue
 from ..plan import cost as _cost
@@ -54,7 +54,10 @@ from ..udfs.tiles import array_from_tiles, tiles_from_array
 from .base import Target
 
 META = "_eds_tensor.json"
-SCRATCH = "_eds_scratch"  # runs and temporary results; never a tensor (names never start with _eds_)
+SCRATCH = "_eds_scratch"
+# tiles are incompressible numbers and never repeat: no codec, no dictionary (both spend the
+# writer's time on whole tiles for nothing)
+WRITE_OPTIONS = {"compression": "none", "parquet.enable.dictionary": "false"}  # runs and temporary results; never a tensor (names never start with _eds_)
 
 
 def _local_session():
@@ -69,9 +72,18 @@ def _local_session():
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", str(max(2, THREADS)))
              .config("spark.sql.adaptive.enabled", "true")
+             .config("spark.driver.memory", f"{_driver_memory() >> 20}m")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _driver_memory() -> int:
+    """A local session's JVM heap: a quarter of this machine's memory, 1 to 8 GiB (Spark's
+    default of 1 GiB ran out on a 4096² float32 GEMM)."""
+    from ..plan.tiling import _physical_memory
+
+    return min(max(_physical_memory() // 4, 1 << 30), 8 << 30)
 
 
 def _spark_error(e: BaseException) -> str:
@@ -88,6 +100,9 @@ class SparkBackend:
     con = None  # no DuckDB connection: no SQL interface, no DuckDB sources
     cost_model = _cost.DEFAULT_COSTS
     streams_in = False  # store_tiles takes whole tables
+    # the default tile cap: a tile is a row in the JVM, copied whole into Spark's row buffers
+    # and Arrow batches (a 4096² float32 GEMM in 64 MiB tiles ran a 1 GiB driver out of heap)
+    max_tile_bytes = 32 << 20
 
     def __init__(self, database=None, read_only: bool = False, spark=None):
         if database is None or (isinstance(database, str) and database == ":memory:"):
@@ -194,6 +209,31 @@ class SparkBackend:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
 
+    def broadcast_bytes(self) -> int:
+        """Spark's ``autoBroadcastJoinThreshold`` (bytes; -1: never broadcast)."""
+        text = str(self.spark.conf.get("spark.sql.autoBroadcastJoinThreshold", "10MB")).strip()
+        if text.lstrip("-").rstrip("bB").isdigit():
+            return int(text.rstrip("bB"))
+        from ..plan.cost import parse_memory
+
+        return parse_memory(text)
+
+    def sql_listing(self, plan: Plan, tables: dict[str, str] | None = None) -> str:
+        """Every step's Spark SQL, each headed by the bytes Spark is predicted to shuffle for it
+        (``compile.spark.shuffle_bytes``, under this session's broadcast threshold)."""
+        from ..plan.steps import format_bytes
+
+        threshold = self.broadcast_bytes()
+        moved = [shuffle_bytes(s, threshold) for s in plan.steps]
+        lines = [f"-- Spark: predicted shuffle {format_bytes(sum(moved))} in all "
+                 f"(broadcast joins under {format_bytes(max(threshold, 0))})"]
+        for line in self.compiler.sql_listing(plan, tables).splitlines():
+            if line.startswith("-- step "):
+                k = int(line.split()[2])
+                line += f"  (predicted shuffle {format_bytes(moved[k])})"
+            lines.append(line)
+        return "\n".join(lines)
+
     def register_sql_interface(self, einsum_sql: Callable[..., str]) -> None:
         """No DuckDB connection here: the SQL interface is DuckDB's."""
 
@@ -296,6 +336,7 @@ class SparkBackend:
                     self._check_target(t.table, replace)
             run = os.path.join(self._scratch, f"run-{next(self._counter)}")
             views: list[str] = []
+            context = self.spark.sparkContext
             try:
                 os.makedirs(run)
                 paths = {v.name: self._bind_input(v, inputs[v.name], run, k) for k, v in enumerate(plan.inputs)}
@@ -305,13 +346,15 @@ class SparkBackend:
                 for k, c in enumerate(compiled):
                     step = plan.steps[k]
                     text = self.compiler.bind_sql(c.text, tables)
+                    # the step's jobs say which step they are (Spark's UI and REST API)
+                    context.setJobDescription(f"eindecomp_sql step {k}: {step.describe()}")
                     try:
                         df = self.spark.sql(text)
                         if c.value in outputs and outputs[c.value].table is None:
                             arrays[c.value] = df.toArrow()
                         else:
                             path = os.path.join(run, f"s{k}")
-                            df.write.parquet(path)
+                            df.write.options(**WRITE_OPTIONS).parquet(path)
                             paths[c.value] = path
                             tables[c.value] = self._view(path, step_target(step), views)
                     except KeyboardInterrupt:
@@ -343,6 +386,7 @@ class SparkBackend:
                         self._install(paths[name], stored)
                 return result
             finally:
+                context.setJobDescription(None)
                 for view in views:
                     with contextlib.suppress(Exception):
                         self.spark.catalog.dropTempView(view)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from ..plan import FillStep, ProgramStep, RetileStep, Step
 from .compiler import SQLCompiler, ident, name, num
 
 # construct -> how Spark SQL spells it (each is a builder SparkCompiler overrides, or a tactic)
@@ -36,3 +37,35 @@ class SparkCompiler(SQLCompiler):
         rows = exp.Table(this=exp.Anonymous(this="range", expressions=[num(lo), num(hi)]))
         select = exp.select(exp.alias_(exp.column(name("id")), ident(column))).from_(rows)
         return exp.Subquery(this=select, alias=exp.TableAlias(this=ident(as_)))
+
+
+def shuffle_bytes(step: Step, broadcast_bytes: int = 10 << 20) -> int:
+    """The bytes Spark shuffles to run ``step`` as ``SparkCompiler`` prints it: a prediction
+    from the plan alone, shown by EXPLAIN on Spark and checked against Spark's own shuffle
+    counters in ``bench/spark_bench.py``.
+
+    - a join by key shuffles both sides, hash-partitioned on the key, unless the smaller side
+      is at most ``broadcast_bytes`` (Spark's ``autoBroadcastJoinThreshold``: it is broadcast,
+      and nothing is shuffled); operands that share no label are a cross product (no shuffle);
+    - a grouped step shuffles its joined rows to their group (the list aggregate keeps them
+      all: map-side partial aggregation saves nothing);
+    - a retile shuffles every byte of the source once, as pieces, to their target tile;
+    - a fill and a program (one-row inputs, side by side) shuffle nothing.
+    """
+    if isinstance(step, RetileStep):
+        return step.source.nbytes
+    if isinstance(step, (FillStep, ProgramStep)):
+        return 0
+    moved = 0
+    ops = step.node.operands
+    seen = set(ops[0].labels)
+    left = step.inputs[0].nbytes
+    for op, value in zip(ops[1:], step.inputs[1:]):
+        keyed = bool(seen & set(op.labels))
+        if keyed and min(left, value.nbytes) > broadcast_bytes:
+            moved += left + value.nbytes
+        seen |= set(op.labels)
+        left += value.nbytes  # the joined rows so far carry every tile read yet
+    if step.grouped:
+        moved += step.costs.join
+    return moved
