@@ -8,6 +8,10 @@ by least squares, and reports the weights relative to a join byte (what cost.py 
 predicted against measured time for every run.
 
     .venv/bin/python bench/calibrate.py [--reps 7]    # writes bench/calibration.json
+    .venv/bin/python bench/calibrate.py --backend spark --reps 2   # bench/calibration_spark.json
+
+On Spark the intercepts matter (a statement is a Spark job: ~0.3-0.5 s before any byte
+moves), so they are fitted for re-tiles too and reported as the statement weight in join bytes.
 """
 
 from __future__ import annotations
@@ -45,39 +49,43 @@ def _median_time(f, reps=None):
     return float(np.median(ts))
 
 
-def main():
+def main(backend: str = "duckdb"):
+    # DuckDB: one size, the full grid. Elsewhere a statement's fixed cost is a second, so the
+    # sizes vary too (else intercept and per-byte weights cannot be told apart), over a smaller grid
+    sizes = (N,) if backend == "duckdb" else (N // 2, N, 2 * N)
+    most = 16 if backend == "duckdb" else 8
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((N, N), dtype=np.float32)
-    b = rng.standard_normal((N, N), dtype=np.float32)
-    db = eds.connect()
+    db = eds.connect(backend=backend)
     rows = []
-    for pi, pj, pk in itertools.product((1, 2, 4), repeat=3):
-        if pi * pj * pk > 16:
-            continue
-        A = db.store("A", a, tile=(tile_of(N, pi), tile_of(N, pj)), replace=True)
-        B = db.store("B", b, tile=(tile_of(N, pj), tile_of(N, pk)), replace=True)
-        plan = db.plan("ij,jk->ik", A, B, out="C")
-        # force the stored cut (the optimizer might prefer another one)
-        node = plan.steps[-1].node
-        choice = Choice({node.result.name: {"i": pi, "j": pj, "k": pk}}, {})
-        forced = insert_retiles(Draft((node,), (A.value, B.value), (node.result.name,), choice=choice)).plan()
-        c = forced.costs
-        t = _median_time(lambda: db.backend.execute(forced, {"A": "A", "B": "B"}, {node.result.name: Target("C")},
-                                                    replace=True))
-        rows.append({"kind": "einsum", "pieces": [pi, pj, pk], "join": c.join, "agg": c.agg, "retile": 0, "time": t,
-                     "model_cost": forced.cost})
-        print(rows[-1], flush=True)
-    A = db.store("A", a, replace=True)
-    for tile in ((N // 2, N // 2), (N // 4, N), (N, N // 4), (N // 8, N // 8), (N // 4, N // 4)):
-        target = TiledValue("Rt", (N, N), "float32", tile, A.keys)
-        for src_tile in ((N, N), (N // 2, N // 2)):
-            S = db.store("S", a, tile=src_tile, replace=True)
-            step = RetileStep(S.value, target)
-            plan = Plan((step,), (S.value,), (target,))
-            t = _median_time(lambda: db.backend.execute(plan, {"S": "S"}, {"Rt": Target("Rt", temporary=True)}))
-            rows.append({"kind": "retile", "tiles": [list(src_tile), list(tile)], "join": 0, "agg": 0,
-                         "retile": step.costs.retile, "time": t})
+    for n in sizes:
+        a = rng.standard_normal((n, n), dtype=np.float32)
+        b = rng.standard_normal((n, n), dtype=np.float32)
+        for pi, pj, pk in itertools.product((1, 2, 4), repeat=3):
+            if pi * pj * pk > most:
+                continue
+            A = db.store("A", a, tile=(tile_of(n, pi), tile_of(n, pj)), replace=True)
+            B = db.store("B", b, tile=(tile_of(n, pj), tile_of(n, pk)), replace=True)
+            plan = db.plan("ij,jk->ik", A, B, out="C")
+            # force the stored cut (the optimizer might prefer another one)
+            node = plan.steps[-1].node
+            choice = Choice({node.result.name: {"i": pi, "j": pj, "k": pk}}, {})
+            forced = insert_retiles(Draft((node,), (A.value, B.value), (node.result.name,), choice=choice)).plan()
+            c = forced.costs
+            t = _median_time(lambda: db.backend.execute(forced, {"A": "A", "B": "B"}, {node.result.name: Target("C")},
+                                                        replace=True))
+            rows.append({"kind": "einsum", "n": n, "pieces": [pi, pj, pk], "join": c.join, "agg": c.agg, "retile": 0,
+                         "time": t, "model_cost": forced.cost})
             print(rows[-1], flush=True)
+        for tile in ((n // 2, n // 2), (n // 4, n), (n, n // 4), (n // 8, n // 8), (n // 4, n // 4)):
+            target = TiledValue("Rt", (n, n), "float32", tile, ("d0", "d1"))
+            for src_tile in ((n, n), (n // 2, n // 2)):
+                S = db.store("S", a, tile=src_tile, replace=True)
+                step = RetileStep(S.value, target)
+                plan = Plan((step,), (S.value,), (target,))
+                t = _median_time(lambda: db.backend.execute(plan, {"S": "S"}, {"Rt": Target("Rt", temporary=True)}))
+                rows.append({"kind": "retile", "n": n, "tiles": [list(src_tile), list(tile)], "join": 0, "agg": 0,
+                             "retile": step.costs.retile, "time": t})
+                print(rows[-1], flush=True)
     db.close()
     ein = [r for r in rows if r["kind"] == "einsum"]
     X = np.array([[1.0, r["join"], r["join"] if r["agg"] else 0, r["agg"]] for r in ein])
@@ -86,15 +94,20 @@ def main():
     ret = [r for r in rows if r["kind"] == "retile"]
     # a retile moves every element once as a piece; its time over the bytes of a tensor
     s_retile = float(np.median([r["time"] / r["retile"] for r in ret]))
+    (t1, s_retile_fit), *_ = np.linalg.lstsq(np.array([[1.0, r["retile"]] for r in ret]),
+                                             np.array([r["time"] for r in ret]), rcond=None)
+    if backend != "duckdb":  # a fixed cost per statement that dwarfs small re-tiles: fit it
+        s_retile = float(s_retile_fit)
     for r in ein:
         r["predicted"] = float(t0 + s_join * r["join"] + s_group * (r["join"] if r["agg"] else 0) + s_agg * r["agg"])
     for r in ret:
-        r["predicted"] = float(s_retile * r["retile"])
+        r["predicted"] = float(s_retile * r["retile"] + (t1 if backend != "duckdb" else 0.0))
     # what the planner needs is the order: does a cheaper plan (under the weights cost.py ships)
     # run faster? Spearman's rank correlation of its cost with the measured time, over the grid
     shipped = spearman([r["model_cost"] for r in ein], [r["time"] for r in ein])
     fitted = spearman([r["predicted"] for r in ein], [r["time"] for r in ein])
     out = {
+        "backend": backend,
         "n": N,
         "reps": REPS,
         "rank_correlation_shipped_weights": shipped,
@@ -107,13 +120,16 @@ def main():
         "s_per_retile_byte": s_retile,
         "agg_weight": float(s_agg / s_join),
         "retile_weight": float(s_retile / s_join),
+        "t1_retile_s": float(t1),
+        "statement_weight_join_bytes": float(t0 / s_join),
         "rows": rows,
     }
-    (HERE / "calibration.json").write_text(json.dumps(out, indent=1))
+    name = "calibration.json" if backend == "duckdb" else f"calibration_{backend}.json"
+    (HERE / name).write_text(json.dumps(out, indent=1))
     print(f"t0 {t0:.3f} s; join {s_join * 1e9:.2f} ns/B; grouped {s_group * 1e9:.2f} ns/B; agg {s_agg * 1e9:.2f} ns/B; "
           f"retile {s_retile * 1e9:.2f} ns/B")
     print(f"weights relative to a join byte: group {s_group / s_join:.2f}, agg {s_agg / s_join:.2f}, "
-          f"retile {s_retile / s_join:.2f}")
+          f"retile {s_retile / s_join:.2f}, a statement {t0 / s_join / 1e6:.1f} MB")
     print(f"rank correlation with measured time over the {len(ein)} einsum steps: the shipped weights' plan cost "
           f"{shipped:.3f}, this run's fit {fitted:.3f}")
 
@@ -138,5 +154,7 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=REPS, help="timed runs per grid point (median)")
-    REPS = ap.parse_args().reps
-    main()
+    ap.add_argument("--backend", default="duckdb", help="the engine whose weights are fitted (duckdb, spark)")
+    args = ap.parse_args()
+    REPS = args.reps
+    main(args.backend)

@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 from ..compile.spark import SparkCompiler, shuffle_bytes
 from ..errors import EinsumError, ExecutionError
 from ..plan import Plan, TiledValue
-from ..plan import cost as _cost
+from ..plan.cost import CostModel
 from ..plan.steps import output_tiles, step_target
 from ..udfs.pool import THREADS
 from ..udfs.tiles import array_from_tiles, tiles_from_array
@@ -58,6 +58,18 @@ SCRATCH = "_eds_scratch"
 # tiles are incompressible numbers and never repeat: no codec, no dictionary (both spend the
 # writer's time on whole tiles for nothing)
 WRITE_OPTIONS = {"compression": "none", "parquet.enable.dictionary": "false"}  # runs and temporary results; never a tensor (names never start with _eds_)
+
+
+# What Spark's plans cost, fitted by ``bench/calibrate.py --backend spark`` (local[2], 2 cores,
+# 2026-11-23: 51 forced GEMM steps at 1024², 2048², 4096² and 30 re-tiles; bench/RESULTS.md):
+# a join byte ~8 ns (DuckDB's ~0.4: each tile crosses the JVM's rows, a shuffle file and Arrow
+# to the Python worker and back), a re-tiled byte 3.1x that, a grouped byte 0.3x, an aggregated
+# byte 1.0x (the aggregation is the kernel's, in Python, and no longer dominates), and a fixed
+# ~0.77 s per statement (a Spark job or two): 93 MB of join bytes, where DuckDB's is 2.5 MB. With
+# these weights the plan cost ranks the measured times with Spearman 0.80 (DuckDB's weights: 0.76).
+# A UDF gets Arrow batches of up to 10,000 rows; collect_list holds a group's tiles whole.
+COSTS = CostModel("spark", join=1.0, group=0.3, agg=1.0, retile=3.0, statement=93e6, vector_rows=10_000,
+                  grouped_holds_all=True)
 
 
 def _local_session():
@@ -98,7 +110,7 @@ class SparkBackend:
 
     name = "spark"
     con = None  # no DuckDB connection: no SQL interface, no DuckDB sources
-    cost_model = _cost.DEFAULT_COSTS
+    cost_model = COSTS  # the session plans under it
     streams_in = False  # store_tiles takes whole tables
     # the default tile cap: a tile is a row in the JVM, copied whole into Spark's row buffers
     # and Arrow batches (a 4096² float32 GEMM in 64 MiB tiles ran a 1 GiB driver out of heap)
