@@ -193,6 +193,16 @@ def test_what_spark_cannot_run_is_said_clearly(sdb, spark):
         create_backend("reference", spark=spark)
 
 
+def test_a_session_without_spark_uses_the_active_one_and_leaves_it_running(spark):
+    with eds.connect(backend="spark") as db:
+        assert db.backend.spark is spark
+        np.testing.assert_array_equal(db.store("Z", np.arange(6.0).reshape(2, 3)).to_numpy(),
+                                      np.arange(6.0).reshape(2, 3))
+    assert spark.range(3).count() == 3  # not stopped: it was not the backend's own
+    with pytest.raises(EinsumError, match="spark= must be a pyspark.sql.SparkSession"):
+        eds.connect(backend="spark", spark="local[2]")
+
+
 def test_every_step_shape_prints_spark_sql():
     """What Spark has no form for never reaches it: no POSITIONAL JOIN (one-tile operands are
     joined by key), key ranges from Spark's range() (its column is id), lists as COLLECT_LIST."""

@@ -25,6 +25,31 @@ from ..plan import Plan, TiledValue
 from ..plan.cost import CostModel
 
 
+def stored_as_wanted(found: tuple[TiledValue, Any] | None, name: str, want: TiledValue, what: str):
+    """What a backend holds for stored tensor ``name`` (``found``: its value and its data, or
+    None), which must be cut as ``want`` says (the plan was made for that cut); its data."""
+    from ..errors import EinsumError
+
+    if found is None:
+        raise EinsumError(f"tensor {name!r} no longer exists in this database (dropped, or replaced by another "
+                          "session)")
+    stored, data = found
+    if (stored.shape, stored.dtype, stored.tile) != (want.shape, want.dtype, want.tile):
+        raise EinsumError(f"{what} {stored.shape} {stored.dtype} in tiles {stored.tile}, but "
+                          f"{want.shape} {want.dtype} in tiles {want.tile} is wanted")
+    return data
+
+
+def array_as_wanted(v: TiledValue, x) -> np.ndarray:
+    """An array bound to plan input ``v``: its shape and dtype (any byte order) must be the plan's."""
+    from ..errors import EinsumError
+
+    a = np.asarray(x)
+    if a.shape != v.shape or a.dtype.newbyteorder("=") != np.dtype(v.dtype):
+        raise EinsumError(f"input {v.name!r}: the plan reads {v.shape} {v.dtype}, got an array {a.shape} {a.dtype}")
+    return a
+
+
 @dataclass(frozen=True)
 class Target:
     """Where a plan output goes: ``table`` (None: returned as an array), ``temporary`` (a

@@ -44,7 +44,7 @@ from ..notation.numpy_impl import AGG_UFUNC, join_callable
 from ..plan import EinsumStep, FillStep, Plan, ProgramStep, RetileStep, TiledValue
 from ..plan import cost as _cost
 from ..plan.steps import step_target
-from .base import Target
+from .base import Target, array_as_wanted, stored_as_wanted
 
 Tiles = dict  # key tuple -> ndarray
 
@@ -438,22 +438,12 @@ class ReferenceBackend:
 
     def _stored(self, name: str, want: TiledValue, what: str) -> Tiles:
         """The tiles of stored tensor ``name``, which must be cut as ``want`` says."""
-        found = self._find(name)
-        if found is None:
-            raise EinsumError(f"tensor {name!r} no longer exists in this database (dropped, or replaced by another "
-                              "session)")
-        stored, tiles = found
-        if (stored.shape, stored.dtype, stored.tile) != (want.shape, want.dtype, want.tile):
-            raise EinsumError(f"{what} {stored.shape} {stored.dtype} in tiles {stored.tile}, but "
-                              f"{want.shape} {want.dtype} in tiles {want.tile} is wanted")
-        return tiles
+        return stored_as_wanted(self._find(name), name, want, what)
 
     def _bind_input(self, v: TiledValue, x) -> Tiles:
         if isinstance(x, str):
             return self._stored(x, v, f"input {v.name!r}: tensor {x!r} is")
-        a = np.asarray(x)
-        if a.shape != v.shape or a.dtype.newbyteorder("=") != np.dtype(v.dtype):
-            raise EinsumError(f"input {v.name!r}: the plan reads {v.shape} {v.dtype}, got an array {a.shape} {a.dtype}")
+        a = array_as_wanted(v, x)
         return cut(a, v.tile)
 
     def close(self) -> None:

@@ -14,9 +14,10 @@ each reader. Outputs are moved into place only when every step has run, so a fai
 interrupted plan leaves the catalog as it was (each move is one directory rename).
 
 pyspark is an optional dependency (``pip install eindecomp_sql[spark]``), imported only here.
-Without a ``spark=`` session the backend starts a local one (``local[<cores>]``) whose Python
-workers run this interpreter, and stops it at ``close()``; a session passed in must run
-workers that can import ``eindecomp_sql`` (``PYSPARK_PYTHON``), and is left running.
+Without a ``spark=`` session the backend uses the one active in this process, or starts a local
+one (``local[<cores>]``) whose Python workers run this interpreter and stops it when the last
+session using it closes; a session passed in must run workers that can import
+``eindecomp_sql`` (``PYSPARK_PYTHON``), and is left running.
 
 Used as any session (``tests/test_spark.py`` runs this and the rest on a local session)::
 
@@ -51,7 +52,7 @@ from ..plan.cost import CostModel
 from ..plan.steps import output_tiles, step_target
 from ..udfs.pool import THREADS
 from ..udfs.tiles import array_from_tiles, tiles_from_array
-from .base import Target
+from .base import Target, array_as_wanted, stored_as_wanted
 
 META = "_eds_tensor.json"
 SCRATCH = "_eds_scratch"
@@ -70,6 +71,33 @@ WRITE_OPTIONS = {"compression": "none", "parquet.enable.dictionary": "false"}  #
 # A UDF gets Arrow batches of up to 10,000 rows; collect_list holds a group's tiles whole.
 COSTS = CostModel("spark", join=1.0, group=0.3, agg=1.0, retile=3.0, statement=93e6, vector_rows=10_000,
                   grouped_holds_all=True)
+
+
+_local_lock = threading.Lock()
+_local_users = 0  # backends sharing the local session this module started: stopped with the last
+
+
+def _acquire_local():
+    """The process's local session, started on first use, or the session already active in this
+    process (then never ours to stop); and whether it is ours."""
+    global _local_users
+    from pyspark.sql import SparkSession
+
+    with _local_lock:
+        active = SparkSession.getActiveSession()
+        if active is not None and _local_users == 0:
+            return active, False
+        spark = active if active is not None else _local_session()
+        _local_users += 1
+        return spark, True
+
+
+def _release_local(spark) -> None:
+    global _local_users
+    with _local_lock:
+        _local_users -= 1
+        if _local_users == 0:
+            spark.stop()
 
 
 def _local_session():
@@ -137,9 +165,13 @@ class SparkBackend:
         self.read_only = read_only
         self.lock = threading.RLock()
         self._closed = False
-        self._owns_spark = spark is None
+        self._owns_spark = False
         try:
-            self.spark = _local_session() if spark is None else spark
+            if spark is None:
+                spark, self._owns_spark = _acquire_local()
+            elif not hasattr(spark, "sparkContext") or not hasattr(spark, "udf"):
+                raise EinsumError(f"spark= must be a pyspark.sql.SparkSession, got {type(spark).__name__}")
+            self.spark = spark
             from ..udfs.spark import register_spark_kernels
 
             register_spark_kernels(self.spark)
@@ -147,6 +179,8 @@ class SparkBackend:
             self._remove_root()
             raise EinsumError("the Spark backend needs pyspark: pip install 'eindecomp_sql[spark]'") from e
         except BaseException:
+            if self._owns_spark:
+                _release_local(self.spark)
             self._remove_root()
             raise
         self.compiler = SparkCompiler()
@@ -185,7 +219,7 @@ class SparkBackend:
         try:
             with open(os.path.join(path, META)) as f:
                 m = json.load(f)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         return TiledValue(m["name"], tuple(m["shape"]), m["dtype"], tuple(m["tile"]), tuple(m["keys"]))
 
@@ -320,15 +354,8 @@ class SparkBackend:
         return contextlib.nullcontext(iter(self.read_tiles(value).to_batches()))
 
     def _stored(self, name: str, want: TiledValue, what: str) -> str:
-        found = self._find(name)
-        if found is None:
-            raise EinsumError(f"tensor {name!r} no longer exists in this database (dropped, or replaced by another "
-                              "session)")
-        stored, path = found
-        if (stored.shape, stored.dtype, stored.tile) != (want.shape, want.dtype, want.tile):
-            raise EinsumError(f"{what} {stored.shape} {stored.dtype} in tiles {stored.tile}, but "
-                              f"{want.shape} {want.dtype} in tiles {want.tile} is wanted")
-        return path
+        """The directory of stored tensor ``name``, which must be cut as ``want`` says."""
+        return stored_as_wanted(self._find(name), name, want, what)
 
     # -- execution --------------------------------------------------------------------------
     def execute(self, plan: Plan, inputs: Mapping[str, str | np.ndarray], outputs: Mapping[str, Target],
@@ -422,9 +449,7 @@ class SparkBackend:
         DataFrame is estimated at ~100 B per tile and broadcast)."""
         if isinstance(x, str):
             return self._stored(x, v, f"input {v.name!r}: tensor {x!r} is")
-        a = np.asarray(x)
-        if a.shape != v.shape or a.dtype.newbyteorder("=") != np.dtype(v.dtype):
-            raise EinsumError(f"input {v.name!r}: the plan reads {v.shape} {v.dtype}, got an array {a.shape} {a.dtype}")
+        a = array_as_wanted(v, x)
         path = os.path.join(run, f"in{k}")
         self._write_tiles(tiles_from_array(a, v.tile, v.keys), path)
         return path
@@ -444,7 +469,7 @@ class SparkBackend:
                 shutil.rmtree(self._scratch_base, ignore_errors=True)
             self._remove_root()
             if self._owns_spark:
-                self.spark.stop()
+                _release_local(self.spark)
 
 
 __all__ = ["SparkBackend"]
