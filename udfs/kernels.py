@@ -26,6 +26,21 @@ BLOCK_ELEMENTS = 1 << 22
 # Do not split a tile's work across kernel threads below this many element-operations.
 MIN_SPLIT_WORK = 1 << 18
 
+# Whether kernels built in this process unpickle a spec's signed callable join. Never in a
+# process whose kernels SQL on a DuckDB connection can call with any text; set only in an
+# engine's worker processes that run plans made elsewhere (Spark's Python workers: udfs/spark.py).
+_signed_pickles = False
+
+
+def trust_signed_pickles(key: bytes) -> None:
+    """Let this process's kernels unpickle callable joins signed with ``key`` (the planning
+    process's spec key: ``plan.kernel_spec``)."""
+    global _signed_pickles
+    from eindecomp_sql.plan.kernel_spec import set_spec_key
+
+    set_spec_key(key)
+    _signed_pickles = True
+
 
 class _TileLayout:
     """Tile shapes from keys, and the cut of one tile's work into tasks: what the UDFs ask of
@@ -96,7 +111,7 @@ class EinsumKernel(_TileLayout):
         # a user's callable (unpickled from the spec) comes back checked on every call
         # (element-wise numbers of the dtype its probe gave; notation/numpy_impl.py): an
         # EinsumError naming it otherwise
-        self.join = join_callable(spec.join.function())
+        self.join = join_callable(spec.join.function(allow_pickle=_signed_pickles))
         letters = {lab: string.ascii_letters[k] for k, lab in enumerate(self.labels)}
         self.letters = letters
         self.np_spec = ",".join("".join(letters[lab] for lab in x) for x in self.inputs) + "->" + "".join(
@@ -209,7 +224,8 @@ class FusedKernel(_TileLayout):
     @staticmethod
     def _compiled(st):
         """A stage as (slots it reads, its join as a function, its labels, its dtype, cast first)."""
-        return st.args, join_callable(st.join.function()), st.labels, np.dtype(st.dtype), st.cast
+        return (st.args, join_callable(st.join.function(allow_pickle=_signed_pickles)), st.labels, np.dtype(st.dtype),
+                st.cast)
 
     def _stage(self, stage, slots: list) -> np.ndarray:
         """One stage on the slots: its join of the arrays it reads (each with its labels, all

@@ -18,16 +18,33 @@ def _arity(fn, n: int):
     return _r._with_arity(fn, [f"a{k}" for k in range(n)])
 
 
+def _in_worker(fn, key: bytes):
+    """``fn`` as Spark's Python workers run it: their kernels read the callable joins of specs
+    signed with ``key``, this (planning) process's spec key, which travels inside the pickled
+    UDF to this application's workers only (never through the SQL text or the environment)."""
+    def udf(*args):
+        from .kernels import trust_signed_pickles
+
+        trust_signed_pickles(key)
+        return fn(*args)
+
+    udf.__name__ = fn.__name__
+    return udf
+
+
 def register_spark_kernels(spark) -> None:
     """Register every tile UDF on ``spark`` (a SparkSession), as ``register_kernels`` does on a
     DuckDB connection; element rows (the SQL interface's) are DuckDB's alone."""
     from pyspark.sql.functions import arrow_udf
 
+    from eindecomp_sql.plan.kernel_spec import _spec_key
+
     blob = "binary"
     keys = "array<bigint>"
+    key = _spec_key()
 
     def register(name, fn, n, returns):
-        spark.udf.register(name, arrow_udf(_arity(fn, n), returns))
+        spark.udf.register(name, arrow_udf(_arity(_in_worker(fn, key), n), returns))
 
     for n in range(1, MAX_ARITY + 1):
         register(f"eds_einsum{n}", _r.einsum_rows, 2 + n, blob)

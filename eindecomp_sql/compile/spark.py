@@ -14,6 +14,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from ..plan import FillStep, ProgramStep, RetileStep, Step
+from ..plan.kernel_spec import kernel_spec
 from .compiler import SQLCompiler, ident, name, num
 
 # construct -> how Spark SQL spells it (each is a builder SparkCompiler overrides, or a tactic)
@@ -32,6 +33,11 @@ class SparkCompiler(SQLCompiler):
     dialect = "spark"
     positional_join_single_tiles = False  # Spark has no POSITIONAL JOIN
     small_tile_bytes = 0  # every join condition kept: a dropped one turns a shuffle join into a cross product
+
+    def kernel_spec(self, step: Step, batch: tuple[int, int] | None = None) -> str:
+        """Portable: a callable join travels as its signed pickle, for the Python workers
+        (other processes) to run (``plan/kernel_spec.py``)."""
+        return kernel_spec(step, batch, portable=True)
 
     def range_table(self, lo: int, hi: int, as_: str, column: str) -> exp.Expression:
         rows = exp.Table(this=exp.Anonymous(this="range", expressions=[num(lo), num(hi)]))
