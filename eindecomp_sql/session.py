@@ -448,8 +448,8 @@ def connect(database=None, *, tile_bytes: int | None = None, workers: int | None
         holding the tensors as Parquet (None: a temporary one, removed at ``close()``).
     tile_bytes : int
         The largest tile, in bytes, a plan creates (default: a 32nd of the memory this
-        process may use, 64 MiB to 1 GiB; on Spark at most 32 MiB). Stored tensors are cut into tiles of at most this
-        size unless ``store(..., tile=)`` says otherwise.
+        process may use, 64 MiB to 1 GiB; on Spark at most 32 MiB). Stored tensors are cut
+        into tiles of at most this size unless ``store(..., tile=)`` says otherwise.
     workers : int
         Join tasks per step the optimizer aims for (default 1: kernels already use every core;
         on Spark, Spark's default parallelism).
@@ -470,8 +470,9 @@ def connect(database=None, *, tile_bytes: int | None = None, workers: int | None
         The device worker's cache (a size such as ``"256MB"``; default 1 GiB): only for a
         backend with a device worker (``"device-sim"``).
     spark : None or pyspark.sql.SparkSession
-        The Spark session ``backend="spark"`` runs on (None: a local one, ``local[<cores>]``,
-        stopped at ``close()``). Its Python workers must import ``eindecomp_sql``.
+        The Spark session ``backend="spark"`` runs on (None: the one active in this process,
+        else a local one, ``local[<cores>]``, stopped when the last session using it closes).
+        Its Python workers must import ``eindecomp_sql``.
 
     Every bad option raises :class:`EinsumError` here, before a connection opens.
 
