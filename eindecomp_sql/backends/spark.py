@@ -412,6 +412,11 @@ class SparkBackend:
                     v = next(o for o in plan.outputs if o.name == name)
                     if t.table is None:
                         continue
+                    if os.path.dirname(paths[name]) != run:  # an output no step wrote (an input's
+                        # own directory): a copy is moved, never the stored tensor
+                        copied = os.path.join(run, f"copy-{next(self._counter)}")
+                        shutil.copytree(paths[name], copied)
+                        paths[name] = copied
                     stored = _replace(v, name=t.table)
                     if t.temporary:
                         self._write_meta(paths[name], stored)
