@@ -53,6 +53,7 @@ from ..plan.steps import output_tiles, step_target
 from ..udfs.pool import THREADS
 from ..udfs.tiles import array_from_tiles, tiles_from_array
 from .base import Target, array_as_wanted, stored_as_wanted
+from .running import StepProgress
 
 META = "_eds_tensor.json"
 SCRATCH = "_eds_scratch"
@@ -398,20 +399,17 @@ class SparkBackend:
                     except Exception as e:  # noqa: BLE001 - Spark's errors come as many classes
                         raise ExecutionError(f"step {k} ({step.describe()}) failed on Spark: {_spark_error(e)}") from e
                     if progress is not None:
-                        from .running import StepProgress
-
                         n = output_tiles(step)
                         progress(StepProgress(k + 1, len(compiled), step.describe(), n, n, 0,
                                               time.perf_counter() - start))
-                result = {}
-                for name, t in outputs.items():
-                    v = next(o for o in plan.outputs if o.name == name)
-                    if t.table is None:
-                        result[name] = array_from_tiles(arrays[name], v.shape, v.tile, v.dtype, v.keys)
+                values = {o.name: o for o in plan.outputs}
+                result = {name: array_from_tiles(arrays[name], values[name].shape, values[name].tile,
+                                                 values[name].dtype, values[name].keys)
+                          for name, t in outputs.items() if t.table is None}
                 for name, t in outputs.items():  # everything ran: now the catalog changes
-                    v = next(o for o in plan.outputs if o.name == name)
                     if t.table is None:
                         continue
+                    v = values[name]
                     if os.path.dirname(paths[name]) != run:  # an output no step wrote (an input's
                         # own directory): a copy is moved, never the stored tensor
                         copied = os.path.join(run, f"copy-{next(self._counter)}")
