@@ -327,6 +327,30 @@ def test_random_graphs_fuse_somewhere():
     assert step.fused.names == ("v2", "v3") and step.fused.hidden == ("v1", "v2")
 
 
+@pytest.mark.parametrize("fuse", ["elementwise", True])
+def test_fusion_stops_at_the_kernels_arity(db, fuse):
+    """A GEMM followed by eight element-wise products with inputs of their own would fuse into
+    one step reading ten tiles a row; kernels take at most MAX_OPERANDS (hypothesis found the
+    plan failing with "eds_einsum10 does not exist")."""
+    from eindecomp_sql.plan.kernel_spec import MAX_OPERANDS
+
+    rng = np.random.default_rng(11)
+    g = Graph()
+    a, b = g.input("a", (3, 4)), g.input("b", (4, 5))
+    y = g.einsum("ij,jk->ik", a, b)
+    extra = [g.input(f"e{k}", (3, 5)) for k in range(8)]
+    for e in extra:
+        y = g.einsum("ik,ik->ik", y, e)
+    xs = {"a": rng.standard_normal((3, 4), np.float32), "b": rng.standard_normal((4, 5), np.float32)}
+    xs.update({f"e{k}": rng.standard_normal((3, 5), np.float32) for k in range(8)})
+    p = g.plan(outputs=y, fuse=fuse)
+    assert all(len(s.inputs) <= MAX_OPERANDS for s in p.plan.steps if isinstance(s, EinsumStep))
+    want = xs["a"] @ xs["b"]
+    for k in range(8):
+        want = want * xs[f"e{k}"]
+    np.testing.assert_allclose(p.run(db, **xs).to_numpy(), want, rtol=1e-5)
+
+
 # -- statements -------------------------------------------------------------------------------
 @pytest.mark.parametrize("make,workers,unfused,elementwise,fused", [
     (chain, 1, 5, 5, 1), (ffn, 1, 3, 2, 1), (ffn, 4, 3, 2, 2), (attention, 1, 11, 9, 1), (llama_block, 1, 25, 16, 1),

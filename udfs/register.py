@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from eindecomp_sql.plan.kernel_spec import FillKernelSpec
+from eindecomp_sql.plan.kernel_spec import MAX_OPERANDS, FillKernelSpec
 
 from .kernels import einsum_kernel, program_kernel, read_spec, retile_kernel
 from .pool import THREADS, KernelState, check_cancelled, note_tiles, run_tasks, run_wide, serving
@@ -20,7 +20,7 @@ from .tiles import TileWriter, _as_array, blob_views, tile_view
 from eindecomp_sql.notation.checks import SQL_TYPES
 from eindecomp_sql.plan.tiling import ceil_div, extent
 
-MAX_ARITY = 8
+MAX_ARITY = MAX_OPERANDS
 # the DuckDB type of each dtype's elements (einsum_elements); DuckDB has no complex type, so
 # complex tensors have no element rows (compile/sql.py refuses them)
 

@@ -54,6 +54,9 @@ PROGRAM_VERSION = 3
 SUPPORTED_VERSIONS = (1, 2, 3)
 # device names a spec may carry; whether this process has kernels for one is udfs/devices.py's
 DEVICES = ("cpu", "cuda")
+# the most tiles one kernel call takes: engines register a UDF per arity up to this, so a fused
+# step may not join more operands (a random graph fused ten into one: "eds_einsum10 does not exist")
+MAX_OPERANDS = 8
 OPS = ("einsum", "retile", "fill", "program")
 
 

@@ -35,6 +35,7 @@ from dataclasses import replace
 from ...graph import EinsumNode, Operand
 from ..cost import Costs, max_batches
 from ..draft import Draft
+from ..kernel_spec import MAX_OPERANDS
 from ..steps import EinsumStep, Fusion, RetileStep, TiledValue, step_reads
 
 
@@ -111,6 +112,8 @@ def _fused_step(fusion: Fusion, base: EinsumStep, sources, result: TiledValue) -
             seen.add(_key(op))
             operands.append(op)
             inputs.append(available[_key(op)])
+    if len(operands) > MAX_OPERANDS:
+        return None  # no kernel takes that many tiles
     last = fusion.nodes[-1]
     sizes: dict[str, int] = {}
     for n in fusion.nodes:
