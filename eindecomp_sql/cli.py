@@ -275,8 +275,11 @@ def einsum(database, spec, operands, out, join, agg, memory, workers, replace, a
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--form", type=click.Choice(["tiles", "elements"]), default="tiles", show_default=True,
               help="For .parquet/Arrow: the stored tiles, or one row per element.")
+@click.option("--memory", callback=_memory, metavar="SIZE",
+              help="Cap on DuckDB's cache while the tensor streams out (default: 256 MiB, or four times the "
+                   "tensor's largest stored part if more).")
 @_debug_option
-def export(database, name, file, form):
+def export(database, name, file, form, memory):
     """Write tensor NAME of DATABASE to FILE (.npy, .parquet or Arrow IPC .arrow/.feather, by
     its suffix), atomically."""
     from .jobs import files
@@ -284,6 +287,7 @@ def export(database, name, file, form):
     files.kind(file)
     with _connect(database, read_only=True) as db:
         t = db.tensor(name)
+        files.bound_cache(db, t.value, memory)
         p = files.export(t, file, form)
         click.echo(f"wrote {t.name} to {p} ({_fmt_bytes(p.stat().st_size)})")
 

@@ -85,7 +85,7 @@ def test_tiled_round_trips_every_dtype(db, tmp_path, dtype):
     path = T.to_parquet(tmp_path / "t.parquet")
     assert path == tmp_path / "t.parquet" and os.listdir(tmp_path) == ["t.parquet"]
     views = table.set_column(3, "tile", table.column("tile").cast(pa.binary_view()))
-    for k, source in enumerate([table, str(path), path, pq.read_table(path), table.to_batches()[0], views]):
+    for k, source in enumerate([table, str(path), path, pq.read_table(path), table.combine_chunks().to_batches()[0], views]):
         U = db.store(f"io_rt{k}", source, replace=True)
         assert (U.shape, U.dtype, U.tile, U.keys) == ((7, 5, 3), np.dtype(dtype), (3, 2, 2), ("x", "y", "z"))
         same(U.to_numpy(), a)

@@ -64,7 +64,7 @@ class Backend(Protocol):
     lock: Any  # an RLock: one session call at a time sees the engine
     con: Any  # the DuckDB connection for the SQL interface and DuckDB sources; None without one
     cost_model: CostModel  # what plans cost on this engine: the planner optimizes under it
-    streams_in: bool  # store_tiles also takes a pa.RecordBatchReader or a sqlglot SELECT it runs itself
+    streams_in: bool  # store_tiles also takes a pa.RecordBatchReader or an io.ParquetRows it reads itself
 
     @property
     def closed(self) -> bool: ...
@@ -75,7 +75,7 @@ class Backend(Protocol):
 
     def store_tiles(self, value: TiledValue, tiles, replace: bool = False) -> None:
         """Store tiles (a pyarrow Table: key columns + ``tile``; where ``streams_in``, also a
-        RecordBatchReader or a sqlglot SELECT) as tensor ``value.name``, all or nothing."""
+        RecordBatchReader or an ``io.ParquetRows``) as tensor ``value.name``, all or nothing."""
 
     def lookup(self, name: str) -> TiledValue | None:
         """A stored tensor (named after its table; names compare case-insensitively)."""

@@ -20,7 +20,7 @@ from ..plan.cost import CostModel
 from ..plan.steps import output_tiles, step_target
 from ..sql_templates import template
 from ..udfs.tiles import array_from_tiles, tiles_from_array
-from . import allocator
+from . import allocator, parts as parted
 from ..udfs.pool import THREADS, Cancelled, KernelState
 from .base import Target
 from .running import Watch, run_interruptible
@@ -47,7 +47,7 @@ class DuckDBBackend:
     name = "duckdb"
     cost_model = COSTS  # what plans cost here: the session plans under it
     compiler = DuckDBCompiler()  # how plans become SQL here: dialect and tactics as class data
-    streams_in = True  # store_tiles scans a RecordBatchReader, or runs a SELECT (read_parquet) itself
+    streams_in = True  # store_tiles scans a RecordBatchReader, or runs SELECTs (read_parquet) itself
     # arrays enter a plan through the client's source registry where it has one (see _arrays)
     source_registry = True
 
@@ -82,6 +82,9 @@ class DuckDBBackend:
             self._set_large_buffers(True)
             if not read_only:
                 self._run(template("catalog"))
+                self._run(parted.PARTS_SCHEMA)
+                if self.owns_connection and database not in (None, ":memory:"):
+                    self._sweep_parts()
         except BaseException as e:
             self._closed = True
             if self._work is not None:
@@ -189,8 +192,77 @@ class DuckDBBackend:
 
     def drop(self, name: str) -> None:
         with self.lock, self._transaction():
-            self._run(drop_table(name).sql(dialect="duckdb"))
+            self._drop_stored(name)
             self._run("DELETE FROM eds_catalog WHERE lower(name) = lower(?)", [name])
+
+    # -- parted tensors (backends/parts.py) -------------------------------------------------
+    def _parts_of(self, name: str) -> list[str]:
+        """The part tables of stored tensor ``name``, in order; [] for a tensor that is one table
+        (or a database written before parts, which has no ``eds_parts``)."""
+        try:
+            return [r[0] for r in self._run(f"SELECT part FROM {parted.PARTS_TABLE} WHERE lower(name) = lower(?) "
+                                            "ORDER BY k", [name])]
+        except duckdb.CatalogException:
+            return []
+
+    def _drop_stored(self, name: str) -> None:
+        """Drop stored tensor ``name``'s table, or its view, parts and their list (inside the
+        caller's transaction)."""
+        parts = self._parts_of(name)
+        if not parts:
+            self._run(drop_table(name).sql(dialect="duckdb"))
+            return
+        self._run(exp.Drop(tables=[table(name)], kind="VIEW", exists=True).sql(dialect="duckdb"))
+        for p in parts:
+            self._run(self.compiler.drop_table_sql(p))
+        self._run(f"DELETE FROM {parted.PARTS_TABLE} WHERE lower(name) = lower(?)", [name])
+
+    def _sweep_parts(self) -> None:
+        """Drop part tables that no tensor lists: what a process killed while storing left."""
+        rows = self._run(f"SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
+                         f"AND schema_name = 'main' AND starts_with(table_name, '{parted.PREFIX}') "
+                         f"AND table_name NOT IN (SELECT part FROM {parted.PARTS_TABLE})")
+        for (name,) in rows:
+            try:
+                self._run(self.compiler.drop_table_sql(name))
+            except duckdb.Error:  # best effort: it holds nothing anyone reads
+                pass
+
+    def _store_parts(self, value: TiledValue, sources, replace: bool) -> None:
+        """Store each of ``sources`` (RecordBatchReaders, or SELECTs DuckDB runs) as a part
+        table, each created and committed by its own statement, then the view, the part list
+        and the catalog row in one transaction (with the old tensor's removal when replacing).
+        A failure drops the parts made; a crash leaves parts listed nowhere, swept at the next
+        open."""
+        made: list[str] = []
+        names = iter(parted.new_part_names(parted.MAX_PARTS + 1))
+        view = "_eds_load"
+        try:
+            for source in sources:
+                made.append(next(names))
+                if isinstance(source, exp.Expression):
+                    self._run(create_table_as(made[-1], source).sql(dialect="duckdb"))
+                    continue
+                self._work.register(view, source)
+                try:
+                    self._run(create_table_as(made[-1], exp.select("*").from_(table(view))).sql(dialect="duckdb"))
+                finally:
+                    self._work.unregister(view)
+            old = replace and self.table_exists(value.name)  # (a failed probe would abort a transaction)
+            with self._transaction():
+                if old:
+                    self._drop_stored(value.name)
+                self._run(parted.view_sql(value.name, made))
+                self._run(f"INSERT INTO {parted.PARTS_TABLE} SELECT ?, k - 1, part FROM "
+                          "unnest(?) WITH ORDINALITY AS u(part, k)", [value.name, made])
+                self._write_catalog(value.name, value)
+        except BaseException:
+            for p in made:
+                try:
+                    self._run(self.compiler.drop_table_sql(p))
+                except duckdb.Error:
+                    pass
+            raise
 
     # -- transactions -----------------------------------------------------------------------
     class _Tx:
@@ -229,18 +301,38 @@ class DuckDBBackend:
 
     # -- data in and out --------------------------------------------------------------------
     def store_tiles(self, value: TiledValue, tiles, replace: bool = False) -> None:
-        """Store tiles as tensor ``value.name`` in one transaction (a failure leaves no table and
-        no catalog row). ``tiles``: a pyarrow Table; a ``pyarrow.RecordBatchReader``, scanned
-        by DuckDB as it streams (a batch at a time in Python); or a sqlglot SELECT that DuckDB
-        runs itself (``read_parquet(...)``). Key columns, then ``tile``."""
+        """Store tiles as tensor ``value.name``: one table in one transaction, or, above
+        ``parts.PART_BYTES``, part tables behind a view (backends/parts.py). Either way a failure
+        leaves no table, no part and no catalog row. ``tiles``: a pyarrow Table; a
+        ``pyarrow.RecordBatchReader``, scanned by DuckDB as it streams (a batch at a time in
+        Python); or an ``io.ParquetRows``, whose SELECTs (``read_parquet(...)``) DuckDB runs
+        itself. Key columns, then ``tile``."""
         with self.lock:
             self._check_target(value.name, replace)
+            rows = parted.rows_per_part(value)
+            file_rows = getattr(tiles, "select_rows", None)  # a file DuckDB reads itself (io.ParquetRows)
+            if rows is not None:
+                if file_rows is not None:
+                    sources = (file_rows(lo, lo + rows) for lo in range(0, tiles.rows, rows))
+                elif isinstance(tiles, pa.RecordBatchReader):
+                    sources = parted.split_reader(tiles, rows)
+                else:
+                    sources = parted.split_reader(pa.RecordBatchReader.from_batches(tiles.schema, tiles.to_batches()),
+                                                  rows)
+                try:
+                    self._store_parts(value, sources, replace)
+                except duckdb.Error as e:
+                    raise EinsumError(f"store({value.name!r}): DuckDB could not store the tiles: {e}") from None
+                return
+            old_parts = replace and bool(self._parts_of(value.name))
             view = "_eds_load"
-            query = tiles if isinstance(tiles, exp.Expression) else None
+            query = file_rows() if file_rows is not None else None
             if query is None:
                 self._work.register(view, tiles)
             try:
                 with self._transaction():
+                    if old_parts:  # a parted tensor's view cannot be replaced by a table
+                        self._drop_stored(value.name)
                     select = query if query is not None else exp.select("*").from_(table(view))
                     self._run(create_table_as(value.name, select, replace=replace).sql(dialect="duckdb"))
                     self._write_catalog(value.name, value)
@@ -326,12 +418,18 @@ class DuckDBBackend:
         watch = Watch(progress, steps, self.kernels)
         with self.lock:
             self._check_open()
-            for t in outputs.values():
+            swaps: dict[str, str] = {}  # a fresh table -> the parted tensor it replaces at the end
+            for name, t in outputs.items():
                 if t.table is not None and not t.temporary:
                     self._check_target(t.table, replace)
+                    if replace and self._parts_of(t.table):
+                        # a view cannot be replaced by a table: the result is written under a fresh
+                        # name (the plan may still read the old parts) and renamed once it is whole
+                        tables[name] = parted.new_part_names(1)[0].replace(parted.PREFIX, "_eds_new_")
+                        swaps[tables[name]] = t.table
             with self._arrays(arrays) as names:
                 tables.update(names)
-                rows = run_interruptible(lambda: self._run_steps(plan, compiled, tables, outputs, replace, watch),
+                rows = run_interruptible(lambda: self._run_steps(plan, compiled, tables, outputs, replace, watch, swaps),
                                          self._work.interrupt, self.kernels, watch)
         allocator.bound_free_memory()
         return {name: array_from_tiles(t, v.shape, v.tile, v.dtype, v.keys)
@@ -364,7 +462,8 @@ class DuckDBBackend:
                 for name in views:
                     self._work.unregister(name)
 
-    def _run_steps(self, plan: Plan, compiled, tables, outputs, replace: bool, watch: Watch) -> dict[str, pa.Table]:
+    def _run_steps(self, plan: Plan, compiled, tables, outputs, replace: bool, watch: Watch,
+                   swaps: dict[str, str]) -> dict[str, pa.Table]:
         scratch: list[str] = []
         made: list[str] = []  # tables written outside a transaction: dropped if the plan is stopped
         rows: dict[str, pa.Table] = {}
@@ -404,6 +503,10 @@ class DuckDBBackend:
                     except duckdb.Error as e:
                         raise ExecutionError(f"step {k} ({plan.steps[k].describe()}) failed: {e}") from e
                     watch.poll(finished=True)
+                for fresh, final in swaps.items():
+                    self._drop_stored(final)
+                    self._run(exp.Alter(this=table(fresh), kind="TABLE",
+                                        actions=[exp.AlterRename(this=table(final))]).sql(dialect="duckdb"))
                 for v in plan.outputs:
                     t = outputs[v.name]
                     if t.table is not None and not t.temporary:

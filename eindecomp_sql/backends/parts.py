@@ -1,0 +1,107 @@
+"""A big stored tensor as several tables ("parts") behind a view of the tensor's name.
+
+Why: DuckDB 2.0 fills one row group of a table up to 122,880 rows and handles a row group's
+blob column whole. A tensor of 256 tiles of 4 MB is one row group of 1 GiB: storing it held the
+transaction's rows, the commit's copy and the serialised block (+4.2 GB resident for 1 GiB), and
+a scan read all 256 tiles into one vector whatever the WHERE (docs/LAYOUT.md has what else was
+tried). Each part is its own table, created and committed by its own statement, so DuckDB holds
+one part at a time: 1 GiB stored as 32 parts of 32 MB peaked at +352 MB (+345 MB under a
+300 MB ``memory_limit``, which a single table cannot be stored under at all), 8 parts of 128 MB
+at +932 MB (2-core development machine, ``bench/io_bench.py``).
+
+The tensor's name is a view, ``SELECT * FROM part0 UNION ALL SELECT * FROM part1 ...``: every
+reader (plan steps, the SQL interface, plain ``duckdb``) reads it as it read the table. The parts
+are listed in ``eds_parts`` (tensor name, position, part table); the view, its ``eds_parts`` rows
+and its catalog row are committed together after the last part, so a tensor is either whole or
+absent. Parts a crash left behind (named ``_eds_part_<run>_<k>``, listed nowhere) are dropped
+when the database is next opened for writing.
+
+A tensor that fits one part stays one table, as before. A query over a view of many parts costs
+binding time (a count over a 1,024-part view took 0.15 s, 2,048 parts 0.54 s): at most
+``MAX_PARTS`` parts, bigger ones beyond ``MAX_PARTS × PART_BYTES``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+
+import numpy as np
+import pyarrow as pa
+from sqlglot import exp
+
+from ..compile.sql import table
+
+# about this much tile data per part (at least one tile); EDS_PART_BYTES sets it (the tests run
+# whole suites with tiny parts, so every reader and writer meets parted tensors)
+PART_BYTES = int(os.environ.get("EDS_PART_BYTES", 16 << 20))
+MAX_PARTS = 1024
+PREFIX = "_eds_part_"
+
+# the list of every part of every parted tensor (the view's SQL says it too, but as text)
+PARTS_TABLE = "eds_parts"
+PARTS_SCHEMA = f"CREATE TABLE IF NOT EXISTS {PARTS_TABLE} (name VARCHAR NOT NULL, k INTEGER NOT NULL, part VARCHAR NOT NULL)"
+
+
+def rows_per_part(value, part_bytes: int | None = None) -> int | None:
+    """Tiles per part for stored tensor ``value`` (a TiledValue), or None when one table holds
+    it (at most ``part_bytes`` of tiles, default ``PART_BYTES``, or a single tile)."""
+    part_bytes = PART_BYTES if part_bytes is None else part_bytes
+    tile_bytes = math.prod(value.tile) * np.dtype(value.dtype).itemsize if value.shape else np.dtype(value.dtype).itemsize
+    tiles = math.prod(value.grid) if value.shape else 1
+    if tiles <= 1 or tiles * tile_bytes <= part_bytes:
+        return None
+    rows = max(1, part_bytes // max(tile_bytes, 1), math.ceil(tiles / MAX_PARTS))
+    return rows if rows < tiles else None
+
+
+def new_part_names(count: int):
+    """``count`` fresh part table names, ``_eds_part_<random>_<k>`` (no user name is in them)."""
+    run = secrets.token_hex(6)
+    return [f"{PREFIX}{run}_{k}" for k in range(count)]
+
+
+def split_reader(reader: pa.RecordBatchReader, rows: int):
+    """``reader`` cut into consecutive readers of ``rows`` rows each (the last may be shorter),
+    slicing batches where a part ends (zero-copy). Each must be read to its end before the next
+    is taken: they share the source."""
+    source = iter(reader)
+    pending: list = []  # a batch (or the rest of one) not yet handed out
+
+    def take():
+        if pending:
+            return pending.pop()
+        return next(source, None)
+
+    def part():
+        left = rows
+        while left > 0:
+            b = take()
+            if b is None:
+                return
+            if b.num_rows == 0:
+                continue
+            if b.num_rows > left:
+                pending.append(b.slice(left))
+                b = b.slice(0, left)
+            left -= b.num_rows
+            yield b
+
+    while True:
+        b = take()
+        while b is not None and b.num_rows == 0:
+            b = take()
+        if b is None:
+            return
+        pending.append(b)
+        yield pa.RecordBatchReader.from_batches(reader.schema, part())
+
+
+def view_sql(name: str, parts: list[str]) -> str:
+    """``CREATE VIEW "name" AS SELECT * FROM part0 UNION ALL ...`` (identifiers quoted by
+    sqlglot; the branches joined as text: a left-deep sqlglot union of 1,024 branches would
+    recurse past Python's limit when printed)."""
+    head = exp.Create(this=table(name), kind="VIEW", expression=exp.select("*").from_(table(parts[0])))
+    rest = [exp.select("*").from_(table(p)).sql(dialect="duckdb") for p in parts[1:]]
+    return " UNION ALL ".join([head.sql(dialect="duckdb")] + rest)

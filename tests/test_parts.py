@@ -1,0 +1,298 @@
+"""Big stored tensors as part tables behind a view (eindecomp_sql/backends/parts.py): every way
+in and out reads the same numbers, replacing and dropping leave nothing behind, a failed or
+killed store leaves no tensor and no part that the next open does not sweep, plain DuckDB reads
+the view, and the store's resident memory no longer grows with the tensor."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import eindecomp_sql as eds
+from eindecomp_sql import EinsumError
+from eindecomp_sql.backends import parts
+from eindecomp_sql.jobs import files
+from helpers import DTYPES, random_array
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.duckdb_only("parts are how the DuckDB backend stores big tensors")
+
+
+@pytest.fixture
+def small_parts(monkeypatch):
+    """Parts of 200 bytes of tiles: tensors of a few dozen elements are parted."""
+    monkeypatch.setattr(parts, "PART_BYTES", 200)
+
+
+def part_tables(con) -> list[str]:
+    return sorted(r[0] for r in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE starts_with(table_name, '_eds_part_')").fetchall())
+
+
+def listed(con, name) -> list[str]:
+    return [r[0] for r in con.execute("SELECT part FROM eds_parts WHERE lower(name) = lower(?) ORDER BY k",
+                                      [name]).fetchall()]
+
+
+def is_view(con, name) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_views() WHERE lower(view_name) = lower(?)",
+                            [name]).fetchone()[0])
+
+
+# -- the reader split ----------------------------------------------------------------------------
+@given(sizes=st.lists(st.integers(0, 9), max_size=8), rows=st.integers(1, 7))
+def test_split_reader_cuts_at_exact_rows_and_keeps_order(sizes, rows):
+    schema = pa.schema([("x", pa.int64())])
+    start, batches = 0, []
+    for n in sizes:
+        batches.append(pa.record_batch([pa.array(range(start, start + n), pa.int64())], schema=schema))
+        start += n
+    got = [r.read_all().column("x").to_pylist() for r in
+           parts.split_reader(pa.RecordBatchReader.from_batches(schema, iter(batches)), rows)]
+    assert [x for g in got for x in g] == list(range(start))
+    assert all(len(g) == rows for g in got[:-1]) and (not got or 1 <= len(got[-1]) <= rows)
+
+
+def test_rows_per_part_one_table_when_small_and_bounded_count():
+    from eindecomp_sql.plan import TiledValue
+
+    small = TiledValue("a", (100, 100), "float32", (10, 10), ("d0", "d1"))
+    assert parts.rows_per_part(small) is None  # 40 KB: one table
+    big = TiledValue("a", (16384, 16384), "float32", (1024, 1024), ("d0", "d1"))  # 1 GiB, 256 tiles of 4 MB
+    assert parts.rows_per_part(big) == parts.PART_BYTES // (4 << 20)
+    huge = TiledValue("a", (1 << 20, 1 << 20), "float32", (1024, 1024), ("d0", "d1"))  # 4 TiB
+    rows = parts.rows_per_part(huge)
+    assert -(-(1 << 20) // rows) <= parts.MAX_PARTS
+    one_tile = TiledValue("a", (8192, 8192), "float64", (8192, 8192), ("d0", "d1"))
+    assert parts.rows_per_part(one_tile) is None
+
+
+# -- every way in and out --------------------------------------------------------------------------
+@settings(max_examples=25)
+@given(dtype=st.sampled_from(DTYPES), shape=st.lists(st.integers(1, 9), min_size=1, max_size=3),
+       data=st.data())
+def test_parted_tensors_read_like_tables(dtype, shape, data, tmp_path_factory):
+    parts.PART_BYTES, old = 200, parts.PART_BYTES
+    try:
+        tile = tuple(data.draw(st.integers(1, n)) for n in shape)
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+        a = random_array(rng, tuple(shape), dtype)
+        d = tmp_path_factory.mktemp("parts")
+        db = eds.connect(str(d / "p.duckdb"))
+        try:
+            T = db.store("A", a, tile=tile)
+            expect_parts = None if parts.rows_per_part(T.value) is None else -(-np.prod(T.value.grid) // parts.rows_per_part(T.value))
+            assert (len(listed(db.connection, "A")) or None) == expect_parts
+            np.testing.assert_array_equal(T.to_numpy(), a)
+            for suffix in (".npy", ".parquet", ".arrow"):
+                p = T.export(d / f"a{suffix}")
+                B = db.store("B", p, tile=tile, replace=True)
+                np.testing.assert_array_equal(B.to_numpy(), a)
+            # a contraction over parted operands
+            spec = "".join("ijk"[:len(shape)]) + "->" + "".join("ijk"[:len(shape)])[::-1][:1]
+            got, want = db.einsum_numpy(spec, "A"), np.einsum(spec, a)
+            if a.dtype.kind in "fc":  # sums in another order
+                eps = np.finfo(a.dtype).eps * 1000
+                np.testing.assert_allclose(got, want, rtol=eps, atol=eps * float(np.abs(a).sum()))
+            else:
+                np.testing.assert_array_equal(got, want)
+            db.drop("A")
+            db.drop("B")
+            assert part_tables(db.connection) == [] and db.connection.execute("SELECT count(*) FROM eds_parts").fetchone()[0] == 0
+        finally:
+            db.close()
+    finally:
+        parts.PART_BYTES = old
+
+
+def test_gemm_over_parted_operands_and_plain_duckdb_reads_the_view(tmp_path, small_parts):
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((37, 23)), rng.standard_normal((23, 19))
+    path = str(tmp_path / "g.duckdb")
+    with eds.connect(path) as db:
+        A, B = db.store("A", a, tile=(5, 4)), db.store("B", b, tile=(4, 6))
+        assert is_view(db.connection, "A") and len(listed(db.connection, "A")) > 2
+        C = db.einsum("ij,jk->ik", A, B, out="C")
+        np.testing.assert_allclose(C.to_numpy(), a @ b, rtol=1e-12)
+    con = duckdb.connect(path, read_only=True)  # no eindecomp_sql: the layout alone
+    rows = con.execute('SELECT d0, d1, tile FROM "A" ORDER BY d0, d1').fetchall()
+    con.close()
+    assert len(rows) == 8 * 6
+    d0, d1, raw = rows[-1]
+    np.testing.assert_array_equal(np.frombuffer(raw, "<f8").reshape(2, 3), a[35:, 20:])
+
+
+# -- replacing and dropping ----------------------------------------------------------------------
+def test_replace_between_parted_and_single_and_by_einsum(tmp_path, small_parts):
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((20, 10)).astype(np.float32)
+    with eds.connect(str(tmp_path / "r.duckdb")) as db:
+        con = db.connection
+        db.store("A", a, tile=(3, 3))
+        first = listed(con, "A")
+        db.store("A", a * 2, tile=(4, 4), replace=True)  # parted -> parted
+        assert not set(first) & set(part_tables(con))
+        np.testing.assert_array_equal(db.tensor("A").to_numpy(), a * 2)
+        db.store("A", a[:2, :2], replace=True)  # parted -> one table
+        assert listed(con, "A") == [] and not is_view(con, "A") and part_tables(con) == []
+        db.store("A", a, tile=(3, 3), replace=True)  # one table -> parted
+        assert is_view(con, "A")
+        with pytest.raises(EinsumError, match="already exists"):
+            db.store("A", a, tile=(3, 3))
+        # an einsum result over a parted tensor (a view is not replaced by CREATE OR REPLACE TABLE)
+        db.store("B", a, tile=(5, 5))
+        T = db.einsum("ij,ij->ij", "B", "B", out="A", replace=True)
+        np.testing.assert_array_equal(T.to_numpy(), a * a)
+        assert listed(con, "A") == [] and set(part_tables(con)) == set(listed(con, "B"))
+        # one statement reading the parted tensor it replaces
+        db.einsum("ij->ij", "B", join="x * 3", out="B", replace=True)
+        np.testing.assert_array_equal(db.tensor("B").to_numpy(), a * 3)
+        assert part_tables(con) == []
+        db.drop("B")
+        db.drop("A")
+        assert db.tensors() == [] and part_tables(con) == []
+
+
+def test_a_failed_store_leaves_nothing_and_keeps_the_old_tensor(tmp_path, small_parts):
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((30, 30))
+    with eds.connect(str(tmp_path / "f.duckdb")) as db:
+        db.store("A", a, tile=(4, 4))
+        before = part_tables(db.connection)
+        good = db.tensor("A").to_arrow()
+        # the same tiles with a wrong byte count in the last row: checked as the stream passes,
+        # after several parts have been written
+        tiles = good.column("tile").to_pylist()
+        tiles[-1] = tiles[-1][:-8]
+        bad = good.set_column(good.schema.get_field_index("tile"), "tile", pa.array(tiles, pa.binary()))
+        with pytest.raises(EinsumError):
+            db.store("A", bad, replace=True)
+        with pytest.raises(EinsumError):
+            db.store("Z", bad)
+        assert db.tensors() == ["A"] and part_tables(db.connection) == before
+        np.testing.assert_array_equal(db.tensor("A").to_numpy(), a)
+
+
+def test_a_bad_tile_in_a_parquet_file_stops_a_parted_store_with_its_own_message(tmp_path, small_parts):
+    """A tiled Parquet file is stored part by part, DuckDB reading a range of its rows each
+    time; a tile of the wrong size in a late part is the check's error, and the parts
+    written before it go."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((30, 30))
+    with eds.connect(str(tmp_path / "q.duckdb")) as db:
+        good = db.store("A", a, tile=(4, 4)).to_arrow().combine_chunks()
+        db.drop("A")
+        order = np.lexsort([good.column("d1").to_numpy(), good.column("d0").to_numpy()])
+        good = good.take(pa.array(order))
+        pq.write_table(good, tmp_path / "good.parquet", row_group_size=5)
+        np.testing.assert_array_equal(db.store("G", tmp_path / "good.parquet").to_numpy(), a)
+        assert len(listed(db.connection, "G")) > 2
+        tiles = good.column("tile").to_pylist()
+        tiles[-1] = tiles[-1][:-8]
+        bad = good.set_column(good.schema.get_field_index("tile"), "tile", pa.array(tiles, pa.binary()))
+        pq.write_table(bad, tmp_path / "bad.parquet", row_group_size=5)
+        with pytest.raises(EinsumError, match=r"the tile at \(d0=7, d1=7\) holds 24 bytes; a float64 tile there takes 32"):
+            db.store("B", tmp_path / "bad.parquet")
+        assert db.tensors() == ["G"] and set(part_tables(db.connection)) == set(listed(db.connection, "G"))
+
+
+def test_cli_export_caps_duckdbs_cache(tmp_path, small_parts):
+    """``eindecomp-sql export --memory`` is DuckDB's memory_limit while the tensor streams out
+    (a real subprocess; the default cap is tested with bound_cache below)."""
+    a = np.arange(40 * 40, dtype=np.float32).reshape(40, 40)
+    path = str(tmp_path / "e.duckdb")
+    with eds.connect(path) as db:
+        db.store("A", a, tile=(8, 8))
+    out = tmp_path / "a.npy"
+    p = subprocess.run([sys.executable, "-m", "eindecomp_sql", "export", path, "A", str(out), "--memory", "64MB"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    np.testing.assert_array_equal(np.load(out), a)
+    p = subprocess.run([sys.executable, "-m", "eindecomp_sql", "export", path, "A", str(out), "--memory", "lots"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 2 and "lots" in p.stderr
+
+
+_KILLED = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np, pyarrow as pa
+    import eindecomp_sql as eds
+    from eindecomp_sql.backends import parts
+    parts.PART_BYTES = 4096
+    db = eds.connect(sys.argv[1])
+    a = np.arange(64 * 64, dtype=np.float64).reshape(64, 64)
+    db.store("Keep", a, tile=(8, 8))
+    kill_after = int(sys.argv[2])
+    t = db.store("Tmp", a, tile=(8, 8)).to_arrow()
+    db.drop("Tmp")
+    def batches():
+        for k, b in enumerate(t.to_batches(max_chunksize=4)):
+            if k == kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)  # a crash between parts, mid-store
+            yield b
+    db.store("Lost", pa.RecordBatchReader.from_batches(t.schema, batches()))
+""")
+
+
+@pytest.mark.parametrize("kill_after", [3, 11])
+def test_a_killed_store_leaves_no_tensor_and_its_parts_are_swept(tmp_path, kill_after):
+    path = str(tmp_path / "k.duckdb")
+    p = subprocess.run([sys.executable, "-c", _KILLED, path, str(kill_after)], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    con = duckdb.connect(path, read_only=True)
+    left = part_tables(con)
+    con.close()
+    assert left, "the kill came after some parts were committed"
+    with eds.connect(path) as db:
+        assert db.tensors() == ["Keep"]
+        np.testing.assert_array_equal(db.tensor("Keep").to_numpy(), np.arange(64 * 64.0).reshape(64, 64))
+        assert set(part_tables(db.connection)) == set(listed(db.connection, "Keep"))
+
+
+def test_bound_cache_lowers_duckdb_memory_limit_never_raises(tmp_path, small_parts):
+    with eds.connect(str(tmp_path / "c.duckdb")) as db:
+        T = db.store("A", np.ones((40, 40)), tile=(8, 8))
+        assert files.bound_cache(db, T.value) == files.STREAM_CACHE_BYTES
+        assert files._duckdb_bytes(db.connection.execute("SELECT current_setting('memory_limit')").fetchone()[0]) \
+            == files.STREAM_CACHE_BYTES
+        assert files.bound_cache(db, T.value, 1 << 40) == files.STREAM_CACHE_BYTES  # not raised
+        assert files.bound_cache(db, T.value, 100 << 20) == 100 << 20
+
+
+# -- memory: the point of parts --------------------------------------------------------------------
+_RSS_STORE = textwrap.dedent("""
+    import sys, resource
+    import eindecomp_sql as eds
+    db = eds.connect(sys.argv[1])
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    db.store("A", sys.argv[2], tile=(512, 512))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    db.close()
+    print((peak - base) // 1024)
+""")
+
+
+def test_storing_a_512mb_npy_grows_memory_by_far_less_than_the_tensor(tmp_path):
+    """One table of 512 MB of tiles took DuckDB ~4x the tensor to store (+4.2 GB for 1 GiB);
+    as parts, a fraction of it (measured in a fresh interpreter)."""
+    path = tmp_path / "big.npy"
+    a = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(8192, 16384))
+    for i in range(0, 8192, 1024):
+        a[i:i + 1024] = np.float32(i + 0.5)
+    del a
+    out = subprocess.run([sys.executable, "-c", _RSS_STORE, str(tmp_path / "m.duckdb"), str(path)],
+                         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "EDS_PART_BYTES": str(32 << 20)})
+    assert out.returncode == 0, out.stderr
+    grew_mb = int(out.stdout.split()[-1])
+    assert grew_mb < 460, f"storing 512 MB grew resident memory by {grew_mb} MB"
