@@ -172,8 +172,11 @@ def cli():
 @click.option("--shape", callback=_tile, metavar="AxB", help="Shape of an element-form table (default: the "
                                                              "largest index + 1).")
 @click.option("--replace", is_flag=True, help="Overwrite a stored tensor of the same name.")
+@click.option("--memory", callback=_memory, metavar="SIZE",
+              help="Cap on DuckDB's cache while the file streams in (default: 128 MiB, or four of the "
+                   "tensor's stored parts if more).")
 @_debug_option
-def store(database, name, file, tile, dtype, shape, replace):
+def store(database, name, file, tile, dtype, shape, replace, memory):
     """Store FILE (.npy, .parquet in tiled or element form, Arrow IPC .arrow/.feather) in
     DATABASE as tensor NAME. The database file is created if missing."""
     from .jobs import files
@@ -184,6 +187,7 @@ def store(database, name, file, tile, dtype, shape, replace):
         raise Failure(f"no such file {str(path)!r}")
     t0 = time.perf_counter()
     with _connect(database, create=True) as db:
+        files.cap_cache(db, memory if memory is not None else files.store_cache_limit(db, path, tile, dtype))
         t = files.store_file(db, name, path, tile=tile, dtype=dtype, shape=shape, replace=replace)
         click.echo(f"stored {t.name}: shape {_shape(t.shape)} {t.dtype} in tiles {_shape(t.tile)} "
                    f"({_fmt_bytes(t.value.nbytes)}, {time.perf_counter() - t0:.2f} s)")
@@ -287,7 +291,7 @@ def export(database, name, file, form, memory):
     files.kind(file)
     with _connect(database, read_only=True) as db:
         t = db.tensor(name)
-        files.bound_cache(db, t.value, memory)
+        files.cap_cache(db, memory if memory is not None else files.export_cache_limit(t.value))
         p = files.export(t, file, form)
         click.echo(f"wrote {t.name} to {p} ({_fmt_bytes(p.stat().st_size)})")
 

@@ -726,11 +726,59 @@ def _from_npy(p: str, want: Wanted, where: str, stream: bool) -> Incoming:
     return Incoming(shape, dtype.name, tile, keys, tiles, failures)
 
 
+class _FileBoxes:
+    """Boxes (tiles) of a C-order array stored in a file, read with ``preadv`` straight into the
+    caller's buffer. Not through the memory map: reading a 1024-row tile of a 32768-wide
+    float32 array through it mapped 83 MB of file pages into the process (the kernel maps 64 KB
+    around each faulting row), which stayed resident until released, and put a 4 GiB store
+    over its memory bar."""
+
+    def __init__(self, a: np.memmap, where: str):
+        self.fd = os.open(a.filename, os.O_RDONLY)
+        self.offset = int(a.offset)
+        self.shape = tuple(int(n) for n in a.shape)
+        self.itemsize = a.dtype.itemsize
+        self.strides = [math.prod(self.shape[d + 1:]) for d in range(len(self.shape))]  # in elements
+        self.where = where
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def read(self, box: tuple[slice, ...], out: np.ndarray) -> None:
+        """Fill ``out`` (C-contiguous, the box's shape, the file's dtype) with the box."""
+        ext = [s.stop - s.start for s in box]
+        j = len(ext) - 1  # the box is contiguous in the file over dims j.. (trailing dims it covers whole)
+        run = ext[j]
+        while j > 0 and ext[j] == self.shape[j]:
+            j -= 1
+            run *= ext[j]
+        base = self.offset + self.itemsize * (sum(s.start * st for s, st in zip(box[j:j + 1], self.strides[j:j + 1])))
+        if j:
+            grid = np.indices(ext[:j]).reshape(j, -1).T + [s.start for s in box[:j]]
+            starts = base + self.itemsize * (grid @ np.array(self.strides[:j], np.int64))
+        else:
+            starts = np.array([base], np.int64)
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        size = run * self.itemsize
+        for r, start in enumerate(starts.tolist()):
+            self._fill(view[r * size:(r + 1) * size], start)
+
+    def _fill(self, view: memoryview, start: int) -> None:
+        while len(view):
+            n = os.preadv(self.fd, [view], start)
+            if n <= 0:
+                raise EinsumError(f"{self.where}: the .npy file ends before the data its header describes")
+            view, start = view[n:], start + n
+
+
 def _npy_batches(a: np.ndarray, shape, tile, keys, dtype: np.dtype, per: int, schema: pa.Schema, where: str):
     grid = tiling.grid(shape, tile)
     coords = np.ndindex(*grid)  # C order of keys; one () for a 0-d array, none for a size-0 one
     mm = getattr(a, "_mmap", None)
     cast = a.dtype.name != dtype.name
+    # C-order files are read with preadv; Fortran order (and 0-d arrays) through the map
+    boxes_in = (_FileBoxes(a, where) if isinstance(a, np.memmap) and a.ndim and a.flags.c_contiguous
+                and hasattr(os, "preadv") else None)
     try:
         while True:
             chunk = list(itertools.islice(coords, per))
@@ -743,7 +791,14 @@ def _npy_batches(a: np.ndarray, shape, tile, keys, dtype: np.dtype, per: int, sc
             buf = np.empty(int(offsets[-1]), np.uint8)
             for r, b in enumerate(boxes):
                 out = buf[offsets[r]:offsets[r + 1]].view(dtype).reshape(tuple(s.stop - s.start for s in b))
-                piece = a[b]
+                if boxes_in is not None and a.dtype == dtype:  # the file's bytes are the tile's
+                    boxes_in.read(b, out)
+                    continue
+                if boxes_in is not None:
+                    piece = np.empty(out.shape, a.dtype)
+                    boxes_in.read(b, piece)
+                else:
+                    piece = a[b]
                 if cast:
                     piece = _exact_cast(np.asarray(piece), dtype, where, tuple(s.start for s in b))
                 out[...] = piece  # converts the byte order too
@@ -756,6 +811,8 @@ def _npy_batches(a: np.ndarray, shape, tile, keys, dtype: np.dtype, per: int, sc
             yield pa.record_batch(cols + [tiles], schema=schema)
     finally:
         _release(mm)
+        if boxes_in is not None:
+            boxes_in.close()
 
 
 # Arrow IPC (.arrow / .feather): batches read from the file one at a time

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.feather  # noqa: F401  (pa.feather)
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from eindecomp_sql import EinsumError, io
 from helpers import DTYPES, random_array
@@ -82,6 +83,43 @@ def test_npy_in_other_byte_order_fortran_order_and_cast(db, tmp_path):
     same(T.to_numpy(), a.astype(np.int8))
     T = db.store("fio_auto", tmp_path / "f.npy", replace=True)  # tile chosen by tile_bytes
     same(T.to_numpy(), f)
+
+
+@pytest.mark.duckdb_only("the tile-by-tile .npy read is the streamed store's")
+@settings(max_examples=40)
+@given(shape=st.lists(st.integers(1, 7), min_size=1, max_size=4), order=st.sampled_from(["C", "F"]),
+       dtype=st.sampled_from(["<f4", ">f8", "<i2", ">u4", "|b1", "<c8"]), cast=st.booleans(), data=st.data())
+def test_npy_tiles_are_read_from_any_box(backend, tmp_path_factory, shape, order, dtype, cast, data):
+    """Tiles of a C-order .npy file are read with preadv straight from the file (every box:
+    trailing dimensions covered whole or not, edge tiles); Fortran order through the map; other
+    byte orders and casts through a copy. All against the array numpy loads."""
+    tile = tuple(data.draw(st.integers(1, n)) for n in shape)
+    a = random_array(np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))), tuple(shape),
+                     np.dtype(dtype).newbyteorder("="))
+    a = np.asarray(a, dtype=dtype, order=order)
+    d = tmp_path_factory.mktemp("npy")
+    np.save(d / "a.npy", a)
+    want = np.ascontiguousarray(a).astype(np.dtype(dtype).newbyteorder("="))
+    to = None
+    if cast and want.dtype.kind in "fiu":
+        to = "float64" if want.dtype.kind == "f" else "int64" if want.dtype.kind == "i" else "uint64"
+        want = want.astype(to)
+    inc = io.read_source(d / "a.npy", "t", io.Wanted(tile=tile, dtype=to), stream=True)
+    got = io._from_table(inc.tiles.read_all().replace_schema_metadata(
+        io.tensor_metadata(inc.shape, inc.dtype, inc.tile, inc.keys, "tiles")), io.Wanted(), "t")
+    from eindecomp_sql.udfs.tiles import array_from_tiles
+
+    same(array_from_tiles(got.tiles, got.shape, got.tile, got.dtype, got.keys), want)
+
+
+def test_a_truncated_npy_is_refused_with_its_name(db, tmp_path):
+    a = np.arange(64 * 64, dtype=np.float64).reshape(64, 64)
+    np.save(tmp_path / "a.npy", a)
+    with open(tmp_path / "a.npy", "r+b") as f:
+        f.truncate(os.path.getsize(tmp_path / "a.npy") - 4096)
+    with pytest.raises(EinsumError, match="a.npy"):
+        db.store("fio_trunc", tmp_path / "a.npy", tile=(8, 8), replace=True)
+    assert_nothing_left(db, "fio_trunc")
 
 
 def test_npy_streams_in_many_batches(db, tmp_path, monkeypatch):

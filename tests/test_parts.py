@@ -208,7 +208,7 @@ def test_a_bad_tile_in_a_parquet_file_stops_a_parted_store_with_its_own_message(
 
 def test_cli_export_caps_duckdbs_cache(tmp_path, small_parts):
     """``eindecomp-sql export --memory`` is DuckDB's memory_limit while the tensor streams out
-    (a real subprocess; the default cap is tested with bound_cache below)."""
+    (a real subprocess; the default caps are tested below)."""
     a = np.arange(40 * 40, dtype=np.float32).reshape(40, 40)
     path = str(tmp_path / "e.duckdb")
     with eds.connect(path) as db:
@@ -260,14 +260,32 @@ def test_a_killed_store_leaves_no_tensor_and_its_parts_are_swept(tmp_path, kill_
         assert set(part_tables(db.connection)) == set(listed(db.connection, "Keep"))
 
 
-def test_bound_cache_lowers_duckdb_memory_limit_never_raises(tmp_path, small_parts):
+def test_cap_cache_lowers_duckdbs_memory_limit_never_raises(tmp_path, small_parts):
     with eds.connect(str(tmp_path / "c.duckdb")) as db:
         T = db.store("A", np.ones((40, 40)), tile=(8, 8))
-        assert files.bound_cache(db, T.value) == files.STREAM_CACHE_BYTES
+        assert files.export_cache_limit(T.value) == files.STREAM_CACHE_BYTES
+        assert files.cap_cache(db, files.STREAM_CACHE_BYTES) == files.STREAM_CACHE_BYTES
         assert files._duckdb_bytes(db.connection.execute("SELECT current_setting('memory_limit')").fetchone()[0]) \
             == files.STREAM_CACHE_BYTES
-        assert files.bound_cache(db, T.value, 1 << 40) == files.STREAM_CACHE_BYTES  # not raised
-        assert files.bound_cache(db, T.value, 100 << 20) == 100 << 20
+        assert files.cap_cache(db, 1 << 40) == files.STREAM_CACHE_BYTES  # not raised
+        assert files.cap_cache(db, 100 << 20) == 100 << 20
+
+
+def test_cache_limits_follow_the_parts_and_tiles(tmp_path):
+    """Four parts, at least 128 MiB: a part is one tile when tiles are bigger than parts."""
+    from eindecomp_sql.plan import TiledValue
+
+    big_tiles = TiledValue("a", (8192, 8192), "float64", (4096, 4096), ("d0", "d1"))  # 4 tiles of 128 MiB
+    assert files.export_cache_limit(big_tiles) == 4 * (128 << 20)
+    legacy = TiledValue("a", (4096, 4096), "float32", (4096, 4096), ("d0", "d1"))  # one 64 MiB tile
+    assert files.export_cache_limit(legacy) == 4 * (64 << 20)
+    np.save(tmp_path / "a.npy", np.zeros((64, 64), np.float32))
+    with eds.connect(str(tmp_path / "l.duckdb"), tile_bytes=1 << 30) as db:
+        assert files.store_cache_limit(db, tmp_path / "a.npy") == files.STREAM_CACHE_BYTES
+        big = np.lib.format.open_memmap(tmp_path / "b.npy", mode="w+", dtype=np.float64, shape=(8192, 8192))
+        del big
+        assert files.store_cache_limit(db, tmp_path / "b.npy", tile=(4096, 4096)) == 4 * (128 << 20)
+        assert files.store_cache_limit(db, tmp_path / "b.npy") == 4 * (512 << 20)  # one 512 MiB tile
 
 
 # -- memory: the point of parts --------------------------------------------------------------------

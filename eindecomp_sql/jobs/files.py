@@ -94,30 +94,64 @@ def store_file(db, name: str, path, tile=None, dtype=None, shape=None, replace: 
     return db.store(name, str(path), **kw)
 
 
-# the least DuckDB's cache is capped at by a streaming command (see bound_cache)
+# the least DuckDB's cache is capped at by a streaming command (see cap_cache)
 STREAM_CACHE_BYTES = 128 << 20
 
 
-def bound_cache(db, value, memory: int | None = None) -> int:
-    """Cap DuckDB's ``memory_limit`` for a command that streams stored tensor ``value`` once
-    (``export``): DuckDB keeps the blocks it reads cached up to its limit (80% of the machine's
-    memory by default), so a 1 GiB export of 32 parts grew resident memory by 1.1 GB, and by
-    +223 MB under a 150 MB limit. The cap is ``memory`` if given, else the larger of 256 MiB
-    and four times the tensor's largest part (a part is read whole; a tensor stored before
-    parts is one part). Only ever lowered; returns the limit in force, in bytes."""
+def cap_cache(db, limit: int) -> int:
+    """Lower DuckDB's ``memory_limit`` to ``limit`` bytes (never raise it) for a command that
+    streams a tensor once (``store``, ``export``): DuckDB keeps the blocks it reads and writes
+    cached up to its limit (80% of the machine's memory by default), which is resident memory
+    a one-shot command gains nothing from. A 1 GiB export of 32 parts grew resident memory by
+    1.1 GB uncapped, +223 MB under a 150 MB limit; a 2 GiB store of 16 MB parts crept from
+    +220 to +300 MB uncapped and stayed near +170 MB under 128 MB. Returns the limit in force."""
+    con = db.connection
+    now = _duckdb_bytes(con.execute("SELECT current_setting('memory_limit')").fetchone()[0])
+    if now is None or limit < now:
+        con.execute(f"SET memory_limit = '{int(limit)}B'")
+        return int(limit)
+    return now
+
+
+def _cap_for(part_bytes: int) -> int:
+    """The cache a stream needs: a few of its parts (each is read or written whole)."""
+    return max(STREAM_CACHE_BYTES, 4 * part_bytes)
+
+
+def export_cache_limit(value) -> int:
+    """The cap for streaming stored tensor ``value`` out: four of its parts, at least 128 MiB
+    (a tensor stored before parts, or small, is one part)."""
     from ..backends import parts
 
-    if memory is None:
-        rows = parts.rows_per_part(value)
-        part = value.nbytes if rows is None else rows * math.prod(value.tile) * np.dtype(value.dtype).itemsize
-        memory = max(STREAM_CACHE_BYTES, 4 * part)
-    con = db.connection
-    current = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
-    now = _duckdb_bytes(current)
-    if now is None or memory < now:
-        con.execute(f"SET memory_limit = '{int(memory)}B'")
-        return int(memory)
-    return now
+    rows = parts.rows_per_part(value)
+    return _cap_for(value.nbytes if rows is None else rows * math.prod(value.tile) * np.dtype(value.dtype).itemsize)
+
+
+def store_cache_limit(db, path, tile=None, dtype=None) -> int:
+    """The cap for storing file ``path``: four parts of the tiles ``store`` will cut (``tile``,
+    else the file's own or the session's choice), at least 128 MiB; from the file's header or
+    metadata, without reading its data (a file that does not say falls back to the session's
+    largest tile)."""
+    from ..backends import parts
+    from ..io import read_metadata
+    from ..plan import auto_tile
+
+    largest = None
+    try:
+        if kind(path) == "npy":
+            shape, file_dtype = info(path)
+            itemsize = np.dtype(dtype or file_dtype).itemsize
+            largest = math.prod(tile or auto_tile(shape, itemsize, db.tile_bytes)) * itemsize
+        else:
+            import pyarrow.parquet as pq
+
+            meta = read_metadata(pq.read_schema(path).metadata if kind(path) == "parquet"
+                                 else _arrow_schema(path).metadata, str(path))
+            if meta.get("layout") == "tiles" and {"tile", "dtype"} <= meta.keys():
+                largest = math.prod(tile or meta["tile"]) * np.dtype(dtype or meta["dtype"]).itemsize
+    except Exception:  # the store itself says what is wrong with the file
+        largest = None
+    return _cap_for(max(parts.PART_BYTES, largest if largest is not None else db.tile_bytes))
 
 
 def _duckdb_bytes(text: str) -> int | None:
