@@ -173,7 +173,7 @@ def cli():
                                                              "largest index + 1).")
 @click.option("--replace", is_flag=True, help="Overwrite a stored tensor of the same name.")
 @click.option("--memory", callback=_memory, metavar="SIZE",
-              help="Cap on DuckDB's cache while the file streams in (default: 128 MiB, or four of the "
+              help="Cap on DuckDB's cache while the file streams in (default: 256 MiB, or four of the "
                    "tensor's stored parts if more).")
 @_debug_option
 def store(database, name, file, tile, dtype, shape, replace, memory):

@@ -272,7 +272,8 @@ def test_cap_cache_lowers_duckdbs_memory_limit_never_raises(tmp_path, small_part
 
 
 def test_cache_limits_follow_the_parts_and_tiles(tmp_path):
-    """Four parts, at least 128 MiB: a part is one tile when tiles are bigger than parts."""
+    """Four parts, at least 128 MiB (256 MiB for a store): a part is one tile when tiles are
+    bigger than parts."""
     from eindecomp_sql.plan import TiledValue
 
     big_tiles = TiledValue("a", (8192, 8192), "float64", (4096, 4096), ("d0", "d1"))  # 4 tiles of 128 MiB
@@ -281,7 +282,7 @@ def test_cache_limits_follow_the_parts_and_tiles(tmp_path):
     assert files.export_cache_limit(legacy) == 4 * (64 << 20)
     np.save(tmp_path / "a.npy", np.zeros((64, 64), np.float32))
     with eds.connect(str(tmp_path / "l.duckdb"), tile_bytes=1 << 30) as db:
-        assert files.store_cache_limit(db, tmp_path / "a.npy") == files.STREAM_CACHE_BYTES
+        assert files.store_cache_limit(db, tmp_path / "a.npy") == files.STORE_CACHE_BYTES
         big = np.lib.format.open_memmap(tmp_path / "b.npy", mode="w+", dtype=np.float64, shape=(8192, 8192))
         del big
         assert files.store_cache_limit(db, tmp_path / "b.npy", tile=(4096, 4096)) == 4 * (128 << 20)
