@@ -6,16 +6,19 @@ sampled from /proc/self/status); medians over --repeats runs go to bench/io_resu
 
     python bench/io_bench.py --size 1G --repeats 3      # what bench/io_results.json holds
     python bench/io_bench.py --size 64M                 # a quick run
-    python bench/io_bench.py --size 4G --cases baseline_np_save,baseline_pq_write,baseline_pq_write_plain,stream_npy
+    python bench/io_bench.py --size 4G --repeats 2 --cases baseline_np_save,baseline_pq_write,baseline_pq_write_plain,cli_import,cli_store_npy,cli_store_parquet,cli_export_npy,cli_export_parquet,store_npy,store_parquet,export_npy,export_parquet
 
-The store cases take DuckDB about 4x the tensor at their peak (measured: +4.2 GB for 1 GiB), so
-at 4 GiB they (and the export cases, which read what store_npy stored) need ~17 GB free beyond
-everything else: on the 24 GB development machine only the cases without DuckDB ran at 4 GiB.
-The store cases close the duckdb connection too (close_seconds: DuckDB checkpoints the WAL into
-the file then), so the export cases read a checkpointed file, as a later session would: reading
-one takes DuckDB ~3x the tensor (+3.1 GB for 1 GiB). Before, the connection stayed open, the
-WAL was left behind and replayed into memory before the export's baseline (+1.1 GB measured).
-Why DuckDB 2.0 needs this much, and what did not help, is in docs/LAYOUT.md.
+A tensor above 16 MiB is stored as parts (eindecomp_sql/backends/parts.py), so the store
+cases no longer take DuckDB ~4x the tensor (+4.2 GB for 1 GiB before parts); the library's
+export cases still grow by the tensor, because DuckDB caches every block it reads up to its
+memory_limit (the CLI's export caps it). The store cases close the connection too
+(close_seconds: DuckDB checkpoints what is left of its WAL then), so the export cases read a
+checkpointed file, as a later session would.
+
+The cli_* cases run the command a user runs (`python -m eindecomp_sql store|export ...`) in a
+process of its own and report its whole peak resident size (ru_maxrss of the finished child):
+that is the bar's "peak RSS". cli_import is the floor under them (an interpreter that imports
+the package, duckdb, pyarrow and numpy).
 
 Inputs live under --dir (default /tmp/eds_io_bench) and are deleted at the end. The database
 is a file there (an in-memory DuckDB holds the whole tensor in RAM by definition). The tensor
@@ -31,6 +34,11 @@ Cases:
   store_parquet         db.store("A", "a.parquet")         (a tiled file, as Tensor.export writes it)
   export_npy            T.export("out.npy")
   export_parquet        T.export("out.parquet")
+  cli_import            python -c "import eindecomp_sql, duckdb, pyarrow, numpy"
+  cli_store_npy         eindecomp-sql store DB A a.npy --tile ...
+  cli_store_parquet     eindecomp-sql store DB A a.parquet
+  cli_export_npy        eindecomp-sql export DB A out.npy
+  cli_export_parquet    eindecomp-sql export DB A out.parquet
 """
 
 from __future__ import annotations
