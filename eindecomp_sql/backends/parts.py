@@ -5,9 +5,11 @@ blob column whole. A tensor of 256 tiles of 4 MB is one row group of 1 GiB: stor
 transaction's rows, the commit's copy and the serialised block (+4.2 GB resident for 1 GiB), and
 a scan read all 256 tiles into one vector whatever the WHERE (docs/LAYOUT.md has what else was
 tried). Each part is its own table, created and committed by its own statement, so DuckDB holds
-one part at a time: 1 GiB stored as 32 parts of 32 MB peaked at +352 MB (+345 MB under a
-300 MB ``memory_limit``, which a single table cannot be stored under at all), 8 parts of 128 MB
-at +932 MB (2-core development machine, ``bench/io_bench.py``).
+one part at a time. 1 GiB stored as 8 parts of 128 MB peaked at +932 MB, 32 of 32 MB at
++352 MB (+345 MB under a 300 MB ``memory_limit``, which a single table cannot be stored under at
+all), 64 of 16 MB at about +290 MB, 128 of 8 MB no lower; so parts of 16 MiB. A 4 GiB ``.npy``
+is stored by ``eindecomp-sql store`` at 435 MB peak resident (2-core development machine,
+``bench/io_bench.py``; docs/DESIGN.md "Big tensors as parts").
 
 The tensor's name is a view, ``SELECT * FROM part0 UNION ALL SELECT * FROM part1 ...``: every
 reader (plan steps, the SQL interface, plain ``duckdb``) reads it as it read the table. The parts
