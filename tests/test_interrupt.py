@@ -13,7 +13,17 @@ import pytest
 import eindecomp_sql as eds
 from eindecomp_sql.plan.steps import output_tiles
 
+# A test run started in the background by a non-interactive shell inherits SIGINT ignored
+# (POSIX), and so do its children: Ctrl-C must be Python's own here, and in each child below.
+@pytest.fixture(autouse=True)
+def python_ctrl_c():
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 LONG_PLAN = r"""
+import signal; signal.signal(signal.SIGINT, signal.default_int_handler)
 import sys, time, numpy as np, eindecomp_sql as eds
 path = sys.argv[1]
 db = eds.connect(path)
