@@ -265,8 +265,7 @@ def test_cap_cache_lowers_duckdbs_memory_limit_never_raises(tmp_path, small_part
         T = db.store("A", np.ones((40, 40)), tile=(8, 8))
         assert files.export_cache_limit(T.value) == files.STREAM_CACHE_BYTES
         assert files.cap_cache(db, files.STREAM_CACHE_BYTES) == files.STREAM_CACHE_BYTES
-        assert files._duckdb_bytes(db.connection.execute("SELECT current_setting('memory_limit')").fetchone()[0]) \
-            == files.STREAM_CACHE_BYTES
+        assert files._limit_now(db.connection) == files.STREAM_CACHE_BYTES
         assert files.cap_cache(db, 1 << 40) == files.STREAM_CACHE_BYTES  # not raised
         assert files.cap_cache(db, 100 << 20) == 100 << 20
 

@@ -228,10 +228,11 @@ class DuckDBBackend:
             except duckdb.Error:  # best effort: it holds nothing anyone reads
                 pass
 
-    def _store_parts(self, value: TiledValue, sources, replace: bool) -> None:
+    def _store_parts(self, value: TiledValue, sources, replacing: bool) -> None:
         """Store each of ``sources`` (RecordBatchReaders, or SELECTs DuckDB runs) as a part
         table, each created and committed by its own statement, then the view, the part list
-        and the catalog row in one transaction (with the old tensor's removal when replacing).
+        and the catalog row in one transaction (with the old tensor's removal when ``replacing``
+        one that exists).
         A failure drops the parts made; a crash leaves parts listed nowhere, swept at the next
         open."""
         made: list[str] = []
@@ -248,9 +249,8 @@ class DuckDBBackend:
                     self._run(create_table_as(made[-1], exp.select("*").from_(table(view))).sql(dialect="duckdb"))
                 finally:
                     self._work.unregister(view)
-            old = replace and self.table_exists(value.name)  # (a failed probe would abort a transaction)
             with self._transaction():
-                if old:
+                if replacing:
                     self._drop_stored(value.name)
                 self._run(parted.view_sql(value.name, made))
                 self._run(f"INSERT INTO {parted.PARTS_TABLE} SELECT ?, k - 1, part FROM "
@@ -295,9 +295,12 @@ class DuckDBBackend:
         atomic on its own (``needed`` False: BEGIN and COMMIT cost ~0.7 ms)."""
         return self._Tx(self._run) if needed else contextlib.nullcontext()
 
-    def _check_target(self, table: str, replace: bool) -> None:
-        if self.table_exists(table) and not replace:
+    def _check_target(self, table: str, replace: bool) -> bool:
+        """Refuse an existing table unless ``replace``; whether it exists."""
+        exists = self.table_exists(table)
+        if exists and not replace:
             raise EinsumError(f"table {table!r} already exists; pass replace=True to overwrite it")
+        return exists
 
     # -- data in and out --------------------------------------------------------------------
     def store_tiles(self, value: TiledValue, tiles, replace: bool = False) -> None:
@@ -308,7 +311,7 @@ class DuckDBBackend:
         Python); or an ``io.ParquetRows``, whose SELECTs (``read_parquet(...)``) DuckDB runs
         itself. Key columns, then ``tile``."""
         with self.lock:
-            self._check_target(value.name, replace)
+            exists = self._check_target(value.name, replace)
             rows = parted.rows_per_part(value)
             file_rows = getattr(tiles, "select_rows", None)  # a file DuckDB reads itself (io.ParquetRows)
             if rows is not None:
@@ -320,11 +323,11 @@ class DuckDBBackend:
                     sources = parted.split_reader(pa.RecordBatchReader.from_batches(tiles.schema, tiles.to_batches()),
                                                   rows)
                 try:
-                    self._store_parts(value, sources, replace)
+                    self._store_parts(value, sources, exists)
                 except duckdb.Error as e:
                     raise EinsumError(f"store({value.name!r}): DuckDB could not store the tiles: {e}") from None
                 return
-            old_parts = replace and bool(self._parts_of(value.name))
+            old_parts = exists and bool(self._parts_of(value.name))
             view = "_eds_load"
             query = file_rows() if file_rows is not None else None
             if query is None:
@@ -421,8 +424,7 @@ class DuckDBBackend:
             swaps: dict[str, str] = {}  # a fresh table -> the parted tensor it replaces at the end
             for name, t in outputs.items():
                 if t.table is not None and not t.temporary:
-                    self._check_target(t.table, replace)
-                    if replace and self._parts_of(t.table):
+                    if self._check_target(t.table, replace) and self._parts_of(t.table):
                         # a view cannot be replaced by a table: the result is written under a fresh
                         # name (the plan may still read the old parts) and renamed once it is whole
                         tables[name] = parted.new_part_names(1)[0].replace(parted.PREFIX, "_eds_new_")

@@ -29,11 +29,11 @@ import math
 import os
 import secrets
 
-import numpy as np
 import pyarrow as pa
 from sqlglot import exp
 
 from ..compile.sql import table
+from ..plan.cost import nbytes
 
 # about this much tile data per part (at least one tile); EDS_PART_BYTES sets it (the tests run
 # whole suites with tiny parts, so every reader and writer meets parted tensors)
@@ -50,8 +50,8 @@ def rows_per_part(value, part_bytes: int | None = None) -> int | None:
     """Tiles per part for stored tensor ``value`` (a TiledValue), or None when one table holds
     it (at most ``part_bytes`` of tiles, default ``PART_BYTES``, or a single tile)."""
     part_bytes = PART_BYTES if part_bytes is None else part_bytes
-    tile_bytes = math.prod(value.tile) * np.dtype(value.dtype).itemsize if value.shape else np.dtype(value.dtype).itemsize
-    tiles = math.prod(value.grid) if value.shape else 1
+    tile_bytes = nbytes(value.tile, value.dtype)
+    tiles = math.prod(value.grid)
     if tiles <= 1 or tiles * tile_bytes <= part_bytes:
         return None
     rows = max(1, part_bytes // max(tile_bytes, 1), math.ceil(tiles / MAX_PARTS))

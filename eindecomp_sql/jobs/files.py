@@ -111,11 +111,22 @@ def cap_cache(db, limit: int) -> int:
     con = db.connection
     # fetchall: a result left open holds its transaction, and DuckDB then skips every automatic
     # checkpoint (a 2 GiB store kept its 2.5 GB of committed blocks in memory until the close)
-    now = _duckdb_bytes(con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0])
+    now = _limit_now(con)
     if now is None or limit < now:
         con.execute(f"SET memory_limit = '{int(limit)}B'")
         return int(limit)
     return now
+
+
+def _limit_now(con) -> int | None:
+    """DuckDB's ``memory_limit`` in bytes (it prints ``'18.8 GiB'``); None if unreadable."""
+    from ..errors import EinsumError
+    from ..plan.cost import parse_memory
+
+    try:
+        return parse_memory(con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0])
+    except EinsumError:
+        return None
 
 
 def _cap_for(part_bytes: int, least: int = STREAM_CACHE_BYTES) -> int:
@@ -127,9 +138,10 @@ def export_cache_limit(value) -> int:
     """The cap for streaming stored tensor ``value`` out: four of its parts, at least 128 MiB
     (a tensor stored before parts, or small, is one part)."""
     from ..backends import parts
+    from ..plan.cost import nbytes
 
     rows = parts.rows_per_part(value)
-    return _cap_for(value.nbytes if rows is None else rows * math.prod(value.tile) * np.dtype(value.dtype).itemsize)
+    return _cap_for(value.nbytes if rows is None else rows * nbytes(value.tile, value.dtype))
 
 
 def store_cache_limit(db, path, tile=None, dtype=None) -> int:
@@ -157,17 +169,6 @@ def store_cache_limit(db, path, tile=None, dtype=None) -> int:
     except Exception:  # the store itself says what is wrong with the file
         largest = None
     return _cap_for(max(parts.PART_BYTES, largest if largest is not None else db.tile_bytes), STORE_CACHE_BYTES)
-
-
-def _duckdb_bytes(text: str) -> int | None:
-    """DuckDB's printed size (``'19.0 GiB'``, ``'256.0 MiB'``) in bytes; None if unreadable."""
-    units = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-             "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
-    parts_ = str(text).strip().split()
-    try:
-        return int(float(parts_[0]) * units[parts_[1].upper()]) if len(parts_) == 2 else int(parts_[0])
-    except (ValueError, KeyError, IndexError):
-        return None
 
 
 def export(tensor, path, form: str = "tiles") -> pathlib.Path:
