@@ -238,14 +238,18 @@ def test_a_budget_never_buys_degenerate_tilings():
     from eindecomp_sql.plan import TiledValue, plan_einsum
     from eindecomp_sql.plan.optimize import MAX_JOIN_TASKS
 
+    # (still running after 600 s); under 20 MB 2D batches would need 16,384 statements
+    from eindecomp_sql.plan.cost import MAX_BATCHES
+
     a = TiledValue("A", (12000, 12000), "float32", None, ("d0", "d1"))
     with pytest.raises(EinsumError, match="give more memory"):
-        plan_einsum("ij,jk->ik", (a, a), budget=300_000_000, tile_bytes=64 << 20)
-    plan = plan_einsum("ij,jk->ik", (a, a), budget=2_000_000_000, tile_bytes=64 << 20)
-    for step in plan.steps:
-        if hasattr(step, "pieces"):
-            assert np.prod(list(step.pieces.values())) <= MAX_JOIN_TASKS
-        assert step.peak_bytes <= 2_000_000_000
+        plan_einsum("ij,jk->ik", (a, a), budget=20_000_000, tile_bytes=64 << 20)
+    for budget in (300_000_000, 2_000_000_000):  # out of core: statements over panels of both operands
+        plan = plan_einsum("ij,jk->ik", (a, a), budget=budget, tile_bytes=64 << 20)
+        for step in plan.steps:
+            if hasattr(step, "pieces"):
+                assert np.prod(list(step.pieces.values())) <= MAX_JOIN_TASKS
+            assert step.peak_bytes <= budget and step.batches <= MAX_BATCHES
 
 
 def test_results_used_as_operands_are_told_apart(backend):

@@ -31,6 +31,8 @@ an instance refuses new attributes (set them in a subclass).
 
 from __future__ import annotations
 
+import itertools
+
 import re
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -149,18 +151,20 @@ def _key_range(column: exp.Expression, bounds: tuple[int, int]) -> list[exp.Expr
     return [exp.GTE(this=column.copy(), expression=num(lo)), exp.LT(this=column.copy(), expression=num(hi))]
 
 
-def batch_bounds(step: Step) -> list[tuple[int, int]] | None:
-    """Key ranges of a batched step's statements (None: one statement)."""
+def batch_bounds(step: Step) -> list | None:
+    """Key ranges of a batched step's statements (None: one statement): ``(lo, hi)`` of the
+    first target key for a retile or fill, ``((label, lo, hi), ...)`` for an einsum step (one
+    range per label of its ``batch_grid``, every combination)."""
     if step.batches <= 1:
         return None
-    if isinstance(step, RetileStep):
-        n = step.target.grid[0]
-    elif isinstance(step, FillStep):
-        n = step.result.grid[0]
-    else:
-        n = step.pieces[step.batch_label]
-    b = step.batches
-    return [(n * k // b, n * (k + 1) // b) for k in range(b)]
+    if isinstance(step, (RetileStep, FillStep)):
+        n = (step.target if isinstance(step, RetileStep) else step.result).grid[0]
+        b = step.batches
+        return [(n * k // b, n * (k + 1) // b) for k in range(b)]
+    pieces = step.pieces
+    per_label = [[(lab, pieces[lab] * k // b, pieces[lab] * (k + 1) // b) for k in range(b)]
+                 for lab, b in step.batch_grid]
+    return [tuple(combo) for combo in itertools.product(*per_label)]
 
 
 def _single_tiles(step: EinsumStep) -> bool:
@@ -393,11 +397,11 @@ class SQLCompiler:
 
     def _einsum_conditions(self, step: EinsumStep, batch):
         first, conditions = self.label_columns(step)
-        if batch is not None:  # one statement of a batched step: a range of the batch label's keys
-            conditions += _key_range(first[step.batch_label], batch)
+        for lab, lo, hi in batch or ():  # one statement of a batched step: a range of keys per batch label
+            conditions += _key_range(first[lab], (lo, hi))
         return first, conditions
 
-    def einsum_rows(self, step: EinsumStep, batch: tuple[int, int] | None = None) -> exp.Select:
+    def einsum_rows(self, step: EinsumStep, batch: tuple | None = None) -> exp.Select:
         """One einsum step whose reduced labels are all in one piece: join the operands' tiled
         tables on the keys of their shared labels; each joined row is exactly one output tile,
         so the tile kernel runs once per row and nothing is grouped::
@@ -418,7 +422,7 @@ class SQLCompiler:
         select.set("where", _where(conditions))
         return select
 
-    def einsum_groups(self, step: EinsumStep, batch: tuple[int, int] | None = None) -> exp.Select:
+    def einsum_groups(self, step: EinsumStep, batch: tuple | None = None) -> exp.Select:
         """One einsum step with a reduced label cut into several pieces: join the tiled tables,
         then group the joined rows by the output keys and hand each whole group to the kernel,
         which contracts and aggregates it in one call. Grouping the inputs (not partial results)

@@ -72,6 +72,9 @@ class CostModel:
     statement: float = 2.5e6
     vector_rows: int = 2048
     grouped_holds_all: bool = True
+    # the engine holds a statement's distinct input tiles besides the kernels' copies
+    # (DuckDB: hash-join build side and scanned blobs; ``engine_bytes``)
+    engine_holds_inputs: bool = True
 
     def total(self, c: "Costs") -> float:
         return (self.join * c.join + self.group * c.group + self.agg * c.agg + self.retile * c.retile
@@ -135,42 +138,101 @@ def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str
     return Costs(join=join, agg=out * (red - 1), group=join if red > 1 else 0, statements=1)
 
 
+# the most statements one step is split into to fit a budget: beyond, each statement's fixed
+# cost (~1 ms, a scan of its inputs' tables) outweighs what it saves; a budget that needs more
+# is refused (a 12000² float32 GEMM under 20 MB asked for 16,384)
+MAX_BATCHES = 256
+
+
+def batch_labels(node: EinsumNode, pieces: dict[str, int]) -> tuple[str, ...]:
+    """The output labels a step's statements split (at most two, the most cut first; ties in
+    output order). Two, so that a statement reads a bounded share of *every* operand: split
+    along ``i`` alone, each statement of a GEMM ``ij,jk->ik`` still reads the whole of B."""
+    return tuple(sorted(node.output, key=lambda lab: -pieces[lab])[:2])
+
+
 def batch_label(node: EinsumNode, pieces: dict[str, int]) -> str | None:
-    """The output label a step is split into statements along (the one cut most)."""
-    if not node.output:
-        return None
-    return max(node.output, key=lambda lab: pieces[lab])
+    """The output label a step is split into statements along first (the one cut most)."""
+    labs = batch_labels(node, pieces)
+    return labs[0] if labs else None
+
+
+def batch_options(node: EinsumNode, pieces: dict[str, int]) -> list[int]:
+    """The statement counts a step can run as, fewest first: 1..p1 statements over ranges of
+    the first batch label's keys (p1 its pieces), then p1 * m (m = 2..p2) over every key of
+    the first and m ranges of the second's."""
+    labs = batch_labels(node, pieces)
+    if not labs:
+        return [1]
+    p1 = pieces[labs[0]]
+    more = [p1 * m for m in range(2, pieces[labs[1]] + 1)] if len(labs) > 1 else []
+    return [b for b in range(1, p1 + 1) if b <= MAX_BATCHES] + [b for b in more if b <= MAX_BATCHES]
+
+
+def needed_batches(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str], budget: int | None,
+                   model: "CostModel" = None) -> int:
+    """The fewest statements (``batch_options``) ``node`` cut into ``pieces`` runs as under
+    ``budget`` (the most there are if none fits: the caller refuses such a chunking)."""
+    model = model or DEFAULT_COSTS
+    return choose_batches(lambda b: step_peak(node, pieces, operand_dtypes, b, model), batch_options(node, pieces),
+                          budget)
+
+
+def batch_grid(node: EinsumNode, pieces: dict[str, int], batches: int) -> tuple[tuple[str, int], ...]:
+    """``(label, ranges)`` for each label a step of ``batches`` statements splits: its
+    statements are every combination of one key range per label (see ``batch_options``)."""
+    labs = batch_labels(node, pieces)
+    if batches <= 1 or not labs:
+        return ()
+    p1 = pieces[labs[0]]
+    if batches <= p1 or len(labs) == 1:
+        return ((labs[0], min(batches, p1)),)
+    return ((labs[0], p1), (labs[1], min(ceil_div(batches, p1), pieces[labs[1]])))
 
 
 def max_batches(node: EinsumNode, pieces: dict[str, int]) -> int:
-    lab = batch_label(node, pieces)
-    return pieces[lab] if lab is not None else 1
+    return batch_options(node, pieces)[-1]
 
 
 def _fraction(pieces_along: int, batches: int) -> float:
     return ceil_div(pieces_along, batches) / pieces_along
 
 
+def _batch_pieces(node: EinsumNode, pieces: dict[str, int], batches: int) -> dict[str, int]:
+    """Pieces of each label that one statement of the step covers (at most)."""
+    grid = dict(batch_grid(node, pieces, batches))
+    return {lab: ceil_div(pieces[lab], grid.get(lab, 1)) for lab in node.labels}
+
+
 def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str], batches: int = 1,
               model: CostModel = DEFAULT_COSTS, held_tile_bytes: int = 0) -> int:
     """Projected peak memory of running ``node`` with ``pieces``, in bytes, when the step runs
-    as ``batches`` statements over ranges of its batch label's keys, on ``model``'s engine.
-    ``held_tile_bytes``: what a fused kernel holds besides its output, per output tile in
-    flight (the values it computes and never stores)."""
+    as ``batches`` statements (``batch_grid``), on ``model``'s engine: what the kernels hold
+    (the rows of one call, their output twice) plus what the engine holds for the statement
+    (``engine_bytes``). ``held_tile_bytes``: what a fused kernel holds besides its output, per
+    output tile in flight (the values it computes and never stores)."""
     size = node.size
     tile = {lab: tile_of(size[lab], pieces[lab]) for lab in node.labels}
-    in_tile = sum(
-        math.prod(tile[lab] for lab in op.labels) * np.dtype(operand_dtypes[op.value]).itemsize for op in node.operands
-    )
+    op_tile = [math.prod(tile[lab] for lab in op.labels) * np.dtype(operand_dtypes[op.value]).itemsize
+               for op in node.operands]
+    in_tile = sum(op_tile)
     out_tile = math.prod(tile[lab] for lab in node.output) * np.dtype(node.result.dtype).itemsize
-    lab = batch_label(node, pieces)
-    frac = _fraction(pieces[lab], batches) if lab is not None else 1.0
-    out_tiles = math.ceil(math.prod(pieces[lab] for lab in node.output) * frac)
+    each = _batch_pieces(node, pieces, batches)
+    out_tiles = math.prod(each[lab] for lab in node.output)
     reduced = math.prod(pieces[lab] for lab in node.reduced)
     rows = model.vector_rows
+    engine = engine_bytes(node, each, op_tile) if model.engine_holds_inputs else 0
     if reduced > 1 and model.grouped_holds_all:  # every joined row is held by list() until its group is done
-        return out_tiles * reduced * in_tile + min(out_tiles, rows) * (2 * out_tile + held_tile_bytes)
-    return min(out_tiles, rows) * (in_tile + 2 * out_tile + held_tile_bytes)
+        return engine + out_tiles * reduced * in_tile + min(out_tiles, rows) * (2 * out_tile + held_tile_bytes)
+    return engine + min(out_tiles, rows) * (in_tile + 2 * out_tile + held_tile_bytes)
+
+
+def engine_bytes(node: EinsumNode, each: dict[str, int], op_tile: list[int]) -> int:
+    """What the engine holds while one statement runs: every distinct input tile the statement
+    reads (a hash join's build side, the probe's scanned rows; DuckDB keeps them in its buffer
+    manager, under its ``memory_limit``), ``each`` being the pieces of each label one
+    statement covers."""
+    return sum(b * math.prod(each[lab] for lab in op.labels) for op, b in zip(node.operands, op_tile))
 
 
 def retile_peak(shape, dtype, target_tile, batches: int = 1, model: CostModel = DEFAULT_COSTS) -> int:
@@ -189,14 +251,16 @@ def retile_max_batches(shape, target_tile) -> int:
     return pieces_of(shape[0], target_tile[0]) if shape else 1
 
 
-def choose_batches(peak, most: int, budget: int | None) -> int:
-    """The fewest statements (1..most) whose projected ``peak(batches)`` fits ``budget``."""
+def choose_batches(peak, most, budget: int | None) -> int:
+    """The fewest statements whose projected ``peak(batches)`` fits ``budget``: among
+    ``most`` (a list of statement counts, fewest first, as ``batch_options`` gives) or 1..most."""
     if budget is None:
         return 1
-    for b in range(1, most + 1):
+    options = range(1, most + 1) if isinstance(most, int) else most
+    for b in options:
         if peak(b) <= budget:
             return b
-    return most
+    return options[-1]
 
 
 def parse_memory(memory) -> int | None:

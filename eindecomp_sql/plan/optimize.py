@@ -38,8 +38,8 @@ import numpy as np
 
 from ..errors import EinsumError
 from ..graph import EinsumNode, ValueInfo
-from .cost import (DEFAULT_COSTS, CostModel, Costs, max_batches, nbytes, retile_max_batches, retile_peak, step_costs,
-                   step_peak)
+from .cost import (DEFAULT_COSTS, CostModel, Costs, max_batches, nbytes, needed_batches, retile_max_batches,
+                   retile_peak, step_costs, step_peak)
 from .tiling import Chunking, ceil_div, pieces_of, tile_of
 
 STRATEGIES = ("eindecomp", "data-parallel", "model-parallel", "square-tiles")
@@ -118,7 +118,9 @@ class _Problem:
         agg = nbytes(node.result.shape, node.result.dtype) * (red - 1)
         group = np.where(red > 1, join, 0)
         m = self.model
-        return m.join * join + m.group * group + m.agg * agg + m.statement  # one statement each
+        statements = np.array([self.statements(node, dict(zip(col, row))) for row in pieces.tolist()],
+                              dtype=np.int64) if self.budget is not None else 1
+        return m.join * join + m.group * group + m.agg * agg + m.statement * statements
 
     def _axes(self, node: EinsumNode, k: int) -> tuple[str | None, ...]:
         """The label of every axis of operand ``k``'s value (None: a dropped size-1 axis)."""
@@ -201,7 +203,13 @@ class _Problem:
 
     def node_cost(self, node: EinsumNode, pieces: dict[str, int]) -> Costs:
         c = step_costs(node, pieces, self.bytes)
-        return Costs(c.join, c.agg, c.retile, c.group, self.model, c.statements)
+        return Costs(c.join, c.agg, c.retile, c.group, self.model, self.statements(node, pieces))
+
+    def statements(self, node: EinsumNode, pieces: dict[str, int]) -> int:
+        """Statements the node's step runs as: one, or under a budget the batches it needs."""
+        if self.budget is None:
+            return 1
+        return needed_batches(node, pieces, self.dtypes, self.budget, self.model)
 
     def retile(self, value: str, target: tuple[int, ...]) -> Costs:
         if self.budget is not None:

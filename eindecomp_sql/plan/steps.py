@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import EinsumError
 from ..graph import EinsumNode
-from .cost import DEFAULT_COSTS, CostModel, Costs, batch_label, nbytes, retile_peak, step_costs, step_peak
+from .cost import DEFAULT_COSTS, CostModel, Costs, batch_grid, batch_label, nbytes, retile_peak, step_costs, step_peak
 from .tiling import Chunking, ceil_div, grid
 
 
@@ -161,12 +161,17 @@ class EinsumStep:
     inputs: tuple[TiledValue, ...]
     result: TiledValue
     chunk: Chunking
-    batches: int = 1  # statements, over ranges of the keys of ``batch_label``
+    batches: int = 1  # statements, over ranges of the keys of one or two output labels (``batch_grid``)
     fused: Fusion | None = None
 
     @property
     def batch_label(self) -> str | None:
         return batch_label(self.node, self.pieces)
+
+    @property
+    def batch_grid(self) -> tuple[tuple[str, int], ...]:
+        """``(label, key ranges)`` per label the statements split (empty: one statement)."""
+        return batch_grid(self.node, self.pieces, self.batches)
 
     @property
     def tile_of(self) -> dict[str, int]:
@@ -229,7 +234,8 @@ class EinsumStep:
     def describe(self) -> str:
         p = self.pieces
         chunks = " ".join(f"{lab}:{p[lab]}" for lab in self.node.labels)
-        batched = f" in {self.batches} batches over {self.batch_label}" if self.batches > 1 else ""
+        batched = (f" in {self.batches} batches over " + " x ".join(f"{lab}:{n}" for lab, n in self.batch_grid)
+                   if self.batches > 1 else "")
         if self.fused is None:
             return f"einsum {self.node.describe()} [{chunks}]{batched} -> {self.result.name}"
         f = self.fused

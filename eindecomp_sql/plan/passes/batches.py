@@ -1,20 +1,20 @@
 """Pass: a step whose projected peak exceeds the memory budget is split into the fewest
-statements (batches, over ranges of one key) that fit. A fill is always cut to the budget's
+statements (batches, over ranges of the keys of one or two output labels) that fit. A fill is always cut to the budget's
 size or, without one, left whole.
 
 >>> from eindecomp_sql.plan.draft import example
 >>> from eindecomp_sql.plan.passes.chunking import choose_chunking
 >>> from eindecomp_sql.plan.passes.retiles import insert_retiles
 >>> d = example("ij,jk->ik", (512, 512), (512, 512), budget=4_000_000)
->>> [s.batches for s in split_batches(insert_retiles(choose_chunking(d))).steps]
-[4]
+>>> [(s.batches, s.batch_grid) for s in split_batches(insert_retiles(choose_chunking(d))).steps]
+[(8, (('k', 4), ('i', 2)))]
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..cost import choose_batches, max_batches, retile_max_batches, retile_peak
+from ..cost import batch_options, choose_batches, retile_max_batches, retile_peak
 from ..draft import Draft
 from ..steps import EinsumStep, FillStep, ProgramStep, RetileStep, fill_peak
 
@@ -38,5 +38,5 @@ def _batched(step, budget, model):
         return replace(step, batches=b)
     assert isinstance(step, EinsumStep)
     # the step's own peak: a fused step's kernel holds more than its node alone
-    b = choose_batches(lambda k: replace(step, batches=k).peak(model), max_batches(step.node, step.pieces), budget)
+    b = choose_batches(lambda k: replace(step, batches=k).peak(model), batch_options(step.node, step.pieces), budget)
     return replace(step, batches=b)
