@@ -26,6 +26,9 @@ from .plan.einsum import RESULT
 from .plan.tiling import check_count
 from .progress import reporter
 from .plan.cost import parse_memory
+
+# under a memory budget, the default tile is at most this fraction of it (see __init__)
+BUDGET_TILES = 64
 from .tensor import Tensor
 
 
@@ -62,11 +65,25 @@ class Session:
                 raise EinsumError(f"spark= is the Spark session of backend 'spark', not of {backend!r}")
             options["spark"] = spark
         self.backend = create_backend(backend, database, read_only=read_only, **options)
+        if self.memory is not None:
+            try:  # the engine's own limit follows the budget (DuckDB: memory_limit, spilling)
+                self.backend.set_memory(self.memory)
+            except BaseException:
+                self.backend.close()
+                raise
         # the engine's own parallelism where it has one (Spark's default parallelism), else 1;
         # tiles no bigger than the engine moves well (Spark: rows through the JVM)
         self.workers = workers if workers is not None else getattr(self.backend, "default_workers", 1)
         self.tile_bytes = tile_bytes if tile_bytes is not None else min(
             DEFAULT_TILE_BYTES, getattr(self.backend, "max_tile_bytes", DEFAULT_TILE_BYTES))
+        if tile_bytes is None and self.memory is not None:
+            # a statement holds several tiles of each operand, each two or three times (read,
+            # joined or listed, copied into the kernel): tiles of at most a 64th of the budget
+            # leave a step room to fit
+            # (a power of 4: halving sides then gives square tiles, which GEMM-like einsums join
+            # without re-tiling either operand; 12 MB made 1024x2048 tiles of both A and B)
+            cap = self.memory // BUDGET_TILES
+            self.tile_bytes = max(1, min(self.tile_bytes, 1 << (2 * ((max(cap, 1).bit_length() - 1) // 2))))
         # one lock for the session and its backend: a session is shared between threads, and
         # every call (plan, register, run, read back) must see the connection to itself
         self._lock = self.backend.lock
@@ -290,7 +307,9 @@ class Session:
         p = self.plan(spec, *operands, join=join, agg=agg)
         # the engine's own SQL where it prints another dialect (Spark's, with its shuffle bytes)
         listing = getattr(self.backend, "sql_listing", sql_listing)
-        return p.explain() + "\n\n" + listing(p, {RESULT: out} if out is not None else None)
+        split = getattr(self.backend, "memory_split", lambda plan: None)(p)
+        return (p.explain() + ("\n" + split if split else "") + "\n\n"
+                + listing(p, {RESULT: out} if out is not None else None))
 
     def einsum(self, spec: str, *operands, join=None, agg=None, out: str | None = None, replace: bool = False,
                progress=None):

@@ -354,14 +354,16 @@ def test_exported_files_are_plain_files(db, tmp_path):
 
 # -- memory -------------------------------------------------------------------------------------
 _RSS_CHILD = textwrap.dedent("""
-    import sys, resource
+    import sys
     import numpy as np
     from eindecomp_sql import io
+    def hwm():  # this process's own peak, in KiB (ru_maxrss starts at the forking parent's size)
+        return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
     path, tile = sys.argv[1], (int(sys.argv[2]), int(sys.argv[3]))
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = hwm()
     inc = io.read_source(path, "rss", io.Wanted(tile=tile), stream=True)
     n = sum(len(x) for b in inc.tiles for x in io.blob_views(b.column("tile")))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = hwm()
     print(n, (peak - base) // 1024)
 """)
 

@@ -85,7 +85,9 @@ def test_random_single_tile_graphs_run_as_programs_and_match_numpy(db, case, mem
     try:
         plans = {fuse: g.plan(outputs=outputs, fuse=fuse, memory=memory) for fuse in ("elementwise", True)}
     except EinsumError as e:  # a budget no chunking of some node fits: refused before running
-        assert memory is not None and "fits the memory budget" in str(e)
+        # (by the optimizer, or by the budget check of the finished plan, which knows each
+        # retile's source tiles: both before anything runs)
+        assert memory is not None and ("fits the memory budget" in str(e) or "over the memory budget" in str(e))
         reject()
     plan = plans[True].plan
     if memory is not None:

@@ -89,6 +89,10 @@ class Backend(Protocol):
         """A context manager giving an iterator of record batches of ``value.name``'s tiles, of
         about ``batch_bytes`` each where the engine streams (else its whole table)."""
 
+    def set_memory(self, budget: int | None) -> None:
+        """Hold the engine to the session's memory budget, in bytes (DuckDB: its
+        ``memory_limit`` and a spill folder); engines without a limit of their own do nothing."""
+
     def drop(self, name: str) -> None:
         """Drop a stored tensor and its catalog entry."""
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import threading
 from typing import Callable
 
@@ -17,7 +19,7 @@ from ..compile.sql import table
 from ..errors import EinsumError, ExecutionError
 from ..plan import Plan, TiledValue
 from ..plan.cost import CostModel
-from ..plan.steps import output_tiles, step_target
+from ..plan.steps import format_bytes, output_tiles, step_target
 from ..sql_templates import template
 from ..udfs.tiles import array_from_tiles, tiles_from_array
 from . import allocator, parts as parted
@@ -34,6 +36,12 @@ LARGE_BUFFER_BYTES = 2 << 30
 # tiles, nothing measurable on small tiles, and switching costs two SET statements (~1 ms,
 # the setting is the database's, so it is put back after the plan)
 SMALL_BUFFER_BYTES = 16 << 20
+# under a budget, DuckDB keeps at least this much whatever the kernels take: its catalog, a
+# statement's hash tables and the blocks it is reading
+MIN_ENGINE_BYTES = 64 << 20
+# what the process holds before any tensor: the interpreter, numpy, pyarrow, DuckDB, sqlglot
+# (resident set after import and a first tiny einsum, measured 176 MB; README "Memory")
+FIXED_OVERHEAD_MB = 180
 
 
 # What DuckDB's plans cost (plan/cost.py has the formulas): weights fitted by bench/calibrate.py
@@ -61,6 +69,9 @@ class DuckDBBackend:
             self.owns_connection = True
         self._closed = True  # until set up: close() then only closes what we opened
         self._work = None
+        self.budget: int | None = None  # the session's memory budget (set_memory)
+        self._memory_limit: int | None = None  # what we last SET DuckDB's memory_limit to
+        self._temp_dir: str | None = None  # our spill folder, for a database in memory
         # One lock for everything this backend does on its connection: a session is shared
         # between threads, and a DuckDB connection runs one statement at a time.
         self.lock = threading.RLock()
@@ -107,6 +118,58 @@ class DuckDBBackend:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    # -- the memory budget ------------------------------------------------------------------
+    def set_memory(self, budget: int | None) -> None:
+        """Hold this process to ``budget`` bytes (None: DuckDB's own default, 80% of RAM). DuckDB's
+        ``memory_limit`` is the budget (at least ``MIN_ENGINE_BYTES``) while no plan runs, and while a plan runs the budget less
+        what the plan's kernels and Arrow buffers may hold (``Plan.kernel_bytes``): DuckDB then
+        evicts and spills (to ``temp_directory``: ``<file>.tmp`` beside a file database, a
+        private folder in the system's temp dir for one in memory) rather than grow."""
+        with self.lock:
+            self.budget = budget
+            if budget is None:
+                return
+            allocator.bound_retained(budget)  # freed buffers kept for reuse count too
+            if self._temp_dir is None and self._run("SELECT current_setting('temp_directory')")[0][0] == ".tmp":
+                # DuckDB's default for a database in memory is .tmp in the working directory
+                self._temp_dir = tempfile.mkdtemp(prefix="eindecomp_sql-spill-")
+                self._run(f"SET temp_directory = '{self._temp_dir}'")  # our own path: no user text
+            self._set_memory_limit(max(budget, MIN_ENGINE_BYTES))
+
+    def engine_limit(self, plan: Plan) -> int | None:
+        """DuckDB's ``memory_limit`` while ``plan`` runs under the session's budget (None: none)."""
+        if self.budget is None:
+            return None
+        return max(self.budget - plan.kernel_bytes, MIN_ENGINE_BYTES)
+
+    def memory_split(self, plan: Plan) -> str | None:
+        """How the session's budget is split while ``plan`` runs (for ``explain``)."""
+        limit = self.engine_limit(plan)
+        if limit is None:
+            return None
+        spill = self._temp_dir or self._run("SELECT current_setting('temp_directory')")[0][0]
+        return (f"memory budget {format_bytes(self.budget)}: DuckDB memory_limit {format_bytes(limit)} while this "
+                f"plan runs (spills to {spill}), kernels and Arrow buffers {format_bytes(plan.kernel_bytes)} "
+                f"(the plan's largest step); not counted: the interpreter and libraries (~{FIXED_OVERHEAD_MB} MB)")
+
+    def _set_memory_limit(self, limit: int) -> None:
+        if limit != self._memory_limit:
+            self._run(f"SET memory_limit = '{int(limit)}B'")
+            self._memory_limit = limit
+
+    @contextlib.contextmanager
+    def _engine_memory(self, plan: Plan):
+        limit = self.engine_limit(plan)
+        if limit is None:
+            yield
+            return
+        self._set_memory_limit(limit)
+        try:
+            yield
+        finally:
+            if not self._closed:
+                self._set_memory_limit(max(self.budget, MIN_ENGINE_BYTES))
 
     def _set_large_buffers(self, on: bool, force: bool = False) -> None:
         if force or on != self._large_buffers:
@@ -422,17 +485,27 @@ class DuckDBBackend:
         with self.lock:
             self._check_open()
             swaps: dict[str, str] = {}  # a fresh table -> the parted tensor it replaces at the end
+            # a kept result too big for one table and computed in several statements is stored
+            # as parts, a statement each (their names are fresh: nothing to swap)
+            # (value -> whether its table exists: probed here, where a failed probe aborts nothing)
+            parts_of = {c.value: False for st, c in zip(plan.steps, compiled)
+                        if _parted(st, c, outputs[c.value] if c.value in outputs else None)}
             for name, t in outputs.items():
                 if t.table is not None and not t.temporary:
-                    if self._check_target(t.table, replace) and self._parts_of(t.table):
-                        # a view cannot be replaced by a table: the result is written under a fresh
-                        # name (the plan may still read the old parts) and renamed once it is whole
+                    exists = self._check_target(t.table, replace)
+                    if name in parts_of:
+                        parts_of[name] = exists
+                    elif exists and (parts_of or self._parts_of(t.table)):
+                        # a view cannot be replaced by a table, and a plan writing parts runs
+                        # outside one transaction: the result is written under a fresh name
+                        # (the plan may still read the old one) and renamed once it is whole
                         tables[name] = parted.new_part_names(1)[0].replace(parted.PREFIX, "_eds_new_")
                         swaps[tables[name]] = t.table
-            with self._arrays(arrays) as names:
+            with self._arrays(arrays) as names, self._engine_memory(plan):
                 tables.update(names)
-                rows = run_interruptible(lambda: self._run_steps(plan, compiled, tables, outputs, replace, watch, swaps),
-                                         self._work.interrupt, self.kernels, watch)
+                rows = run_interruptible(
+                    lambda: self._run_steps(plan, compiled, tables, outputs, replace, watch, swaps, parts_of),
+                    self._work.interrupt, self.kernels, watch)
         allocator.bound_free_memory()
         return {name: array_from_tiles(t, v.shape, v.tile, v.dtype, v.keys)
                 for (name, t), v in zip(rows.items(), (_output(plan, n) for n in rows))}
@@ -465,12 +538,18 @@ class DuckDBBackend:
                     self._work.unregister(name)
 
     def _run_steps(self, plan: Plan, compiled, tables, outputs, replace: bool, watch: Watch,
-                   swaps: dict[str, str]) -> dict[str, pa.Table]:
+                   swaps: dict[str, str], parts_of: dict[str, bool] | None = None) -> dict[str, pa.Table]:
         scratch: list[str] = []
         made: list[str] = []  # tables written outside a transaction: dropped if the plan is stopped
         rows: dict[str, pa.Table] = {}
+        parts: dict[str, list[str]] = {}  # value -> its part tables (see _parted)
+        readers: list[str] = []  # TEMP views later steps read a parted value by
         bind = self.compiler.bind_sql
-        atomic = _atomic(plan, compiled, outputs)
+        # parts are committed one by one, as a store's are (an open transaction holding them
+        # all is what DuckDB cannot spill); the view, its part list and the catalog rows then
+        # commit together at the end, so the result is whole or absent all the same
+        parts_of = parts_of or {}
+        atomic = _atomic(plan, compiled, outputs) and not parts_of
         big = False  # a step switched the (database-wide) Arrow offset setting
         try:
             with self._transaction(atomic):
@@ -491,8 +570,17 @@ class DuckDBBackend:
                             self._set_large_buffers(large, force=large or not big)
                             big = True
                         if returned:
-                            parts = [self._work.sql(bind(text, tables)).to_arrow_table() for text in c.batches]
-                            rows[c.value] = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+                            got = [self._work.sql(bind(text, tables)).to_arrow_table() for text in c.batches]
+                            rows[c.value] = got[0] if len(got) == 1 else pa.concat_tables(got)
+                        elif c.value in parts_of:
+                            mine = parts[c.value] = []
+                            for name, text in zip(parted.new_part_names(len(c.batches)), c.batches):
+                                mine.append(name)
+                                self._run(f"CREATE TABLE {table(name).sql(dialect='duckdb')} AS {bind(text, tables)}")
+                            if k + 1 < len(compiled):  # later steps read it by a TEMP view
+                                readers.append(f"_eds_pv{k}")
+                                self._run(parted.view_sql(readers[-1], mine, temporary=True))
+                                tables[c.value] = readers[-1]
                         else:
                             # the first batch creates the table, the next ones append to it
                             self._run(bind(c.create[target.temporary, replace], tables))
@@ -505,23 +593,45 @@ class DuckDBBackend:
                     except duckdb.Error as e:
                         raise ExecutionError(f"step {k} ({plan.steps[k].describe()}) failed: {e}") from e
                     watch.poll(finished=True)
-                for fresh, final in swaps.items():
-                    self._drop_stored(final)
-                    self._run(exp.Alter(this=table(fresh), kind="TABLE",
-                                        actions=[exp.AlterRename(this=table(final))]).sql(dialect="duckdb"))
-                for v in plan.outputs:
-                    t = outputs[v.name]
-                    if t.table is not None and not t.temporary:
-                        self._write_catalog(t.table, v)
-                for t in scratch:
-                    self._run(self.compiler.drop_table_sql(t))
-                if not watch.commit():  # Ctrl-C (or a failed progress callback) after the last
-                    # statement: roll back rather than commit what the caller is told was stopped
-                    raise Cancelled("the plan was stopped before it committed")
+                # what makes the results visible, at once: inside the plan's transaction, or,
+                # for a plan writing parts (which runs outside one), in a transaction of its own
+                with self._transaction(bool(parts_of)):
+                    for v in readers:
+                        self._run(exp.Drop(tables=[table(v)], kind="VIEW", exists=True).sql(dialect="duckdb"))
+                    for value, names in parts.items():
+                        if value not in outputs:  # a scratch value's parts go with the plan
+                            for p in names:
+                                self._run(self.compiler.drop_table_sql(p))
+                            continue
+                        final = outputs[value].table
+                        if parts_of[value]:
+                            self._drop_stored(final)
+                        self._run(parted.view_sql(final, names))
+                        self._run(f"INSERT INTO {parted.PARTS_TABLE} SELECT ?, k - 1, part FROM "
+                                  "unnest(?) WITH ORDINALITY AS u(part, k)", [final, names])
+                    for fresh, final in swaps.items():
+                        self._drop_stored(final)
+                        self._run(exp.Alter(this=table(fresh), kind="TABLE",
+                                            actions=[exp.AlterRename(this=table(final))]).sql(dialect="duckdb"))
+                    for v in plan.outputs:
+                        t = outputs[v.name]
+                        if t.table is not None and not t.temporary:
+                            self._write_catalog(t.table, v)
+                    for t in scratch:
+                        self._run(self.compiler.drop_table_sql(t))
+                    if not watch.commit():  # Ctrl-C (or a failed progress callback) after the last
+                        # statement: roll back rather than commit what the caller is told was stopped
+                        raise Cancelled("the plan was stopped before it committed")
         except BaseException:
             if big:
                 self._set_large_buffers(True, force=True)
-            for t in scratch + made:  # TEMP tables are not rolled back in every case: be sure
+            for v in readers:
+                try:
+                    self._run(exp.Drop(tables=[table(v)], kind="VIEW", exists=True).sql(dialect="duckdb"))
+                except duckdb.Error:
+                    pass
+            for t in scratch + made + [p for names in parts.values() for p in names]:
+                # TEMP tables are not rolled back in every case, parts were committed: be sure
                 try:
                     self._run(self.compiler.drop_table_sql(t))
                 except duckdb.Error:
@@ -540,10 +650,22 @@ class DuckDBBackend:
             self._work.close()
             if self.owns_connection:
                 self.con.close()
+            if self._temp_dir is not None:
+                shutil.rmtree(self._temp_dir, ignore_errors=True)
         allocator.detach()
 
 
 _SCRATCH = Target(None, temporary=True)  # a value the plan computes but does not keep
+
+
+def _parted(step, compiled, target: Target | None) -> bool:
+    """Whether a step's result is written as parts: more than ``PART_BYTES``, computed in
+    several statements, and a kept table or a scratch value (``target`` None; one TEMP table
+    of 256 MB of tiles filled a 150 MB ``memory_limit`` and failed: DuckDB 2.0 handles one
+    table's blob column whole, see backends/parts.py). Not a result returned as an array."""
+    if len(compiled.batches) <= 1 or step_target(step).nbytes <= parted.PART_BYTES:
+        return False
+    return target is None or (target.table is not None and not target.temporary)
 
 
 def _atomic(plan: Plan, compiled, outputs) -> bool:

@@ -100,10 +100,12 @@ def split_reader(reader: pa.RecordBatchReader, rows: int):
         yield pa.RecordBatchReader.from_batches(reader.schema, part())
 
 
-def view_sql(name: str, parts: list[str]) -> str:
+def view_sql(name: str, parts: list[str], temporary: bool = False) -> str:
     """``CREATE VIEW "name" AS SELECT * FROM part0 UNION ALL ...`` (identifiers quoted by
     sqlglot; the branches joined as text: a left-deep sqlglot union of 1,024 branches would
-    recurse past Python's limit when printed)."""
-    head = exp.Create(this=table(name), kind="VIEW", expression=exp.select("*").from_(table(parts[0])))
+    recurse past Python's limit when printed). ``temporary``: a TEMP view, replacing any."""
+    props = exp.Properties(expressions=[exp.TemporaryProperty()]) if temporary else None
+    head = exp.Create(this=table(name), kind="VIEW", expression=exp.select("*").from_(table(parts[0])),
+                      properties=props, replace=temporary)
     rest = [exp.select("*").from_(table(p)).sql(dialect="duckdb") for p in parts[1:]]
     return " UNION ALL ".join([head.sql(dialect="duckdb")] + rest)

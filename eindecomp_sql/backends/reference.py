@@ -349,6 +349,9 @@ class ReferenceBackend:
             self._check_writable(name)
             self._tensors.pop(name.lower(), None)
 
+    def set_memory(self, budget: int | None) -> None:
+        """Nothing: tensors live in numpy arrays here: the plans' budget is the only bound."""
+
     def drop_table(self, name: str) -> None:
         with self.lock:
             self._check_open()

@@ -317,6 +317,9 @@ class SparkBackend:
                 os.rename(path, gone)  # out of the catalog at once, then deleted
                 shutil.rmtree(gone, ignore_errors=True)
 
+    def set_memory(self, budget: int | None) -> None:
+        """Nothing: Spark's memory is the cluster's configuration (spark.executor.memory), not a session's."""
+
     def drop_table(self, name: str) -> None:
         with self.lock:
             found = self._temporary.pop(name.lower(), None)

@@ -222,9 +222,29 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
     reduced = math.prod(pieces[lab] for lab in node.reduced)
     rows = model.vector_rows
     engine = engine_bytes(node, each, op_tile) if model.engine_holds_inputs else 0
-    if reduced > 1 and model.grouped_holds_all:  # every joined row is held by list() until its group is done
-        return engine + out_tiles * reduced * in_tile + min(out_tiles, rows) * (2 * out_tile + held_tile_bytes)
-    return engine + min(out_tiles, rows) * (in_tile + 2 * out_tile + held_tile_bytes)
+    if reduced > 1 and model.grouped_holds_all:
+        # every joined row is held by list() until its group is done, and the group is copied
+        # again into Arrow for the kernel (DuckDB's own allocator, under its memory_limit: a
+        # statement of 128 MB of distinct tiles in groups of 4 pairs failed at 298 MB)
+        lists = out_tiles * reduced * in_tile * (3 if model.engine_holds_inputs else 1)
+        return engine + lists + min(out_tiles, rows) * (2 * out_tile + held_tile_bytes)
+    # a hash join copies its build side: the statement's tiles are held twice (one tile each
+    # is read side by side, no hash table)
+    joined = 2 * engine if any(pieces[lab] > 1 for lab in node.labels) else engine
+    return joined + min(out_tiles, rows) * (in_tile + 2 * out_tile + held_tile_bytes)
+
+
+def step_kernel_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str],
+                     batches: int = 1, model: CostModel = DEFAULT_COSTS, held_tile_bytes: int = 0) -> int:
+    """The part of ``step_peak`` the kernels hold outside the engine: the result tiles of one
+    call (and a fused kernel's hidden values). The rest is DuckDB's, under its ``memory_limit``:
+    the tiles it reads, the Arrow copies it hands a UDF (its allocator makes them: a 64 MiB
+    tile into a kernel under a 64 MiB limit failed to allocate), its copy of the result."""
+    size = node.size
+    out_tile = math.prod(tile_of(size[lab], pieces[lab]) for lab in node.output) * np.dtype(node.result.dtype).itemsize
+    each = _batch_pieces(node, pieces, batches)
+    out_tiles = math.prod(each[lab] for lab in node.output)
+    return min(out_tiles, model.vector_rows) * (out_tile + held_tile_bytes)
 
 
 def engine_bytes(node: EinsumNode, each: dict[str, int], op_tile: list[int]) -> int:
@@ -235,16 +255,42 @@ def engine_bytes(node: EinsumNode, each: dict[str, int], op_tile: list[int]) -> 
     return sum(b * math.prod(each[lab] for lab in op.labels) for op, b in zip(node.operands, op_tile))
 
 
-def retile_peak(shape, dtype, target_tile, batches: int = 1, model: CostModel = DEFAULT_COSTS) -> int:
+def retile_peak(shape, dtype, target_tile, batches: int = 1, model: CostModel = DEFAULT_COSTS,
+                source_tile=None) -> int:
     """Peak of a retile run as ``batches`` statements over ranges of the first target key:
-    the pieces of the batch (held by list()) plus its target tiles in flight."""
-    if not shape:
-        return 2 * nbytes(shape, dtype)
+    the pieces of the batch (held by list()) plus its target tiles in flight, and, when
+    ``source_tile`` is known, a source tile three times (read by the engine, copied into the
+    kernel that cuts it, cut into pieces)."""
+    return (retile_engine_peak(shape, dtype, target_tile, batches, model, source_tile)
+            + retile_kernel_peak(shape, dtype, target_tile, batches, model, source_tile))
+
+
+def _retile_parts(shape, dtype, target_tile, batches, model, source_tile):
     grid = [pieces_of(n, t) for n, t in zip(shape, target_tile)]
     frac = _fraction(grid[0], batches)
-    targets = math.ceil(math.prod(grid) * frac)
+    in_flight = min(math.ceil(math.prod(grid) * frac), model.vector_rows) * nbytes(target_tile, dtype)
     held = math.ceil(nbytes(shape, dtype) * frac) if model.grouped_holds_all else nbytes(target_tile, dtype)
-    return held + min(targets, model.vector_rows) * 2 * nbytes(target_tile, dtype)
+    source = nbytes(source_tile, dtype) if source_tile is not None and model.engine_holds_inputs else 0
+    return held, source, in_flight
+
+
+def retile_engine_peak(shape, dtype, target_tile, batches: int = 1, model: CostModel = DEFAULT_COSTS,
+                       source_tile=None) -> int:
+    """The part of ``retile_peak`` the engine holds: the batch's pieces in ``list()``, the
+    source tile it reads and its Arrow copy for the kernel, the target tiles it stores."""
+    if not shape:
+        return nbytes(shape, dtype)
+    held, source, in_flight = _retile_parts(shape, dtype, target_tile, batches, model, source_tile)
+    return held + 2 * source + in_flight
+
+
+def retile_kernel_peak(shape, dtype, target_tile, batches: int = 1, model: CostModel = DEFAULT_COSTS,
+                       source_tile=None) -> int:
+    """The part of ``retile_peak`` the kernels hold: a source tile's pieces, target tiles."""
+    if not shape:
+        return nbytes(shape, dtype)
+    _, source, in_flight = _retile_parts(shape, dtype, target_tile, batches, model, source_tile)
+    return source + in_flight
 
 
 def retile_max_batches(shape, target_tile) -> int:

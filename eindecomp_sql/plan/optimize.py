@@ -214,7 +214,11 @@ class _Problem:
     def retile(self, value: str, target: tuple[int, ...]) -> Costs:
         if self.budget is not None:
             v = self.values[value]
-            if retile_peak(v.shape, v.dtype, target, retile_max_batches(v.shape, target), self.model) > self.budget:
+            # a stored input's tiles are known (each is read, copied and cut whole); an
+            # intermediate's depend on its producer's chunking, which this cost does not see:
+            # tiles of the target's size stand in (the finished plan's budget check knows them)
+            if retile_peak(v.shape, v.dtype, target, retile_max_batches(v.shape, target), self.model,
+                           self.fixed.get(value, target)) > self.budget:
                 return Costs(retile=10**30, model=self.model)  # effectively forbidden
         return Costs(retile=self.bytes[value], model=self.model, statements=1)
 

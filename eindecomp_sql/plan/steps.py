@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import EinsumError
 from ..graph import EinsumNode
-from .cost import DEFAULT_COSTS, CostModel, Costs, batch_grid, batch_label, nbytes, retile_peak, step_costs, step_peak
+from .cost import DEFAULT_COSTS, CostModel, Costs, batch_grid, batch_label, nbytes, retile_kernel_peak, retile_peak, step_kernel_peak, step_costs, step_peak
 from .tiling import Chunking, ceil_div, grid
 
 
@@ -95,7 +95,13 @@ class RetileStep:
 
     def peak(self, model: CostModel = DEFAULT_COSTS) -> int:
         """Projected peak memory: the batch's pieces (held by list()) plus target tiles in flight."""
-        return retile_peak(self.source.shape, self.source.dtype, self.target.tile, self.batches, model)
+        return retile_peak(self.source.shape, self.source.dtype, self.target.tile, self.batches, model,
+                           self.source.tile)
+
+    def kernel_peak(self, model: CostModel = DEFAULT_COSTS) -> int:
+        """The part of ``peak`` the kernels hold outside the engine (pieces, target tiles)."""
+        return retile_kernel_peak(self.source.shape, self.source.dtype, self.target.tile, self.batches, model,
+                                  self.source.tile)
 
     def describe(self) -> str:
         batched = f" in {self.batches} batches" if self.batches > 1 else ""
@@ -201,13 +207,19 @@ class EinsumStep:
 
     def peak(self, model: CostModel = DEFAULT_COSTS) -> int:
         dtypes = {op.value: v.dtype for op, v in zip(self.node.operands, self.inputs)}
-        held = 0
-        if self.fused is not None:
-            # a fused kernel also holds, per output tile in flight, a tile of every value it
-            # keeps to itself (prologue results, the core's result before the epilogues)
-            tile = self.tile_of
-            held = sum(nbytes([tile[lab] for lab in n.output], n.result.dtype) for n in self.fused.nodes[:-1])
-        return step_peak(self.node, self.pieces, dtypes, self.batches, model, held_tile_bytes=held)
+        return step_peak(self.node, self.pieces, dtypes, self.batches, model, held_tile_bytes=self._held())
+
+    def _held(self) -> int:
+        if self.fused is None:
+            return 0
+        # a fused kernel also holds, per output tile in flight, a tile of every value it
+        # keeps to itself (prologue results, the core's result before the epilogues)
+        tile = self.tile_of
+        return sum(nbytes([tile[lab] for lab in n.output], n.result.dtype) for n in self.fused.nodes[:-1])
+
+    def kernel_peak(self, model: CostModel = DEFAULT_COSTS) -> int:
+        """The part of ``peak`` the kernels hold outside the engine (their result tiles)."""
+        return step_kernel_peak(self.node, self.pieces, {}, self.batches, model, held_tile_bytes=self._held())
 
     def unfused(self) -> tuple["EinsumStep", ...]:
         """The steps a fused step stands for, over the same tiles: one per node, reading the
@@ -291,7 +303,7 @@ class ProgramStep:
         return self.peak()
 
     def peak(self, model: CostModel = DEFAULT_COSTS) -> int:
-        """The input tiles (their Arrow copy), then at each step the results still to be read
+        """The input tiles (read by the engine, and their Arrow copy), then at each step the results still to be read
         (the kernel lets go of one after its last reader) and what a fused step holds besides,
         and the result's copy into DuckDB."""
         last_use: dict[str, int] = {}
@@ -306,12 +318,19 @@ class ProgramStep:
             most = max(most, sum(live.values()) + held)
             for name in [n for n in live if last_use.get(n, -1) <= j and n != self.result.name]:
                 del live[name]
-        return sum(v.nbytes for v in self.inputs) + most + self.result.nbytes
+        inputs = sum(v.nbytes for v in self.inputs)
+        read = inputs if model.engine_holds_inputs else 0  # the engine's scan of the input tiles
+        return read + inputs + most + self.result.nbytes
 
     def describe(self) -> str:
         """One line (what progress and errors say); ``Plan.explain`` lists the steps under it."""
         return (f"program of {len(self.steps)} einsums on single tiles -> {self.result.name} "
                 f"[{', '.join(self.hidden)} not stored]")
+
+
+def _kernel_peak(step, model: CostModel) -> int:
+    # programs and fills: one tile, or tiles made from nothing: all of it, to be safe
+    return step.kernel_peak(model) if isinstance(step, (EinsumStep, RetileStep)) else step.peak(model)
 
 
 def fill_peak(result: TiledValue, batches: int) -> int:
@@ -418,6 +437,13 @@ class Plan:
     def peak_bytes(self) -> int:
         """The largest projected peak of any step."""
         return max((s.peak(self.model) for s in self.steps), default=0)
+
+    @property
+    def kernel_bytes(self) -> int:
+        """The largest share of a step's projected peak that the kernels and Arrow buffers hold
+        (the rest, a statement's input tiles, the engine holds under its own limit). A budget's
+        split: the engine may hold what this leaves."""
+        return max((_kernel_peak(s, self.model) for s in self.steps), default=0)
 
     def check_budget(self, budget: int | None) -> None:
         """Refuse before running if any step's projected peak exceeds ``budget`` bytes."""

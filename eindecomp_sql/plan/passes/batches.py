@@ -1,13 +1,13 @@
 """Pass: a step whose projected peak exceeds the memory budget is split into the fewest
-statements (batches, over ranges of the keys of one or two output labels) that fit. A fill is always cut to the budget's
-size or, without one, left whole.
+statements (batches, over ranges of the keys of one or two output labels) that fit. A fill
+is always cut to the budget's size or, without one, left whole.
 
 >>> from eindecomp_sql.plan.draft import example
 >>> from eindecomp_sql.plan.passes.chunking import choose_chunking
 >>> from eindecomp_sql.plan.passes.retiles import insert_retiles
 >>> d = example("ij,jk->ik", (512, 512), (512, 512), budget=4_000_000)
 >>> [(s.batches, s.batch_grid) for s in split_batches(insert_retiles(choose_chunking(d))).steps]
-[(8, (('k', 4), ('i', 2)))]
+[(16, (('i', 4), ('k', 4)))]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _batched(step, budget, model):
         return step  # a program is one tile: one statement (passes/program.py checked its peak)
     if isinstance(step, RetileStep):
         s, t = step.source, step.target
-        b = choose_batches(lambda k: retile_peak(s.shape, s.dtype, t.tile, k, model),
+        b = choose_batches(lambda k: retile_peak(s.shape, s.dtype, t.tile, k, model, s.tile),
                            retile_max_batches(s.shape, t.tile), budget)
         return replace(step, batches=b)
     assert isinstance(step, EinsumStep)
