@@ -39,6 +39,8 @@ SMALL_BUFFER_BYTES = 16 << 20
 # under a budget, DuckDB keeps at least this much whatever the kernels take: its catalog, a
 # statement's hash tables and the blocks it is reading
 MIN_ENGINE_BYTES = 64 << 20
+# under a budget, a stored tensor's parts are at most this fraction of it (see set_memory)
+BUDGET_PARTS = 32
 # what the process holds before any tensor: the interpreter, numpy, pyarrow, DuckDB, sqlglot
 # (resident set after import and a first tiny einsum, measured 176 MB; README "Memory")
 FIXED_OVERHEAD_MB = 180
@@ -70,6 +72,7 @@ class DuckDBBackend:
         self._closed = True  # until set up: close() then only closes what we opened
         self._work = None
         self.budget: int | None = None  # the session's memory budget (set_memory)
+        self.part_bytes: int | None = None  # tiles per stored part (None: parts.PART_BYTES)
         self._memory_limit: int | None = None  # what we last SET DuckDB's memory_limit to
         self._temp_dir: str | None = None  # our spill folder, for a database in memory
         # One lock for everything this backend does on its connection: a session is shared
@@ -131,6 +134,9 @@ class DuckDBBackend:
             if budget is None:
                 return
             allocator.bound_retained(budget)  # freed buffers kept for reuse count too
+            # a scan pins a whole part (DuckDB reads every blob of a row group, whatever the
+            # filter): 16 MiB parts pinned by two threads filled a 64 MiB limit
+            self.part_bytes = min(parted.PART_BYTES, max(budget // BUDGET_PARTS, 1))
             if self._temp_dir is None and self._run("SELECT current_setting('temp_directory')")[0][0] == ".tmp":
                 # DuckDB's default for a database in memory is .tmp in the working directory
                 self._temp_dir = tempfile.mkdtemp(prefix="eindecomp_sql-spill-")
@@ -375,7 +381,7 @@ class DuckDBBackend:
         itself. Key columns, then ``tile``."""
         with self.lock:
             exists = self._check_target(value.name, replace)
-            rows = parted.rows_per_part(value)
+            rows = parted.rows_per_part(value, self.part_bytes)
             file_rows = getattr(tiles, "select_rows", None)  # a file DuckDB reads itself (io.ParquetRows)
             if rows is not None:
                 if file_rows is not None:
