@@ -116,8 +116,9 @@ def _memory(ctx, param, value):
 
 
 _memory_option = click.option("--memory", callback=_memory, metavar="SIZE",
-                              help="Memory budget for every step's projected peak, e.g. 2GB or 512MiB; a plan "
-                                   "over it is refused before it runs.")
+                              help="Memory budget, e.g. 2GB or 512MiB: plans fit it (one over it is refused "
+                                   "before it runs) and DuckDB's memory_limit follows it (not counted: ~190 MB "
+                                   "of interpreter and libraries).")
 _workers_option = click.option("--workers", type=click.IntRange(min=1), metavar="N",
                                help="Join tasks per step the optimizer aims for (default 1: kernels use every "
                                     "core).")
@@ -332,7 +333,7 @@ def run(job_file, database, memory, workers, force, as_json, quiet):
         runner.plan_job(job, None)  # a job that cannot be planned creates no database file
     stream = sys.stderr if as_json else sys.stdout
     reporter = runner.Reporter() if quiet else _BarReporter() if _terminal() and not as_json else _LineReporter(stream)
-    with _connect(job.database, create=True, tile_bytes=job.tile_bytes) as db:
+    with _connect(job.database, create=True, tile_bytes=job.tile_bytes, memory=job.memory) as db:
         prep = runner.prepare(job, db)
         blocked = [p for p in prep.parts if p.status == "blocked"]
         if prep.problems() and (not force or blocked):
