@@ -63,6 +63,7 @@ class Wanted:
     index: tuple[str, ...] | None = None
     value: str | None = None
     tile_bytes: int = DEFAULT_TILE_BYTES
+    square: bool = False  # an automatic tile holds a power of 4 elements (square for square powers of 2)
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ def _from_array(a: np.ndarray, want: Wanted, where: str) -> Incoming:
     if want.tile is not None:
         tile = check_tile(a.shape, want.tile)
     else:
-        tile = auto_tile(a.shape, a.dtype.itemsize, want.tile_bytes)
+        tile = auto_tile(a.shape, a.dtype.itemsize, want.tile_bytes, want.square)
     keys = check_keys(want.keys if want.keys is not None else tuple(f"d{k}" for k in range(a.ndim)), a.ndim)
     return Incoming(a.shape, dtype, tile, keys, tiles_from_array(a, tile, keys))
 
@@ -165,7 +166,7 @@ def read_source(source, where: str, want: Wanted, con=None, stream: bool = False
     they are stored (see ``Incoming``), never whole."""
     want = Wanted(want.tile, want.keys, _shape_arg(want.shape, where),
                   None if want.dtype is None else check_dtype(want.dtype, where),
-                  _names_arg(want.index, "index", where), want.value, want.tile_bytes)
+                  _names_arg(want.index, "index", where), want.value, want.tile_bytes, want.square)
     if want.value is not None and not isinstance(want.value, str):
         raise EinsumError(f"{where}: value= names the value column, got {want.value!r}")
     if _is_path(source):
@@ -471,7 +472,7 @@ def _from_elements(table: pa.Table, meta: dict, want: Wanted, where: str) -> Inc
     if meta.get("shape") == list(shape):
         keys = keys if keys is not None else tuple(meta.get("keys", ())) or None
         tile = tile if tile is not None else tuple(meta.get("tile", ())) or None
-    return _from_array(dense, Wanted(tile, keys, tile_bytes=want.tile_bytes), where)
+    return _from_array(dense, Wanted(tile, keys, tile_bytes=want.tile_bytes, square=want.square), where)
 
 
 def _check_unique(idx: np.ndarray, shape: tuple[int, ...], names: list[str], where: str) -> None:
@@ -600,7 +601,7 @@ def _from_tiles(table: pa.Table, meta: dict, want: Wanted, where: str) -> Incomi
         dense = array_from_tiles(table, t.shape, t.tile, source_dtype, t.keys)
         dense = dense.astype(np.dtype(t.dtype).newbyteorder("="))
         return _from_array(dense, Wanted(want.tile or t.tile, t.new_keys, dtype=want.dtype,
-                                         tile_bytes=want.tile_bytes), where)
+                                         tile_bytes=want.tile_bytes, square=want.square), where)
     tiles = pa.table({**{nk: pa.array(c) for nk, c in zip(t.new_keys, kcols)}, TILE: tcol})
     return Incoming(t.shape, t.dtype, t.tile, t.new_keys, tiles)
 
@@ -713,7 +714,7 @@ def _from_npy(p: str, want: Wanted, where: str, stream: bool) -> Incoming:
             raise EinsumError(f"{where}: cannot cast {dtype} values to dtype={want.dtype} (numpy's same_kind rule)")
         dtype = np.dtype(want.dtype)
     shape = tuple(int(n) for n in a.shape)
-    tile = check_tile(shape, want.tile) if want.tile is not None else auto_tile(shape, dtype.itemsize, want.tile_bytes)
+    tile = check_tile(shape, want.tile) if want.tile is not None else auto_tile(shape, dtype.itemsize, want.tile_bytes, want.square)
     keys = check_keys(want.keys if want.keys is not None else tuple(f"d{k}" for k in range(len(shape))), len(shape))
     largest = math.prod(tile) * dtype.itemsize
     per = max(1, min(STREAM_BATCH_BYTES // max(largest, 1), 1 << 16))

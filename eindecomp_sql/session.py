@@ -76,14 +76,15 @@ class Session:
         self.workers = workers if workers is not None else getattr(self.backend, "default_workers", 1)
         self.tile_bytes = tile_bytes if tile_bytes is not None else min(
             DEFAULT_TILE_BYTES, getattr(self.backend, "max_tile_bytes", DEFAULT_TILE_BYTES))
+        # what store() cuts when no tile is given: under a budget at most a 64th of it (a
+        # statement holds several tiles of each operand, two or three times each), a power of 4
+        # elements (square tiles for square matrices: 12 MB tiles of 1024x2048 made both GEMM
+        # operands re-tile; io.Wanted.square). Plans are not held to it: their steps fit
+        # the budget by their projected peaks, and a budget's GEMM wants panels larger than it
+        # (4096² float32 under 50 MB: 10.6 s in 4 MB panels, 27.8 s in 256 KB square tiles)
+        self.store_tile_bytes = self.tile_bytes
         if tile_bytes is None and self.memory is not None:
-            # a statement holds several tiles of each operand, each two or three times (read,
-            # joined or listed, copied into the kernel): tiles of at most a 64th of the budget
-            # leave a step room to fit
-            # (a power of 4: halving sides then gives square tiles, which GEMM-like einsums join
-            # without re-tiling either operand; 12 MB made 1024x2048 tiles of both A and B)
-            cap = self.memory // BUDGET_TILES
-            self.tile_bytes = max(1, min(self.tile_bytes, 1 << (2 * ((max(cap, 1).bit_length() - 1) // 2))))
+            self.store_tile_bytes = max(1, min(self.tile_bytes, self.memory // BUDGET_TILES))
         # one lock for the session and its backend: a session is shared between threads, and
         # every call (plan, register, run, read back) must see the connection to itself
         self._lock = self.backend.lock
@@ -219,7 +220,8 @@ class Session:
         # other backends take whole tables
         incoming = io.read_source(
             source, f"store({name!r})",
-            io.Wanted(tile, keys, shape, dtype, index, value, tile_bytes=self.tile_bytes),
+            io.Wanted(tile, keys, shape, dtype, index, value, tile_bytes=self.store_tile_bytes,
+                      square=self.memory is not None),
             con=self.backend.con, stream=self.backend.streams_in)
         stored = TiledValue(name, incoming.shape, incoming.dtype, incoming.tile, incoming.keys)
         try:

@@ -212,9 +212,13 @@ def test_a_plan_whose_retile_cannot_fit_is_refused():
     # 242 MB and the plan ran anyway (still running after 40 s; numpy ~3 s)
     from eindecomp_sql.plan import TiledValue, plan_einsum
 
+    # (now it plans: retiles batched along the target key with the most tiles, into panels)
     a = TiledValue("A", (6000, 6000), "float32", (1500, 1500), ("d0", "d1"))
-    with pytest.raises(EinsumError, match="memory budget"):
-        plan_einsum("ij,jk->ik", (a, a), budget=100_000_000, tile_bytes=64 << 20)
+    with pytest.raises(EinsumError, match="memory budget"):  # a source tile alone is 9 MB, read 3 times
+        plan_einsum("ij,jk->ik", (a, a), budget=20_000_000, tile_bytes=64 << 20)
+    for budget in (100_000_000, 200_000_000):
+        plan = plan_einsum("ij,jk->ik", (a, a), budget=budget, tile_bytes=64 << 20)
+        assert plan.peak_bytes <= budget and all(s.batches > 1 for s in plan.steps)
 
 
 @pytest.mark.parametrize("name", ["B2\n", "B2\n; DROP TABLE x", " B2", "B-2", "", "x" * 64, 12])

@@ -427,13 +427,14 @@ class RetileKernel:
         self.dst = spec.target_tile
         self.dtype = np.dtype(spec.dtype)
         self.first_key_range = spec.first_key_range
+        self.key_axis = spec.key_axis
 
     def targets(self, old_key) -> list[tuple[int, ...]]:
         """Keys of the target tiles a source tile overlaps (within the batch's range)."""
         ranges = []
         for p, (k, a, b, n) in enumerate(zip(old_key, self.src, self.dst, self.shape)):
             lo, hi = k * a // b, (min((k + 1) * a, n) - 1) // b + 1
-            if p == 0 and self.first_key_range is not None:
+            if p == self.key_axis and self.first_key_range is not None:
                 lo, hi = max(lo, self.first_key_range[0]), min(hi, self.first_key_range[1])
             ranges.append(range(lo, hi))
         return list(itertools.product(*ranges))

@@ -153,12 +153,12 @@ def _key_range(column: exp.Expression, bounds: tuple[int, int]) -> list[exp.Expr
 
 def batch_bounds(step: Step) -> list | None:
     """Key ranges of a batched step's statements (None: one statement): ``(lo, hi)`` of the
-    first target key for a retile or fill, ``((label, lo, hi), ...)`` for an einsum step (one
+    target key (``batch_axis``) for a retile, of the first for a fill, ``((label, lo, hi), ...)`` for an einsum step (one
     range per label of its ``batch_grid``, every combination)."""
     if step.batches <= 1:
         return None
     if isinstance(step, (RetileStep, FillStep)):
-        n = (step.target if isinstance(step, RetileStep) else step.result).grid[0]
+        n = step.target.grid[step.batch_axis] if isinstance(step, RetileStep) else step.result.grid[0]
         b = step.batches
         return [(n * k // b, n * (k + 1) // b) for k in range(b)]
     pieces = step.pieces
@@ -476,7 +476,7 @@ class SQLCompiler:
         3. the pieces of each target tile are grouped and concatenated.
 
         No step holds more than the source tiles of one vector and the pieces of its targets; a
-        batched retile restricts both to a range of the first target key::
+        batched retile restricts both to a range of one target key (``step.batch_axis``)::
 
             SELECT n0 AS key0, ..., tile FROM (
               SELECT n0, ..., eds_assemble(spec, [n0, ...], list({k: old_k, t: piece})) AS tile
@@ -491,12 +491,13 @@ class SQLCompiler:
         cut = call(self.split_udf, self.spec_literal(step, batch), key_list([c.copy() for c in old]), ucol(TILE))
         cuts = exp.Select(expressions=[alias(exp.Explode(this=cut), name("cut"))]).from_(
             table(slot(s.name)), copy=False)
-        if batch is not None:  # only source tiles that overlap the batch's target rows
+        if batch is not None:  # only source tiles that overlap the batch's target keys
             lo, hi = batch
-            a, b = s.tile[0], t.tile[0]
+            ax = step.batch_axis
+            a, b = s.tile[ax], t.tile[ax]
             cuts.set("where", exp.Where(this=exp.and_(
-                exp.LT(this=exp.Mul(this=old[0].copy(), expression=num(a)), expression=num(hi * b)),
-                exp.GT(this=exp.Mul(this=exp.Paren(this=exp.Add(this=old[0].copy(), expression=num(1))),
+                exp.LT(this=exp.Mul(this=old[ax].copy(), expression=num(a)), expression=num(hi * b)),
+                exp.GT(this=exp.Mul(this=exp.Paren(this=exp.Add(this=old[ax].copy(), expression=num(1))),
                                     expression=num(a)),
                        expression=num(lo * b)),
             )))

@@ -158,7 +158,7 @@ def store_cache_limit(db, path, tile=None, dtype=None) -> int:
         if kind(path) == "npy":
             shape, file_dtype = info(path)
             itemsize = np.dtype(dtype or file_dtype).itemsize
-            largest = math.prod(tile or auto_tile(shape, itemsize, db.tile_bytes)) * itemsize
+            largest = math.prod(tile or auto_tile(shape, itemsize, db.store_tile_bytes, db.memory is not None)) * itemsize
         else:
             import pyarrow.parquet as pq
 
@@ -168,7 +168,7 @@ def store_cache_limit(db, path, tile=None, dtype=None) -> int:
                 largest = math.prod(tile or meta["tile"]) * np.dtype(dtype or meta["dtype"]).itemsize
     except Exception:  # the store itself says what is wrong with the file
         largest = None
-    return _cap_for(max(parts.PART_BYTES, largest if largest is not None else db.tile_bytes), STORE_CACHE_BYTES)
+    return _cap_for(max(parts.PART_BYTES, largest if largest is not None else db.store_tile_bytes), STORE_CACHE_BYTES)
 
 
 def export(tensor, path, form: str = "tiles") -> pathlib.Path:

@@ -257,44 +257,57 @@ def engine_bytes(node: EinsumNode, each: dict[str, int], op_tile: list[int]) -> 
 
 def retile_peak(shape, dtype, target_tile, batches: int = 1, model: CostModel = DEFAULT_COSTS,
                 source_tile=None) -> int:
-    """Peak of a retile run as ``batches`` statements over ranges of the first target key:
+    """Peak of a retile run as ``batches`` statements over ranges of one target key (``retile_axis``):
     the pieces of the batch (held by list()) plus its target tiles in flight, and, when
-    ``source_tile`` is known, a source tile three times (read by the engine, copied into the
-    kernel that cuts it, cut into pieces)."""
+    ``source_tile`` is known, the source tiles it reads three times (read by the engine, copied
+    into the kernel that cuts them, cut into pieces)."""
     return (retile_engine_peak(shape, dtype, target_tile, batches, model, source_tile)
             + retile_kernel_peak(shape, dtype, target_tile, batches, model, source_tile))
 
 
-def _retile_parts(shape, dtype, target_tile, batches, model, source_tile):
+def retile_axis(shape, target_tile) -> int:
+    """The target key a batched retile's statements split: the one with the most tiles (ties:
+    the first). Along the first alone, re-tiling B into column panels (4096, 256) was one
+    statement holding all of B, so the budget ruled out the panels a rows-step GEMM wants."""
     grid = [pieces_of(n, t) for n, t in zip(shape, target_tile)]
-    frac = _fraction(grid[0], batches)
+    return max(range(len(grid)), key=lambda a: grid[a]) if grid else 0
+
+
+def _retile_parts(shape, dtype, target_tile, batches, model, source_tile):
+    """(pieces held by list(), source tiles read, target tiles in flight) of one statement."""
+    grid = [pieces_of(n, t) for n, t in zip(shape, target_tile)]
+    frac = _fraction(grid[retile_axis(shape, target_tile)], batches)
     in_flight = min(math.ceil(math.prod(grid) * frac), model.vector_rows) * nbytes(target_tile, dtype)
     held = math.ceil(nbytes(shape, dtype) * frac) if model.grouped_holds_all else nbytes(target_tile, dtype)
-    source = nbytes(source_tile, dtype) if source_tile is not None and model.engine_holds_inputs else 0
-    return held, source, in_flight
+    # the source tiles overlapping the batch: its share, plus a tile's overhang at its edges
+    read = held + nbytes(source_tile, dtype) if source_tile is not None and model.engine_holds_inputs else 0
+    return held, read, in_flight
 
 
 def retile_engine_peak(shape, dtype, target_tile, batches: int = 1, model: CostModel = DEFAULT_COSTS,
                        source_tile=None) -> int:
     """The part of ``retile_peak`` the engine holds: the batch's pieces in ``list()``, the
-    source tile it reads and its Arrow copy for the kernel, the target tiles it stores."""
+    source tiles it reads and their Arrow copy for the kernel, the target tiles it stores."""
     if not shape:
         return nbytes(shape, dtype)
-    held, source, in_flight = _retile_parts(shape, dtype, target_tile, batches, model, source_tile)
-    return held + 2 * source + in_flight
+    held, read, in_flight = _retile_parts(shape, dtype, target_tile, batches, model, source_tile)
+    return held + 2 * read + in_flight
 
 
 def retile_kernel_peak(shape, dtype, target_tile, batches: int = 1, model: CostModel = DEFAULT_COSTS,
                        source_tile=None) -> int:
-    """The part of ``retile_peak`` the kernels hold: a source tile's pieces, target tiles."""
+    """The part of ``retile_peak`` the kernels hold: the source tiles' pieces, target tiles."""
     if not shape:
         return nbytes(shape, dtype)
-    _, source, in_flight = _retile_parts(shape, dtype, target_tile, batches, model, source_tile)
-    return source + in_flight
+    _, read, in_flight = _retile_parts(shape, dtype, target_tile, batches, model, source_tile)
+    return read + in_flight
 
 
 def retile_max_batches(shape, target_tile) -> int:
-    return pieces_of(shape[0], target_tile[0]) if shape else 1
+    if not shape:
+        return 1
+    a = retile_axis(shape, target_tile)
+    return pieces_of(shape[a], target_tile[a])
 
 
 def choose_batches(peak, most, budget: int | None) -> int:

@@ -497,7 +497,8 @@ class EinsumKernelSpec:
 @dataclass(frozen=True)
 class RetileKernelSpec:
     """Re-cut a tensor of ``shape`` from tiles of ``source_tile`` into tiles of ``target_tile``;
-    ``first_key_range`` limits one statement to target tiles whose first key is in [lo, hi).
+    ``first_key_range`` limits one statement to target tiles whose key on axis ``key_axis``
+    (default 0, the first) is in [lo, hi).
 
     >>> spec = RetileKernelSpec(shape=(5, 6), source_tile=(5, 2), target_tile=(3, 5), dtype="float64")
     >>> to_json(spec)
@@ -513,6 +514,7 @@ class RetileKernelSpec:
     first_key_range: tuple[int, int] | None = None
     version: int = SPEC_VERSION
     device: str = "cpu"
+    key_axis: int = 0
 
     op = "retile"
 
@@ -529,6 +531,9 @@ class RetileKernelSpec:
             if len(r) != 2:
                 raise EinsumError(f"kernel spec first key range must be [lo, hi], got {list(r)!r}")
             _set(self, "first_key_range", r)
+        if isinstance(self.key_axis, bool) or not isinstance(self.key_axis, int) \
+                or not 0 <= self.key_axis < max(len(self.shape), 1):
+            raise EinsumError(f"kernel spec key_axis must be an axis of shape {self.shape}, got {self.key_axis!r}")
         _check_version(self.version)
         _check_device(self.device)
 
@@ -537,12 +542,15 @@ class RetileKernelSpec:
                 "dtype": self.dtype}
         if self.first_key_range is not None:
             body["first_key_range"] = list(self.first_key_range)
+        if self.key_axis:
+            body["key_axis"] = self.key_axis
         return body
 
     @classmethod
     def _from_body(cls, b: dict, version: int, device: str) -> RetileKernelSpec:
         return cls(shape=b["shape"], source_tile=b["from"], target_tile=b["to"], dtype=b["dtype"],
-                   first_key_range=b.get("first_key_range"), version=version, device=device)
+                   first_key_range=b.get("first_key_range"), version=version, device=device,
+                   key_axis=b.get("key_axis", 0))
 
 
 @dataclass(frozen=True)
@@ -666,7 +674,7 @@ _KEYS = {
     "fill": {"shape", "tile", "dtype", "value"},
     "program": {"steps", "args", "dtypes"},
 }
-_OPTIONAL = {"einsum": set(), "retile": {"first_key_range"}, "fill": set(), "program": set()}
+_OPTIONAL = {"einsum": set(), "retile": {"first_key_range", "key_axis"}, "fill": set(), "program": set()}
 # keys a version adds (a version-1 reader refuses them as unknown)
 _OPTIONAL_SINCE = {2: {"einsum": {"fused"}}}
 
@@ -732,7 +740,8 @@ def _from_dict(body) -> KernelSpec:
 
 def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu", portable: bool = False) -> str:
     """The JSON of a plan step's kernel spec: labels, sizes, tile sizes, dtypes, the join, the
-    device. ``batch`` is the range of first target keys one statement of a retile covers."""
+    device. ``batch`` is the range of target keys (on the step's batch axis) one statement of
+    a retile covers."""
     from .steps import FillStep, ProgramStep, RetileStep  # a step module imports the plan package
 
     if isinstance(step, ProgramStep):
@@ -740,7 +749,8 @@ def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu",
     if isinstance(step, RetileStep):
         s, t = step.source, step.target
         spec = RetileKernelSpec(shape=s.shape, source_tile=s.tile, target_tile=t.tile, dtype=s.dtype,
-                                first_key_range=tuple(batch) if batch is not None else None, device=device)
+                                first_key_range=tuple(batch) if batch is not None else None, device=device,
+                                key_axis=step.batch_axis if batch is not None else 0)
     elif isinstance(step, FillStep):
         r = step.result
         spec = FillKernelSpec(shape=r.shape, tile=r.tile, dtype=r.dtype, value=step.value, device=device)

@@ -49,6 +49,8 @@ MAX_PRODUCT_FACTOR = 8  # candidates have between workers and 8x workers join ta
 # a budget ended in plans such as 72M tile pairs of (2, 12000) x (12000, 1) for a 12000² GEMM
 # under 300 MB (still running after 600 s, numpy ~20 s). Such a budget is refused instead.
 MAX_JOIN_TASKS = 1 << 14
+# the price of a retile over the budget: a plan that cannot avoid one costs at least this
+FORBIDDEN = 10**30
 GREEDY_WORK = 4000  # node evaluations the coordinate descent may spend (not a clock)
 
 
@@ -164,6 +166,12 @@ class _Problem:
             p = baseline_pieces(strategy, node, self.workers)
             if p not in out and self._fits(node, p):
                 out.append(p)
+        # so is reading stored inputs as they are cut, where their cuts agree: under a budget
+        # the first candidates that fit may all need a re-tile over it (a 2048² GEMM of
+        # 128x128 stored tiles under 25 MB was refused with i:16 j:16 k:16 never tried)
+        stored = self._stored_pieces(node)
+        if stored is not None and stored not in out and self._fits(node, stored):
+            out.append(stored)
         if not out:
             smallest = min(self._best_peak(node, dict(zip(labels, c)))
                            for c in _bounded_products([opts[lab] for lab in labels], 1, cap))
@@ -175,6 +183,23 @@ class _Problem:
             )
         return out
 
+    def _stored_pieces(self, node: EinsumNode) -> dict[str, int] | None:
+        """Pieces of every label as the node's stored inputs are cut (None: a label no stored
+        input has, or two that cut one label differently)."""
+        size = node.size
+        pieces: dict[str, int] = {}
+        for k, op in enumerate(node.operands):
+            tile = self.fixed.get(op.value)
+            if tile is None:
+                continue
+            for lab, t in zip(self._axes(node, k), tile):
+                if lab is None:
+                    continue
+                p = pieces_of(size[lab], t)
+                if pieces.setdefault(lab, p) != p:
+                    return None
+        return pieces if set(pieces) == set(node.labels) else None
+
     def _best_peak(self, node: EinsumNode, pieces: dict[str, int]) -> int:
         return step_peak(node, pieces, self.dtypes, max_batches(node, pieces), self.model)
 
@@ -182,6 +207,11 @@ class _Problem:
         if self.budget is not None and step_peak(node, pieces, self.dtypes, max_batches(node, pieces),
                                                  self.model) > self.budget:
             return False
+        if self.budget is not None:  # and a stored input it would re-tile can be re-tiled within it
+            for k, op in enumerate(node.operands):
+                have, need = self.fixed.get(op.value), self.required(node, k, pieces)
+                if have is not None and have != need and self.retile(op.value, need).retile >= FORBIDDEN:
+                    return False
         if self.tile_bytes is not None:
             # tiles this plan creates stay under the cap; a stored input used as it is may be larger
             if nbytes(self.out_tile(node, pieces), node.result.dtype) > self.tile_bytes:
@@ -219,7 +249,7 @@ class _Problem:
             # tiles of the target's size stand in (the finished plan's budget check knows them)
             if retile_peak(v.shape, v.dtype, target, retile_max_batches(v.shape, target), self.model,
                            self.fixed.get(value, target)) > self.budget:
-                return Costs(retile=10**30, model=self.model)  # effectively forbidden
+                return Costs(retile=FORBIDDEN, model=self.model)  # forbidden: optimize() refuses such a plan
         return Costs(retile=self.bytes[value], model=self.model, statements=1)
 
     # -- evaluation of a full assignment ----------------------------------------------------
@@ -505,8 +535,9 @@ def optimize(nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ..
         total, pieces, fix = best
     else:
         total, pieces, fix = _greedy(prob, cuts, options)
-    if pieces is None:
-        raise EinsumError("no chunking satisfies the constraints (memory budget too small for a retile?)")
+    if pieces is None or total >= FORBIDDEN:
+        # every chunking needs a retile the budget forbids (priced FORBIDDEN, not excluded)
+        raise EinsumError("no chunking fits the memory budget: every one needs a re-tile over it; give more memory")
     tiles = prob.free_input_tiles(pieces, fix)
     return Choice(pieces, tiles, prob.evaluate(pieces, tiles))
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import EinsumError
 from ..graph import EinsumNode
-from .cost import DEFAULT_COSTS, CostModel, Costs, batch_grid, batch_label, nbytes, retile_kernel_peak, retile_peak, step_kernel_peak, step_costs, step_peak
+from .cost import DEFAULT_COSTS, CostModel, Costs, batch_grid, batch_label, nbytes, retile_axis, retile_kernel_peak, retile_peak, step_kernel_peak, step_costs, step_peak
 from .tiling import Chunking, ceil_div, grid
 
 
@@ -83,7 +83,12 @@ class RetileStep:
 
     source: TiledValue
     target: TiledValue
-    batches: int = 1  # statements, over ranges of the first target key
+    batches: int = 1  # statements, over ranges of one target key (``batch_axis``)
+
+    @property
+    def batch_axis(self) -> int:
+        """The target key the statements split (the one with the most tiles)."""
+        return retile_axis(self.target.shape, self.target.tile)
 
     @property
     def costs(self) -> Costs:

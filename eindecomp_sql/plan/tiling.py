@@ -114,12 +114,21 @@ class Chunking:
         return {lab: pieces_of(size[lab], t) for lab, t in self.tiles}
 
 
-def auto_tile(shape: tuple[int, ...], itemsize: int, tile_bytes: int = DEFAULT_TILE_BYTES) -> tuple[int, ...]:
+def auto_tile(shape: tuple[int, ...], itemsize: int, tile_bytes: int = DEFAULT_TILE_BYTES,
+              square: bool = False) -> tuple[int, ...]:
     """A tile shape of at most ``tile_bytes``: halve the longest tile side until it fits.
 
     Halving keeps tile sides powers-of-two fractions of the shape, so tensors of equal sizes
-    get equal tilings and meet in a join without re-tiling.
+    get equal tilings and meet in a join without re-tiling. ``square``: at most a power of 4
+    elements, so a square matrix of a power-of-two side gets square tiles (whose both keys cut
+    alike: ``ij,jk`` then joins A and B as stored).
+
+    >>> auto_tile((2048, 2048), 8, 256 << 10), auto_tile((2048, 2048), 8, 256 << 10, square=True)
+    ((128, 256), (128, 128))
     """
+    if square:
+        elements = max(1, tile_bytes // max(itemsize, 1))
+        tile_bytes = itemsize * (1 << (2 * ((elements.bit_length() - 1) // 2)))
     tile = [max(int(n), 1) for n in shape]
     while tile and math.prod(tile) * itemsize > tile_bytes:
         k = max(range(len(tile)), key=lambda a: tile[a])
