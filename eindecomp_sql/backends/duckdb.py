@@ -124,11 +124,12 @@ class DuckDBBackend:
 
     # -- the memory budget ------------------------------------------------------------------
     def set_memory(self, budget: int | None) -> None:
-        """Hold this process to ``budget`` bytes (None: DuckDB's own default, 80% of RAM). DuckDB's
-        ``memory_limit`` is the budget (at least ``MIN_ENGINE_BYTES``) while no plan runs, and while a plan runs the budget less
-        what the plan's kernels and Arrow buffers may hold (``Plan.kernel_bytes``): DuckDB then
-        evicts and spills (to ``temp_directory``: ``<file>.tmp`` beside a file database, a
-        private folder in the system's temp dir for one in memory) rather than grow."""
+        """Hold this process to ``budget`` bytes (None: DuckDB's own default, 80% of RAM).
+        DuckDB's ``memory_limit`` is the budget (at least ``MIN_ENGINE_BYTES``) while no plan
+        runs, and while a plan runs the budget less what the plan's kernels and Arrow buffers
+        may hold (``Plan.kernel_bytes``): DuckDB then evicts and spills (to ``temp_directory``:
+        ``<file>.tmp`` beside a file database, a private folder in the system's temp dir for
+        one in memory) rather than grow. Stored parts and retained freed memory shrink with it."""
         with self.lock:
             self.budget = budget
             if budget is None:
@@ -140,7 +141,8 @@ class DuckDBBackend:
             if self._temp_dir is None and self._run("SELECT current_setting('temp_directory')")[0][0] == ".tmp":
                 # DuckDB's default for a database in memory is .tmp in the working directory
                 self._temp_dir = tempfile.mkdtemp(prefix="eindecomp_sql-spill-")
-                self._run(f"SET temp_directory = '{self._temp_dir}'")  # our own path: no user text
+                quoted = self._temp_dir.replace("'", "''")  # our own path, quoted as a literal
+                self._run(f"SET temp_directory = '{quoted}'")
             self._set_memory_limit(max(budget, MIN_ENGINE_BYTES))
 
     def engine_limit(self, plan: Plan) -> int | None:

@@ -9,7 +9,8 @@ import numpy as np
 
 from ..errors import EinsumError
 from ..graph import EinsumNode
-from .cost import DEFAULT_COSTS, CostModel, Costs, batch_grid, batch_label, nbytes, retile_axis, retile_kernel_peak, retile_peak, step_kernel_peak, step_costs, step_peak
+from .cost import (DEFAULT_COSTS, CostModel, Costs, batch_grid, batch_label, nbytes,
+                   retile_axis, retile_kernel_peak, retile_peak, step_kernel_peak, step_costs, step_peak)
 from .tiling import Chunking, ceil_div, grid
 
 
