@@ -25,7 +25,7 @@ from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, plan_einsum
 from .plan.einsum import RESULT
 from .plan.tiling import check_count
 from .progress import reporter
-from .plan.cost import parse_memory
+from .plan.cost import BUDGET_SHARE, parse_memory
 
 # under a memory budget, the default tile is at most this fraction of it (see __init__)
 BUDGET_TILES = 64
@@ -291,7 +291,8 @@ class Session:
         return s, tuple(ops)
 
     def _plan(self, spec, values, join, agg, path=None) -> Plan:
-        return plan_einsum(spec, tuple(values), join, agg, workers=self.workers, budget=self.memory,
+        budget = None if self.memory is None else int(self.memory * BUDGET_SHARE)  # the rest: see BUDGET_SHARE
+        return plan_einsum(spec, tuple(values), join, agg, workers=self.workers, budget=budget,
                            tile_bytes=self.tile_bytes, path=path, costs=self.backend.cost_model)
 
     def plan(self, spec: str, *operands, join=None, agg=None, out: str | None = None) -> Plan:

@@ -91,10 +91,11 @@ def test_explain_names_the_fill(db):
 
 
 def test_fill_keeps_to_a_memory_budget(backend):
-    db = eds.connect(memory="4MB", tile_bytes=1 << 20, backend=backend)
+    # (a session's plans get BUDGET_SHARE of its budget: 4.2 of 7 MB)
+    db = eds.connect(memory="7MB", tile_bytes=1 << 20, backend=backend)
     a, b = np.zeros((2000, 0), np.float32), np.zeros((0, 2000), np.float32)
     plan = db.plan("ij,jk->ik", a, b)
-    assert plan.steps[0].batches > 1 and plan.peak_bytes <= 4_000_000
+    assert plan.steps[0].batches > 1 and plan.peak_bytes <= 4_200_000
     got = db.einsum("ij,jk->ik", a, b, agg="prod")
     np.testing.assert_array_equal(got.to_numpy(), np.ones((2000, 2000), np.float32))
     db.close()

@@ -18,7 +18,7 @@ from ..compile import DuckDBCompiler, create_table_as, drop_table
 from ..compile.sql import table
 from ..errors import EinsumError, ExecutionError
 from ..plan import Plan, TiledValue
-from ..plan.cost import CostModel
+from ..plan.cost import BUDGET_SHARE, CostModel
 from ..plan.steps import format_bytes, output_tiles, step_target
 from ..sql_templates import template
 from ..udfs.tiles import array_from_tiles, tiles_from_array
@@ -125,9 +125,9 @@ class DuckDBBackend:
     # -- the memory budget ------------------------------------------------------------------
     def set_memory(self, budget: int | None) -> None:
         """Hold this process to ``budget`` bytes (None: DuckDB's own default, 80% of RAM).
-        DuckDB's ``memory_limit`` is the budget (at least ``MIN_ENGINE_BYTES``) while no plan
-        runs, and while a plan runs the budget less what the plan's kernels and Arrow buffers
-        may hold (``Plan.kernel_bytes``): DuckDB then evicts and spills (to ``temp_directory``:
+        DuckDB's ``memory_limit`` is the budget's planned share (``BUDGET_SHARE``; at least
+        ``MIN_ENGINE_BYTES``) while no plan runs, and while a plan runs that share less what the
+        plan's kernels and Arrow buffers may hold (``Plan.kernel_bytes``): DuckDB then evicts and spills (to ``temp_directory``:
         ``<file>.tmp`` beside a file database, a private folder in the system's temp dir for
         one in memory) rather than grow. Stored parts and retained freed memory shrink with it."""
         with self.lock:
@@ -143,13 +143,18 @@ class DuckDBBackend:
                 self._temp_dir = tempfile.mkdtemp(prefix="eindecomp_sql-spill-")
                 quoted = self._temp_dir.replace("'", "''")  # our own path, quoted as a literal
                 self._run(f"SET temp_directory = '{quoted}'")
-            self._set_memory_limit(max(budget, MIN_ENGINE_BYTES))
+            self._set_memory_limit(self._idle_limit())
+
+    def _idle_limit(self) -> int:
+        return max(int(self.budget * BUDGET_SHARE), MIN_ENGINE_BYTES)
 
     def engine_limit(self, plan: Plan) -> int | None:
         """DuckDB's ``memory_limit`` while ``plan`` runs under the session's budget (None: none)."""
         if self.budget is None:
             return None
-        return max(self.budget - plan.kernel_bytes, MIN_ENGINE_BYTES)
+        # the budget's planned share less what the kernels hold, and never less than what the
+        # plan's steps need DuckDB to hold (a plan made under a budget of its own, g.plan(memory=))
+        return max(int(self.budget * BUDGET_SHARE) - plan.kernel_bytes, plan.engine_bytes, MIN_ENGINE_BYTES)
 
     def memory_split(self, plan: Plan) -> str | None:
         """How the session's budget is split while ``plan`` runs (for ``explain``)."""
@@ -159,7 +164,9 @@ class DuckDBBackend:
         spill = self._temp_dir or self._run("SELECT current_setting('temp_directory')")[0][0]
         return (f"memory budget {format_bytes(self.budget)}: DuckDB memory_limit {format_bytes(limit)} while this "
                 f"plan runs (spills to {spill}), kernels and Arrow buffers {format_bytes(plan.kernel_bytes)} "
-                f"(the plan's largest step); not counted: the interpreter and libraries (~{FIXED_OVERHEAD_MB} MB)")
+                f"(the plan's largest step), {format_bytes(max(self.budget - limit - plan.kernel_bytes, 0))} left for what "
+                f"neither counts (plans get {BUDGET_SHARE:.0%} of the budget); not counted at all: the interpreter "
+                f"and libraries (~{FIXED_OVERHEAD_MB} MB)")
 
     def _set_memory_limit(self, limit: int) -> None:
         if limit != self._memory_limit:
@@ -177,7 +184,7 @@ class DuckDBBackend:
             yield
         finally:
             if not self._closed:
-                self._set_memory_limit(max(self.budget, MIN_ENGINE_BYTES))
+                self._set_memory_limit(self._idle_limit())
 
     def _set_large_buffers(self, on: bool, force: bool = False) -> None:
         if force or on != self._large_buffers:

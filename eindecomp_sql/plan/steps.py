@@ -445,6 +445,12 @@ class Plan:
         return max((s.peak(self.model) for s in self.steps), default=0)
 
     @property
+    def engine_bytes(self) -> int:
+        """The largest share of a step's projected peak the engine holds (``kernel_bytes``'s
+        complement): DuckDB's ``memory_limit`` must leave room for it."""
+        return max((s.peak(self.model) - _kernel_peak(s, self.model) for s in self.steps), default=0)
+
+    @property
     def kernel_bytes(self) -> int:
         """The largest share of a step's projected peak that the kernels and Arrow buffers hold
         (the rest, a statement's input tiles, the engine holds under its own limit). A budget's
