@@ -103,7 +103,7 @@ def test_batches_cover_two_labels():
         a = np.arange(80 * 80, dtype=np.float64).reshape(80, 80) % 7
         A = db.store("A", a)
         step = db.plan("ij,jk->ik", A, A).steps[-1]
-        assert len(step.batch_grid) == 2 and "batches over i:" in step.describe() or "batches over k:" in step.describe()
+        assert len(step.batch_grid) == 2 and " x " in step.describe(), step.describe()
         np.testing.assert_allclose(db.einsum("ij,jk->ik", A, A).to_numpy(), a @ a)
 
 
