@@ -83,7 +83,8 @@ class Session:
         # the budget by their projected peaks, and a budget's GEMM wants panels larger than it
         # (4096² float32 under 50 MB: 10.6 s in 4 MB panels, 27.8 s in 256 KB square tiles)
         self.store_tile_bytes = self.tile_bytes
-        if tile_bytes is None and self.memory is not None:
+        self.store_square = tile_bytes is None and self.memory is not None  # (a tile_bytes given is kept as is)
+        if self.store_square:
             self.store_tile_bytes = max(1, min(self.tile_bytes, self.memory // BUDGET_TILES))
         # one lock for the session and its backend: a session is shared between threads, and
         # every call (plan, register, run, read back) must see the connection to itself
@@ -221,7 +222,7 @@ class Session:
         incoming = io.read_source(
             source, f"store({name!r})",
             io.Wanted(tile, keys, shape, dtype, index, value, tile_bytes=self.store_tile_bytes,
-                      square=self.memory is not None),
+                      square=self.store_square),
             con=self.backend.con, stream=self.backend.streams_in)
         stored = TiledValue(name, incoming.shape, incoming.dtype, incoming.tile, incoming.keys)
         try:

@@ -158,7 +158,7 @@ def store_cache_limit(db, path, tile=None, dtype=None) -> int:
         if kind(path) == "npy":
             shape, file_dtype = info(path)
             itemsize = np.dtype(dtype or file_dtype).itemsize
-            largest = math.prod(tile or auto_tile(shape, itemsize, db.store_tile_bytes, db.memory is not None)) * itemsize
+            largest = math.prod(tile or auto_tile(shape, itemsize, db.store_tile_bytes, db.store_square)) * itemsize
         else:
             import pyarrow.parquet as pq
 
