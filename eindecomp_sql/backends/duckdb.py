@@ -295,6 +295,13 @@ class DuckDBBackend:
             self._run(self.compiler.drop_table_sql(p))
         self._run(f"DELETE FROM {parted.PARTS_TABLE} WHERE lower(name) = lower(?)", [name])
 
+    def _list_parts(self, name: str, parts: list[str]) -> None:
+        """Make ``parts`` stored tensor ``name``: its view and its ``eds_parts`` rows (inside
+        the caller's transaction, with the catalog row)."""
+        self._run(parted.view_sql(name, parts))
+        self._run(f"INSERT INTO {parted.PARTS_TABLE} SELECT ?, k - 1, part FROM "
+                  "unnest(?) WITH ORDINALITY AS u(part, k)", [name, parts])
+
     def _sweep_parts(self) -> None:
         """Drop part tables that no tensor lists: what a process killed while storing left."""
         rows = self._run(f"SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
@@ -330,9 +337,7 @@ class DuckDBBackend:
             with self._transaction():
                 if replacing:
                     self._drop_stored(value.name)
-                self._run(parted.view_sql(value.name, made))
-                self._run(f"INSERT INTO {parted.PARTS_TABLE} SELECT ?, k - 1, part FROM "
-                          "unnest(?) WITH ORDINALITY AS u(part, k)", [value.name, made])
+                self._list_parts(value.name, made)
                 self._write_catalog(value.name, value)
         except BaseException:
             for p in made:
@@ -621,9 +626,7 @@ class DuckDBBackend:
                         final = outputs[value].table
                         if parts_of[value]:
                             self._drop_stored(final)
-                        self._run(parted.view_sql(final, names))
-                        self._run(f"INSERT INTO {parted.PARTS_TABLE} SELECT ?, k - 1, part FROM "
-                                  "unnest(?) WITH ORDINALITY AS u(part, k)", [final, names])
+                        self._list_parts(final, names)
                     for fresh, final in swaps.items():
                         self._drop_stored(final)
                         self._run(exp.Alter(this=table(fresh), kind="TABLE",
