@@ -51,6 +51,7 @@ MAX_PRODUCT_FACTOR = 8  # candidates have between workers and 8x workers join ta
 MAX_JOIN_TASKS = 1 << 14
 # the price of a retile over the budget: a plan that cannot avoid one costs at least this
 FORBIDDEN = 10**30
+BUDGET_WIDENING = 2  # under a budget, candidates go this many x4 steps finer than the first that fit
 GREEDY_WORK = 4000  # node evaluations the coordinate descent may spend (not a clock)
 
 
@@ -152,14 +153,22 @@ class _Problem:
         lo = min(self.workers, most)
         hi = max(lo, self.workers) * MAX_PRODUCT_FACTOR
         cap = max(hi, MAX_JOIN_TASKS)
+        extra = BUDGET_WIDENING if self.budget is not None else 0
         while True:
             out = []
             for combo in _bounded_products([opts[lab] for lab in labels], lo, hi):
                 pieces = dict(zip(labels, combo))
                 if self._fits(node, pieces):
                     out.append(pieces)
-            if out or hi >= min(most, cap):
+            if hi >= min(most, cap):
                 break
+            if out:
+                # under a budget, finer cuts than the first that fit stay candidates: the
+                # coarsest chunkings of two neighbours may only meet through a retile over the
+                # budget (an FFN whose 256 MB intermediate planned under 128 MB and not 160 MB)
+                if extra == 0:
+                    break
+                extra -= 1
             hi = min(hi * 4, cap)  # ...unless the memory budget needs finer cuts
         # the baselines' chunkings are always candidates, so EinDecomp never costs more
         for strategy in STRATEGIES[1:]:
