@@ -291,8 +291,15 @@ class Session:
         s, ops = sublist_spec((spec, *operands))
         return s, tuple(ops)
 
+    @property
+    def plan_budget(self) -> int | None:
+        """What the session's plans may project (None: no budget): ``BUDGET_SHARE`` of
+        ``memory``, the rest is for what no model counts (see plan/cost.py). Einsums, graphs
+        run with ``Graph.run`` and jobs all plan under it."""
+        return None if self.memory is None else int(self.memory * BUDGET_SHARE)
+
     def _plan(self, spec, values, join, agg, path=None) -> Plan:
-        budget = None if self.memory is None else int(self.memory * BUDGET_SHARE)  # the rest: see BUDGET_SHARE
+        budget = self.plan_budget
         return plan_einsum(spec, tuple(values), join, agg, workers=self.workers, budget=budget,
                            tile_bytes=self.tile_bytes, path=path, costs=self.backend.cost_model)
 

@@ -223,15 +223,24 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
     rows = model.vector_rows
     engine = engine_bytes(node, each, op_tile) if model.engine_holds_inputs else 0
     if reduced > 1 and model.grouped_holds_all:
-        # every joined row is held by list() until its group is done, and the group is copied
-        # again into Arrow for the kernel (DuckDB's own allocator, under its memory_limit: a
-        # statement of 128 MB of distinct tiles in groups of 4 pairs failed at 298 MB)
-        lists = out_tiles * reduced * in_tile * (3 if model.engine_holds_inputs else 1)
+        # every joined row is gathered by the join, held by list() until its group is done,
+        # and the group is copied again into Arrow for the kernel (DuckDB's own allocator,
+        # under its memory_limit: a statement of 128 MB of distinct tiles in groups of 4 pairs
+        # failed at 298 MB; with 3 copies the FFN's grouped step still measured 1.5x its
+        # projected run peak, bench/run_peak.py)
+        lists = out_tiles * reduced * in_tile * (4 if model.engine_holds_inputs else 1)
         return engine + lists + min(out_tiles, rows) * (2 * out_tile + held_tile_bytes)
     # a hash join copies its build side: the statement's tiles are held twice (one tile each
     # is read side by side, no hash table)
     joined = 2 * engine if any(pieces[lab] > 1 for lab in node.labels) else engine
-    return joined + min(out_tiles, rows) * (in_tile + 2 * out_tile + held_tile_bytes)
+    # each joined row in flight: its tiles' Arrow copy, its result twice; and rows that share a
+    # tile get their own copy of it in the join's output (the model-parallel FFN, four rows
+    # sharing a 64 MB tile, measured 1.7x its projected run peak without this, bench/run_peak.py;
+    # one-row statements measured within theirs)
+    in_flight = min(out_tiles, rows)
+    shared = sum(max(in_flight - math.prod(each[lab] for lab in op.labels), 0) * b
+                 for op, b in zip(node.operands, op_tile))
+    return joined + in_flight * (in_tile + 2 * out_tile + held_tile_bytes) + shared
 
 
 def step_kernel_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str],

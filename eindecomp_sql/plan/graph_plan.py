@@ -110,7 +110,9 @@ class GraphPlan:
             f"outputs: {', '.join(v.name for v in self.outputs)}"
             + (f"; inputs not read: {', '.join(self.unused_inputs)}" if self.unused_inputs else ""),
             f"cost {describe_costs(c)}",
-            f"peak memory {format_bytes(self.plan.peak_bytes)} (the largest step's projected peak)",
+            f"peak memory {format_bytes(self.plan.peak_bytes)} (the largest step's projected peak); whole run "
+            f"{format_bytes(self.plan.run_peak(arrays=[v.name for v in self.plan.inputs]))} with the inputs passed "
+            f"as arrays and every value it computes held to the end (Plan.run_peak)",
             "",
             "cost vs baselines (cost units):",
         ]

@@ -334,6 +334,12 @@ class ProgramStep:
                 f"[{', '.join(self.hidden)} not stored]")
 
 
+# What a value DuckDB holds in a table costs the process, per byte of tiles: a TEMP table of
+# 64 MB of tiles grew the resident set by 100-140 MB (1, 4 and 16 MB tiles; the table's
+# blocks and the copies its INSERT made, which the allocator keeps for the next statement)
+TABLE_FACTOR = 2
+
+
 def _kernel_peak(step, model: CostModel) -> int:
     # programs and fills: one tile, or tiles made from nothing: all of it, to be safe
     return step.kernel_peak(model) if isinstance(step, (EinsumStep, RetileStep)) else step.peak(model)
@@ -457,6 +463,32 @@ class Plan:
         split: the engine may hold what this leaves."""
         return max((_kernel_peak(s, self.model) for s in self.steps), default=0)
 
+    def run_peak(self, arrays=(), returned=(), engine_limit: int | None = None) -> int:
+        """Projected peak memory of the whole run, in bytes: the largest step's working set
+        (``peak_of``) on top of everything alive while it runs. Alive: the Arrow copies of the
+        inputs named in ``arrays`` (inputs passed as arrays, for the run), and every value an
+        earlier step computed (scratch values are dropped when the plan ends, kept results are
+        tables; DuckDB holds both). At the end, the results named in ``returned`` are fetched as
+        Arrow and converted to numpy (twice their bytes). ``engine_limit``: DuckDB's
+        ``memory_limit`` while the plan runs (a session's budget, see the DuckDB backend's
+        ``engine_limit``): what DuckDB holds, values and a step's statement, is capped there
+        (it evicts and spills), what the kernels hold is not. Not counted: the interpreter and
+        libraries, and the allocators' retained pages (bench/run_peak.py measures the rest)."""
+        arrays, returned = set(arrays), set(returned)
+        base = sum(v.nbytes for v in self.inputs if v.name in arrays)
+        held = peak = 0
+        for s in self.steps:
+            kernel = _kernel_peak(s, self.model)
+            engine = held + s.peak(self.model) - kernel
+            if engine_limit is not None:
+                engine = min(engine, engine_limit)
+            peak = max(peak, base + engine + kernel)
+            held += TABLE_FACTOR * step_target(s).nbytes
+        if engine_limit is not None:
+            held = min(held, engine_limit)
+        end = base + held + 2 * sum(v.nbytes for v in self.outputs if v.name in returned)
+        return max(peak, end)
+
     def check_budget(self, budget: int | None) -> None:
         """Refuse before running if any step's projected peak exceeds ``budget`` bytes."""
         if budget is None:
@@ -472,7 +504,7 @@ class Plan:
     def explain(self) -> str:
         """Steps with their cost (cost units, from bytes moved) and projected peak memory (bytes)."""
         lines = [f"plan: {len(self.steps)} step(s); {describe_costs(self.costs)}; "
-                 f"peak memory {format_bytes(self.peak_bytes)}"]
+                 f"peak memory {format_bytes(self.peak_bytes)} (largest step; whole run {format_bytes(self.run_peak())})"]
         for v in self.inputs:
             lines.append(f"  input {v.name}: shape {v.shape} {v.dtype} tile {v.tile} grid {v.grid}")
         for k, s in enumerate(self.steps):
