@@ -10,7 +10,7 @@ included) against the bar, budget x 1.25 + 300 MB.
                                         [--skip cubed ...] [--timeout 1800] [--out bench/ooc_results.json]
 
 Cases: ``gemm:N[@BUDGET]`` (ij,jk->ik, N² float32), ``batched`` (bij,bjk->bik, 16x1024³),
-``ffn`` (relu(x @ w1) @ w2, x 8192x2048, hidden 8192: its 256 MB intermediate is re-tiled
+``ffn`` (relu(x @ w1) @ w2, x 16384x2048, hidden 8192: its 512 MB intermediate is re-tiled
 between the products). The default budget is a quarter of inputs + output.
 """
 
@@ -33,7 +33,7 @@ HERE = Path(__file__).parent
 # name -> (inputs: name -> shape, the output's shape); all float32
 CASES = {
     "batched": ({"A": (16, 1024, 1024), "B": (16, 1024, 1024)}, (16, 1024, 1024)),
-    "ffn": ({"x": (8192, 2048), "w1": (2048, 8192), "w2": (8192, 2048)}, (8192, 2048)),
+    "ffn": ({"x": (16384, 2048), "w1": (2048, 8192), "w2": (8192, 2048)}, (16384, 2048)),
 }
 SPECS = {"gemm": "ij,jk->ik", "batched": "bij,bjk->bik"}
 METHODS = ("numpy", "in memory", "out of core", "dask", "cubed")

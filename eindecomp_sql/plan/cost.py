@@ -140,8 +140,9 @@ def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str
 
 # the most statements one step is split into to fit a budget: beyond, each statement's fixed
 # cost (~1 ms, a scan of its inputs' tables) outweighs what it saves; a budget that needs more
-# is refused (a 12000² float32 GEMM under 20 MB asked for 16,384)
-MAX_BATCHES = 256
+# is refused (a 12000² float32 GEMM under 20 MB asked for 16,384). 256 refused the FFN of
+# bench/ooc_bench.py at 4x its budget (its second product needs 1,024 row-panel statements)
+MAX_BATCHES = 1024
 
 
 def batch_labels(node: EinsumNode, pieces: dict[str, int]) -> tuple[str, ...]:
