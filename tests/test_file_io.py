@@ -16,7 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import eindecomp_sql as eds
 from eindecomp_sql import EinsumError, io
+from eindecomp_sql.backends import parts as parted
 from helpers import DTYPES, random_array
 
 FORMATS = [".npy", ".parquet", ".arrow", ".feather"]
@@ -110,6 +112,62 @@ def test_npy_tiles_are_read_from_any_box(backend, tmp_path_factory, shape, order
     from eindecomp_sql.udfs.tiles import array_from_tiles
 
     same(array_from_tiles(got.tiles, got.shape, got.tile, got.dtype, got.keys), want)
+
+
+@pytest.mark.duckdb_only("the .npy export written with pwritev is the DuckDB backend's")
+@settings(max_examples=40, deadline=None)
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=4), run=st.integers(1, 2048),
+       dtype=st.sampled_from(["float32", "float64", "int16", "bool", "complex64"]), parts=st.booleans(),
+       data=st.data())
+def test_npy_export_joins_side_by_side_tiles_into_runs(backend, tmp_path_factory, shape, run, dtype, parts, data):
+    """The export joins tiles that lie side by side along the last axis into runs of at most
+    RUN_BYTES (random here, down to one tile), edge tiles and all, and writes each as one box;
+    tiles in any order (a plain table's) or in C order (parts) give the array numpy has."""
+    tile = tuple(data.draw(st.integers(1, n)) for n in shape)
+    a = random_array(np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))), tuple(shape), dtype)
+    d = tmp_path_factory.mktemp("runs")
+    old = io.RUN_BYTES, parted.PART_BYTES
+    io.RUN_BYTES = run
+    if parts:
+        parted.PART_BYTES = 64  # a few tiles a part: the C order of parts
+    try:
+        with eds.connect() as db:
+            T = db.store("r", a, tile=tile)
+            same(np.load(T.export(d / "r.npy")), a)
+    finally:
+        io.RUN_BYTES, parted.PART_BYTES = old
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=4), run=st.integers(1, 2048),
+       dtype=st.sampled_from(["float32", "float64", "int16", "bool"]), data=st.data())
+def test_tile_runs_write_tiles_in_any_order(tmp_path_factory, shape, run, dtype, data):
+    """_TileRuns on its own: tiles in a random order (a run only joins a tile that lies right
+    after it), runs of any length, every box lands where numpy has it."""
+    from types import SimpleNamespace
+
+    from eindecomp_sql.plan import tiling
+
+    shape = tuple(shape)
+    tile = tuple(data.draw(st.integers(1, n)) for n in shape)
+    a = random_array(np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))), shape, dtype)
+    keys = data.draw(st.permutations(list(np.ndindex(*tiling.grid(shape, tile)))))
+    path = tmp_path_factory.mktemp("tr") / "a.npy"
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=a.dtype, shape=shape)
+    boxes = io._FileBoxes(path, out.offset, shape, a.dtype.itemsize, "t", write=True)
+    del out
+    old = io.RUN_BYTES
+    io.RUN_BYTES = run
+    try:
+        runs = io._TileRuns(boxes, SimpleNamespace(dtype=dtype, tile=tile, shape=shape))
+        for k in keys:
+            box = tuple(slice(q * t, min((q + 1) * t, n)) for q, t, n in zip(k, tile, shape))
+            runs.add(box, np.ascontiguousarray(a[box]).reshape(-1).view(np.uint8))
+        runs.flush()
+    finally:
+        io.RUN_BYTES = old
+        boxes.close()
+    same(np.load(path), a)
 
 
 def test_a_truncated_npy_is_refused_with_its_name(db, tmp_path):
