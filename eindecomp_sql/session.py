@@ -25,7 +25,7 @@ from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, plan_einsum
 from .plan.einsum import RESULT
 from .plan.tiling import check_count
 from .progress import reporter
-from .plan.cost import BUDGET_SHARE, parse_memory
+from .plan.cost import parse_memory, plan_share
 
 # under a memory budget, the default tile is at most this fraction of it (see __init__)
 BUDGET_TILES = 64
@@ -296,7 +296,7 @@ class Session:
         """What the session's plans may project (None: no budget): ``BUDGET_SHARE`` of
         ``memory``, the rest is for what no model counts (see plan/cost.py). Einsums, graphs
         run with ``Graph.run`` and jobs all plan under it."""
-        return None if self.memory is None else int(self.memory * BUDGET_SHARE)
+        return plan_share(self.memory)
 
     def _plan(self, spec, values, join, agg, path=None) -> Plan:
         budget = self.plan_budget

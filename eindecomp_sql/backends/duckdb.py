@@ -18,7 +18,7 @@ from ..compile import DuckDBCompiler, create_table_as, drop_table
 from ..compile.sql import table
 from ..errors import EinsumError, ExecutionError
 from ..plan import Plan, TiledValue
-from ..plan.cost import BUDGET_SHARE, CostModel
+from ..plan.cost import BUDGET_SHARE, CostModel, plan_share
 from ..plan.steps import format_bytes, output_tiles, step_target
 from ..sql_templates import template
 from ..udfs.tiles import array_from_tiles, tiles_from_array
@@ -146,7 +146,7 @@ class DuckDBBackend:
             self._set_memory_limit(self._idle_limit())
 
     def _idle_limit(self) -> int:
-        return max(int(self.budget * BUDGET_SHARE), MIN_ENGINE_BYTES)
+        return max(plan_share(self.budget), MIN_ENGINE_BYTES)
 
     def engine_limit(self, plan: Plan) -> int | None:
         """DuckDB's ``memory_limit`` while ``plan`` runs under the session's budget (None: none)."""
@@ -154,7 +154,7 @@ class DuckDBBackend:
             return None
         # the budget's planned share less what the kernels hold, and never less than what the
         # plan's steps need DuckDB to hold (a plan made under a budget of its own, g.plan(memory=))
-        return max(int(self.budget * BUDGET_SHARE) - plan.kernel_bytes, plan.engine_bytes, MIN_ENGINE_BYTES)
+        return max(plan_share(self.budget) - plan.kernel_bytes, plan.engine_bytes, MIN_ENGINE_BYTES)
 
     def memory_split(self, plan: Plan) -> str | None:
         """How the session's budget is split while ``plan`` runs (for ``explain``)."""

@@ -251,7 +251,7 @@ def build_graph(job: Job, shapes: dict):
 def plan_job(job: Job, db=None):
     """Plan the job as one graph (stored inputs as they are cut, files as the plan chooses unless
     the job gives a tile). Returns (graph, owner, graph plan, stored inputs)."""
-    from ..plan.cost import BUDGET_SHARE, DEFAULT_COSTS
+    from ..plan.cost import DEFAULT_COSTS, plan_share
     from ..plan.graph_plan import plan_graph
     from ..plan.tiling import DEFAULT_TILE_BYTES
 
@@ -261,8 +261,7 @@ def plan_job(job: Job, db=None):
     fixed.update({i.name: i.tile for i in job.inputs.values() if i.file is not None and i.tile is not None})
     try:
         # the job's session gets job.memory; its plans, that session's share of it
-        budget = None if job.memory is None else int(job.memory * BUDGET_SHARE)
-        gplan = plan_graph(g, workers=job.workers, memory=budget,
+        gplan = plan_graph(g, workers=job.workers, memory=plan_share(job.memory),
                            tile_bytes=job.tile_bytes or DEFAULT_TILE_BYTES, outputs=list(job.order),
                            inputs=fixed, costs=db.backend.cost_model if db is not None else DEFAULT_COSTS)
     except EinsumError as e:

@@ -340,6 +340,12 @@ def choose_batches(peak, most, budget: int | None) -> int:
 BUDGET_SHARE = 0.6
 
 
+def plan_share(memory: int | None) -> int | None:
+    """What plans under a memory budget may project: its ``BUDGET_SHARE`` (None: no budget).
+    Sessions, jobs and the DuckDB backend's ``memory_limit`` all split a budget by this."""
+    return None if memory is None else int(memory * BUDGET_SHARE)
+
+
 def parse_memory(memory) -> int | None:
     """``"2GB"``, ``"512MiB"``, ``1 << 30`` -> bytes; None -> no budget. A budget is a positive,
     finite number of bytes: anything else is an EinsumError, never a ValueError or OverflowError."""
