@@ -283,17 +283,20 @@ def einsum(database, spec, operands, out, join, agg, memory, workers, replace, a
 @click.option("--memory", callback=_memory, metavar="SIZE",
               help="Cap on DuckDB's cache while the tensor streams out (default: 256 MiB, or four times the "
                    "tensor's largest stored part if more).")
+@click.option("--sync", is_flag=True,
+              help="fsync the file and its rename before returning, so a power loss too leaves the old file "
+                   "or the new one (waits for the disk).")
 @_debug_option
-def export(database, name, file, form, memory):
+def export(database, name, file, form, memory, sync):
     """Write tensor NAME of DATABASE to FILE (.npy, .parquet or Arrow IPC .arrow/.feather, by
-    its suffix), atomically."""
+    its suffix), atomically: a failure or a killed process leaves no half-written file."""
     from .jobs import files
 
     files.kind(file)
     with _connect(database, read_only=True) as db:
         t = db.tensor(name)
         files.cap_cache(db, memory if memory is not None else files.export_cache_limit(t.value))
-        p = files.export(t, file, form)
+        p = files.export(t, file, form, sync)
         click.echo(f"wrote {t.name} to {p} ({_fmt_bytes(p.stat().st_size)})")
 
 

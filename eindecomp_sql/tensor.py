@@ -106,11 +106,12 @@ class Tensor:
             raise EinsumError(f"to_arrow(form={form!r}): form is 'tiles' or 'elements'")
         return table.replace_schema_metadata(tensor_metadata(v.shape, v.dtype, v.tile, v.keys, form, v.name))
 
-    def to_parquet(self, path, form: str = "tiles") -> pathlib.Path:
+    def to_parquet(self, path, form: str = "tiles", sync: bool = False) -> pathlib.Path:
         """Write ``to_arrow(form)`` to a Parquet file at ``path``, metadata included, atomically
         (a temporary file in the same directory renamed over ``path``: a failure leaves no
-        half-written file). ``db.store(name, path)`` and ``pyarrow.parquet.read_table(path)``
-        read it back. Returns the path.
+        half-written file; ``sync=True`` also fsyncs the file and the rename, for a power loss).
+        ``db.store(name, path)`` and ``pyarrow.parquet.read_table(path)`` read it back. Returns
+        the path.
 
         >>> import eindecomp_sql as eds, tempfile, pathlib
         >>> db, tmp = eds.connect(), pathlib.Path(tempfile.mkdtemp())
@@ -121,9 +122,9 @@ class Tensor:
         """
         from .io import write_parquet
 
-        return write_parquet(self.to_arrow(form), path)
+        return write_parquet(self.to_arrow(form), path, sync)
 
-    def export(self, path, form: str = "tiles") -> pathlib.Path:
+    def export(self, path, form: str = "tiles", sync: bool = False) -> pathlib.Path:
         """Write the tensor to a file at ``path``, by its suffix, and return the path:
 
         - ``.npy``: the dense array (numpy's format; ``np.load`` reads it);
@@ -131,9 +132,12 @@ class Tensor:
         - ``.arrow`` / ``.feather``: ``to_arrow(form)`` as an Arrow IPC file (Feather v2).
 
         ``db.store(name, path)`` reads each back. Streamed: the tiles come from the database a
-        batch at a time and go to the file (a ``.npy`` through a memory map of the new file), so
-        the tensor is never whole in Python. Atomic: a temporary file in the same directory is
-        renamed over ``path`` (a failure leaves no half-written file, an older one intact).
+        batch at a time and go to the file (a ``.npy`` in runs of side-by-side tiles, written
+        while the next run is cut), so the tensor is never whole in Python. Atomic: a temporary
+        file in the same directory is renamed over ``path`` (a failure or a crash of the process
+        leaves no half-written file, an older one intact). Not fsynced, as ``np.save`` and
+        DuckDB's ``COPY ... TO`` are not: ``sync=True`` fsyncs the file and the rename, so a power
+        loss too leaves the old file or the new one (it then waits for the disk).
 
         >>> import eindecomp_sql as eds, tempfile, pathlib
         >>> db, tmp = eds.connect(), pathlib.Path(tempfile.mkdtemp())
@@ -145,7 +149,7 @@ class Tensor:
         from .io import export_tensor, tile_batches
 
         v = self._live_value()
-        return export_tensor(v, lambda: tile_batches(self.session.backend, v), path, form)
+        return export_tensor(v, lambda: tile_batches(self.session.backend, v), path, form, sync)
 
     def to_numpy(self) -> np.ndarray:
         """The whole tensor as a numpy array (native byte order)."""

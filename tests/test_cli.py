@@ -85,7 +85,7 @@ def test_every_command_through_subprocesses(files, tmp_path):
                           ("store", db1, "B", d / "b.parquet"),
                           ("einsum", db1, "ij,jk->ik", "A", "B", "--out", "D", "--join", "relu(x - y)", "--agg",
                            "max", "--json"),
-                          ("export", db1, "D", tmp_path / "d.npy"),
+                          ("export", db1, "D", tmp_path / "d.npy", "--sync"),
                           ("ls", db1, "--json"))
         two = pool.submit(chain,
                           ("store", db2, "C", d / "c.arrow"),

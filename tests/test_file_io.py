@@ -140,10 +140,11 @@ def test_npy_export_joins_side_by_side_tiles_into_runs(backend, tmp_path_factory
 
 @settings(max_examples=60, deadline=None)
 @given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=4), run=st.integers(1, 2048),
-       dtype=st.sampled_from(["float32", "float64", "int16", "bool"]), data=st.data())
-def test_tile_runs_write_tiles_in_any_order(tmp_path_factory, shape, run, dtype, data):
+       dtype=st.sampled_from(["float32", "float64", "int16", "bool"]), writeback=st.booleans(), data=st.data())
+def test_tile_runs_write_tiles_in_any_order(tmp_path_factory, shape, run, dtype, writeback, data):
     """_TileRuns on its own: tiles in a random order (a run only joins a tile that lies right
-    after it), runs of any length, every box lands where numpy has it."""
+    after it), runs of any length, every box lands where numpy has it; with ``writeback`` (the
+    real sync_file_range on Linux) bands handed to the disk early, a tile coming later included."""
     from types import SimpleNamespace
 
     from eindecomp_sql.plan import tiling
@@ -159,7 +160,7 @@ def test_tile_runs_write_tiles_in_any_order(tmp_path_factory, shape, run, dtype,
     old = io.RUN_BYTES
     io.RUN_BYTES = run
     try:
-        runs = io._TileRuns(boxes, SimpleNamespace(dtype=dtype, tile=tile, shape=shape))
+        runs = io._TileRuns(boxes, SimpleNamespace(dtype=dtype, tile=tile, shape=shape), writeback)
         for k in keys:
             box = tuple(slice(q * t, min((q + 1) * t, n)) for q, t, n in zip(k, tile, shape))
             runs.add(box, np.ascontiguousarray(a[box]).reshape(-1).view(np.uint8))
@@ -373,6 +374,34 @@ def test_export_failure_leaves_no_file_and_keeps_the_old_one(db, tmp_path, monke
     monkeypatch.undo()
     with pytest.raises(EinsumError, match="cannot write"):
         T.export(tmp_path / "no" / "such" / "dir.npy")
+
+
+def test_exports_fsync_only_when_asked(db, tmp_path, monkeypatch):
+    """Atomic always (a rename), durable on request: sync=True fsyncs the file and its
+    directory, for every format and for to_parquet; without it nothing is fsynced (as np.save
+    and DuckDB's COPY ... TO). A .npy export with sync hands each finished band of rows to the
+    disk as it goes (not the last: the fsync takes that one), and the file is numpy's array."""
+    a = random_array(np.random.default_rng(11), (23, 17), "float64")
+    T = db.store("fio_sync", a, tile=(5, 4), replace=True)
+    synced, bands = [], []
+    real_fsync, real_writeback = os.fsync, io._FileBoxes.writeback
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd)))
+    monkeypatch.setattr(io._FileBoxes, "writeback",
+                        lambda self, rows: (bands.append((rows.start, rows.stop)), real_writeback(self, rows)))
+    for name in ("a.npy", "a.parquet", "a.arrow"):
+        T.export(tmp_path / name)
+        T.to_parquet(tmp_path / "b.parquet")
+    assert synced == [] and bands == []
+    for name in ("a.npy", "a.parquet", "a.arrow"):
+        T.export(tmp_path / name, sync=True)
+        assert [pathlib.Path(p).parent for p in synced] == [tmp_path, tmp_path.parent]
+        assert pathlib.Path(synced[0]).name.startswith(".eds-") and pathlib.Path(synced[1]) == tmp_path
+        synced.clear()
+    same(np.load(tmp_path / "a.npy"), a)
+    assert sorted(bands) == [(r, r + 5) for r in range(0, 20, 5)]  # bands 0-3 of 5 (0..22)
+    T.to_parquet(tmp_path / "b.parquet", sync=True)
+    assert len(synced) == 2
+    assert sorted(os.listdir(tmp_path)) == ["a.arrow", "a.npy", "a.parquet", "b.parquet"]
 
 
 def test_export_refusals(db, tmp_path):

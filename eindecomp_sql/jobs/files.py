@@ -171,10 +171,10 @@ def store_cache_limit(db, path, tile=None, dtype=None) -> int:
     return _cap_for(max(parts.PART_BYTES, largest if largest is not None else db.store_tile_bytes), STORE_CACHE_BYTES)
 
 
-def export(tensor, path, form: str = "tiles") -> pathlib.Path:
-    """``tensor.export(path, form)``: by the suffix, atomically (its kind checked first)."""
+def export(tensor, path, form: str = "tiles", sync: bool = False) -> pathlib.Path:
+    """``tensor.export(path, form, sync)``: by the suffix, atomically (its kind checked first)."""
     kind(path)
-    return tensor.export(pathlib.Path(path), form=form)
+    return tensor.export(pathlib.Path(path), form=form, sync=sync)
 
 
 def file_digest(path, chunk: int = 1 << 22) -> str:
