@@ -26,6 +26,7 @@ is square, cut in tiles of --tile (default 1024x1024, 4 MB of float32).
 
 Cases:
   baseline_np_save      np.save of the array (already in memory)
+  baseline_np_save_fsync  the same, then fsync (what an export with sync=True pays too)
   baseline_pq_write     pyarrow.parquet.write_table of the array as one float32 column
   baseline_pq_write_plain  the same without dictionary and statistics (as export writes tiles)
   stream_npy            what store hands DuckDB for the .npy: its tile batches, consumed
@@ -33,11 +34,13 @@ Cases:
   store_npy             db.store("A", "a.npy", tile=...)   (returns after the commit)
   store_parquet         db.store("A", "a.parquet")         (a tiled file, as Tensor.export writes it)
   export_npy            T.export("out.npy")
+  export_npy_sync       T.export("out.npy", sync=True)
   export_parquet        T.export("out.parquet")
   cli_import            python -c "import eindecomp_sql, duckdb, pyarrow, numpy"
   cli_store_npy         eindecomp-sql store DB A a.npy --tile ...
   cli_store_parquet     eindecomp-sql store DB A a.parquet
   cli_export_npy        eindecomp-sql export DB A out.npy
+  cli_export_npy_sync   eindecomp-sql export DB A out.npy --sync
   cli_export_parquet    eindecomp-sql export DB A out.parquet
 """
 
@@ -56,8 +59,9 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # store_npy before the export cases: they read the database it leaves
-CASES = ["baseline_np_save", "baseline_pq_write", "baseline_pq_write_plain", "stream_npy", "store_npy", "store_parquet", "export_npy",
-         "export_parquet", "cli_import", "cli_store_npy", "cli_store_parquet", "cli_export_npy", "cli_export_parquet"]
+CASES = ["baseline_np_save", "baseline_np_save_fsync", "baseline_pq_write", "baseline_pq_write_plain", "stream_npy",
+         "store_npy", "store_parquet", "export_npy", "export_npy_sync", "export_parquet", "cli_import", "cli_store_npy",
+         "cli_store_parquet", "cli_export_npy", "cli_export_npy_sync", "cli_export_parquet"]
 
 
 def parse_size(text: str) -> int:
@@ -100,7 +104,7 @@ def child(case: str, d: pathlib.Path, tile: tuple[int, int]) -> dict:
     from eindecomp_sql import io
 
     npy, parquet, dbfile = d / "a.npy", d / "a.parquet", d / "store.duckdb"
-    out = d / ("out.npy" if case.endswith("npy") else "out.parquet")
+    out = d / ("out.npy" if "npy" in case or case.startswith("baseline_np") else "out.parquet")
     out.unlink(missing_ok=True)
     extra = {}
     if case.startswith("cli_"):
@@ -109,9 +113,12 @@ def child(case: str, d: pathlib.Path, tile: tuple[int, int]) -> dict:
         a = np.load(npy)  # in memory: the baselines write from RAM
         base = baseline_mb()
         t0 = time.perf_counter()
-        if case == "baseline_np_save":
+        if case.startswith("baseline_np_save"):
             with open(out, "wb") as f:
                 np.save(f, a)
+                if case.endswith("fsync"):
+                    f.flush()
+                    os.fsync(f.fileno())
         elif case == "baseline_pq_write":
             pq.write_table(pa.table({"value": a.reshape(-1)}), out)
         else:  # without the dictionary pyarrow tries (and drops) on random floats
@@ -146,7 +153,7 @@ def child(case: str, d: pathlib.Path, tile: tuple[int, int]) -> dict:
         T = db.tensor("A")
         base = baseline_mb()
         t0 = time.perf_counter()
-        T.export(out)
+        T.export(out, sync=case.endswith("sync"))
         seconds = time.perf_counter() - t0
         db.close()
         con.close()
@@ -174,7 +181,7 @@ def cli_child(case: str, d: pathlib.Path, tile, npy, parquet, out) -> dict:
         if case == "cli_store_npy":
             cmd += ["--tile", f"{tile[0]}x{tile[1]}"]
     else:
-        cmd = py + ["-m", "eindecomp_sql", "export", str(dbfile), "A", str(out)]
+        cmd = py + ["-m", "eindecomp_sql", "export", str(dbfile), "A", str(out)] + (["--sync"] * case.endswith("sync"))
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     seconds = time.perf_counter() - t0
@@ -210,6 +217,7 @@ def make_inputs(d: pathlib.Path, n: int, tile) -> None:
 
 
 def run_case(case: str, d: pathlib.Path, tile, timeout: float) -> dict:
+    os.sync()  # each case starts with no dirty pages of the one before (their write-back is not its cost)
     cmd = [sys.executable, __file__, "--child", case, "--dir", str(d), "--tile", f"{tile[0]}x{tile[1]}"]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
@@ -280,6 +288,7 @@ def main() -> None:
         "store_npy / baseline_pq_write": ratio("store_npy", "baseline_pq_write"),
         "store_parquet / baseline_pq_write": ratio("store_parquet", "baseline_pq_write"),
         "export_npy / baseline_np_save": ratio("export_npy", "baseline_np_save"),
+        "export_npy_sync / baseline_np_save_fsync": ratio("export_npy_sync", "baseline_np_save_fsync"),
         "export_parquet / baseline_pq_write": ratio("export_parquet", "baseline_pq_write"),
         "store_npy / baseline_pq_write_plain": ratio("store_npy", "baseline_pq_write_plain"),
         "store_parquet / baseline_pq_write_plain": ratio("store_parquet", "baseline_pq_write_plain"),
@@ -287,6 +296,7 @@ def main() -> None:
         "cli_store_npy / baseline_pq_write": ratio("cli_store_npy", "baseline_pq_write"),
         "cli_store_parquet / baseline_pq_write": ratio("cli_store_parquet", "baseline_pq_write"),
         "cli_export_npy / baseline_np_save": ratio("cli_export_npy", "baseline_np_save"),
+        "cli_export_npy_sync / baseline_np_save_fsync": ratio("cli_export_npy_sync", "baseline_np_save_fsync"),
         "cli_export_parquet / baseline_pq_write": ratio("cli_export_parquet", "baseline_pq_write"),
     }
     result = {"size_bytes": n * n * 4, "shape": [n, n], "dtype": "float32", "tile": list(tile),
