@@ -281,7 +281,7 @@ def einsum(database, spec, operands, out, join, agg, memory, workers, replace, a
 @click.option("--form", type=click.Choice(["tiles", "elements"]), default="tiles", show_default=True,
               help="For .parquet/Arrow: the stored tiles, or one row per element.")
 @click.option("--memory", callback=_memory, metavar="SIZE",
-              help="Cap on DuckDB's cache while the tensor streams out (default: 256 MiB, or four times the "
+              help="Cap on DuckDB's cache while the tensor streams out (default: 128 MiB, or four times the "
                    "tensor's largest stored part if more).")
 @click.option("--sync", is_flag=True,
               help="fsync the file and its rename before returning, so a power loss too leaves the old file "
