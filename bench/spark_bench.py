@@ -31,14 +31,14 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 import numpy as np  # noqa: E402
 
 import eindecomp_sql as eds  # noqa: E402
-from eindecomp_sql.compile.spark import shuffle_bytes  # noqa: E402
+from eindecomp_sql.compile.spark import inlined_steps, shuffle_bytes  # noqa: E402
 from graphs import random_inputs  # noqa: E402
 from graphs_run import WORKLOADS  # noqa: E402
 
 
 def spark_session():
     """A local session like the backend's own, with its UI on (the REST API counts shuffles)."""
-    from eindecomp_sql.backends.spark import _driver_memory
+    from eindecomp_sql.backends.spark import _broadcast_limit, _driver_memory
     from eindecomp_sql.udfs.pool import THREADS
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -48,6 +48,8 @@ def spark_session():
     s = (SparkSession.builder.master(f"local[{THREADS}]").appName("eds-bench")
          .config("spark.ui.enabled", "true").config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.shuffle.partitions", str(max(2, THREADS)))
+         .config("spark.sql.adaptive.enabled", "true")
+         .config("spark.sql.autoBroadcastJoinThreshold", str(_broadcast_limit()))
          .config("spark.driver.memory", f"{_driver_memory() >> 20}m").getOrCreate())
     s.sparkContext.setLogLevel("ERROR")
     return s
@@ -94,10 +96,16 @@ def shuffle_rows(spark, sdb, plan, run, label: str) -> list[dict]:
     before = last_job(spark)
     run()
     got = measured_shuffles(spark, before)
+    inlined = inlined_steps(plan)  # these run inside their reader's statement: counted with it
     rows = []
     for k, step in enumerate(plan.steps):
-        rows.append({"workload": label, "step": k, "describe": step.describe(),
-                     "predicted": shuffle_bytes(step, threshold), "measured": got.get(k, 0)})
+        if k in inlined:
+            continue
+        inner = [j for j in range(len(plan.steps)) if inlined.get(j) == k]
+        rows.append({"workload": label, "step": k,
+                     "describe": " + ".join(plan.steps[j].describe() for j in inner + [k]),
+                     "predicted": sum(shuffle_bytes(plan.steps[j], threshold) for j in inner + [k]),
+                     "measured": got.get(k, 0)})
     return rows
 
 

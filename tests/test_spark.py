@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 import eindecomp_sql as eds
 from eindecomp_sql import EinsumError
 from eindecomp_sql.backends import create_backend
-from eindecomp_sql.compile.spark import SparkCompiler
+from eindecomp_sql.compile.spark import SparkCompiler, inlined_steps
 from eindecomp_sql.errors import ExecutionError
 from eindecomp_sql.plan import RetileStep, TiledValue, plan_einsum
-from graphs import ffn
+from graphs import attention, chain, ffn, llama_block, random_inputs
 from helpers import DTYPES, assert_close, einsum_case, error_scale, random_array
 
 
@@ -124,6 +124,65 @@ def test_ffn_graph_on_spark_matches_numpy(sdb):
         plan = g.plan(workers=workers, outputs="y")
         out = plan.run(sdb, **xs)
         assert_close(out.to_numpy(), ref(**xs))
+
+
+def test_a_value_read_once_runs_inside_its_readers_statement(sdb, monkeypatch):
+    """A step whose value is no output and is read by one later step is a view of its statement
+    (no Parquet written and read back): the reader's statement runs it. A value read twice, or
+    an output, is written. EXPLAIN says where each inlined step runs; results match numpy."""
+    from eindecomp_sql.backends.spark import SparkBackend
+    from eindecomp_sql.plan.steps import step_target
+
+    rng = np.random.default_rng(12)
+    a, b = rng.standard_normal((37, 29)), rng.standard_normal((29, 23))
+    A = sdb.store("IA", a, tile=(10, 7), replace=True)
+    B = sdb.store("IB", b, tile=(6, 11), replace=True)  # a retile of one, read by the join only
+    plan = sdb.plan("ij,jk->ik", A, B)
+    inlined = inlined_steps(plan)
+    last = len(plan.steps) - 1
+    assert inlined and all(isinstance(plan.steps[k], RetileStep) and r == last for k, r in inlined.items())
+    lazy = []
+    real = SparkBackend._lazy_view
+    monkeypatch.setattr(SparkBackend, "_lazy_view", lambda self, df, views: lazy.append(df) or real(self, df, views))
+    assert_close(sdb.einsum("ij,jk->ik", A, B).to_numpy(), a @ b)
+    assert len(lazy) == len(inlined)
+    text = sdb.explain("ij,jk->ik", A, B)
+    assert text.count(f"runs inside step {last}'s statement") == len(inlined)
+    # a chain: each intermediate is read once, by the next step (the output never inlined)
+    g, ref = chain(sizes=(9, 7, 11, 6, 8))
+    xs = random_inputs(g, 5)
+    gp = g.plan(workers=4, fuse=False)
+    inner = inlined_steps(gp.plan)
+    assert inner and all(step_target(gp.plan.steps[k]).name not in {v.name for v in gp.plan.outputs} for k in inner)
+    lazy.clear()
+    assert_close(gp.run(sdb, **xs).to_numpy(), ref(**xs))
+    assert len(lazy) == len(inner)
+
+
+def test_inlined_steps_are_read_once_and_never_outputs():
+    """inlined_steps on its own, over plans of every benchmark graph under every chunking the
+    optimizer offers: an inlined step's value is read by exactly one step occurrence, after it,
+    is no output, and the step it maps to is written out (not inlined itself)."""
+    from eindecomp_sql.plan.steps import step_reads, step_target
+
+    for make in (chain, ffn, attention, llama_block):
+        g, _ = make()
+        for workers in (1, 2, 4, 8):
+            for fuse in (True, False):
+                plan = g.plan(workers=workers, fuse=fuse).plan
+                kept = {v.name for v in plan.outputs}
+                inner = inlined_steps(plan)
+                for k, step in enumerate(plan.steps):
+                    v = step_target(step).name
+                    reads = [j for j, s in enumerate(plan.steps) for r in step_reads(s) if r.name == v]
+                    assert (k in inner) == (v not in kept and len(reads) == 1), (make.__name__, k)
+                    if k in inner:
+                        assert inner[k] > k and inner[k] not in inner
+                        hops, j = {k}, reads[0]  # the reader, or the reader's reader...
+                        while j in inner:
+                            hops.add(j)
+                            j = inner[j]
+                        assert j == inner[k]
 
 
 def test_the_catalog_is_a_directory_found_again(spark, tmp_path):

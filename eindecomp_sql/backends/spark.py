@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..compile.spark import SparkCompiler, shuffle_bytes
+from ..compile.spark import SparkCompiler, inlined_steps, shuffle_bytes
 from ..errors import EinsumError, ExecutionError
 from ..plan import Plan, TiledValue
 from ..plan.cost import CostModel
@@ -113,6 +113,7 @@ def _local_session():
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", str(max(2, THREADS)))
              .config("spark.sql.adaptive.enabled", "true")
+             .config("spark.sql.autoBroadcastJoinThreshold", str(_broadcast_limit()))
              .config("spark.driver.memory", f"{_driver_memory() >> 20}m")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
@@ -125,6 +126,15 @@ def _driver_memory() -> int:
     from ..plan.tiling import _physical_memory
 
     return min(max(_physical_memory() // 4, 1 << 30), 8 << 30)
+
+
+def _broadcast_limit() -> int:
+    """A local session's ``autoBroadcastJoinThreshold``: a sixteenth of its driver heap, at most
+    256 MiB. Spark's 10 MB is for clusters, where a broadcast crosses the network to every
+    executor; in one JVM it is a copy the tasks share, and the join then shuffles and sorts
+    nothing (a 4096² float32 GEMM's join step of two 64 MB operands: 2.65 s sort-merge, 2.1-2.3 s
+    broadcast). The broadcast side is held whole in the driver's heap, hence the sixteenth."""
+    return min(256 << 20, _driver_memory() // 16)
 
 
 def _spark_error(e: BaseException) -> str:
@@ -272,12 +282,14 @@ class SparkBackend:
 
         threshold = self.broadcast_bytes()
         moved = [shuffle_bytes(s, threshold) for s in plan.steps]
+        inlined = inlined_steps(plan)
         lines = [f"-- Spark: predicted shuffle {format_bytes(sum(moved))} in all "
                  f"(broadcast joins under {format_bytes(max(threshold, 0))})"]
         for line in self.compiler.sql_listing(plan, tables).splitlines():
             if line.startswith("-- step "):
                 k = int(line.split()[2])
-                line += f"  (predicted shuffle {format_bytes(moved[k])})"
+                line += f"  (predicted shuffle {format_bytes(moved[k])}"
+                line += f"; runs inside step {inlined[k]}'s statement)" if k in inlined else ")"
             lines.append(line)
         return "\n".join(lines)
 
@@ -382,6 +394,7 @@ class SparkBackend:
                 paths = {v.name: self._bind_input(v, inputs[v.name], run, k) for k, v in enumerate(plan.inputs)}
                 tables = {v.name: self._view(paths[v.name], v, views) for v in plan.inputs}
                 arrays: dict[str, pa.Table] = {}
+                inlined = inlined_steps(plan)
                 start = time.perf_counter()
                 for k, c in enumerate(compiled):
                     step = plan.steps[k]
@@ -392,6 +405,11 @@ class SparkBackend:
                         df = self.spark.sql(text)
                         if c.value in outputs and outputs[c.value].table is None:
                             arrays[c.value] = df.toArrow()
+                        elif k in inlined:
+                            # read by one later step only: a view of the statement, which Spark
+                            # plans into its reader's (no Parquet written and read back, one job
+                            # less, and the reader can broadcast it)
+                            tables[c.value] = self._lazy_view(df, views)
                         else:
                             path = os.path.join(run, f"s{k}")
                             df.write.options(**WRITE_OPTIONS).parquet(path)
@@ -433,6 +451,13 @@ class SparkBackend:
                     with contextlib.suppress(Exception):
                         self.spark.catalog.dropTempView(view)
                 shutil.rmtree(run, ignore_errors=True)
+
+    def _lazy_view(self, df, views: list[str]) -> str:
+        """A temporary view of the statement ``df``, not run: its reader runs it."""
+        name = f"_eds_{self._session_id}_{next(self._counter)}"
+        df.createOrReplaceTempView(name)
+        views.append(name)
+        return name
 
     def _view(self, path: str, value: TiledValue, views: list[str]) -> str:
         """A temporary view of ``value``'s tiles in the Parquet directory ``path``, named afresh

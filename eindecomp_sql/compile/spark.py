@@ -14,6 +14,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from ..plan import FillStep, ProgramStep, RetileStep, Step
+from ..plan.steps import step_reads, step_target
 from ..plan.kernel_spec import kernel_spec
 from .compiler import SQLCompiler, ident, name, num
 
@@ -43,6 +44,24 @@ class SparkCompiler(SQLCompiler):
         rows = exp.Table(this=exp.Anonymous(this="range", expressions=[num(lo), num(hi)]))
         select = exp.select(exp.alias_(exp.column(name("id")), ident(column))).from_(rows)
         return exp.Subquery(this=select, alias=exp.TableAlias(this=ident(as_)))
+
+
+def inlined_steps(plan) -> dict[int, int]:
+    """Steps whose value is no output and is read once, by one later step: the Spark backend
+    runs them inside their reader's statement (a view of the statement, not a Parquet result),
+    mapped to that reader's index. Spark's counters then see their shuffle in the reader's
+    jobs; a chain of them ends at the first step written out."""
+    kept = {v.name for v in plan.outputs}
+    reads: dict[str, list[int]] = {}
+    for k, step in enumerate(plan.steps):
+        for v in step_reads(step):
+            reads.setdefault(v.name, []).append(k)
+    inner = {k: reads[v][0] for k, step in enumerate(plan.steps)
+             if (v := step_target(step).name) not in kept and len(reads.get(v, ())) == 1}
+    for k in sorted(inner, reverse=True):  # a step inlined into an inlined step runs in the latter's reader
+        if inner[k] in inner:
+            inner[k] = inner[inner[k]]
+    return inner
 
 
 def shuffle_bytes(step: Step, broadcast_bytes: int = 10 << 20) -> int:
