@@ -132,8 +132,8 @@ class Tensor:
         - ``.arrow`` / ``.feather``: ``to_arrow(form)`` as an Arrow IPC file (Feather v2).
 
         ``db.store(name, path)`` reads each back. Streamed: the tiles come from the database a
-        batch at a time and go to the file (a ``.npy`` in runs of side-by-side tiles, written
-        while the next run is cut), so the tensor is never whole in Python. Atomic: a temporary
+        batch at a time and go to the file (a ``.npy`` in runs of side-by-side tiles, each written
+        with ``pwritev``), so the tensor is never whole in Python. Atomic: a temporary
         file in the same directory is renamed over ``path`` (a failure or a crash of the process
         leaves no half-written file, an older one intact). Not fsynced, as ``np.save`` and
         DuckDB's ``COPY ... TO`` are not: ``sync=True`` fsyncs the file and the rename, so a power
