@@ -42,6 +42,9 @@ Cases:
   cli_export_npy        eindecomp-sql export DB A out.npy
   cli_export_npy_sync   eindecomp-sql export DB A out.npy --sync
   cli_export_parquet    eindecomp-sql export DB A out.parquet
+  scan_blobs            the floor under an export inside DuckDB: SELECT sum(octet_length(tile)) over
+                        the database cli_store_npy wrote, under the CLI export's cache cap
+  scan_arrow            the same tiles iterated as Arrow batches (what an export reads), same cap
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # store_npy before the export cases: they read the database it leaves
 CASES = ["baseline_np_save", "baseline_np_save_fsync", "baseline_pq_write", "baseline_pq_write_plain", "stream_npy",
          "store_npy", "store_parquet", "export_npy", "export_npy_sync", "export_parquet", "cli_import", "cli_store_npy",
-         "cli_store_parquet", "cli_export_npy", "cli_export_npy_sync", "cli_export_parquet"]
+         "cli_store_parquet", "cli_export_npy", "cli_export_npy_sync", "cli_export_parquet", "scan_blobs", "scan_arrow"]
 
 
 def parse_size(text: str) -> int:
@@ -109,6 +112,20 @@ def child(case: str, d: pathlib.Path, tile: tuple[int, int]) -> dict:
     extra = {}
     if case.startswith("cli_"):
         return cli_child(case, d, tile, npy, parquet, out)
+    if case.startswith("scan_"):
+        from eindecomp_sql.jobs import files
+
+        with eds.connect(str(d / "cli.duckdb"), read_only=True) as db:
+            files.cap_cache(db, files.export_cache_limit(db.tensor("A").value))
+            base = baseline_mb()
+            t0 = time.perf_counter()
+            if case == "scan_blobs":
+                extra["bytes"] = db.connection.execute("SELECT sum(octet_length(tile)) FROM A").fetchall()[0][0]
+            else:
+                rows = max(1, io.STREAM_BATCH_BYTES // (tile[0] * tile[1] * 4))
+                extra["tiles"] = sum(b.num_rows for b in db.connection.sql("SELECT * FROM A").to_arrow_reader(rows))
+            seconds = time.perf_counter() - t0
+        return {"seconds": seconds, "rss_growth_mb": hwm_mb() - base, "baseline_rss_mb": base, **extra}
     if case.startswith("baseline"):
         a = np.load(npy)  # in memory: the baselines write from RAM
         base = baseline_mb()
