@@ -1198,9 +1198,9 @@ def _write_npy(tmp, value, batches) -> None:
     in runs of tiles with ``pwritev`` (``_FileBoxes``, ``_TileRuns``): the file is never whole in
     this process. Without ``pwritev`` (not POSIX), through the memory map, released after each
     batch. Each band of rows is handed to the disk once written (``_FileBoxes.writeback``): the
-    page cache then never holds the whole file dirty, which on this VM throttled the writes of a
-    4 GiB export (capped as the CLI does, 4 rounds: 10.6 s median without, 8.3 s with; 1 GiB
-    1.69 -> 1.60 s), and an fsync at the end (``sync=True``) waits for the last band only."""
+    page cache then never holds the whole file dirty (a 4 GiB export capped as the CLI does, 4
+    shuffled rounds: 10.6 s median, 7.9-12.7, without; 8.3 s, 7.8-9.0, with), and an fsync at
+    the end (``sync=True``) waits for the last band only."""
     dtype = np.dtype(value.dtype)
     shape = tuple(value.shape)
     if math.prod(shape) == 0:
