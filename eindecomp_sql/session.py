@@ -299,8 +299,7 @@ class Session:
         return plan_share(self.memory)
 
     def _plan(self, spec, values, join, agg, path=None) -> Plan:
-        budget = self.plan_budget
-        return plan_einsum(spec, tuple(values), join, agg, workers=self.workers, budget=budget,
+        return plan_einsum(spec, tuple(values), join, agg, workers=self.workers, budget=self.plan_budget,
                            tile_bytes=self.tile_bytes, path=path, costs=self.backend.cost_model)
 
     def plan(self, spec: str, *operands, join=None, agg=None, out: str | None = None) -> Plan:
