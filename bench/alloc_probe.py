@@ -1,0 +1,101 @@
+"""Page faults per call of a stored GEMM, by tile size: where the SQL path's big tiles land in
+fresh memory (docs/DESIGN.md "Tiles above 256 MiB and the two allocators").
+
+Each size runs in a fresh process (the allocators' state is per process): the operands are
+stored as one tile each, the GEMM runs once to warm up, then ``--calls`` times, each reporting
+its time and its minor page faults; numpy's ``a @ b`` runs after, for the ratio. A 4 KiB fault
+is one page of a buffer the process had handed back (or never had).
+
+``--huge-decay MS`` sets the decay of the dedicated arena that DuckDB's bundled jemalloc uses
+for allocations above its ``opt.oversize_threshold`` (256 MiB), through the library's exported
+``duckdb_je_mallctl``, after the warm-up call created that arena. jemalloc purges that arena at
+once (decay 0); -1 never purges. A probe only: the product does not touch DuckDB's allocator.
+
+    .venv/bin/python bench/alloc_probe.py --sizes 5000,5700,5900,6000 --dtype float64
+    .venv/bin/python bench/alloc_probe.py --sizes 6000 --dtype float64 --huge-decay -1
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _jemalloc(name: str, value: int | None = None, ctype=ctypes.c_ssize_t):
+    """Read (and with ``value``, set) a jemalloc setting of DuckDB's bundled allocator, of C type
+    ``ctype``; None when the library has no ``duckdb_je_mallctl`` or the setting does not exist
+    (yet)."""
+    lib = ctypes.CDLL(sys.modules["_duckdb"].__file__)
+    if not hasattr(lib, "duckdb_je_mallctl"):
+        return None
+    mallctl = lib.duckdb_je_mallctl
+    mallctl.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p,
+                        ctypes.c_size_t]
+    old, size = ctype(), ctypes.c_size_t(ctypes.sizeof(ctype))
+    new = ctype(value) if value is not None else None
+    rc = mallctl(name.encode(), ctypes.byref(old), ctypes.byref(size),
+                 ctypes.byref(new) if new is not None else None, ctypes.sizeof(ctype) if new is not None else 0)
+    return old.value if rc == 0 else None
+
+
+def child(n: int, dtype: str, calls: int, huge_decay: int | None) -> dict:
+    import numpy as np
+
+    import eindecomp_sql as eds
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n)).astype(dtype)
+    b = rng.standard_normal((n, n)).astype(dtype)
+    db = eds.connect()
+    db.store("a", a)
+    db.store("b", b)
+    db.einsum("ij,jk->ik", "a", "b", out="c", replace=True)  # warm-up: creates jemalloc's huge arena
+    arenas = _jemalloc("arenas.narenas", ctype=ctypes.c_uint) or 0
+    set_to = None
+    if huge_decay is not None:  # the huge arena is the last one created
+        set_to = [(k, _jemalloc(f"arena.{k}.dirty_decay_ms", huge_decay)) for k in range(arenas)]
+    rows = []
+    for _ in range(calls):
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        t = time.perf_counter()
+        db.einsum("ij,jk->ik", "a", "b", out="c", replace=True)
+        rows.append((time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0))
+    t = time.perf_counter()
+    a @ b
+    numpy = time.perf_counter() - t
+    seconds = statistics.median(r[0] for r in rows)
+    return {"n": n, "dtype": dtype, "tile MiB": round(a.nbytes / 2**20, 1), "median s": round(seconds, 3),
+            "numpy s": round(numpy, 3), "ratio": round(seconds / numpy, 2),
+            "faults per call": [r[1] for r in rows], "oversize threshold MiB": (_jemalloc("opt.oversize_threshold", ctype=ctypes.c_size_t) or 0) >> 20,
+            "huge decay set": set_to}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="5000,5700,5900,6000")
+    p.add_argument("--dtype", default="float64")
+    p.add_argument("--calls", type=int, default=5)
+    p.add_argument("--processes", type=int, default=2, help="fresh processes per size")
+    p.add_argument("--huge-decay", type=int, default=None)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(child(int(args.sizes), args.dtype, args.calls, args.huge_decay)))
+        return
+    for n in args.sizes.split(","):
+        for _ in range(args.processes):
+            cmd = [sys.executable, __file__, "--child", "--sizes", n, "--dtype", args.dtype, "--calls", str(args.calls)]
+            if args.huge_decay is not None:
+                cmd += ["--huge-decay", str(args.huge_decay)]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            print(out.strip().splitlines()[-1], flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Where a one-call step's wall time goes, phase by phase, on the SQL path over stored tensors:
+before the step (planning, compiling, the catalog), from the step's start to the kernel UDF's
+entry (DuckDB reading the tiles and converting them to Arrow, holding the GIL), inside the UDF
+(the kernel), from the UDF's return to the step's end (DuckDB converting the result back and
+writing the table) and after it (commit, catalog). numpy's time for the same work is beside it.
+
+    .venv/bin/python bench/udf_phases.py [--workloads batched_bij_bjk,gemm_4096,two_label_abcd_cdef] [--calls 8]
+
+Each workload runs ``--calls`` times after one warm-up; medians in ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import numpy as np  # noqa: E402
+
+from workloads import WORKLOADS, is_matmul, make_inputs  # noqa: E402
+
+_marks: dict[str, float] = {}
+
+
+def _install() -> None:
+    """Mark UDF entry/exit and step begin/end (before the first connect: kernels are looked up
+    in ``udfs.register`` when a connection registers them)."""
+    import eindecomp_sql.udfs.register as R
+    from eindecomp_sql.backends import running
+
+    for name in ("einsum_rows", "einsum_groups", "program_rows"):
+        def wrap(f):
+            @functools.wraps(f)  # DuckDB checks a UDF's parameter count
+            def timed(*args):
+                _marks["in"] = time.perf_counter()
+                try:
+                    return f(*args)
+                finally:
+                    _marks["out"] = time.perf_counter()
+            return timed
+        setattr(R, name, wrap(getattr(R, name)))
+    begin, poll = running.Watch.begin, running.Watch.poll
+
+    def timed_begin(self, k):
+        _marks["begin"] = time.perf_counter()
+        begin(self, k)
+
+    def timed_poll(self, finished=False):
+        if finished:
+            _marks["end"] = time.perf_counter()
+        return poll(self, finished)
+
+    running.Watch.begin, running.Watch.poll = timed_begin, timed_poll
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default="batched_bij_bjk,gemm_4096,two_label_abcd_cdef")
+    ap.add_argument("--calls", type=int, default=8)
+    args = ap.parse_args()
+    _install()
+    import eindecomp_sql as eds
+
+    print("| workload | numpy | total | before step | step start -> UDF | UDF (kernel) | UDF -> step end | after | outside the UDF |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for w in args.workloads.split(","):
+        spec, shapes, dtype = WORKLOADS[w]
+        arrays = make_inputs(shapes, dtype)
+        db = eds.connect()
+        names = [db.store(f"x{k}", a).name for k, a in enumerate(arrays)]
+        rows, numpy = [], []
+        for call in range(args.calls + 1):
+            t = time.perf_counter()
+            db.einsum(spec, *names, out="r", replace=True)
+            done = time.perf_counter()
+            if call:
+                rows.append((done - t, _marks["begin"] - t, _marks["in"] - _marks["begin"],
+                             _marks["out"] - _marks["in"], _marks["end"] - _marks["out"], done - _marks["end"]))
+            t = time.perf_counter()
+            arrays[0] @ arrays[1] if is_matmul(spec) else np.einsum(spec, *arrays, optimize=True)
+            numpy.append(time.perf_counter() - t)
+        med = [statistics.median(c) * 1e3 for c in zip(*rows)]
+        np_ms = statistics.median(numpy) * 1e3
+        print(f"| {w} | {np_ms:.0f} | {med[0]:.0f} ({med[0] / np_ms:.2f}x) | " + " | ".join(f"{m:.1f}" for m in med[1:])
+              + f" | {med[0] - med[3]:.0f} |", flush=True)
+        db.close()
+
+
+if __name__ == "__main__":
+    main()
