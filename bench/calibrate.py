@@ -92,8 +92,8 @@ def measure(backend: str) -> list[dict]:
 
 
 def main(backend: str = "duckdb", rounds: int = 1):
-    # ``rounds`` passes over the whole grid, minutes apart: a point's time is its median over
-    # them. On a shared machine one pass's ranking moves with the load (the shipped weights
+    # ``rounds`` passes over the whole grid, one after another: a point's time is its median
+    # over them. On a shared machine one pass's ranking moves with the load (the shipped weights
     # ranked 0.83, 0.91 and 0.93 in three passes on 2026-11-25), the median of several less.
     passes = [measure(backend) for _ in range(rounds)]
     rows = passes[0]
