@@ -5,6 +5,7 @@ entry (DuckDB reading the tiles and converting them to Arrow, holding the GIL), 
 writing the table) and after it (commit, catalog). numpy's time for the same work is beside it.
 
     .venv/bin/python bench/udf_phases.py [--workloads batched_bij_bjk,gemm_4096,two_label_abcd_cdef] [--calls 8]
+    .venv/bin/python bench/udf_phases.py --workloads gemm_4096_f64,gemm_6000_f64,gemm_8192_f32 --calls 4
 
 Each workload runs ``--calls`` times after one warm-up; medians in ms.
 """
@@ -24,6 +25,12 @@ import numpy as np  # noqa: E402
 
 from workloads import WORKLOADS, is_matmul, make_inputs  # noqa: E402
 
+# big single-tile GEMMs beside bench/workloads.py's (the tiles cross 64 and 256 MiB)
+BIG = {
+    "gemm_4096_f64": ("ij,jk->ik", [(4096, 4096), (4096, 4096)], "float64"),
+    "gemm_6000_f64": ("ij,jk->ik", [(6000, 6000), (6000, 6000)], "float64"),
+    "gemm_8192_f32": ("ij,jk->ik", [(8192, 8192), (8192, 8192)], "float32"),
+}
 _marks: dict[str, float] = {}
 
 
@@ -69,7 +76,7 @@ def main():
     print("| workload | numpy | total | before step | step start -> UDF | UDF (kernel) | UDF -> step end | after | outside the UDF |")
     print("|---|---|---|---|---|---|---|---|---|")
     for w in args.workloads.split(","):
-        spec, shapes, dtype = WORKLOADS[w]
+        spec, shapes, dtype = {**WORKLOADS, **BIG}[w]
         arrays = make_inputs(shapes, dtype)
         db = eds.connect()
         names = [db.store(f"x{k}", a).name for k, a in enumerate(arrays)]
