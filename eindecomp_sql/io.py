@@ -249,7 +249,24 @@ def read_parquet(path, where: str, con=None) -> pa.Table:
         raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet: {e}") from None
     finally:
         cur.close()
-    return table.replace_schema_metadata(meta)
+    return _float16_back(table, p).replace_schema_metadata(meta)
+
+
+def _float16_back(table: pa.Table, path: str) -> pa.Table:
+    """DuckDB has no float16 type and reads a Parquet FLOAT16 column as FLOAT; the file's own
+    type comes back (exactly: every float16 is a float32), so a float16 file stores float16."""
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)  # the footer only
+    except (OSError, pa.ArrowException):
+        return table
+    for k, field in enumerate(table.schema):
+        if (pa.types.is_float32(field.type) and field.name in schema.names
+                and pa.types.is_float16(schema.field(field.name).type)):
+            table = table.set_column(k, pa.field(field.name, pa.float16(), field.nullable),
+                                     pc.cast(table.column(k), pa.float16()))
+    return table
 
 
 # -- metadata ----------------------------------------------------------------------------------
@@ -978,7 +995,7 @@ def _from_parquet(p: str, want: Wanted, where: str, con, stream: bool) -> Incomi
             TILE in schema.names and _is_binary(schema.field(TILE).type) and want.value is None)
         t = _describe_tiled(schema.names, meta, want, where) if tiled else None
         if t is None or t.recut:
-            table = rel.to_arrow_table().replace_schema_metadata(_parquet_meta(cur, p))
+            table = _float16_back(rel.to_arrow_table(), p).replace_schema_metadata(_parquet_meta(cur, p))
             return _from_table(table, want, where)
         rows = cur.execute("SELECT count(*) FROM read_parquet(?)", [p]).fetchall()[0][0]
         keys = rel.project(", ".join(_quote(k) for k in t.keys)).to_arrow_table() if t.keys else None

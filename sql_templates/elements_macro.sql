@@ -11,10 +11,10 @@
 -- table and its tiles from the table of that name (key columns in dimension order, then the
 -- BLOB column "tile"). One row per element, in no particular order:
 --   index  the element's coordinates, one BIGINT per dimension (zero-based, like numpy);
---   value  the element as DOUBLE: exact for float32, float64, bool (0/1) and every integer of
+--   value  the element as DOUBLE: exact for float16, float32, float64, bool (0/1) and every integer of
 --          magnitude below 2^53; NULL for complex tensors (decode raw instead);
 --   raw    the element's own bytes, little-endian: decode them exactly with the scalar
---          macros below (eds_float32, eds_float64, eds_int8 ... eds_uint64, eds_bool,
+--          macros below (eds_float16, eds_float32, eds_float64, eds_int8 ... eds_uint64, eds_bool,
 --          eds_complex64 / eds_complex128 giving {re, im}).
 --
 -- A tile is the raw C-order bytes of a dense sub-array, little-endian; DuckDB has no cast from
@@ -54,6 +54,8 @@ CREATE OR REPLACE TEMP MACRO eds_float64_bits(u) AS
 CREATE OR REPLACE TEMP MACRO eds_float32_bits(u) AS
   CAST(eds_ieee(u >= 2147483648, CAST((u >> 23) & 255 AS BIGINT), CAST(u & 8388607 AS BIGINT), 23, 255, 127)
        AS FLOAT);
+CREATE OR REPLACE TEMP MACRO eds_float16_bits(u) AS
+  CAST(eds_ieee(u >= 32768, CAST((u >> 10) & 31 AS BIGINT), CAST(u & 1023 AS BIGINT), 10, 31, 15) AS FLOAT);
 -- two's complement: n-bit patterns at or above 2^(n-1) stand for u - 2^n
 CREATE OR REPLACE TEMP MACRO eds_signed_bits(u, n) AS
   CASE WHEN CAST(u AS HUGEINT) >= CAST(pow(2, n - 1) AS HUGEINT)
@@ -62,6 +64,7 @@ CREATE OR REPLACE TEMP MACRO eds_signed_bits(u, n) AS
 -- decoders of one element's little-endian bytes b, exact in DuckDB's type for each dtype
 CREATE OR REPLACE TEMP MACRO eds_float64(b) AS eds_float64_bits(eds_bits(b));
 CREATE OR REPLACE TEMP MACRO eds_float32(b) AS eds_float32_bits(eds_bits(b));
+CREATE OR REPLACE TEMP MACRO eds_float16(b) AS eds_float16_bits(eds_bits(b));
 CREATE OR REPLACE TEMP MACRO eds_int8(b) AS CAST(eds_signed_bits(eds_bits(b), 8) AS TINYINT);
 CREATE OR REPLACE TEMP MACRO eds_int16(b) AS CAST(eds_signed_bits(eds_bits(b), 16) AS SMALLINT);
 CREATE OR REPLACE TEMP MACRO eds_int32(b) AS CAST(eds_signed_bits(eds_bits(b), 32) AS INTEGER);
@@ -78,7 +81,7 @@ CREATE OR REPLACE TEMP MACRO eds_complex128(b) AS {'re': eds_float64(b[1:8]), 'i
 CREATE OR REPLACE TEMP MACRO eds_itemsize(dtype) AS
   CASE dtype
     WHEN 'bool' THEN 1 WHEN 'int8' THEN 1 WHEN 'uint8' THEN 1
-    WHEN 'int16' THEN 2 WHEN 'uint16' THEN 2
+    WHEN 'int16' THEN 2 WHEN 'uint16' THEN 2 WHEN 'float16' THEN 2
     WHEN 'int32' THEN 4 WHEN 'uint32' THEN 4 WHEN 'float32' THEN 4
     WHEN 'int64' THEN 8 WHEN 'uint64' THEN 8 WHEN 'float64' THEN 8 WHEN 'complex64' THEN 8
     WHEN 'complex128' THEN 16
@@ -89,6 +92,7 @@ CREATE OR REPLACE TEMP MACRO eds_double_bits(u, dtype) AS
   CASE dtype
     WHEN 'float64' THEN eds_float64_bits(u)
     WHEN 'float32' THEN CAST(eds_float32_bits(u) AS DOUBLE)
+    WHEN 'float16' THEN CAST(eds_float16_bits(u) AS DOUBLE)
     WHEN 'bool' THEN CAST(u <> 0 AS DOUBLE)
     WHEN 'int8' THEN CAST(eds_signed_bits(u, 8) AS DOUBLE)
     WHEN 'int16' THEN CAST(eds_signed_bits(u, 16) AS DOUBLE)

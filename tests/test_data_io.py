@@ -136,7 +136,7 @@ def test_tiled_without_metadata_from_a_duckdb_table(db):
     (lambda t: t.set_column(0, "d0", pa.array([7] * t.num_rows, pa.int64())), "keys 0..2"),
     (lambda t: t.drop_columns(["d1"]), "key column 'd1' is missing"),
     (lambda t: t.replace_schema_metadata({**t.schema.metadata, b"eindecomp_sql.format_version": b"9"}), "format 9"),
-    (lambda t: t.replace_schema_metadata({**t.schema.metadata, b"eindecomp_sql.dtype": b'"float16"'}), "float16"),
+    (lambda t: t.replace_schema_metadata({**t.schema.metadata, b"eindecomp_sql.dtype": b'"float128"'}), "float128"),
     (lambda t: t.replace_schema_metadata({**t.schema.metadata, b"eindecomp_sql.shape": b"[5"}), "not JSON"),
 ])
 def test_bad_tiled_tables_are_refused_and_leave_nothing(db, damage, match):
@@ -162,9 +162,11 @@ def test_elements_from_every_table_kind(db, tmp_path, dtype):
     table = elements_of(a, rng)
     pq.write_table(table, tmp_path / "e.parquet")  # a Parquet file with no metadata of ours
     con = duckdb.connect()
-    con.register("el", table)
     sources = [table, table.to_batches()[0], pa.RecordBatchReader.from_batches(table.schema, table.to_batches()),
-               con.sql("SELECT * FROM el"), tmp_path / "e.parquet", _Exporter(table)]
+               tmp_path / "e.parquet", _Exporter(table)]
+    if dtype != "float16":  # DuckDB has no float16 type: it cannot hold such a table
+        con.register("el", table)
+        sources.append(con.sql("SELECT * FROM el"))
     for k, source in enumerate(sources):
         U = db.store(f"io_el{k}", source, tile=(4, 2, 3), replace=True)
         assert (U.tile, U.keys) == ((4, 2, 3), ("d0", "d1", "d2"))
@@ -255,7 +257,7 @@ BAD_ELEMENTS = [
     (pa.table({"i": [0, None], "value": [1.0, 2.0]}), {}, "null"),
     (pa.table({"i": [0, 1], "value": [1.0, None]}), {}, "null"),
     (pa.table({"i": [0, 1], "value": [1.5, 2.0]}), {"dtype": "int32"}, "same_kind"),
-    (pa.table({"i": [0, 1], "value": pa.array([1, 2], pa.float16())}), {}, "float16"),
+    (pa.table({"i": [0, 1], "value": pa.array([1, 2], pa.decimal128(5, 2))}), {}, "decimal"),
     (pa.table({"i": [0, 1], "value": [1.0, 2.0]}), {"value": "nope"}, "'nope' is not a column"),
     (pa.table({"i": [0, 1], "value": [1.0, 2.0]}), {"index": ["i", "i"]}, "twice"),
     (pa.table({"value": [1.0, 2.0]}), {}, "0-d tensor and holds one row"),

@@ -267,9 +267,9 @@ def _bad_npy(tmp_path):
     data = (tmp_path / "short.npy").read_bytes()
     (tmp_path / "short.npy").write_bytes(data[:len(data) // 2])
     np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object))
-    np.save(tmp_path / "f16.npy", np.ones(3, np.float16))
+    np.save(tmp_path / "f128.npy", np.ones(3, np.longdouble))
     return [("junk.npy", {}, "cannot read .*as a .npy file"), ("short.npy", {}, "cannot read"),
-            ("obj.npy", {}, "cannot read"), ("f16.npy", {}, "float16"), ("missing.npy", {}, "no such .npy file"),
+            ("obj.npy", {}, "cannot read"), ("f128.npy", {}, "float128"), ("missing.npy", {}, "no such .npy file"),
             ("missing.arrow", {}, "no such Arrow IPC file"), ("junk.npy", {"shape": (3,)}, "brings its own shape"),
             ("x.csv", {}, r"\.npy, \.arrow / \.feather .* or \.parquet")]
 

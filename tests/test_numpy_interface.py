@@ -37,9 +37,9 @@ def _numpy(spec, arrays, **kw):
 
 @given(
     einsum_case(max_operands=3),
-    st.sampled_from([None] + DTYPES + ["float16"]),
+    st.sampled_from([None] + DTYPES),
     st.sampled_from(CASTINGS),
-    st.sampled_from([None] + DTYPES + ["float16"]),
+    st.sampled_from([None] + DTYPES),
     st.sampled_from(["K", "C", "F", "A", "c", None]),
     st.sampled_from([False, True, "greedy", "optimal", ("greedy", 10**6)]),
     ORDERS,
@@ -60,10 +60,6 @@ def test_numpy_keywords_match_numpy(backend, case, dtype, casting, out_dtype, or
     parsed = parse_spec(spec, shapes)
     view = out_dtype is None and len(arrays) == 1 and set(parsed.inputs[0]) <= set(parsed.output)
     computes_in = np.dtype(dtype) if dtype else np.result_type(*arrays, *([np_out] if out_dtype else []))
-    if computes_in == np.float16 and not view:  # numpy computes in float16; we do not (yet)
-        with pytest.raises(EinsumError, match="float16"):
-            eds.einsum(spec, *arrays, out=our_out, optimize=optimize, **kw)
-        return
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", np.exceptions.ComplexWarning)
         got = eds.einsum(spec, *arrays, out=our_out, optimize=optimize, **kw)
@@ -74,7 +70,7 @@ def test_numpy_keywords_match_numpy(backend, case, dtype, casting, out_dtype, or
     if np.asarray(want).dtype.kind in "iub" and dtype is not None and np.dtype(dtype).kind in "fc":
         scale = None  # computed in floats, cast to ints: equal but for rounding at the cast
     # rounding is the computation dtype's, whatever out= holds (float32 work into a float64 out)
-    eps = 1e-4 if computes_in in (np.float32, np.complex64) else None
+    eps = {np.float16: 1e-2, np.float32: 1e-4, np.complex64: 1e-4}.get(computes_in.type)
     assert_close(got, want, scale, eps=eps)
     if our_out is None and np.ndim(got) >= 2:
         if (order or "K").upper() == "F":
@@ -153,7 +149,6 @@ def test_no_operands_and_a_non_string_spec():
         (dict(order=1), "order must be one of"),
         (dict(order="CF"), "order must be one of"),
         (dict(dtype="foo"), "not a dtype"),
-        (dict(dtype=np.float16, casting="unsafe"), "float16"),
         (dict(dtype=np.longdouble, casting="unsafe"), "unsupported dtype"),
         (dict(dtype=np.float32), "rule 'safe'"),
         (dict(out=[0.0, 0.0]), "out must be a numpy array"),

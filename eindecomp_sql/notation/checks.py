@@ -22,7 +22,7 @@ DTYPES = (
     "bool",
     "int8", "int16", "int32", "int64",
     "uint8", "uint16", "uint32", "uint64",
-    "float32", "float64",
+    "float16", "float32", "float64",
     "complex64", "complex128",
 )
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -32,12 +32,11 @@ SQL_TYPES = {
     "bool": "BOOLEAN",
     "int8": "TINYINT", "int16": "SMALLINT", "int32": "INTEGER", "int64": "BIGINT",
     "uint8": "UTINYINT", "uint16": "USMALLINT", "uint32": "UINTEGER", "uint64": "UBIGINT",
-    "float32": "FLOAT", "float64": "DOUBLE",
+    "float16": "FLOAT", "float32": "FLOAT", "float64": "DOUBLE",
 }
 RESERVED = ("_eds_", "eds_")
 # dtypes users reach for that are planned but not stored yet: say when, not only "unsupported"
-_LATER = {"float16": "float16 and bfloat16 come with GPU support; cast to float32 for now",
-          "bfloat16": "float16 and bfloat16 come with GPU support; cast to float32 for now"}
+_LATER = {"bfloat16": "bfloat16 comes with GPU support; cast to float32 for now"}
 
 
 def check_name(name, what: str = "tensor name") -> str:
