@@ -162,12 +162,13 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
 
     Notes
     -----
-    dtypes: bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float32, float64,
-    complex64, complex128, with numpy's promotion. ``mul``/``sum`` gives ``np.einsum``'s dtype
-    (bool stays bool); any other join/agg gives the dtype of ``agg.reduce(join(operands))``
-    (max/min of complex compare as numpy does, lexicographically). float16 and bfloat16 are
-    not supported yet, so a join numpy would answer in float16 (``sqrt`` of int8) is an
-    ``EinsumError``: cast the operands to float32. Results are in native byte order.
+    dtypes: bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, float32,
+    float64, complex64, complex128, with numpy's promotion. ``mul``/``sum`` gives ``np.einsum``'s
+    dtype (bool stays bool); any other join/agg gives the dtype of ``agg.reduce(join(operands))``
+    (max/min of complex compare as numpy does, lexicographically), so a join numpy answers in
+    float16 (``sqrt`` of int8) is float16 here too. A float16 product summed runs in float32
+    (BLAS; numpy's float16 product has none) and is rounded to float16 once per tile. bfloat16
+    is not supported yet. Results are in native byte order.
     Every bad input is an ``EinsumError`` (a ``ValueError``).
     """
     if not operands:

@@ -261,10 +261,10 @@ def _float16_back(table: pa.Table, path: str) -> pa.Table:
         schema = pq.read_schema(path)  # the footer only
     except (OSError, pa.ArrowException):
         return table
-    for k, field in enumerate(table.schema):
-        if (pa.types.is_float32(field.type) and field.name in schema.names
-                and pa.types.is_float16(schema.field(field.name).type)):
-            table = table.set_column(k, pa.field(field.name, pa.float16(), field.nullable),
+    for k, col in enumerate(table.schema):
+        if (pa.types.is_float32(col.type) and col.name in schema.names
+                and pa.types.is_float16(schema.field(col.name).type)):
+            table = table.set_column(k, pa.field(col.name, pa.float16(), col.nullable),
                                      pc.cast(table.column(k), pa.float16()))
     return table
 

@@ -150,3 +150,30 @@ def test_a_join_numpy_answers_in_float16_is_float16(join, dtype):
     got = eds.einsum("i->i", x, join=join)
     assert got.dtype == want.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=2e-3)
+
+
+def test_float16_products_are_summed_in_float32(db):
+    """A float16 product summed runs in float32 and is rounded once per tile: on one tile it is
+    the float32 product rounded to float16, to one float16 step (BLAS sums in its own order;
+    the reference backend's numpy sums pairwise), on every backend."""
+    def within_a_step(got, want, scale):
+        """One float16 step, plus float32's own rounding of the terms' magnitudes (``scale``):
+        where terms cancel, the float32 sum's order shows through."""
+        assert got.dtype == want.dtype == np.float16
+        bound = np.spacing(np.abs(want)).astype(np.float32) + 1e-5 * scale
+        assert (np.abs(got.astype(np.float32) - want.astype(np.float32)) <= bound).all()
+
+    rng = np.random.default_rng(40)
+    a = rng.standard_normal((96, 200)).astype(np.float16)
+    b = rng.standard_normal((200, 64)).astype(np.float16)
+    db.store("h16a", a, replace=True)
+    db.store("h16b", b, replace=True)
+    within_a_step(db.einsum_numpy("ij,jk->ik", "h16a", "h16b"),
+                  (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16),
+                  np.abs(a).astype(np.float32) @ np.abs(b).astype(np.float32))
+    # batched and with the output's labels in another order (the general einsum path)
+    x = rng.standard_normal((3, 20, 30)).astype(np.float16)
+    y = rng.standard_normal((3, 30, 10)).astype(np.float16)
+    want = np.einsum("bij,bjk->kib", x.astype(np.float32), y.astype(np.float32)).astype(np.float16)
+    within_a_step(db.einsum_numpy("bij,bjk->kib", db.store("h16x", x, replace=True), db.store("h16y", y, replace=True)),
+                  want, np.einsum("bij,bjk->kib", np.abs(x).astype(np.float32), np.abs(y).astype(np.float32)))

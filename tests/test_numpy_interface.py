@@ -57,8 +57,6 @@ def test_numpy_keywords_match_numpy(backend, case, dtype, casting, out_dtype, or
         with pytest.raises(EinsumError):
             eds.einsum(spec, *arrays, out=our_out, optimize=optimize, **kw)
         return
-    parsed = parse_spec(spec, shapes)
-    view = out_dtype is None and len(arrays) == 1 and set(parsed.inputs[0]) <= set(parsed.output)
     computes_in = np.dtype(dtype) if dtype else np.result_type(*arrays, *([np_out] if out_dtype else []))
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", np.exceptions.ComplexWarning)

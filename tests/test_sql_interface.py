@@ -81,3 +81,31 @@ def test_reserved_word_names(sdb):
     np.testing.assert_array_equal(got, a.sum(0))
     rows = sdb.connection.sql("SELECT * FROM einsum_elements('ij->j', 'At') ORDER BY j").fetchall()
     assert [r[1] for r in rows] == list(a.sum(0))
+
+
+def test_float16_element_rows_are_exact_floats():
+    """DuckDB has no float16: einsum_elements shows a float16 result's values as FLOAT, each
+    exactly the float16 that Tensor.to_numpy() holds; a DuckDB FLOAT column still packs as
+    float32 (never rounded to float16)."""
+    rng = np.random.default_rng(30)
+    with eds.connect() as db:
+        a = random_array(rng, (9, 6), "float16")
+        b = random_array(rng, (6, 7), "float16")
+        db.store("H1", a, tile=(4, 4))
+        db.store("H2", b, tile=(4, 3))
+        tiles = db.einsum_numpy("ij,jk->ik", "H1", "H2")
+        assert tiles.dtype == np.float16
+        con = db.connection
+        rows = con.execute("SELECT i, k, value, typeof(value) FROM einsum_elements('ij,jk->ik', 'H1', 'H2')").fetchall()
+        assert {r[3] for r in rows} == {"FLOAT"} and len(rows) == tiles.size
+        got = np.zeros(tiles.shape, np.float32)
+        for i, k, v, _ in rows:
+            got[i, k] = v
+        np.testing.assert_array_equal(got, tiles.astype(np.float32))
+        # elements of a stored float16 tensor, and a FLOAT table as an operand: float32
+        rows = con.execute("SELECT i, j, value FROM einsum_elements('ij->ij', 'H1')").fetchall()
+        assert {np.float16(v) == a[i, j] for i, j, v in rows} == {True}
+        con.execute("CREATE TABLE h1_rows AS SELECT i, j, value FROM einsum_elements('ij->ij', 'H1')")
+        back = con.execute("SELECT i, j, value, typeof(value) FROM einsum_elements('ij->ij', 'h1_rows')").fetchall()
+        assert {r[3] for r in back} == {"FLOAT"} and len(back) == a.size
+        assert {v == np.float32(a[i, j]) for i, j, v, _ in back} == {True}

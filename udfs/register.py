@@ -197,7 +197,9 @@ def fill_tiles(spec_arr, keys_arr) -> pa.Array:
 
 def _values(dtype: str):
     dt = np.dtype(dtype)
-    arrow_type = pa.from_numpy_dtype(dt)
+    # DuckDB has no float16 (nor reads Arrow's): its values go as FLOAT, exactly
+    wire = np.dtype(np.float32) if dt == np.float16 else dt
+    arrow_type = pa.from_numpy_dtype(wire)
 
     def values(tile_arr) -> pa.Array:
         arr = _as_array(tile_arr)
@@ -206,7 +208,7 @@ def _values(dtype: str):
         offsets = np.zeros(len(views) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
         flat = np.concatenate([v.view(dt) for v in views]) if views else np.empty(0, dt)
-        return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat, type=arrow_type))
+        return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(wire, copy=False), type=arrow_type))
 
     return values
 

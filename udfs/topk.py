@@ -139,6 +139,8 @@ def _candidates(spec: dict, keys: list[list[int]], views: list) -> tuple[np.ndar
 
 
 def _as_list(offsets, r, i, v) -> pa.Array:
+    if v.dtype == np.float16:  # DuckDB has no float16: its values go as FLOAT (exactly)
+        v = v.astype(np.float32)
     structs = pa.StructArray.from_arrays([pa.array(r), pa.array(i), pa.array(v)], names=["r", "i", "v"])
     return pa.ListArray.from_arrays(pa.array(offsets), structs)
 

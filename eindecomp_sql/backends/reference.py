@@ -166,6 +166,8 @@ class _Einsum:
         # numpy's einsum (join mul, agg sum) computes in the result dtype: every operand is
         # cast to it first (a bool next to a float counts; int8 products wrap in int8)
         self.einsum = node.join.name == "mul" and node.agg.name == "sum"
+        # a float16 product is summed in float32 and rounded once per tile, as the kernels do
+        self.work_dtype = np.dtype(np.float32) if self.out_dtype == np.float16 else self.out_dtype
         self.join = join_callable(node.join)
         self.agg = AGG_UFUNC[node.agg.name]
         self.order = tuple(node.output) + tuple(node.reduced)  # axes of the joined values
@@ -200,7 +202,7 @@ class _Einsum:
         xs = []
         for op, t in zip(self.node.operands, tiles):
             if self.einsum:
-                t = t.astype(self.out_dtype, copy=False)
+                t = t.astype(self.work_dtype, copy=False)
             t, labels = _diagonals(t, op.labels)
             present = [lab for lab in self.order if lab in labels]
             t = t.transpose([labels.index(lab) for lab in present])
@@ -208,7 +210,7 @@ class _Einsum:
         vals = np.broadcast_to(np.asarray(self.join(*xs)), [ext[lab] for lab in self.order])
         axes = tuple(range(len(self.node.output), len(self.order)))
         if axes:
-            vals = self.agg.reduce(vals, axis=axes, dtype=self.out_dtype if self.einsum else None)
+            vals = self.agg.reduce(vals, axis=axes, dtype=self.work_dtype if self.einsum else None)
         return np.asarray(vals).astype(self.out_dtype, casting="unsafe")
 
     def run(self, inputs: list[tuple[TiledValue, Tiles]]) -> Tiles:

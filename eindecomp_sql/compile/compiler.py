@@ -230,9 +230,10 @@ class SQLCompiler:
     pack_rows_udf: str = "eds_pack_rows_{dtype}"  # fixed-size arrays -> one tile of rows
     topk_udf: str = "eds_topk_{dtype}"  # a result tile -> its top-k candidates per row
     topk_fused_udf: str = "eds_topk_{kernel}"  # an einsum kernel fused with the top-k cut
-    # dtypes with element rows (each has a values_udf; DuckDB has no complex type)
+    # dtypes with element rows (each has a values_udf; DuckDB has no complex type; float16's
+    # values are FLOAT)
     element_dtypes: frozenset[str] = frozenset({
-        "float32", "float64", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
+        "float16", "float32", "float64", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
 
     # --- identity: compiled plans are cached per plan and per compiler class
 

@@ -60,7 +60,8 @@ from .compiler import (
 from .sql import COMPILER, DIALECT
 
 # numpy dtype -> DuckDB type, for every dtype a table's value can have (DuckDB has no complex)
-DTYPE_OF = {v: k for k, v in SQL_TYPES.items()}
+# (FLOAT is float32's: float16 values show as FLOAT too, but a FLOAT column is not rounded to float16)
+DTYPE_OF = {v: k for k, v in SQL_TYPES.items() if k != "float16"}
 INDEX_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
                "HUGEINT", "UHUGEINT"}
 _ARRAY = re.compile(r"^(.*)\[(\d+)\]$")

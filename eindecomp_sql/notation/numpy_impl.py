@@ -218,7 +218,7 @@ def join_dtype(join: JoinFunction, dtypes: list[np.dtype]) -> np.dtype:
 def result_dtype(join: JoinFunction, agg: Aggregation, dtypes: list[np.dtype], reduces: bool) -> np.dtype:
     """The dtype numpy gives for this join/agg on these input dtypes: ``np.einsum``'s for a
     product summed, else that of ``agg.reduce(join(inputs))``. A dtype eindecomp_sql does not
-    store (``sqrt`` of int8 is float16 in numpy) is an ``EinsumError``."""
+    store (a user's join returning longdouble) is an ``EinsumError``."""
     dtypes = [np.dtype(d) for d in dtypes]
     if join.name == "mul" and agg.name == "sum":
         # np.einsum keeps the promoted input dtype (bool stays bool)
