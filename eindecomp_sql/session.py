@@ -156,6 +156,22 @@ class Session:
             finally:
                 self._lock.release()
 
+    def _execute(self, plan: Plan, inputs: dict, targets: dict, replace: bool, progress) -> dict[str, Tensor]:
+        """Run ``plan`` and hand back a Tensor per output. A temporary result's table lives as
+        long as its Tensor, so when the call ends in an exception (a Ctrl-C landing after the
+        commit, before the Tensors exist) no Tensor will drop it: it is dropped here."""
+        try:
+            self.backend.execute(plan, inputs, targets, replace=replace, progress=reporter(progress))
+            return {v.name: self._tensor(v, targets[v.name].table, targets[v.name].temporary) for v in plan.outputs}
+        except BaseException:
+            for t in targets.values():
+                if t.temporary:
+                    try:
+                        self.backend.drop_table(t.table)
+                    except Exception:  # noqa: BLE001 - the call's own error is the one to report
+                        pass
+            raise
+
     def _tensor(self, value: TiledValue, table: str | None = None, temporary: bool = False) -> Tensor:
         """A Tensor handle on ``value`` stored in ``table`` (default: its name); a temporary
         result's table lives as long as its handle."""
@@ -351,8 +367,7 @@ class Session:
             # on every call (cached); a temporary result gets a fresh table
             target = Target(out) if out is not None else Target(self._temp_name(), temporary=True)
             self._check_overwrites(p, inputs, {RESULT: target}, replace)
-            self.backend.execute(p, inputs, {RESULT: target}, replace=replace, progress=reporter(progress))
-            return self._tensor(p.result, target.table, target.temporary)
+            return self._execute(p, inputs, {RESULT: target}, replace, progress)[RESULT]
 
     def einsum_numpy(self, spec: str, *operands, join=None, agg=None, progress=None, path=None) -> np.ndarray:
         """Run in this database, return numpy; nothing is stored. ``path``: a contraction
@@ -418,8 +433,7 @@ class Session:
                 table = targets.get(v.name)
                 outs[v.name] = Target(table) if table is not None else Target(self._temp_name(), temporary=True)
             self._check_overwrites(gplan.plan, bound, outs, replace)
-            self.backend.execute(gplan.plan, bound, outs, replace=replace, progress=reporter(progress))
-            result = {v.name: self._tensor(v, outs[v.name].table, outs[v.name].temporary) for v in gplan.plan.outputs}
+            result = self._execute(gplan.plan, bound, outs, replace, progress)
         # one return type per plan, fixed by how its outputs were asked for (never by count)
         return next(iter(result.values())) if gplan.single else result
 

@@ -271,3 +271,28 @@ def test_a_ctrl_c_before_the_commit_point_stops_the_plan():
     with pytest.raises(KeyboardInterrupt):
         _signal_around_commit(True, lambda *a: calls.append(True))
     assert calls == [True]
+
+
+def test_a_ctrl_c_after_the_commit_leaves_no_temporary_result(monkeypatch):
+    """A Ctrl-C that lands after the plan committed, before the result's Tensor exists, would
+    leave a temporary result with no Tensor to drop it: the call drops it (einsum and graphs)."""
+    with eds.connect() as db:
+        A = db.store("A", np.ones((4, 4)))
+        made = db._tensor
+
+        def interrupted(*args, **kw):
+            made(*args, **kw)  # the table is there, then the Ctrl-C
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(db, "_tensor", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            db.einsum("ij,jk->ik", A, A)
+        g = eds.Graph()
+        x = g.input("x", (4, 4), "float64")
+        g.einsum("ij,jk->ik", x, x, name="y")
+        with pytest.raises(KeyboardInterrupt):
+            g.run(db, x=A)
+        monkeypatch.undo()
+        tables = db.backend._run("SELECT table_name FROM duckdb_tables() ORDER BY 1")
+        assert [t for (t,) in tables] == ["A", "eds_catalog", "eds_parts"] and db.tensors() == ["A"]
+        np.testing.assert_array_equal(db.einsum("ij,jk->ik", A, A).to_numpy(), np.full((4, 4), 4.0))
