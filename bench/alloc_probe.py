@@ -1,15 +1,16 @@
 """Page faults per call of a stored GEMM, by tile size: where the SQL path's big tiles land in
-fresh memory (docs/DESIGN.md "Tiles above 256 MiB and the two allocators").
+fresh memory (docs/DESIGN.md "Outside the kernels, phase by phase, and tiles above 256 MiB").
 
 Each size runs in a fresh process (the allocators' state is per process): the operands are
 stored as one tile each, the GEMM runs once to warm up, then ``--calls`` times, each reporting
 its time and its minor page faults; numpy's ``a @ b`` runs after, for the ratio. A 4 KiB fault
 is one page of a buffer the process had handed back (or never had).
 
-``--huge-decay MS`` sets the decay of the dedicated arena that DuckDB's bundled jemalloc uses
-for allocations above its ``opt.oversize_threshold`` (256 MiB), through the library's exported
-``duckdb_je_mallctl``, after the warm-up call created that arena. jemalloc purges that arena at
-once (decay 0); -1 never purges. A probe only: the product does not touch DuckDB's allocator.
+``--huge-decay MS`` sets the dirty-page decay of every arena of DuckDB's bundled jemalloc,
+through the library's exported ``duckdb_je_mallctl``, after the warm-up call: that call creates
+the dedicated arena for allocations above ``opt.oversize_threshold`` (256 MiB), which jemalloc
+purges at once (decay 0; the others keep freed pages 1 s); -1 never purges. A probe only: the
+product does not touch DuckDB's allocator.
 
     .venv/bin/python bench/alloc_probe.py --sizes 5000,5700,5900,6000 --dtype float64
     .venv/bin/python bench/alloc_probe.py --sizes 6000 --dtype float64 --huge-decay -1
@@ -58,7 +59,7 @@ def child(n: int, dtype: str, calls: int, huge_decay: int | None) -> dict:
     db.einsum("ij,jk->ik", "a", "b", out="c", replace=True)  # warm-up: creates jemalloc's huge arena
     arenas = _jemalloc("arenas.narenas", ctype=ctypes.c_uint) or 0
     set_to = None
-    if huge_decay is not None:  # the huge arena is the last one created
+    if huge_decay is not None:  # every arena, the huge one (created by the warm-up) included
         set_to = [(k, _jemalloc(f"arena.{k}.dirty_decay_ms", huge_decay)) for k in range(arenas)]
     rows = []
     for _ in range(calls):

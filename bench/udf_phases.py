@@ -13,7 +13,6 @@ Each workload runs ``--calls`` times after one warm-up; medians in ms.
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import numpy as np  # noqa: E402
 
+import step_probe  # noqa: E402  (its kernel and step timers)
 from workloads import WORKLOADS, is_matmul, make_inputs  # noqa: E402
 
 # big single-tile GEMMs beside bench/workloads.py's (the tiles cross 64 and 256 MiB)
@@ -31,38 +31,6 @@ BIG = {
     "gemm_6000_f64": ("ij,jk->ik", [(6000, 6000), (6000, 6000)], "float64"),
     "gemm_8192_f32": ("ij,jk->ik", [(8192, 8192), (8192, 8192)], "float32"),
 }
-_marks: dict[str, float] = {}
-
-
-def _install() -> None:
-    """Mark UDF entry/exit and step begin/end (before the first connect: kernels are looked up
-    in ``udfs.register`` when a connection registers them)."""
-    import eindecomp_sql.udfs.register as R
-    from eindecomp_sql.backends import running
-
-    for name in ("einsum_rows", "einsum_groups", "program_rows"):
-        def wrap(f):
-            @functools.wraps(f)  # DuckDB checks a UDF's parameter count
-            def timed(*args):
-                _marks["in"] = time.perf_counter()
-                try:
-                    return f(*args)
-                finally:
-                    _marks["out"] = time.perf_counter()
-            return timed
-        setattr(R, name, wrap(getattr(R, name)))
-    begin, poll = running.Watch.begin, running.Watch.poll
-
-    def timed_begin(self, k):
-        _marks["begin"] = time.perf_counter()
-        begin(self, k)
-
-    def timed_poll(self, finished=False):
-        if finished:
-            _marks["end"] = time.perf_counter()
-        return poll(self, finished)
-
-    running.Watch.begin, running.Watch.poll = timed_begin, timed_poll
 
 
 def main():
@@ -70,7 +38,7 @@ def main():
     ap.add_argument("--workloads", default="batched_bij_bjk,gemm_4096,two_label_abcd_cdef")
     ap.add_argument("--calls", type=int, default=8)
     args = ap.parse_args()
-    _install()
+    step_probe.install()  # before the first connect
     import eindecomp_sql as eds
 
     print("| workload | numpy | total | before step | step start -> UDF | UDF (kernel) | UDF -> step end | after | outside the UDF |")
@@ -82,12 +50,15 @@ def main():
         names = [db.store(f"x{k}", a).name for k, a in enumerate(arrays)]
         rows, numpy = [], []
         for call in range(args.calls + 1):
+            step_probe._calls.clear()
+            step_probe._steps.clear()
             t = time.perf_counter()
             db.einsum(spec, *names, out="r", replace=True)
             done = time.perf_counter()
+            (_, begin, end), = step_probe._steps  # one step, one kernel call
+            (enter, leave, _), = step_probe._calls
             if call:
-                rows.append((done - t, _marks["begin"] - t, _marks["in"] - _marks["begin"],
-                             _marks["out"] - _marks["in"], _marks["end"] - _marks["out"], done - _marks["end"]))
+                rows.append((done - t, begin - t, enter - begin, leave - enter, end - leave, done - end))
             t = time.perf_counter()
             arrays[0] @ arrays[1] if is_matmul(spec) else np.einsum(spec, *arrays, optimize=True)
             numpy.append(time.perf_counter() - t)
