@@ -257,6 +257,8 @@ def _float16_back(table: pa.Table, path: str) -> pa.Table:
     type comes back (exactly: every float16 is a float32), so a float16 file stores float16."""
     import pyarrow.parquet as pq
 
+    if not any(pa.types.is_float32(col.type) for col in table.schema):
+        return table  # nothing DuckDB could have widened: no second read of the footer
     try:
         schema = pq.read_schema(path)  # the footer only
     except (OSError, pa.ArrowException):

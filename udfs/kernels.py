@@ -14,7 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from eindecomp_sql.errors import EinsumError
-from eindecomp_sql.notation.numpy_impl import AGG_UFUNC, join_callable
+from eindecomp_sql.notation.numpy_impl import AGG_UFUNC, join_callable, product_dtype
 from eindecomp_sql.plan.kernel_spec import (EinsumKernelSpec, KernelSpec, ProgramKernelSpec, RetileKernelSpec, from_json,
                                             to_json)
 
@@ -119,7 +119,7 @@ class EinsumKernel(_TileLayout):
         )
         self.all = self.output + self.reduced
         self.matmul = _MatmulPlan.build(self.inputs, self.output) if self.fast and len(self.inputs) == 2 else None
-        self.work_dtype = np.dtype(np.float32) if self.out_dtype == np.float16 else self.out_dtype
+        self.work_dtype = product_dtype(self.out_dtype)
         # a product BLAS runs (and threads) itself: float and complex matmuls; numpy's integer
         # matmul is not BLAS
         self.blas = self.matmul is not None and self.out_dtype.kind in "fc"
@@ -138,10 +138,8 @@ class EinsumKernel(_TileLayout):
         xp = self.xp
         if self.fast:
             # np.einsum computes in the promoted dtype of all operands; cast first so a bool
-            # operand next to a float one counts instead of OR-ing (as optimize=True would).
-            # float16 products run in float32 (BLAS) and are rounded once: numpy's float16
-            # matmul has no BLAS (512³: 384 ms against 1.3 ms in float32, bench/float16_bench.py)
-            # and rounds no better
+            # operand next to a float one counts instead of OR-ing (as optimize=True would);
+            # float16 runs in float32 (``product_dtype``)
             work = self.work_dtype
             tiles = [t if t.dtype == work else t.astype(work) for t in tiles]
             if self.matmul is not None and not accumulate and work == self.out_dtype:

@@ -19,7 +19,7 @@ from eindecomp_sql.errors import EinsumError
 
 from .register import _key_rows, _spec
 from .tiles import TileWriter, _as_array
-from eindecomp_sql.notation.checks import SQL_TYPES
+from eindecomp_sql.notation.checks import SQL_TYPES, SQL_WIRE
 from eindecomp_sql.plan.tiling import extent, grid as tiling_grid
 
 # dtype -> DuckDB type of the values the kernels take (DuckDB has no complex type)
@@ -116,7 +116,7 @@ def register_pack(con) -> None:
     blob = duckdb.sqltype("BLOB")
     bigint = duckdb.sqltype("BIGINT")
     for dtype, sqltype in SQL_TYPES.items():
-        if dtype == "float16":  # a DuckDB FLOAT packs as float32 (sql_interface.DTYPE_OF): never rounded to float16
+        if dtype in SQL_WIRE:  # a DuckDB FLOAT packs as float32, never rounded to float16
             continue
         value = duckdb.sqltype(sqltype)
         element = duckdb.list_type(duckdb.struct_type({"o": bigint, "v": value}))

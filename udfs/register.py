@@ -17,7 +17,7 @@ from eindecomp_sql.plan.kernel_spec import MAX_OPERANDS, FillKernelSpec
 from .kernels import einsum_kernel, program_kernel, read_spec, retile_kernel
 from .pool import THREADS, KernelState, check_cancelled, note_tiles, run_tasks, run_wide, serving
 from .tiles import TileWriter, _as_array, blob_views, tile_view
-from eindecomp_sql.notation.checks import SQL_TYPES
+from eindecomp_sql.notation.checks import SQL_TYPES, sql_value_dtype
 from eindecomp_sql.plan.tiling import ceil_div, extent
 
 MAX_ARITY = MAX_OPERANDS
@@ -197,8 +197,7 @@ def fill_tiles(spec_arr, keys_arr) -> pa.Array:
 
 def _values(dtype: str):
     dt = np.dtype(dtype)
-    # DuckDB has no float16 (nor reads Arrow's): its values go as FLOAT, exactly
-    wire = np.dtype(np.float32) if dt == np.float16 else dt
+    wire = sql_value_dtype(dt)  # float16 goes as FLOAT: DuckDB reads no Arrow float16
     arrow_type = pa.from_numpy_dtype(wire)
 
     def values(tile_arr) -> pa.Array:

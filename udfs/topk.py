@@ -23,7 +23,7 @@ import pyarrow as pa
 from .pool import THREADS, run_tasks
 from .register import _key_rows, _spec, _with_arity, einsum_groups, einsum_rows
 from .tiles import blob_views, tile_view
-from eindecomp_sql.notation.checks import SQL_TYPES
+from eindecomp_sql.notation.checks import SQL_TYPES, sql_value_dtype
 from eindecomp_sql.plan.tiling import extent
 
 # einsum kernels that have a fused top-k twin (a product's last step is binary after lowering)
@@ -139,8 +139,7 @@ def _candidates(spec: dict, keys: list[list[int]], views: list) -> tuple[np.ndar
 
 
 def _as_list(offsets, r, i, v) -> pa.Array:
-    if v.dtype == np.float16:  # DuckDB has no float16: its values go as FLOAT (exactly)
-        v = v.astype(np.float32)
+    v = v.astype(sql_value_dtype(v.dtype), copy=False)  # float16 goes as FLOAT
     structs = pa.StructArray.from_arrays([pa.array(r), pa.array(i), pa.array(v)], names=["r", "i", "v"])
     return pa.ListArray.from_arrays(pa.array(offsets), structs)
 

@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import EinsumError
-from ..notation.numpy_impl import AGG_UFUNC, join_callable
+from ..notation.numpy_impl import AGG_UFUNC, join_callable, product_dtype
 from ..plan import EinsumStep, FillStep, Plan, ProgramStep, RetileStep, TiledValue
 from ..plan import cost as _cost
 from ..plan.steps import step_target
@@ -166,8 +166,7 @@ class _Einsum:
         # numpy's einsum (join mul, agg sum) computes in the result dtype: every operand is
         # cast to it first (a bool next to a float counts; int8 products wrap in int8)
         self.einsum = node.join.name == "mul" and node.agg.name == "sum"
-        # a float16 product is summed in float32 and rounded once per tile, as the kernels do
-        self.work_dtype = np.dtype(np.float32) if self.out_dtype == np.float16 else self.out_dtype
+        self.work_dtype = product_dtype(self.out_dtype)  # float16 is summed in float32, as the kernels do
         self.join = join_callable(node.join)
         self.agg = AGG_UFUNC[node.agg.name]
         self.order = tuple(node.output) + tuple(node.reduced)  # axes of the joined values

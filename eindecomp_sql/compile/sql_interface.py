@@ -34,7 +34,7 @@ import numpy as np
 from sqlglot import exp
 
 from ..errors import EinsumError
-from ..notation.checks import SQL_TYPES, check_dtype
+from ..notation.checks import SQL_TYPES, SQL_WIRE, check_dtype
 from ..notation.spec import parse_spec
 from ..plan import Plan, TiledValue
 from .compiler import (
@@ -60,8 +60,8 @@ from .compiler import (
 from .sql import COMPILER, DIALECT
 
 # numpy dtype -> DuckDB type, for every dtype a table's value can have (DuckDB has no complex)
-# (FLOAT is float32's: float16 values show as FLOAT too, but a FLOAT column is not rounded to float16)
-DTYPE_OF = {v: k for k, v in SQL_TYPES.items() if k != "float16"}
+# (FLOAT is float32's: float16 values show as FLOAT too, but a FLOAT column stays float32)
+DTYPE_OF = {v: k for k, v in SQL_TYPES.items() if k not in SQL_WIRE}
 INDEX_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT",
                "HUGEINT", "UHUGEINT"}
 _ARRAY = re.compile(r"^(.*)\[(\d+)\]$")

@@ -34,9 +34,23 @@ SQL_TYPES = {
     "uint8": "UTINYINT", "uint16": "USMALLINT", "uint32": "UINTEGER", "uint64": "UBIGINT",
     "float16": "FLOAT", "float32": "FLOAT", "float64": "DOUBLE",
 }
+# DuckDB has no float16: its elements go to and from SQL as float32 values (exact), and a FLOAT
+# value read from SQL is a float32, never rounded to float16 (``sql_value_dtype``)
+SQL_WIRE = {"float16": "float32"}
 RESERVED = ("_eds_", "eds_")
 # dtypes users reach for that are planned but not stored yet: say when, not only "unsupported"
 _LATER = {"bfloat16": "bfloat16 comes with GPU support; cast to float32 for now"}
+
+
+def sql_value_dtype(dtype) -> np.dtype:
+    """The numpy dtype of ``dtype``'s element values as DuckDB holds them (its own, but for
+    float16: float32).
+
+    >>> sql_value_dtype("float16"), sql_value_dtype("int8")
+    (dtype('float32'), dtype('int8'))
+    """
+    dt = np.dtype(dtype)
+    return np.dtype(SQL_WIRE.get(dt.name, dt))
 
 
 def check_name(name, what: str = "tensor name") -> str:
