@@ -12,7 +12,7 @@ from .arrays import native, read_array
 from .errors import EinsumError
 from .graph.lower import contraction_path
 from .notation import parse_spec
-from .notation.checks import check_dtype
+from .notation.checks import check_dtype, promote
 from .notation.sublist import FORMS, sublist_spec
 from .session import Session
 from .tensor import Tensor
@@ -66,7 +66,7 @@ def _computation_dtype(dtype, raw: list[np.dtype], out, casting: str) -> np.dtyp
     """The dtype numpy's einsum computes in: ``dtype``, else the operands' promoted dtype (with
     ``out``'s: bool operands summed into an int64 ``out`` count). Every operand must cast to it
     under ``casting``; a dtype eindecomp_sql does not compute in is an ``EinsumError``."""
-    ct = dtype if dtype is not None else np.result_type(*raw, *([out.dtype] if out is not None else []))
+    ct = dtype if dtype is not None else promote(*raw, *([out.dtype] if out is not None else []))
     for k, d in enumerate(raw):
         if not np.can_cast(d, ct, casting):
             raise _cast_error(f"operand {k}", d, ct, casting)
@@ -162,13 +162,15 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
 
     Notes
     -----
-    dtypes: bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, float32,
-    float64, complex64, complex128, with numpy's promotion. ``mul``/``sum`` gives ``np.einsum``'s
-    dtype (bool stays bool); any other join/agg gives the dtype of ``agg.reduce(join(operands))``
-    (max/min of complex compare as numpy does, lexicographically), so a join numpy answers in
-    float16 (``sqrt`` of int8) is float16 here too. A float16 product summed runs in float32
-    (BLAS; numpy's float16 product has none) and is rounded to float16 once per tile. bfloat16
-    is not supported yet. Results are in native byte order.
+    dtypes: bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, bfloat16
+    (ml_dtypes'), float32, float64, complex64, complex128, with numpy's promotion. ``mul``/``sum``
+    gives ``np.einsum``'s dtype (bool stays bool); any other join/agg gives the dtype of
+    ``agg.reduce(join(operands))`` (max/min of complex compare as numpy does, lexicographically),
+    so a join numpy answers in float16 (``sqrt`` of int8) is float16 here too. A float16 product
+    summed runs in float32 (BLAS; numpy's float16 product has none) and is rounded to float16
+    once per tile. numpy has no bfloat16 rules (``np.einsum`` refuses it): bfloat16 promotes as
+    float16 does, but to float32 next to float16, and every join and aggregation computes it in
+    float32 and rounds the result once, as torch does. Results are in native byte order.
     Every bad input is an ``EinsumError`` (a ``ValueError``).
     """
     if not operands:
@@ -207,7 +209,7 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
     else:
         ct = None if dtype is None else np.dtype(check_dtype(dtype, "einsum dtype"))
         compute = _computation_dtype(ct, raw, out if plain else None, casting)
-        if ct is not None or compute != np.result_type(*raw):
+        if ct is not None or compute != promote(*raw):
             # a stored operand of another dtype is read back to be cast, as numpy would cast it
             arrays = [x if x.dtype == compute and (isinstance(x, Tensor) or x.dtype.isnative)
                       else np.asarray(x).astype(compute) for x in arrays]

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import EinsumError
-from .notation.checks import check_dtype
+from .notation.checks import check_dtype, is_bfloat16
 
 _STORE_TABLE = ("store it with db.store(name, table), which reads element-form (index columns + value) "
                 "or tiled tables")
@@ -83,7 +83,7 @@ def read_array(x, where: str) -> np.ndarray:
             a = np.asarray(x)
         except Exception as e:  # noqa: BLE001 - anything numpy cannot read is bad input
             raise EinsumError(f"{where}: cannot be read as an array ({type(e).__name__}: {e})") from None
-    if a.dtype.kind in _NOT_NUMBERS:
+    if a.dtype.kind in _NOT_NUMBERS and not is_bfloat16(a.dtype):  # ml_dtypes' bfloat16 is kind 'V' too
         what = _NOT_NUMBERS[a.dtype.kind]
         raise EinsumError(f"{where}: holds {what}, not numbers (shape {a.shape}); einsum operands and stored "
                           "tensors are numeric arrays")

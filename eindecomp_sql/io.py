@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from .arrays import as_array
 from .errors import EinsumError
-from .notation.checks import check_dtype, check_name
+from .notation.checks import check_dtype, check_name, is_bfloat16
 from .plan import DEFAULT_TILE_BYTES, auto_tile, check_tile, tiling
 from .plan.tiling import check_count
 from .udfs.tiles import array_from_tiles, blob_views, tiles_from_array
@@ -633,8 +633,16 @@ def elements_table(a: np.ndarray, names: tuple[str, ...]) -> pa.Table:
     _element_form_check(a.dtype, names)
     cols = {n: pa.array(c.reshape(-1).astype(np.int64, copy=False))
             for n, c in zip(names, np.indices(a.shape, sparse=False))} if a.ndim else {}
-    cols[VALUE] = pa.array(np.ascontiguousarray(a).reshape(-1))
+    cols[VALUE] = pa.array(np.ascontiguousarray(a).reshape(-1).astype(arrow_value_dtype(a.dtype), copy=False))
     return pa.table(cols)
+
+
+def arrow_value_dtype(dtype) -> np.dtype:
+    """The numpy dtype of an element column's values in Arrow: the tensor's own, but float32
+    for bfloat16 (Arrow has no bfloat16; every bfloat16 is a float32 exactly, and the table's
+    metadata brings the dtype back on the way in)."""
+    dt = np.dtype(dtype)
+    return np.dtype(np.float32) if is_bfloat16(dt) else dt
 
 
 def write_parquet(table: pa.Table, path, sync: bool = False) -> pathlib.Path:
@@ -728,6 +736,12 @@ def _from_npy(p: str, want: Wanted, where: str, stream: bool) -> Incoming:
         raise EinsumError(f"{where}: shape=, index= and value= describe a table in element form; a .npy file "
                           "brings its own shape")
     a = _load_npy(p, where)
+    if a.dtype.kind == "V" and a.dtype.itemsize == 2 and a.dtype.names is None and not is_bfloat16(a.dtype):
+        # np.save writes a bfloat16 array as 2-byte voids ('<V2'): numpy has no name for it
+        if want.dtype is None or not is_bfloat16(want.dtype):
+            raise EinsumError(f"{where}: {p!r} holds 2-byte void elements ({a.dtype.str!r}), which is how numpy "
+                              "saves a bfloat16 array; pass dtype='bfloat16' to read them as bfloat16")
+        a = a.view(np.dtype("bfloat16"))
     check_dtype(a.dtype, f"{where}: {p!r}")
     dtype = np.dtype(a.dtype.name)  # native byte order
     if want.dtype is not None and dtype != want.dtype:
@@ -1187,7 +1201,7 @@ def export_tensor(value, batches, path, form: str = "tiles", sync: bool = False)
                                    schema=schema)
     else:
         dtype = np.dtype(value.dtype)
-        schema = pa.schema([(k, pa.int64()) for k in value.keys] + [(VALUE, pa.from_numpy_dtype(dtype))],
+        schema = pa.schema([(k, pa.int64()) for k in value.keys] + [(VALUE, pa.from_numpy_dtype(arrow_value_dtype(dtype)))],
                            metadata=meta)
 
         def convert(b):
@@ -1340,7 +1354,7 @@ def _element_batch(batch, value, schema: pa.Schema) -> pa.RecordBatch:
         if ext:  # a 0-d tensor's one element has no index
             for p, ix in enumerate(np.indices(ext).reshape(len(ext), -1)):
                 idx[p].append(ix.astype(np.int64) + box[p].start)
-        vals.append(raw.view(dtype).reshape(-1))
+        vals.append(raw.view(dtype).reshape(-1).astype(arrow_value_dtype(dtype), copy=False))
     cols = [pa.array(np.concatenate(c) if c else np.zeros(0, np.int64)) for c in idx]
     cols.append(pa.array(np.concatenate(vals) if vals else np.zeros(0, dtype), type=schema.field(VALUE).type))
     return pa.record_batch(cols, schema=schema)

@@ -11,10 +11,10 @@
 -- table and its tiles from the table of that name (key columns in dimension order, then the
 -- BLOB column "tile"). One row per element, in no particular order:
 --   index  the element's coordinates, one BIGINT per dimension (zero-based, like numpy);
---   value  the element as DOUBLE: exact for float16, float32, float64, bool (0/1) and every integer of
+--   value  the element as DOUBLE: exact for float16, bfloat16, float32, float64, bool (0/1) and every integer of
 --          magnitude below 2^53; NULL for complex tensors (decode raw instead);
 --   raw    the element's own bytes, little-endian: decode them exactly with the scalar
---          macros below (eds_float16, eds_float32, eds_float64, eds_int8 ... eds_uint64, eds_bool,
+--          macros below (eds_float16, eds_bfloat16, eds_float32, eds_float64, eds_int8 ... eds_uint64, eds_bool,
 --          eds_complex64 / eds_complex128 giving {re, im}).
 --
 -- A tile is the raw C-order bytes of a dense sub-array, little-endian; DuckDB has no cast from
@@ -56,6 +56,9 @@ CREATE OR REPLACE TEMP MACRO eds_float32_bits(u) AS
        AS FLOAT);
 CREATE OR REPLACE TEMP MACRO eds_float16_bits(u) AS
   CAST(eds_ieee(u >= 32768, CAST((u >> 10) & 31 AS BIGINT), CAST(u & 1023 AS BIGINT), 10, 31, 15) AS FLOAT);
+-- bfloat16 is float32's top half: float32's exponent, 7 mantissa bits
+CREATE OR REPLACE TEMP MACRO eds_bfloat16_bits(u) AS
+  CAST(eds_ieee(u >= 32768, CAST((u >> 7) & 255 AS BIGINT), CAST(u & 127 AS BIGINT), 7, 255, 127) AS FLOAT);
 -- two's complement: n-bit patterns at or above 2^(n-1) stand for u - 2^n
 CREATE OR REPLACE TEMP MACRO eds_signed_bits(u, n) AS
   CASE WHEN CAST(u AS HUGEINT) >= CAST(pow(2, n - 1) AS HUGEINT)
@@ -65,6 +68,7 @@ CREATE OR REPLACE TEMP MACRO eds_signed_bits(u, n) AS
 CREATE OR REPLACE TEMP MACRO eds_float64(b) AS eds_float64_bits(eds_bits(b));
 CREATE OR REPLACE TEMP MACRO eds_float32(b) AS eds_float32_bits(eds_bits(b));
 CREATE OR REPLACE TEMP MACRO eds_float16(b) AS eds_float16_bits(eds_bits(b));
+CREATE OR REPLACE TEMP MACRO eds_bfloat16(b) AS eds_bfloat16_bits(eds_bits(b));
 CREATE OR REPLACE TEMP MACRO eds_int8(b) AS CAST(eds_signed_bits(eds_bits(b), 8) AS TINYINT);
 CREATE OR REPLACE TEMP MACRO eds_int16(b) AS CAST(eds_signed_bits(eds_bits(b), 16) AS SMALLINT);
 CREATE OR REPLACE TEMP MACRO eds_int32(b) AS CAST(eds_signed_bits(eds_bits(b), 32) AS INTEGER);
@@ -81,7 +85,7 @@ CREATE OR REPLACE TEMP MACRO eds_complex128(b) AS {'re': eds_float64(b[1:8]), 'i
 CREATE OR REPLACE TEMP MACRO eds_itemsize(dtype) AS
   CASE dtype
     WHEN 'bool' THEN 1 WHEN 'int8' THEN 1 WHEN 'uint8' THEN 1
-    WHEN 'int16' THEN 2 WHEN 'uint16' THEN 2 WHEN 'float16' THEN 2
+    WHEN 'int16' THEN 2 WHEN 'uint16' THEN 2 WHEN 'float16' THEN 2 WHEN 'bfloat16' THEN 2
     WHEN 'int32' THEN 4 WHEN 'uint32' THEN 4 WHEN 'float32' THEN 4
     WHEN 'int64' THEN 8 WHEN 'uint64' THEN 8 WHEN 'float64' THEN 8 WHEN 'complex64' THEN 8
     WHEN 'complex128' THEN 16
@@ -93,6 +97,7 @@ CREATE OR REPLACE TEMP MACRO eds_double_bits(u, dtype) AS
     WHEN 'float64' THEN eds_float64_bits(u)
     WHEN 'float32' THEN CAST(eds_float32_bits(u) AS DOUBLE)
     WHEN 'float16' THEN CAST(eds_float16_bits(u) AS DOUBLE)
+    WHEN 'bfloat16' THEN CAST(eds_bfloat16_bits(u) AS DOUBLE)
     WHEN 'bool' THEN CAST(u <> 0 AS DOUBLE)
     WHEN 'int8' THEN CAST(eds_signed_bits(u, 8) AS DOUBLE)
     WHEN 'int16' THEN CAST(eds_signed_bits(u, 16) AS DOUBLE)

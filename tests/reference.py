@@ -3,6 +3,7 @@ take diagonals, broadcast every operand over all labels, apply the join, reduce 
 
 from functools import reduce
 
+import ml_dtypes  # noqa: F401 - numpy's "bfloat16"
 import numpy as np
 
 AGG = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
@@ -16,7 +17,12 @@ UNARY = {
 }
 
 
+BFLOAT16 = np.dtype("bfloat16")
+
+
 def reference(spec: str, *arrays, join="mul", agg="sum"):
+    if any(np.asarray(a).dtype.name == "bfloat16" for a in arrays):  # either byte order
+        return _bfloat16_reference(spec, *arrays, join=join, agg=agg)
     if join == "mul" and agg == "sum":
         return np.einsum(spec, *arrays)
     lhs, out = spec.split("->")
@@ -49,3 +55,18 @@ def reference(spec: str, *arrays, join="mul", agg="sum"):
     if not axes:  # nothing is aggregated: an element-wise join keeps the join's dtype
         return np.array(vals)
     return AGG[agg].reduce(vals, axis=axes)
+
+
+def _bfloat16_reference(spec: str, *arrays, join, agg):
+    """numpy has no bfloat16 arithmetic of its own (np.einsum refuses it), so the rule the
+    project documents: the dtype numpy gives with float16 in bfloat16's place (float16 then
+    meaning bfloat16, or float32 next to a real float16), the values computed in float32."""
+    arrays = [np.asarray(a) for a in arrays]
+    with np.errstate(all="ignore"):
+        dt = reference(spec, *[a.astype(np.float16) if a.dtype.name == "bfloat16" else a for a in arrays],
+                       join=join, agg=agg).dtype
+        if dt == np.float16:
+            dt = np.dtype(np.float32) if any(a.dtype.newbyteorder("=") == np.float16 for a in arrays) else BFLOAT16
+        wide = reference(spec, *[a.astype(np.float32) if a.dtype.name == "bfloat16" else a for a in arrays],
+                         join=join, agg=agg)
+    return np.asarray(wide).astype(dt)

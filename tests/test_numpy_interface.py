@@ -19,7 +19,7 @@ from eindecomp_sql.notation import parse_agg, parse_join, parse_spec
 from eindecomp_sql.notation.checks import DTYPES as SUPPORTED
 from eindecomp_sql.notation.functions import AGGREGATIONS, BINARY_JOINS, EXPR_FUNCTIONS, UNARY_JOINS
 
-from helpers import BYTE_ORDERS, DTYPES, assert_close, einsum_case, error_scale, random_array, with_byte_order
+from helpers import BYTE_ORDERS, NUMPY_DTYPES, assert_close, einsum_case, error_scale, random_array, with_byte_order
 
 CASTINGS = ["no", "equiv", "safe", "same_kind", "unsafe"]
 ORDERS = st.lists(st.sampled_from(BYTE_ORDERS), min_size=5, max_size=5)
@@ -36,10 +36,10 @@ def _numpy(spec, arrays, **kw):
 
 
 @given(
-    einsum_case(max_operands=3),
-    st.sampled_from([None] + DTYPES),
+    einsum_case(max_operands=3, dtypes=tuple(NUMPY_DTYPES)),
+    st.sampled_from([None] + NUMPY_DTYPES),
     st.sampled_from(CASTINGS),
-    st.sampled_from([None] + DTYPES),
+    st.sampled_from([None] + NUMPY_DTYPES),
     st.sampled_from(["K", "C", "F", "A", "c", None]),
     st.sampled_from([False, True, "greedy", "optimal", ("greedy", 10**6)]),
     ORDERS,

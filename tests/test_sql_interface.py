@@ -83,18 +83,19 @@ def test_reserved_word_names(sdb):
     assert [r[1] for r in rows] == list(a.sum(0))
 
 
-def test_float16_element_rows_are_exact_floats():
-    """DuckDB has no float16: einsum_elements shows a float16 result's values as FLOAT, each
-    exactly the float16 that Tensor.to_numpy() holds; a DuckDB FLOAT column still packs as
-    float32 (never rounded to float16)."""
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_half_element_rows_are_exact_floats(half):
+    """DuckDB has no float16 or bfloat16: einsum_elements shows such a result's values as
+    FLOAT, each exactly the value that Tensor.to_numpy() holds; a DuckDB FLOAT column still packs
+    as float32 (never rounded to the half type)."""
     rng = np.random.default_rng(30)
     with eds.connect() as db:
-        a = random_array(rng, (9, 6), "float16")
-        b = random_array(rng, (6, 7), "float16")
+        a = random_array(rng, (9, 6), half)
+        b = random_array(rng, (6, 7), half)
         db.store("H1", a, tile=(4, 4))
         db.store("H2", b, tile=(4, 3))
         tiles = db.einsum_numpy("ij,jk->ik", "H1", "H2")
-        assert tiles.dtype == np.float16
+        assert tiles.dtype == np.dtype(half)
         con = db.connection
         rows = con.execute("SELECT i, k, value, typeof(value) FROM einsum_elements('ij,jk->ik', 'H1', 'H2')").fetchall()
         assert {r[3] for r in rows} == {"FLOAT"} and len(rows) == tiles.size
@@ -104,7 +105,7 @@ def test_float16_element_rows_are_exact_floats():
         np.testing.assert_array_equal(got, tiles.astype(np.float32))
         # elements of a stored float16 tensor, and a FLOAT table as an operand: float32
         rows = con.execute("SELECT i, j, value FROM einsum_elements('ij->ij', 'H1')").fetchall()
-        assert {np.float16(v) == a[i, j] for i, j, v in rows} == {True}
+        assert {np.array(v, np.float32).astype(half) == a[i, j] for i, j, v in rows} == {True}
         con.execute("CREATE TABLE h1_rows AS SELECT i, j, value FROM einsum_elements('ij->ij', 'H1')")
         back = con.execute("SELECT i, j, value, typeof(value) FROM einsum_elements('ij->ij', 'h1_rows')").fetchall()
         assert {r[3] for r in back} == {"FLOAT"} and len(back) == a.size

@@ -10,7 +10,7 @@ import pytest
 from eindecomp_sql.udfs.tiles import tiles_to_arrow
 from eindecomp_sql.udfs.topk import row_top, topk_tiles
 from helpers import assert_close, error_scale, random_array
-from reference import reference
+from reference import reference  # np.einsum, and bfloat16's rule where numpy has none
 
 import eindecomp_sql as eds
 
@@ -54,7 +54,7 @@ def tdb():
     s.close()
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "bool", "uint8", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "bool", "uint8", "float16", "bfloat16"])
 @pytest.mark.parametrize("k", [1, 3, 40])
 def test_topk_matches_numpy(tdb, dtype, k):
     rng = np.random.default_rng(21)
@@ -66,14 +66,15 @@ def test_topk_matches_numpy(tdb, dtype, k):
         b = random_array(rng, (5, 13), dtype)
     tdb.store("A", a, tile=(3, 2), replace=True)
     tdb.store("B", b, tile=(2, 4), replace=True)
-    want = np.einsum("ij,jk->ik", a, b)
-    if dtype == "float16":
+    want = reference("ij,jk->ik", a, b)
+    if dtype in ("float16", "bfloat16"):
         # float16 products are summed in float32 and rounded per tile, numpy's in its own order:
         # a value may sit one float16 step away, which can reorder near-ties. The top k are
-        # those of the tensor's own values, and those are numpy's to float16 rounding
+        # those of the tensor's own values, and those are numpy's to float16 rounding (bfloat16:
+        # both in float32, the tensor's values compared as the float32 they are exactly)
         ours = tdb.einsum_numpy("ij,jk->ik", "A", "B")
         assert_close(ours, want, error_scale("ij,jk->ik", [a, b]))
-        want = ours
+        want = ours.astype(np.float32) if dtype == "bfloat16" else ours
     rows = tdb.connection.execute("SELECT * FROM einsum_topk('ij,jk->ik', ?, 'A', 'B')", [k]).fetchall()
     same_rows(rows, ref_topk(want, k))
     # the tie order is numpy's stable sort of the negated values

@@ -14,7 +14,8 @@ from functools import lru_cache
 import numpy as np
 
 from eindecomp_sql.errors import EinsumError
-from eindecomp_sql.notation.numpy_impl import AGG_UFUNC, join_callable, product_dtype
+from eindecomp_sql.notation.checks import is_bfloat16
+from eindecomp_sql.notation.numpy_impl import AGG_UFUNC, join_callable, product_dtype, widened
 from eindecomp_sql.plan.kernel_spec import (EinsumKernelSpec, KernelSpec, ProgramKernelSpec, RetileKernelSpec, from_json,
                                             to_json)
 
@@ -96,9 +97,16 @@ class _TileLayout:
         return new_tiles, out[oidx]
 
     def contract_group(self, members: list[list[np.ndarray]], out: np.ndarray) -> None:
-        """``out`` from the tiles of every member of a group (one member: a row step)."""
+        """``out`` from the tiles of every member of a group (one member: a row step). A result
+        narrower than the dtype it is computed in (float16 and bfloat16 products summed in
+        float32) combines the members in that dtype and is rounded once."""
+        acc = out
+        if len(members) > 1 and out.dtype != self.acc_dtype:
+            acc = self.xp.empty(out.shape, self.acc_dtype)
         for q, tiles in enumerate(members):
-            self.contract(tiles, out, accumulate=q > 0)
+            self.contract(tiles, acc, accumulate=q > 0)
+        if acc is not out:
+            self.xp.copyto(out, acc, casting="unsafe")
 
 
 class EinsumKernel(_TileLayout):
@@ -120,9 +128,13 @@ class EinsumKernel(_TileLayout):
         self.all = self.output + self.reduced
         self.matmul = _MatmulPlan.build(self.inputs, self.output) if self.fast and len(self.inputs) == 2 else None
         self.work_dtype = product_dtype(self.out_dtype)
+        # what a group's members combine in: the product's dtype, or float32 for a bfloat16
+        # result of any other join (its operands are computed in float32: ``widened``)
+        self.acc_dtype = self.work_dtype if self.fast else product_dtype(self.out_dtype) if (
+            is_bfloat16(self.out_dtype)) else self.out_dtype
         # a product BLAS runs (and threads) itself: float and complex matmuls; numpy's integer
         # matmul is not BLAS
-        self.blas = self.matmul is not None and self.out_dtype.kind in "fc"
+        self.blas = self.matmul is not None and self.work_dtype.kind in "fc"
         self._diag = []
         for x in self.inputs:
             uniq = tuple(dict.fromkeys(x))
@@ -139,10 +151,10 @@ class EinsumKernel(_TileLayout):
         if self.fast:
             # np.einsum computes in the promoted dtype of all operands; cast first so a bool
             # operand next to a float one counts instead of OR-ing (as optimize=True would);
-            # float16 runs in float32 (``product_dtype``)
+            # float16 and bfloat16 run in float32 (``product_dtype``)
             work = self.work_dtype
             tiles = [t if t.dtype == work else t.astype(work) for t in tiles]
-            if self.matmul is not None and not accumulate and work == self.out_dtype:
+            if self.matmul is not None and not accumulate and work == out.dtype:
                 self.matmul.run(tiles[0], tiles[1], out)
                 return
             if self.matmul is not None:
@@ -155,7 +167,7 @@ class EinsumKernel(_TileLayout):
             else:
                 xp.copyto(out, r, casting="unsafe")
             return
-        part = self._general(tiles)
+        part = self._general([widened(t) for t in tiles])
         if accumulate:
             self.agg(out, part, out=out, casting="unsafe")
         else:
@@ -244,6 +256,7 @@ class FusedKernel(_TileLayout):
             x, labs = slots[a], self.slot_labels[a]
             if cast and x.dtype != dtype:
                 x = x.astype(dtype)
+            x = widened(x)  # bfloat16 computes in float32, rounded to the stage's dtype below
             present = [lab for lab in labels if lab in labs]
             x = x.transpose([labs.index(lab) for lab in present])
             dims = iter(x.shape)
@@ -260,11 +273,15 @@ class FusedKernel(_TileLayout):
             acc = xp.empty(tuple(dims[lab] for lab in core.output), dtype=core.out_dtype)
         else:
             acc = out
+        # members combine in the contraction's own compute dtype (``EinsumKernel.contract_group``)
+        total = acc if len(members) == 1 or acc.dtype == core.acc_dtype else xp.empty(acc.shape, core.acc_dtype)
         for q, tiles in enumerate(members):
             slots = list(tiles)
             for stage in self.prologues:
                 slots.append(self._stage(stage, slots))
-            core.contract([slots[a] for a in self.core_args], acc, accumulate=q > 0)
+            core.contract([slots[a] for a in self.core_args], total, accumulate=q > 0)
+        if total is not acc:
+            xp.copyto(acc, total, casting="unsafe")
         if not self.epilogues:
             return
         # epilogues read output-labelled input tiles: the same in every member of the group

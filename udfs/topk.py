@@ -24,6 +24,7 @@ from .pool import THREADS, run_tasks
 from .register import _key_rows, _spec, _with_arity, einsum_groups, einsum_rows
 from .tiles import blob_views, tile_view
 from eindecomp_sql.notation.checks import SQL_TYPES, sql_value_dtype
+from eindecomp_sql.notation.numpy_impl import widened
 from eindecomp_sql.plan.tiling import extent
 
 # einsum kernels that have a fused top-k twin (a product's last step is binary after lowering)
@@ -113,7 +114,7 @@ def _candidates(spec: dict, keys: list[list[int]], views: list) -> tuple[np.ndar
     tasks = []
     for key, raw in zip(keys, views):
         ext = tuple(extent(n, t, q) for q, n, t in zip(key, shape, tile))
-        x = tile_view(raw, dtype, ext)
+        x = widened(tile_view(raw, dtype, ext))  # bfloat16 ranks as float32 (exact; numpy sorts it)
         x2 = x.reshape(-1, ext[-1]) if ext[-1] else x.reshape(0, 0)
         # rows in blocks, so several kernel threads share one big tile
         n_blocks = max(1, min(2 * THREADS, x2.size // MIN_TASK_ELEMENTS, x2.shape[0]))

@@ -40,7 +40,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import EinsumError
-from ..notation.numpy_impl import AGG_UFUNC, join_callable, product_dtype
+from ..notation.checks import is_bfloat16
+from ..notation.numpy_impl import AGG_UFUNC, join_callable, product_dtype, widened
 from ..plan import EinsumStep, FillStep, Plan, ProgramStep, RetileStep, TiledValue
 from ..plan import cost as _cost
 from ..plan.steps import step_target
@@ -166,7 +167,10 @@ class _Einsum:
         # numpy's einsum (join mul, agg sum) computes in the result dtype: every operand is
         # cast to it first (a bool next to a float counts; int8 products wrap in int8)
         self.einsum = node.join.name == "mul" and node.agg.name == "sum"
-        self.work_dtype = product_dtype(self.out_dtype)  # float16 is summed in float32, as the kernels do
+        # float16 and bfloat16 are summed in float32, as the kernels do; a bfloat16 result of
+        # another join is computed in float32 too; the reduced labels' pieces meet in it
+        self.work_dtype = product_dtype(self.out_dtype)
+        self.acc_dtype = self.work_dtype if self.einsum or is_bfloat16(self.out_dtype) else self.out_dtype
         self.join = join_callable(node.join)
         self.agg = AGG_UFUNC[node.agg.name]
         self.order = tuple(node.output) + tuple(node.reduced)  # axes of the joined values
@@ -200,8 +204,7 @@ class _Einsum:
         """join over one tile tuple, aggregated over its reduced labels, in the result dtype."""
         xs = []
         for op, t in zip(self.node.operands, tiles):
-            if self.einsum:
-                t = t.astype(self.work_dtype, copy=False)
+            t = t.astype(self.work_dtype, copy=False) if self.einsum else widened(t)
             t, labels = _diagonals(t, op.labels)
             present = [lab for lab in self.order if lab in labels]
             t = t.transpose([labels.index(lab) for lab in present])
@@ -210,7 +213,7 @@ class _Einsum:
         axes = tuple(range(len(self.node.output), len(self.order)))
         if axes:
             vals = self.agg.reduce(vals, axis=axes, dtype=self.work_dtype if self.einsum else None)
-        return np.asarray(vals).astype(self.out_dtype, casting="unsafe")
+        return np.asarray(vals).astype(self.acc_dtype, casting="unsafe")
 
     def run(self, inputs: list[tuple[TiledValue, Tiles]]) -> Tiles:
         node, result = self.node, self.step.result
@@ -222,10 +225,11 @@ class _Einsum:
                 ext = self.extents(keys)
                 tiles = [self.operand_tile(k, v, t, keys, ext) for k, (v, t) in enumerate(inputs)]
                 part = self.partial(tiles, ext)
-                # the pieces of the reduced labels meet in the aggregation, in the result dtype
-                acc = part if acc is None else np.asarray(self.agg(acc, part)).astype(self.out_dtype, casting="unsafe")
+                # the pieces of the reduced labels meet in the aggregation, in ``acc_dtype``
+                acc = part if acc is None else np.asarray(self.agg(acc, part)).astype(self.acc_dtype, casting="unsafe")
             if acc is None:  # a reduced label in no piece: fill_empty plans those as fills
                 raise EinsumError(f"{self.step.describe()}: a reduced label has no pieces")
+            acc = acc.astype(self.out_dtype, casting="unsafe", copy=False)
             want = _extent(_box(result.shape, result.tile, okey))
             if acc.shape != want:
                 raise EinsumError(f"{self.step.describe()}: output tile {okey} is {acc.shape}, but the result's "

@@ -231,9 +231,10 @@ class SQLCompiler:
     topk_udf: str = "eds_topk_{dtype}"  # a result tile -> its top-k candidates per row
     topk_fused_udf: str = "eds_topk_{kernel}"  # an einsum kernel fused with the top-k cut
     # dtypes with element rows (each has a values_udf; DuckDB has no complex type; float16's
-    # values are FLOAT)
+    # and bfloat16's values are FLOAT)
     element_dtypes: frozenset[str] = frozenset({
-        "float16", "float32", "float64", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
+        "float16", "bfloat16", "float32", "float64", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
+        "uint32", "uint64"})
 
     # --- identity: compiled plans are cached per plan and per compiler class
 

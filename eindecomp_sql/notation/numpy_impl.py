@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import EinsumError
-from .checks import check_dtype
+from .checks import check_dtype, is_bfloat16, narrow_bfloat16, promote
 from .functions import Aggregation, JoinFunction, operand_index, parse_join  # noqa: F401
 
 AGG_UFUNC = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
@@ -22,11 +22,24 @@ AGG_UFUNC = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.mul
 
 def product_dtype(out_dtype) -> np.dtype:
     """The dtype a product summed (join mul, agg sum) computes in, before its result is cast to
-    ``out_dtype``: the result dtype, but float32 for float16 (BLAS; numpy's float16 matmul has
-    none, 512³: 384 ms against 1.3 ms in float32, bench/float16_bench.py, and rounds no better),
-    so a float16 result is rounded once per tile. The kernels and the reference backend both."""
+    ``out_dtype``: the result dtype, but float32 for float16 and bfloat16 (BLAS; numpy's float16
+    matmul has none, 512³: 384 ms against 1.3 ms in float32, bench/half_bench.py, and rounds
+    no better; np.einsum refuses bfloat16), so such a result is rounded once per tile. The
+    kernels and the reference backend both."""
     dt = np.dtype(out_dtype)
-    return np.dtype(np.float32) if dt == np.float16 else dt
+    return np.dtype(np.float32) if dt == np.float16 or is_bfloat16(dt) else dt
+
+
+def widened(a):
+    """``a``, or for bfloat16 its float32 copy (exact): numpy's einsum refuses bfloat16 and
+    ml_dtypes rounds every ufunc's result, so kernels compute bfloat16 operands in float32 and
+    round their result once (as torch does)."""
+    return a.astype(np.float32) if is_bfloat16(a.dtype) else a
+
+
+def _stand_in(dt: np.dtype) -> np.dtype:
+    """float16 for bfloat16: the dtype a probe computes with (``promote``'s rule)."""
+    return np.dtype(np.float16) if is_bfloat16(dt) else dt
 
 
 def _relu(a):
@@ -149,7 +162,7 @@ def _callable_result(join: JoinFunction, xs) -> np.ndarray:
         r = np.asarray(r)
     except Exception as e:  # noqa: BLE001
         raise EinsumError(f"join {name} returned a {type(r).__name__} that is not an array ({e})") from None
-    if r.dtype.kind not in NUMERIC_KINDS:
+    if r.dtype.kind not in NUMERIC_KINDS and not is_bfloat16(r.dtype):
         raise EinsumError(f"join {name} returned {r.dtype} values (shape {r.shape}); it must return numbers")
     shapes = [np.shape(x) for x in xs]
     full = np.broadcast_shapes(*shapes)
@@ -208,9 +221,10 @@ def join_callable(join: JoinFunction) -> Callable:
 
 
 def join_dtype(join: JoinFunction, dtypes: list[np.dtype]) -> np.dtype:
-    """The dtype of the join's values on inputs of ``dtypes`` (run on small probes)."""
+    """The dtype of the join's values on inputs of ``dtypes`` (run on small probes). A bfloat16
+    input probes as float16, whose promotion it follows (``checks.promote``)."""
     dtypes = [np.dtype(d) for d in dtypes]
-    probes = _probes(dtypes)
+    probes = _probes([_stand_in(d) for d in dtypes])
     try:
         with np.errstate(all="ignore"):
             if join.func is not None:
@@ -221,7 +235,7 @@ def join_dtype(join: JoinFunction, dtypes: list[np.dtype]) -> np.dtype:
         raise
     except Exception as e:  # noqa: BLE001 - a user's join failing on a probe is bad input
         raise EinsumError(f"join {join.label} failed on a probe of dtypes {[d.name for d in dtypes]}: {e}") from e
-    return vals.dtype
+    return narrow_bfloat16(vals.dtype, dtypes)
 
 
 def result_dtype(join: JoinFunction, agg: Aggregation, dtypes: list[np.dtype], reduces: bool) -> np.dtype:
@@ -231,9 +245,9 @@ def result_dtype(join: JoinFunction, agg: Aggregation, dtypes: list[np.dtype], r
     dtypes = [np.dtype(d) for d in dtypes]
     if join.name == "mul" and agg.name == "sum":
         # np.einsum keeps the promoted input dtype (bool stays bool)
-        return np.result_type(*dtypes) if dtypes else np.dtype("float64")
+        return promote(*dtypes) if dtypes else np.dtype("float64")
     dt = join_dtype(join, dtypes)
     if reduces:
-        dt = AGG_UFUNC[agg.name].reduce(np.ones(2, dtype=dt), axis=0).dtype
+        dt = narrow_bfloat16(AGG_UFUNC[agg.name].reduce(np.ones(2, dtype=_stand_in(dt)), axis=0).dtype, [dt])
     where = f"join {join.label} with agg {agg.name} on {', '.join(d.name for d in dtypes) or 'no inputs'}"
     return np.dtype(check_dtype(dt, f"{where} gives {dt.name}"))

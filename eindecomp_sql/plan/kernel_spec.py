@@ -39,6 +39,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Callable, Union
 
+import ml_dtypes  # noqa: F401 - "bfloat16" names a numpy dtype (a worker may decode a spec first)
 import numpy as np
 
 from ..errors import EinsumError
