@@ -12,7 +12,7 @@ from .arrays import native, read_array
 from .errors import EinsumError
 from .graph.lower import contraction_path
 from .notation import parse_spec
-from .notation.checks import check_dtype, promote
+from .notation.checks import can_cast, check_dtype, is_bfloat16, promote
 from .notation.sublist import FORMS, sublist_spec
 from .session import Session
 from .tensor import Tensor
@@ -57,9 +57,12 @@ def _check_order(order) -> str:
 
 
 def _cast_error(what: str, frm: np.dtype, to: np.dtype, casting: str) -> EinsumError:
-    return EinsumError(f"{what}: cannot cast from dtype {frm.str!r} ({frm.name}) to {to.str!r} ({to.name}) "
-                       f"according to the rule {casting!r} (numpy's einsum refuses this too); pass "
-                       "casting='same_kind' or 'unsafe' to allow it")
+    def word(d: np.dtype) -> str:  # (bfloat16's str is '<V2': numpy has no code for it)
+        return repr(d.name) if is_bfloat16(d) else f"{d.str!r} ({d.name})"
+
+    numpy_too = "" if is_bfloat16(frm) or is_bfloat16(to) else " (numpy's einsum refuses this too)"
+    return EinsumError(f"{what}: cannot cast from dtype {word(frm)} to {word(to)} according to the rule "
+                       f"{casting!r}{numpy_too}; pass casting='same_kind' or 'unsafe' to allow it")
 
 
 def _computation_dtype(dtype, raw: list[np.dtype], out, casting: str) -> np.dtype:
@@ -68,7 +71,7 @@ def _computation_dtype(dtype, raw: list[np.dtype], out, casting: str) -> np.dtyp
     under ``casting``; a dtype eindecomp_sql does not compute in is an ``EinsumError``."""
     ct = dtype if dtype is not None else promote(*raw, *([out.dtype] if out is not None else []))
     for k, d in enumerate(raw):
-        if not np.can_cast(d, ct, casting):
+        if not can_cast(d, ct, casting):
             raise _cast_error(f"operand {k}", d, ct, casting)
     if dtype is None and out is not None:
         check_dtype(ct, f"out of dtype {out.dtype} makes numpy's einsum compute in {ct.name}, which eindecomp_sql "
@@ -224,7 +227,7 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
         # the plan's (cached: the run below reuses the plan)
         rdt = compute if plain else np.dtype(session.plan(spec, *arrays, join=join, agg=agg).result.dtype)
         for frm, to in ((rdt, out.dtype), (out.dtype, rdt) if plain else (rdt, out.dtype)):
-            if not np.can_cast(frm, to, casting):
+            if not can_cast(frm, to, casting):
                 raise _cast_error("out", frm, to, casting)
     r = session.einsum_numpy(spec, *arrays, join=join, agg=agg, progress=progress, path=path)
     if out is not None:

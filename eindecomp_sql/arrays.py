@@ -83,6 +83,9 @@ def read_array(x, where: str) -> np.ndarray:
             a = np.asarray(x)
         except Exception as e:  # noqa: BLE001 - anything numpy cannot read is bad input
             raise EinsumError(f"{where}: cannot be read as an array ({type(e).__name__}: {e})") from None
+    if a.dtype.kind == "V" and a.dtype.names is None and a.dtype.itemsize == 2 and not is_bfloat16(a.dtype):
+        raise EinsumError(f"{where}: holds 2-byte void elements ({a.dtype.str!r}, shape {a.shape}), which is how "
+                          "np.load returns a saved bfloat16 array; pass a.view(ml_dtypes.bfloat16)")
     if a.dtype.kind in _NOT_NUMBERS and not is_bfloat16(a.dtype):  # ml_dtypes' bfloat16 is kind 'V' too
         what = _NOT_NUMBERS[a.dtype.kind]
         raise EinsumError(f"{where}: holds {what}, not numbers (shape {a.shape}); einsum operands and stored "

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from .arrays import as_array
 from .errors import EinsumError
-from .notation.checks import check_dtype, check_name, is_bfloat16
+from .notation.checks import can_cast, check_dtype, check_name, is_bfloat16
 from .plan import DEFAULT_TILE_BYTES, auto_tile, check_tile, tiling
 from .plan.tiling import check_count
 from .udfs.tiles import array_from_tiles, blob_views, tiles_from_array
@@ -129,7 +129,7 @@ def _exact_cast(a: np.ndarray, dtype, where: str, origin: tuple[int, ...] | None
     wrap (300 -> 44) and float64 -> float32 overflow to inf, silently. ``origin``: where ``a``
     (a tile) starts in the whole array, for the position an error names."""
     dtype = np.dtype(dtype)
-    if np.can_cast(a.dtype, dtype, "safe"):
+    if can_cast(a.dtype, dtype, "safe"):
         return a.astype(dtype)
     with np.errstate(all="ignore"):
         b = a.astype(dtype)
@@ -148,7 +148,7 @@ def _exact_cast(a: np.ndarray, dtype, where: str, origin: tuple[int, ...] | None
 def _from_array(a: np.ndarray, want: Wanted, where: str) -> Incoming:
     """Cut a dense array into tiles (the whole array is in memory here)."""
     if want.dtype is not None and a.dtype != want.dtype:
-        if not np.can_cast(a.dtype, want.dtype, "same_kind"):
+        if not can_cast(a.dtype, want.dtype, "same_kind"):
             raise EinsumError(f"{where}: cannot cast {a.dtype} values to dtype={want.dtype} "
                               "(numpy's same_kind rule)")
         a = _exact_cast(a, want.dtype, where)
@@ -454,7 +454,7 @@ def _from_elements(table: pa.Table, meta: dict, want: Wanted, where: str) -> Inc
     check_dtype(vals.dtype, f"{where}: value column {value!r}")
     dtype = want.dtype or meta.get("dtype") or vals.dtype.name
     if vals.dtype != dtype:
-        if not np.can_cast(vals.dtype, dtype, "same_kind"):
+        if not can_cast(vals.dtype, dtype, "same_kind"):
             raise EinsumError(f"{where}: cannot cast value column {value!r} ({vals.dtype}) to {dtype} "
                               "(numpy's same_kind rule)")
         vals = _exact_cast(vals, dtype, f"{where}: value column {value!r}")
@@ -729,6 +729,19 @@ def _load_npy(p: str, where: str) -> np.ndarray:
         raise EinsumError(f"{where}: cannot read {p!r} as a .npy file: {e}") from None
 
 
+def npy_dtype(file_dtype: np.dtype, want, where: str) -> np.dtype:
+    """The dtype a .npy file's elements are read as: the file's own, one of ``DTYPES``; 2-byte
+    voids are bfloat16 when ``want`` (the dtype asked for) says so. np.save writes a bfloat16
+    array as '|V2' (numpy has no name for it), so only the caller can tell."""
+    if file_dtype.kind == "V" and file_dtype.itemsize == 2 and file_dtype.names is None and not is_bfloat16(file_dtype):
+        if want is None or not is_bfloat16(want):
+            raise EinsumError(f"{where} holds 2-byte void elements ({file_dtype.str!r}), which is how numpy saves a "
+                              "bfloat16 array; pass dtype='bfloat16' to read them as bfloat16")
+        return np.dtype("bfloat16")
+    check_dtype(file_dtype, where)
+    return file_dtype
+
+
 def _from_npy(p: str, want: Wanted, where: str, stream: bool) -> Incoming:
     """A ``.npy`` file through a memory map, cut into tiles a batch at a time: only one batch of
     tiles is in memory (the pages of the map read so far are released after each batch)."""
@@ -736,16 +749,11 @@ def _from_npy(p: str, want: Wanted, where: str, stream: bool) -> Incoming:
         raise EinsumError(f"{where}: shape=, index= and value= describe a table in element form; a .npy file "
                           "brings its own shape")
     a = _load_npy(p, where)
-    if a.dtype.kind == "V" and a.dtype.itemsize == 2 and a.dtype.names is None and not is_bfloat16(a.dtype):
-        # np.save writes a bfloat16 array as 2-byte voids ('<V2'): numpy has no name for it
-        if want.dtype is None or not is_bfloat16(want.dtype):
-            raise EinsumError(f"{where}: {p!r} holds 2-byte void elements ({a.dtype.str!r}), which is how numpy "
-                              "saves a bfloat16 array; pass dtype='bfloat16' to read them as bfloat16")
+    if npy_dtype(a.dtype, want.dtype, f"{where}: {p!r}") != a.dtype:
         a = a.view(np.dtype("bfloat16"))
-    check_dtype(a.dtype, f"{where}: {p!r}")
     dtype = np.dtype(a.dtype.name)  # native byte order
     if want.dtype is not None and dtype != want.dtype:
-        if not np.can_cast(dtype, want.dtype, "same_kind"):
+        if not can_cast(dtype, want.dtype, "same_kind"):
             raise EinsumError(f"{where}: cannot cast {dtype} values to dtype={want.dtype} (numpy's same_kind rule)")
         dtype = np.dtype(want.dtype)
     shape = tuple(int(n) for n in a.shape)
@@ -852,8 +860,9 @@ def _npy_batches(a: np.ndarray, shape, tile, keys, dtype: np.dtype, per: int, sc
     mm = getattr(a, "_mmap", None)
     cast = a.dtype.name != dtype.name
     # C-order files are read with preadv; Fortran order (and 0-d arrays) through the map
+    # (a size-0 view of a map, as bfloat16 of '|V2' is, has no file: there is nothing to read)
     boxes_in = (_FileBoxes(a.filename, a.offset, a.shape, a.dtype.itemsize, where)
-                if isinstance(a, np.memmap) and a.ndim and a.flags.c_contiguous and hasattr(os, "preadv") else None)
+                if isinstance(a, np.memmap) and a.filename is not None and a.ndim and a.flags.c_contiguous and hasattr(os, "preadv") else None)
     try:
         while True:
             chunk = list(itertools.islice(coords, per))
@@ -1356,7 +1365,7 @@ def _element_batch(batch, value, schema: pa.Schema) -> pa.RecordBatch:
                 idx[p].append(ix.astype(np.int64) + box[p].start)
         vals.append(raw.view(dtype).reshape(-1).astype(arrow_value_dtype(dtype), copy=False))
     cols = [pa.array(np.concatenate(c) if c else np.zeros(0, np.int64)) for c in idx]
-    cols.append(pa.array(np.concatenate(vals) if vals else np.zeros(0, dtype), type=schema.field(VALUE).type))
+    cols.append(pa.array(np.concatenate(vals) if vals else np.zeros(0, arrow_value_dtype(dtype)), type=schema.field(VALUE).type))
     return pa.record_batch(cols, schema=schema)
 
 

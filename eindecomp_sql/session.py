@@ -19,7 +19,7 @@ import numpy as np
 from .arrays import as_array
 from .backends import Target, create_backend
 from .errors import EinsumError
-from .notation.checks import check_name
+from .notation.checks import can_cast, check_name
 from .notation.sublist import sublist_spec
 from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, plan_einsum
 from .plan.einsum import RESULT
@@ -423,7 +423,7 @@ class Session:
                     bound[v.name] = t.name
                 else:
                     a = as_array(x, f"input {v.name!r}")
-                    if a.dtype != v.dtype and np.can_cast(a.dtype, v.dtype, "same_kind"):
+                    if a.dtype != v.dtype and can_cast(a.dtype, v.dtype, "same_kind"):
                         a = a.astype(v.dtype)  # an array is cast to the declared dtype, as numpy would
                     if a.shape != v.shape or a.dtype != v.dtype:
                         raise EinsumError(f"input {v.name!r}: the graph wants {v.shape} {v.dtype}, got {a.shape} {a.dtype}")

@@ -10,7 +10,7 @@ import pytest
 
 import eindecomp_sql as eds
 from eindecomp_sql import EinsumError, Graph
-from eindecomp_sql.notation.checks import DTYPES as SUPPORTED, promote
+from eindecomp_sql.notation.checks import DTYPES as SUPPORTED, can_cast, promote
 
 from helpers import DTYPES, assert_close, error_scale, random_array
 from reference import reference
@@ -135,6 +135,30 @@ def test_bfloat16_promotes_as_float16_does():
         assert promote(bf, d) == want == promote(d, bf), other
         a, b = np.ones((2, 3), bf), np.ones((3, 2), d)
         assert eds.einsum("ij,jk->ik", a, b).dtype == want, other
+
+
+def test_bfloat16_casts_as_a_float():
+    """ml_dtypes answers some directions only (bfloat16 -> float16 is not even same_kind
+    there): casting rules follow ``promote`` for 'safe' and numpy's kind order otherwise, the
+    same whether the values come as an array, a table or a file."""
+    bf = np.dtype("bfloat16")
+    for other in DTYPES:
+        d = np.dtype(other)
+        assert can_cast(bf, d, "safe") == (promote(bf, d) == d), other
+        assert can_cast(d, bf, "safe") == (promote(bf, d) == bf), other
+        assert can_cast(bf, d, "same_kind") == (d.kind in "fc" or d == bf), other
+        assert can_cast(d, bf, "same_kind") == (d.kind in "buif" or d == bf), other
+        assert can_cast(bf, d, "unsafe") and can_cast(d, bf, "unsafe")
+        assert can_cast(bf, d, "no") == can_cast(d, bf, "equiv") == (d == bf)
+    a = random_array(np.random.default_rng(12), (4, 3), "bfloat16")
+    with eds.connect() as db:
+        T = db.store("bf", a)
+        for source in (a, T.to_arrow(), T.to_arrow("elements")):
+            got = db.store("h", source, dtype="float16", replace=True).to_numpy()
+            np.testing.assert_array_equal(got, a.astype(np.float16))
+    assert eds.einsum("ij->i", a, dtype="float16", casting="same_kind").dtype == np.float16
+    with pytest.raises(EinsumError, match="according to the rule 'safe'"):
+        eds.einsum("ij->i", a, dtype="float16")
 
 
 @pytest.mark.parametrize("join,agg", [("mul", "sum"), ("add", "max"), ("div", "sum"), ("exp", "sum"),

@@ -67,9 +67,17 @@ def test_a_bfloat16_npy_file_needs_its_dtype_named(db, tmp_path):
     np.save(tmp_path / "w.npy", a)
     with pytest.raises(EinsumError, match=r"2-byte void elements .* pass dtype='bfloat16'"):
         db.store("w", tmp_path / "w.npy")
+    with pytest.raises(EinsumError, match=r"2-byte void elements .* a.view\(ml_dtypes.bfloat16\)"):
+        db.store("w", np.load(tmp_path / "w.npy"))  # the same voids loaded by numpy
     assert "w" not in db.tensors()
     W = db.store("w", tmp_path / "w.npy", dtype="bfloat16")
     same(W.to_numpy(), a)
+    # empty ones too (a view of an empty map has no file to read: nothing to read)
+    for shape in ((0, 3), (3, 0)):
+        np.save(tmp_path / "e.npy", np.zeros(shape, "bfloat16"))
+        same(db.store("e", tmp_path / "e.npy", dtype="bfloat16", replace=True).to_numpy(), np.zeros(shape, "bfloat16"))
+        p = db.tensor("e").export(tmp_path / "e2.npy")
+        same(db.store("e2", p, dtype="bfloat16", replace=True).to_numpy(), np.zeros(shape, "bfloat16"))
 
 
 @pytest.mark.parametrize("shape, tile", [((), ()), ((0,), (1,)), ((0, 4), (1, 3)), ((3, 0, 2), (2, 1, 1)),

@@ -376,6 +376,27 @@ def test_a_part_that_fails_while_running_is_named_and_leaves_nothing(tmp_path, c
     assert stored(tmp_path / "t.duckdb") == {}
 
 
+def test_a_bfloat16_npy_input_is_read_as_the_job_declares(tmp_path, capsys):
+    """np.save writes bfloat16 as 2-byte voids: a job reads such a file when its input says
+    dtype = "bfloat16", and says what to write when it does not."""
+    import ml_dtypes  # noqa: F401 - numpy's "bfloat16"
+
+    x = np.random.default_rng(4).standard_normal((5, 3)).astype("bfloat16")
+    np.save(tmp_path / "x.npy", x)
+    body = '[steps.g]\nspec = "ij,kj->ik"\noperands = ["x", "x"]\n'
+    (tmp_path / "bad.toml").write_text('database = "t.duckdb"\n[inputs]\nx = { file = "x.npy" }\n' + body)
+    code, out, err = run_main(capsys, "run", tmp_path / "bad.toml")
+    assert code == 1 and "2-byte void elements" in err and "dtype='bfloat16'" in err, err
+    (tmp_path / "job.toml").write_text('database = "t.duckdb"\n[inputs]\nx = { file = "x.npy", dtype = "bfloat16" }\n'
+                                       + body)
+    code, out, err = run_main(capsys, "run", tmp_path / "job.toml")
+    assert code == 0, err
+    got = stored(tmp_path / "t.duckdb")
+    assert got["x"].dtype == got["g"].dtype == np.dtype("bfloat16")
+    wide = x.astype(np.float32)
+    np.testing.assert_array_equal(got["g"], (wide @ wide.T).astype("bfloat16"))
+
+
 def test_a_result_replaced_by_hand_is_not_done(tmp_path, capsys):
     """Done needs the tiles the job recorded, not only a matching fingerprint and shape: a step's
     result (or a loaded input) replaced by hand with the same shape, dtype, tile and keys is

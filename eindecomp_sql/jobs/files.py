@@ -50,10 +50,11 @@ def _load_npy(path) -> np.ndarray:
         raise EinsumError(f"cannot read {str(path)!r} as a .npy file: {e}") from None
 
 
-def info(path) -> tuple[tuple[int, ...], str]:
+def info(path, dtype=None) -> tuple[tuple[int, ...], str]:
     """Shape and dtype of a tensor file: from its header or ``eindecomp_sql.*`` metadata when it
-    has them (cheap), else by reading it (an element-form table without a shape)."""
-    from ..io import Wanted, read_metadata, read_source
+    has them (cheap), else by reading it (an element-form table without a shape). ``dtype``: the
+    one the file is to be read as (a .npy of 2-byte voids is bfloat16 only when it says so)."""
+    from ..io import Wanted, npy_dtype, read_metadata, read_source
     from ..notation.checks import check_dtype
 
     path = pathlib.Path(path)
@@ -61,7 +62,7 @@ def info(path) -> tuple[tuple[int, ...], str]:
     where = str(path)
     if k == "npy":
         a = _load_npy(path)
-        return tuple(a.shape), check_dtype(a.dtype, where)
+        return tuple(a.shape), npy_dtype(a.dtype, dtype, where).name
     import pyarrow as pa
 
     if k == "parquet":
@@ -156,7 +157,7 @@ def store_cache_limit(db, path, tile=None, dtype=None) -> int:
     largest = None
     try:
         if kind(path) == "npy":
-            shape, file_dtype = info(path)
+            shape, file_dtype = info(path, dtype)
             itemsize = np.dtype(dtype or file_dtype).itemsize
             largest = math.prod(tile or auto_tile(shape, itemsize, db.store_tile_bytes, db.store_square)) * itemsize
         else:

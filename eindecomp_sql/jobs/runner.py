@@ -173,13 +173,13 @@ def input_shapes(job: Job, db=None) -> tuple[dict[str, tuple[tuple[int, ...], st
     for i in job.inputs.values():
         if i.file is not None:
             try:
-                shape, dtype = files.info(i.file)
+                shape, dtype = files.info(i.file, i.dtype)
             except EinsumError as e:
                 raise job.error(_one_line(e), "inputs", i.name, "file", input=i.name) from None
             if i.dtype is not None:
-                import numpy as np
+                from ..notation.checks import can_cast
 
-                if not np.can_cast(dtype, i.dtype, "same_kind"):
+                if not can_cast(dtype, i.dtype, "same_kind"):
                     raise job.error(f"cannot cast the file's {dtype} values to dtype {i.dtype} (numpy's same_kind "
                                     "rule)", "inputs", i.name, "dtype", input=i.name)
                 dtype = i.dtype

@@ -69,6 +69,33 @@ def promote(*dtypes) -> np.dtype:
     return narrow_bfloat16(r, dts)
 
 
+_KIND_ORDER = "buifc"  # numpy's same_kind order: bool, unsigned, signed, float, complex
+
+
+def can_cast(frm, to, casting: str = "safe") -> bool:
+    """``np.can_cast`` over eindecomp_sql's dtypes, bfloat16 included (ml_dtypes answers some
+    directions only: bfloat16 -> float16 is not even same_kind there). bfloat16 casts as a float
+    whose safe casts are exactly those ``promote`` agrees with.
+
+    >>> can_cast("bfloat16", "float16", "same_kind"), can_cast("bfloat16", "float16")
+    (True, False)
+    >>> can_cast("int8", "bfloat16"), can_cast("int16", "bfloat16"), can_cast("complex64", "bfloat16", "same_kind")
+    (True, False, False)
+    """
+    f, t = np.dtype(frm), np.dtype(to)
+    if not (is_bfloat16(f) or is_bfloat16(t)):
+        return bool(np.can_cast(f, t, casting))
+    if casting == "unsafe":
+        return True
+    if casting in ("no", "equiv"):
+        return f.name == t.name and (casting == "equiv" or f.byteorder == t.byteorder)
+    safe = promote(f, t) == t.newbyteorder("=")
+    if casting == "safe" or safe:
+        return safe
+    kind = [("f" if is_bfloat16(d) else d.kind) for d in (f, t)]
+    return _KIND_ORDER.index(kind[0]) <= _KIND_ORDER.index(kind[1])  # same_kind
+
+
 def narrow_bfloat16(dt, inputs) -> np.dtype:
     """A dtype numpy computed with float16 standing for bfloat16 (``promote``, a join's probe),
     turned back: float16 is bfloat16 if an input was bfloat16 (float32 if float16 was one too);
