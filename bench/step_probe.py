@@ -14,7 +14,7 @@ import functools
 import threading
 import time
 
-KERNELS = ("einsum_rows", "einsum_groups", "program_rows", "retile_split", "retile_assemble", "fill_tiles")
+KERNELS = ("einsum_rows", "einsum_groups", "program_rows", "program_args", "retile_split", "retile_assemble", "fill_tiles")
 
 _calls: list[tuple[float, float, int]] = []  # (start, end, thread id) of each kernel call
 _steps: list[list] = []  # [step index, start, end] of each plan step, in order

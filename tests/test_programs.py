@@ -124,6 +124,29 @@ def test_a_chain_of_products_is_one_statement():
         assert rec.writes() == (1, 0)
 
 
+@pytest.mark.parametrize("n", [3, 16, 17, 20])
+def test_a_program_takes_its_inputs_as_arguments_up_to_16_then_as_a_list(n):
+    """DuckDB copies every tile of a list it builds, so a program's inputs go as one argument
+    each (``eds_program<n>``) up to ``max_program_args``, and as a list above: same results."""
+    rng = np.random.default_rng(n)
+    g = Graph()
+    xs = [g.input(f"x{k}", (6, 6), "float64") for k in range(n)]
+    acc = xs[0]
+    for x in xs[1:]:
+        acc = g.einsum("ij,jk->ik", acc, x)
+    arrays = {f"x{k}": rng.standard_normal((6, 6)) / 2 for k in range(n)}
+    with eds.connect() as db:
+        plan = g.plan()
+        (step,) = plan.plan.steps
+        assert isinstance(step, ProgramStep) and len(step.inputs) == n
+        sql = plan.explain()
+        assert (f"EDS_PROGRAM{n}(" in sql) == (n <= 16) and ("EDS_PROGRAM(" in sql) == (n > 16), sql[:300]
+        want = arrays["x0"]
+        for k in range(1, n):
+            want = want @ arrays[f"x{k}"]
+        np.testing.assert_allclose(plan.run(db, **arrays).to_numpy(), want, rtol=1e-10, atol=1e-12)
+
+
 def test_a_kept_value_in_the_middle_ends_the_program():
     g = Graph()
     x, w, v = g.input("x", (4, 3), "float64"), g.input("w", (3, 5), "float64"), g.input("v", (5, 2), "float64")

@@ -21,6 +21,7 @@ from eindecomp_sql.notation.checks import SQL_TYPES, sql_value_dtype
 from eindecomp_sql.plan.tiling import ceil_div, extent
 
 MAX_ARITY = MAX_OPERANDS
+MAX_PROGRAM_ARITY = 16  # programs with more inputs pass them as a list (``program_rows``)
 # the DuckDB type of each dtype's elements (einsum_elements); DuckDB has no complex type, so
 # complex tensors have no element rows (compile/sql.py refuses them)
 
@@ -130,6 +131,20 @@ def program_rows(spec_arr, tiles_arr) -> pa.Array:
     for r in range(len(lists)):
         check_cancelled()
         program.run(views[offsets[r]:offsets[r + 1]], writer.out(r), _run)
+    return _finished(writer)
+
+
+def program_args(spec_arr, *tile_arrs) -> pa.Array:
+    """``program_rows`` with one BLOB argument per input instead of a list of them: DuckDB
+    copies every tile into a list it builds (the LLaMA block's 13 MB of inputs, ~1 ms), so up to
+    ``MAX_PROGRAM_ARITY`` inputs go as arguments."""
+    program = program_kernel(_spec(spec_arr))
+    views = [blob_views(a) for a in tile_arrs]
+    rows = len(_as_array(spec_arr))
+    writer = TileWriter(program.out_dtype, [program.out_shape] * rows)
+    for r in range(rows):
+        check_cancelled()
+        program.run([v[r] for v in views], writer.out(r), _run)
     return _finished(writer)
 
 
@@ -243,6 +258,9 @@ def register_kernels(con, state: KernelState | None = None) -> None:
         member = duckdb.struct_type({"k": keys, **{f"t{k}": blob for k in range(n)}})
         create_function(f"eds_einsum_group{n}", einsum_groups, [text, keys, duckdb.list_type(member)], blob, **opts)
     create_function("eds_program", program_rows, [text, duckdb.list_type(blob)], blob, **opts)
+    for n in range(1, MAX_PROGRAM_ARITY + 1):
+        args = _with_arity(program_args, ["spec"] + [f"t{k}" for k in range(n)])
+        create_function(f"eds_program{n}", args, [text] + [blob] * n, blob, **opts)
     cut = duckdb.struct_type({"n": keys, "k": keys, "t": blob})
     create_function("eds_split", retile_split, [text, keys, blob], duckdb.list_type(cut), **opts)
     piece = duckdb.struct_type({"k": keys, "t": blob})

@@ -50,6 +50,8 @@ def register_spark_kernels(spark) -> None:
         register(f"eds_einsum{n}", _r.einsum_rows, 2 + n, blob)
         register(f"eds_einsum_group{n}", _r.einsum_groups, 3, blob)
     register("eds_program", _r.program_rows, 2, blob)
+    for n in range(1, _r.MAX_PROGRAM_ARITY + 1):
+        register(f"eds_program{n}", _r.program_args, 1 + n, blob)
     register("eds_split", _r.retile_split, 3, f"array<struct<n:{keys},k:{keys},t:{blob}>>")
     register("eds_assemble", _r.retile_assemble, 3, blob)
     register("eds_fill", _r.fill_tiles, 2, blob)

@@ -224,6 +224,8 @@ class SQLCompiler:
     assemble_udf: str = "eds_assemble"  # pieces -> one target tile
     fill_udf: str = "eds_fill"  # a tile key -> a tile full of one value
     program_udf: str = "eds_program"  # one tile per input, as a list -> the program's result tile
+    program_args_udf: str = "eds_program{arity}"  # the same, one tile argument per input
+    max_program_args: int = 16  # more inputs go as a list (DuckDB copies a list's tiles: +1 copy)
     values_udf: str = "eds_values_{dtype}"  # a tile -> the typed list of its elements
     # the SQL interface's UDFs (compile/sql_interface.py)
     pack_udf: str = "eds_pack_{dtype}"  # element rows -> one tile
@@ -460,11 +462,16 @@ class SQLCompiler:
         the engine can, else a cross product of one-row tables), and one kernel call computes
         every einsum of the program from their tiles::
 
-            SELECT 0 AS <key>..., eds_program(spec, [t0.tile, t1.tile, ...]) AS tile
+            SELECT 0 AS <key>..., eds_program<n>(spec, t0.tile, t1.tile, ...) AS tile
             FROM <input 0> AS t0 POSITIONAL JOIN <input 1> AS t1 ...
+
+        (``eds_program(spec, [t0.tile, ...])``, a list, above ``max_program_args`` inputs.)
         """
-        tiles = exp.Array(expressions=[col(TILE, f"t{k}") for k in range(len(step.inputs))])
-        kernel = call(self.program_udf, self.spec_literal(step), tiles)
+        tiles = [col(TILE, f"t{k}") for k in range(len(step.inputs))]
+        if 1 <= len(tiles) <= self.max_program_args:
+            kernel = call(self.program_args_udf.format(arity=len(tiles)), self.spec_literal(step), *tiles)
+        else:
+            kernel = call(self.program_udf, self.spec_literal(step), exp.Array(expressions=tiles))
         select = exp.Select(expressions=[alias(cast(num(0), "BIGINT"), ident(key)) for key in step.result.keys]
                             + [alias(kernel, name(TILE))])
         return self._read_inputs(step.inputs, select, self.positional_join_single_tiles)
