@@ -6,6 +6,7 @@ array([[1., 1.],
        [1., 1.]])
 """
 
+from . import _malloc  # noqa: F401 - one malloc arena, before pyarrow's import makes a second (see there)
 from .errors import EinsumError
 
 # The engine-facing names load on first use: the pure layers (``eindecomp_sql.notation``,

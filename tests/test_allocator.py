@@ -111,3 +111,55 @@ def test_failed_connect_leaves_no_user_counted():
     db.close()
     db.close()  # twice is harmless
     assert allocator._state["users"] == users
+
+
+ARENA_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, json, os, re, resource, sys, tempfile
+    import eindecomp_sql as eds   # first: its import bounds malloc to one arena
+    import numpy as np, pyarrow   # pyarrow's import starts a thread that allocates
+
+    def arenas():
+        libc = ctypes.CDLL(None)
+        libc.fdopen.restype = ctypes.c_void_p
+        fd, path = tempfile.mkstemp()
+        f = libc.fdopen(os.dup(fd), b"w")
+        libc.malloc_info(0, ctypes.c_void_p(f)); libc.fclose(ctypes.c_void_p(f))
+        text = open(path).read(); os.close(fd); os.unlink(path)
+        return len(re.findall(r'<heap nr="[0-9]+"', text))
+
+    rng = np.random.default_rng(0)
+    g = [rng.standard_normal((4096, 4096), dtype=np.float32) for _ in range(2)]
+    with eds.connect() as db:                   # a first session of 64 MiB tiles, then another
+        A, B = db.store("a", g[0]), db.store("b", g[1])
+        for _ in range(3):
+            db.einsum("ij,jk->ik", A, B, out="c", replace=True)
+    x = [rng.standard_normal((16, 1024, 1024), dtype=np.float32) for _ in range(2)]
+    faults = []
+    with eds.connect() as db:
+        X, Y = db.store("x", x[0]), db.store("y", x[1])
+        for _ in range(8):
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            db.einsum("bij,bjk->bik", X, Y, out="z", replace=True)
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    print(json.dumps({"arenas": arenas(), "faults": faults}))
+    """
+)
+
+
+@glibc
+def test_one_malloc_arena_so_64_mib_tiles_are_reused_on_duckdbs_threads():
+    """Importing eindecomp_sql before pyarrow bounds malloc to one arena (``_malloc.py``):
+    otherwise pyarrow's thread makes a second one, DuckDB's threads share the two, and a UDF
+    on a thread that drew the second got each 64 MiB block from a fresh mmap, every call
+    (~33,800 faults a call for this step after a first session of 64 MiB tiles)."""
+    env = dict(os.environ)
+    env.pop("EDS_RETAIN_MEMORY", None)
+    out = subprocess.run([sys.executable, "-c", ARENA_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["arenas"] == 1, got
+    pages = 64 << 20 >> 12  # one 64 MiB buffer in 4 KiB pages
+    # the first calls fault their buffers in; later ones reuse them (a median: now and then the
+    # heap must grow for one of them)
+    assert sorted(got["faults"][3:])[2] < pages // 4, got

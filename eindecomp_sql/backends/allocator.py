@@ -23,9 +23,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
 import sys
 import threading
+
+from .._malloc import tuning_disabled
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -69,7 +70,7 @@ def retain_freed_memory() -> bool:
         if _state["tried"]:
             return _state["retaining"]
         _state["tried"] = True
-        if os.environ.get("EDS_RETAIN_MEMORY", "1").strip().lower() in ("0", "false", "no", "off"):
+        if tuning_disabled():
             return False
         libc = _libc()
         if libc is None:
