@@ -128,10 +128,9 @@ class EinsumKernel(_TileLayout):
         self.all = self.output + self.reduced
         self.matmul = _MatmulPlan.build(self.inputs, self.output) if self.fast and len(self.inputs) == 2 else None
         self.work_dtype = product_dtype(self.out_dtype)
-        # what a group's members combine in: the product's dtype, or float32 for a bfloat16
-        # result of any other join (its operands are computed in float32: ``widened``)
-        self.acc_dtype = self.work_dtype if self.fast else product_dtype(self.out_dtype) if (
-            is_bfloat16(self.out_dtype)) else self.out_dtype
+        # what a group's members combine in: the product's dtype, which is float32 for a
+        # bfloat16 result of any other join too (its operands are computed in float32: ``widened``)
+        self.acc_dtype = self.work_dtype if self.fast or is_bfloat16(self.out_dtype) else self.out_dtype
         # a product BLAS runs (and threads) itself: float and complex matmuls; numpy's integer
         # matmul is not BLAS
         self.blas = self.matmul is not None and self.work_dtype.kind in "fc"

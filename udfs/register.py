@@ -123,28 +123,27 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
 def program_rows(spec_arr, tiles_arr) -> pa.Array:
     """A program step: each row holds one tile per input (a list); its einsums run one after
     the other, each on the kernel threads, and the last one's result is the row's tile."""
-    program = program_kernel(_spec(spec_arr))
     lists = _as_array(tiles_arr)
     offsets = lists.offsets.to_numpy()
     views = blob_views(lists.values)
-    writer = TileWriter(program.out_dtype, [program.out_shape] * len(lists))
-    for r in range(len(lists)):
-        check_cancelled()
-        program.run(views[offsets[r]:offsets[r + 1]], writer.out(r), _run)
-    return _finished(writer)
+    return _programs(spec_arr, [views[offsets[r]:offsets[r + 1]] for r in range(len(lists))])
 
 
 def program_args(spec_arr, *tile_arrs) -> pa.Array:
     """``program_rows`` with one BLOB argument per input instead of a list of them: DuckDB
     copies every tile into a list it builds (the LLaMA block's 13 MB of inputs, ~1 ms), so up to
     ``MAX_PROGRAM_ARITY`` inputs go as arguments."""
-    program = program_kernel(_spec(spec_arr))
     views = [blob_views(a) for a in tile_arrs]
-    rows = len(_as_array(spec_arr))
-    writer = TileWriter(program.out_dtype, [program.out_shape] * rows)
-    for r in range(rows):
+    return _programs(spec_arr, [[v[r] for v in views] for r in range(len(_as_array(spec_arr)))])
+
+
+def _programs(spec_arr, rows: list[list]) -> pa.Array:
+    """One program run per row (``rows``: each row's input tiles, uint8 views)."""
+    program = program_kernel(_spec(spec_arr))
+    writer = TileWriter(program.out_dtype, [program.out_shape] * len(rows))
+    for r, tiles in enumerate(rows):
         check_cancelled()
-        program.run([v[r] for v in views], writer.out(r), _run)
+        program.run(tiles, writer.out(r), _run)
     return _finished(writer)
 
 

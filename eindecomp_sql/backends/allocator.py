@@ -26,12 +26,11 @@ import functools
 import sys
 import threading
 
-from .._malloc import tuning_disabled
+from .._malloc import _M_ARENA_MAX, tuning_disabled
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-_M_ARENA_MAX = -8
 
 RETAIN_BYTES = 1 << 30
 FREE_CAP_BYTES = 320 << 20
