@@ -104,10 +104,14 @@ def _node(operands, output, sizes, join, agg, dtypes, name, dtype=None) -> Einsu
 
 def _order_matters(join: JoinFunction, dtypes: list[str]) -> bool:
     """Whether regrouping the join changes numpy's answer: numpy folds operands left to right,
-    and bool + bool is logical or (True + True is True) until a number joins in, so
-    ``x + (a + b)`` counts differently from ``(x + a) + b`` when two bools meet first. Such an
-    einsum stays one node, joined in numpy's order."""
-    return join.name == "add" and sum(d == "bool" for d in dtypes) >= 2 and any(d != "bool" for d in dtypes)
+    each ``+`` in the dtype of the two operands it meets. With mixed dtypes a regrouped sum meets
+    other pairs first: bool + bool is logical or (True + True is True) until a number joins in,
+    int8 + int8 wraps where int8 + int32 does not, and float16 + bool rounds to float16 where
+    float16 + float64 is exact (``,aaab,,->b`` over float16, float64, bool, float64 with
+    add/max was off by float16's half step). Such an einsum stays one node, joined in numpy's
+    order; max and min are exact, and a product summed computes every step in the promoted
+    dtype (``lower_einsum``), so only ``add`` is kept whole."""
+    return join.name == "add" and len(set(dtypes)) > 1
 
 
 def lower_einsum(
