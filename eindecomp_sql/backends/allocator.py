@@ -8,13 +8,21 @@ took ~100 ms (16,390 faults) against ~20 ms once the buffer is reused: on the 40
 faults were most of what the SQL path spent beyond numpy (docs/DESIGN.md, item 9, "Freed
 buffers stay in the process").
 
-``retain_freed_memory()`` raises glibc's mmap and trim thresholds to ``RETAIN_BYTES`` (1 GiB;
-a larger array still gets its own ``mmap``), so freed buffers below it stay in the heap, and keeps
-one malloc arena (a thread's own arena cannot hold a 64 MiB block and falls back to ``mmap``).
-The trade: the process holds freed memory instead of handing it back at once. That is bounded:
+``retain_freed_memory()`` raises glibc's mmap threshold to ``MMAP_BYTES`` (256 MiB; a larger
+buffer still gets its own ``mmap`` and goes back when freed) and its trim threshold to
+``RETAIN_BYTES`` (1 GiB), so freed buffers below them stay in the heap, and keeps one malloc
+arena (a thread's own arena cannot hold a 64 MiB block and falls back to ``mmap``). The trade:
+the process holds freed memory instead of handing it back at once. That is bounded:
 ``bound_free_memory()``, after every plan the backend runs, trims the heap when more than
-``FREE_CAP_BYTES`` lie free in it (whoever freed them), and ``detach()`` trims when the last
-backend of the process closes. Set the environment variable ``EDS_RETAIN_MEMORY=0`` to leave
+``FREE_CAP_BYTES`` of free heap are resident (whoever freed them), and ``detach()`` trims when
+the last backend of the process closes.
+
+Why buffers above 256 MiB are not kept: they exceed what a plan may leave behind anyway, and
+kept through a one-call step they are its fourth copy. At 6000² float64 (288 MB tiles) the
+freed Arrow input copies sat in the heap while DuckDB took the result back from its own
+allocator: a peak rise of 1,152 MB (4.0x numpy's) against 864 MB (3.0x) when they are mapped
+per call, for 1.08-1.12x numpy's time against 1.03x when the heap was reused (docs/DESIGN.md,
+"What a plan leaves resident"). Set the environment variable ``EDS_RETAIN_MEMORY=0`` to leave
 the allocator alone. It is process-wide, applied once, before DuckDB's threads start.
 """
 
@@ -23,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import sys
 import threading
 
@@ -33,6 +42,7 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
 RETAIN_BYTES = 1 << 30
+MMAP_BYTES = 256 << 20
 FREE_CAP_BYTES = 320 << 20
 
 
@@ -42,11 +52,8 @@ class _MallInfo2(ctypes.Structure):
 
 
 _lock = threading.Lock()
-# "trimmed": free heap bytes that the last trim handed back to the system. malloc_trim cannot
-# shrink a heap whose top is in use; it then releases the free pages in place (madvise), and
-# mallinfo2 still counts them as free. Without this baseline every later plan would trim
-# again, handing back the very buffers the tuning keeps for reuse.
-_state: dict = {"tried": False, "retaining": False, "users": 0, "trimmed": 0}
+_state: dict = {"tried": False, "retaining": False, "users": 0}
+_ODD = bytes(k & 1 for k in range(256))  # mincore's resident bit is a byte's lowest
 
 
 @functools.lru_cache(maxsize=1)
@@ -74,7 +81,7 @@ def retain_freed_memory() -> bool:
         libc = _libc()
         if libc is None:
             return False
-        ok = all(libc.mallopt(p, v) == 1 for p, v in ((_M_MMAP_THRESHOLD, RETAIN_BYTES),
+        ok = all(libc.mallopt(p, v) == 1 for p, v in ((_M_MMAP_THRESHOLD, MMAP_BYTES),
                                                        (_M_TRIM_THRESHOLD, RETAIN_BYTES),
                                                        (_M_ARENA_MAX, 1)))
         _state["retaining"] = ok
@@ -91,7 +98,7 @@ def bound_retained(budget: int) -> None:
     with _lock:
         if not _state["retaining"]:
             return
-        cap = max(1 << 20, min(RETAIN_BYTES, budget // 8, _state.get("bound", RETAIN_BYTES)))
+        cap = max(1 << 20, min(MMAP_BYTES, budget // 8, _state.get("bound", MMAP_BYTES)))
         libc = _libc()
         if libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, cap) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, cap) == 1:
             _state["bound"] = cap
@@ -119,24 +126,57 @@ def free_bytes() -> int | None:
 
 
 def bound_free_memory() -> None:
-    """Trim the heap when more than ``FREE_CAP_BYTES`` lie free in it: what a 4096² GEMM
-    reuses is ~190 MB of free heap; memory freed beyond the cap (by anyone) is handed back.
+    """Trim the heap when more than ``FREE_CAP_BYTES`` of free heap are resident: what a 4096²
+    float32 GEMM reuses is ~190 MB; memory freed beyond the cap (by anyone) is handed back.
     A 256 MiB trim threshold instead let glibc trim on free and re-faulted both input tiles."""
     if _state["retaining"]:
-        free = resident_free_bytes()
-        if free is not None and free > min(FREE_CAP_BYTES, _state.get("bound", FREE_CAP_BYTES)):
-            release_freed_memory()
-            _state["trimmed"] = free_bytes() or 0
+        cap = min(FREE_CAP_BYTES, _state.get("bound", FREE_CAP_BYTES))
+        free = free_bytes()
+        if free is not None and free > cap:  # mallinfo2 first: cheap, and an upper bound
+            resident = resident_free_bytes()
+            if resident is None or resident > cap:
+                release_freed_memory()
 
 
 def resident_free_bytes() -> int | None:
-    """Free heap bytes that are still resident: free bytes beyond what the last trim handed
-    back (memory reused since then lowers that baseline: it is resident again)."""
-    free = free_bytes()
-    if free is None:
+    """Free heap bytes that are resident, estimated as the heap's resident pages (``mincore``
+    over the ``[heap]`` mapping, where the one arena lives) less the bytes in use; the free
+    bytes themselves when the heap cannot be read, or None without ``mallinfo2``.
+
+    Why not the free bytes: a trim that cannot shrink the heap (its top in use) releases the
+    free pages in place, and mallinfo2 still counts them free. The next plan that reuses them
+    faults them back in and frees them again, and the count has not moved: an earlier
+    bookkeeping ("free beyond what the last trim released") then saw nothing to trim, and a
+    process that ran two 6000² float64 GEMMs kept 879 MB resident for good."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
         return None
-    _state["trimmed"] = min(_state["trimmed"], free)
-    return free - _state["trimmed"]
+    info = libc.mallinfo2()
+    heap = _heap_resident(libc)
+    if heap is None:
+        return int(info.fordblks)
+    return max(0, min(int(info.fordblks), heap - int(info.uordblks)))
+
+
+def _heap_resident(libc) -> int | None:
+    """Resident bytes of the ``[heap]`` mappings (numpy's ``madvise`` of a big array splits
+    the heap into several), or None (no heap, or it shrank since ``/proc`` was read)."""
+    try:
+        with open("/proc/self/maps") as f:
+            spans = [line.split(None, 1)[0] for line in f if line.endswith("[heap]\n")]
+    except OSError:
+        return None
+    if not spans:
+        return None
+    page = os.sysconf("SC_PAGE_SIZE")
+    resident = 0
+    for span in spans:
+        lo, hi = (int(x, 16) for x in span.split("-"))
+        pages = (ctypes.c_ubyte * ((hi - lo + page - 1) // page))()
+        if libc.mincore(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), pages) != 0:
+            return None
+        resident += bytes(pages).translate(_ODD).count(1) * page
+    return resident
 
 
 def attach() -> None:
