@@ -54,6 +54,7 @@ class _MallInfo2(ctypes.Structure):
 _lock = threading.Lock()
 _state: dict = {"tried": False, "retaining": False, "users": 0}
 _ODD = bytes(k & 1 for k in range(256))  # mincore's resident bit is a byte's lowest
+_SLACK = 16 << 20  # what the free count or the resident set may move before we look again
 
 
 @functools.lru_cache(maxsize=1)
@@ -128,14 +129,35 @@ def free_bytes() -> int | None:
 def bound_free_memory() -> None:
     """Trim the heap when more than ``FREE_CAP_BYTES`` of free heap are resident: what a 4096²
     float32 GEMM reuses is ~190 MB; memory freed beyond the cap (by anyone) is handed back.
-    A 256 MiB trim threshold instead let glibc trim on free and re-faulted both input tiles."""
-    if _state["retaining"]:
-        cap = min(FREE_CAP_BYTES, _state.get("bound", FREE_CAP_BYTES))
-        free = free_bytes()
-        if free is not None and free > cap:  # mallinfo2 first: cheap, and an upper bound
-            resident = resident_free_bytes()
-            if resident is None or resident > cap:
-                release_freed_memory()
+    A 256 MiB trim threshold instead let glibc trim on free and re-faulted both input tiles.
+
+    Cheap when nothing moved: the estimate (``mincore`` over the heap, ~1 ms for a heap that
+    once grew to 3 GB) is taken again only when the free bytes or the resident set changed by
+    more than ``_SLACK`` since the last one; the resident free heap cannot grow otherwise."""
+    if not _state["retaining"]:
+        return
+    cap = min(FREE_CAP_BYTES, _state.get("bound", FREE_CAP_BYTES))
+    free = free_bytes()
+    if free is None or free <= cap:  # mallinfo2 first: cheap, and an upper bound
+        return
+    rss = _resident_set()
+    seen = _state.get("seen")
+    if seen is not None and abs(free - seen[0]) <= _SLACK and rss is not None and rss <= seen[1] + _SLACK:
+        if seen[2] is not None and seen[2] <= cap:
+            return
+    resident = resident_free_bytes()
+    if resident is None or resident > cap:
+        release_freed_memory()
+        resident, free, rss = resident_free_bytes(), free_bytes(), _resident_set()
+    _state["seen"] = (free, rss, resident)
+
+
+def _resident_set() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def resident_free_bytes() -> int | None:
