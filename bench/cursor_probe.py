@@ -1,0 +1,218 @@
+"""Issue 9, Required 1: do statements on their own cursors take the SQL path's time outside the
+kernels off one thread on a many-core machine? A probe to run wherever many cores are lent (the
+GPU machine's 16), before the executor is changed for it (docs/DESIGN.md, "A parallel data
+path").
+
+For each workload and each part count P, the left operand is stored as P row panels (the right
+one whole), and the product's own statement for the step (compiled by the session's compiler,
+kernel UDF and all) runs
+- ``one``: as one statement over all panels (what the product runs today),
+- ``serial``: as P statements, one per panel (``WHERE t0.d0 = p``), one after another on one cursor,
+- ``cursors``: the same P statements at once, each on a cursor of its own in a thread of its own,
+  each writing its own table (appends and new tables from several connections do not conflict),
+side by side with numpy's ``@`` and the product's default (``db.einsum(..., out=)`` on the
+operands stored whole). Each core count runs in a child process pinned with ``taskset``, BLAS and
+DuckDB at that many threads; methods run in random order each round; medians (min-max), ratios
+to numpy in the same child.
+
+    .venv/bin/python bench/cursor_probe.py                        # --cores 1,2,all --parts 2,4,8
+    .venv/bin/python bench/cursor_probe.py --cores all --only gemm_8192 --rounds 3
+
+What to read: if ``cursors`` beats ``one`` at 16 cores by more than the copies P panels add
+(``serial`` against ``one``), the product should run a step's batches on their own cursors and
+``workers`` can mean them. If not, the input copy DuckDB makes holding the GIL is the floor
+(docs/DESIGN.md), and the parallel data path needs another formulation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+# name: (spec, left shape, right shape, whether the right operand is cut too). The left operand is
+# cut along its first axis; so is the right one where that label is shared (the batch of bij,bjk:
+# no operand replicated), else it stays whole (a GEMM: every panel statement reads all of it)
+WORKLOADS = {
+    "gemm_4096": ("ij,jk->ik", (4096, 4096), (4096, 4096), False),
+    "gemm_8192": ("ij,jk->ik", (8192, 8192), (8192, 8192), False),
+    "bij_bjk": ("bij,bjk->bik", (16, 1024, 1024), (16, 1024, 1024), True),
+    "gemm_512": ("ij,jk->ik", (512, 512), (512, 512), False),  # a seconds-long check of the harness
+}
+
+
+def panel_statements(db, spec: str, left: str, right: str, parts: int) -> tuple[str, list[str]]:
+    """The product's SELECT for ``spec`` over stored tensors ``left`` (P row panels) and
+    ``right``, whole and cut into one statement per panel of the left operand (one step, no
+    re-tile: the operands are stored as the plan wants them)."""
+    import sqlglot
+
+    A, B = db.tensor(left), db.tensor(right)
+    plan = db.plan(spec, A, B)
+    assert len(plan.steps) == 1, plan.explain()
+    compiled = db.backend.compiler.compile_plan(plan)[0]
+    names = {v.name: getattr(db.tensor(v.name), "table", v.name) for v in plan.inputs}
+    whole = db.backend.compiler.bind_sql(compiled.batches[0], names)
+    tree = sqlglot.parse_one(whole, dialect="duckdb")
+    return whole, [tree.copy().where(f't0.d0 = {p}').sql(dialect="duckdb") for p in range(parts)]
+
+
+def child(cores: int, names: list[str], parts_list: list[int], rounds: int) -> dict:
+    import eindecomp_sql as eds
+
+    rng = np.random.default_rng(0)
+    db = eds.connect()
+    con = db.backend.con
+    con.execute(f"SET threads = {cores}")
+    out = {"cores": cores, "workloads": {}}
+    for name in names:
+        spec, sa, sb, cut_right = WORKLOADS[name]
+        a = rng.standard_normal(sa, dtype=np.float32)
+        b = rng.standard_normal(sb, dtype=np.float32)
+        want = np.matmul(a, b)
+        db.store("a_whole", a, tile=sa, replace=True)
+        db.store("b_whole", b, tile=sb, replace=True)
+        methods = {"numpy": lambda: np.matmul(a, b),
+                   "product": lambda: db.einsum(spec, "a_whole", "b_whole", out="c_prod", replace=True)}
+        statements = {}
+        for parts in parts_list:
+            if sa[0] % parts:
+                continue
+            left, right = f"a_{parts}", "b_whole"
+            db.store(left, a, tile=(sa[0] // parts,) + sa[1:], replace=True)
+            if cut_right:
+                right = f"b_{parts}"
+                db.store(right, b, tile=(sb[0] // parts,) + sb[1:], replace=True)
+            whole, panels = panel_statements(db, spec, left, right, parts)
+            statements[parts] = (whole, panels)
+            methods[f"one P={parts}"] = lambda w=whole: _create(con, "c_one", w)
+            methods[f"serial P={parts}"] = lambda ps=panels: [_create(con, f"c_s{k}", s) for k, s in enumerate(ps)]
+            methods[f"cursors P={parts}"] = lambda ps=panels: _concurrent(con, ps)
+        # every formulation checked against numpy once, before timing
+        for parts, (whole, panels) in statements.items():
+            _create(con, "c_check", whole)
+            _check(con.sql('SELECT * FROM "c_check"').fetchall(), want, parts, name)
+            _concurrent(con, panels)
+            _check([r for k in range(parts) for r in con.sql(f'SELECT * FROM "c_p{k}"').fetchall()],
+                   want, parts, name)
+        times: dict[str, list[float]] = {m: [] for m in methods}
+        for fn in methods.values():
+            fn()  # warm-up
+        for _ in range(rounds):
+            order = list(methods)
+            random.shuffle(order)
+            for m in order:
+                t = time.perf_counter()
+                methods[m]()
+                times[m].append(time.perf_counter() - t)
+        base = statistics.median(times["numpy"])
+        out["workloads"][name] = {m: {"median": statistics.median(ts), "min": min(ts), "max": max(ts),
+                                      "ratio": statistics.median(ts) / base} for m, ts in times.items()}
+        got = db.tensor("c_prod").to_numpy()
+        assert np.allclose(got, want, rtol=1e-3, atol=1e-2 * float(np.abs(want).max())), name
+    return out
+
+
+def _check(rows, want: np.ndarray, parts: int, name: str) -> None:
+    """The result tiles (one per row panel, raw C-order bytes) against numpy's panels."""
+    assert len(rows) == parts, (name, parts, len(rows))
+    for row in rows:
+        key, tile = row[0], row[-1]
+        panel = np.split(want, parts)[key]
+        got = np.frombuffer(tile, want.dtype).reshape(panel.shape)
+        assert np.allclose(got, panel, rtol=1e-3, atol=1e-2 * float(np.abs(want).max())), (name, parts, key)
+
+
+def _create(con, table: str, select: str) -> None:
+    con.execute(f'CREATE OR REPLACE TABLE "{table}" AS {select}')
+
+
+def _concurrent(con, panels: list[str]) -> None:
+    errors: list[BaseException] = []
+
+    def run(k: int, select: str) -> None:
+        try:
+            cur = con.cursor()
+            try:
+                _create(cur, f"c_p{k}", select)
+            finally:
+                cur.close()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k, s)) for k, s in enumerate(panels)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def run_child(cores: int, names: list[str], parts: list[int], rounds: int) -> dict:
+    cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:cores])
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(cores), OMP_NUM_THREADS=str(cores), MKL_NUM_THREADS=str(cores))
+    cmd = ["taskset", "-c", cpus, sys.executable, __file__, "--child", str(cores), "--rounds", str(rounds),
+           "--only", ",".join(names), "--parts", ",".join(map(str, parts))]
+    r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def markdown(runs: list[dict]) -> str:
+    lines = ["| workload | method | " + " | ".join(f"{r['cores']} cores" for r in runs) + " |",
+             "|---|---|" + "---|" * len(runs)]
+    for name in runs[0]["workloads"]:
+        for m in runs[0]["workloads"][name]:
+            cells = []
+            for r in runs:
+                s = r["workloads"][name].get(m)
+                cells.append("-" if s is None else
+                             f"{s['median']:.3g} s ({s['min']:.3g}-{s['max']:.3g}), {s['ratio']:.2f}x")
+            lines.append(f"| {name} | {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cores", default="1,2,all")
+    ap.add_argument("--parts", default="2,4,8")
+    ap.add_argument("--only", default="gemm_4096,gemm_8192,bij_bjk")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", help="also write the results as JSON here")
+    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    names = args.only.split(",")
+    parts = [int(p) for p in args.parts.split(",")]
+    if args.child:
+        print(json.dumps(child(args.child, names, parts, args.rounds)))
+        return
+    avail = len(os.sched_getaffinity(0))
+    counts = []
+    for tok in args.cores.split(","):
+        c = avail if tok.strip() == "all" else int(tok)
+        if c <= avail and c not in counts:
+            counts.append(c)
+    runs = []
+    for c in counts:
+        print(f"{c} core(s) ...", file=sys.stderr, flush=True)
+        runs.append(run_child(c, names, [p for p in parts if p <= max(c, 2) * 4], args.rounds))
+    from run import machine  # bench/run.py: CPU, cores, versions, date
+
+    print(f"machine: {json.dumps(machine())}\n")
+    print(markdown(runs))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"machine": machine(), "runs": runs}, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    main()
