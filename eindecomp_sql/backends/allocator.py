@@ -21,7 +21,7 @@ Why buffers above 256 MiB are not kept: they exceed what a plan may leave behind
 kept through a one-call step they are its fourth copy. At 6000² float64 (288 MB tiles) the
 freed Arrow input copies sat in the heap while DuckDB took the result back from its own
 allocator: a peak rise of 1,152 MB (4.0x numpy's) against 864 MB (3.0x) when they are mapped
-per call, for 1.08-1.12x numpy's time against 1.03x when the heap was reused (docs/DESIGN.md,
+per call, for 1.08-1.14x numpy's time against 1.03x when the heap was reused (docs/DESIGN.md,
 "What a plan leaves resident"). Set the environment variable ``EDS_RETAIN_MEMORY=0`` to leave
 the allocator alone. It is process-wide, applied once, before DuckDB's threads start.
 """
