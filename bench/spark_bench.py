@@ -170,7 +170,10 @@ def block_matrix(spark, sdb, m: int, k: int, n: int, block: int, reps: int) -> d
     got = sdb.einsum("ij,jk->ik", A, B).to_numpy()
     assert np.allclose(got, a @ b, rtol=1e-8, atol=1e-8)
     res["ours"] = timed(lambda: sdb.einsum("ij,jk->ik", A, B), reps)
-    res["ours_plan"] = sdb.plan("ij,jk->ik", A, B).explain().splitlines()[0]
+    plan = sdb.plan("ij,jk->ik", A, B)
+    res["ours_plan"] = plan.explain().splitlines()[0]
+    res["shuffle"] = shuffle_rows(spark, sdb, plan, lambda: sdb.einsum("ij,jk->ik", A, B),
+                                  f"gemm {m}x{k}x{n} f64, {block}² blocks")
     BA, BB = blocks(a), blocks(b)
     try:
         C = BA.multiply(BB)
@@ -234,7 +237,7 @@ def markdown(out: dict) -> str:
                  if "block_matrix" in r else f"BlockMatrix.multiply failed: {r['block_matrix_error']}")
         lines.append(f"| GEMM {r['shape']} float64, blocks {r['block']}² | ours on Spark {_med(r['ours'])} | {other} |")
     lines += ["", "| workload | step | predicted shuffle | measured | ratio |", "|---|---|---|---|---|"]
-    for key in ("gemm", "ffn"):
+    for key in ("gemm", "ffn", "block_matrix", "middle_16x"):
         for row in out.get(key, {}).get("shuffle", []):
             p, m = row["predicted"], row["measured"]
             ratio = "-" if p == m == 0 else (f"{m / p:.2f}" if p else "inf")

@@ -294,3 +294,59 @@ def test_every_step_shape_prints_spark_sql():
                                       TiledValue("B", (0, 5), "float32", (1, 5), ("d0", "d1"))))
     fill = compiler.sql_listing(empty)
     assert "RANGE(0, 1)" in fill and "SEQUENCE" not in fill
+
+
+def test_a_grouped_step_repartitions_its_left_operand_and_broadcasts_the_right(sdb, spark):
+    """A grouped step's joined rows are not shuffled to their groups: the left operand is
+    repartitioned by an output key and the right one broadcast, so the join's output is
+    already partitioned by a group key (Spark aggregates in the same stage). Only where the
+    right operand fits the session's broadcast threshold; results match numpy either way, and
+    EXPLAIN's predicted shuffle follows the SQL."""
+    from eindecomp_sql.compile.spark import shuffle_bytes
+
+    rng = np.random.default_rng(21)
+    a, b = rng.standard_normal((64, 64)), rng.standard_normal((64, 64))
+    A = sdb.store("GA", a, tile=(16, 16), replace=True)
+    B = sdb.store("GB", b, tile=(16, 16), replace=True)
+    plan = sdb.plan("ij,jk->ik", A, B)
+    (step,) = plan.steps  # as stored: no re-tile
+    assert step.grouped and step.pieces["i"] == 4 and step.pieces["j"] == 4
+    text = sdb.explain("ij,jk->ik", A, B)
+    assert "REPARTITION(`d0`)" in text and "BROADCAST(`t1`)" in text, text
+    assert shuffle_bytes(step, sdb.backend.broadcast_bytes()) == step.inputs[0].nbytes
+    assert_close(sdb.einsum("ij,jk->ik", A, B).to_numpy(), a @ b)
+    old = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
+    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")  # nothing is broadcast
+    try:
+        text = sdb.explain("ij,jk->ik", A, B)
+        assert "REPARTITION" not in text and "BROADCAST" not in text, text
+        assert shuffle_bytes(step, -1) == a.nbytes + b.nbytes + step.costs.join
+        assert_close(sdb.einsum("ij,jk->ik", A, B).to_numpy(), a @ b)
+    finally:
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", old)
+
+
+def test_which_grouped_steps_repartition_on_spark():
+    from eindecomp_sql.compile.spark import repartition_key, spark_compiler
+
+    def step(a_shape, a_tile, b_shape, b_tile, spec="ij,jk->ik"):
+        a = TiledValue("A", a_shape, "float64", a_tile, ("d0", "d1"))
+        b = TiledValue("B", b_shape, "float64", b_tile, ("e0", "e1"))
+        (s,) = plan_einsum(spec, (a, b)).steps
+        return s
+
+    grouped = step((64, 64), (16, 16), (64, 64), (16, 16))
+    assert grouped.grouped and repartition_key(grouped, 1 << 30) == "d0"
+    assert repartition_key(grouped, grouped.inputs[1].nbytes - 1) is None  # the right side is not broadcast
+    assert repartition_key(grouped, -1) is None
+    rows = step((64, 64), (16, 64), (64, 64), (64, 64))  # j in one piece: no GROUP BY to spare
+    assert not rows.grouped and repartition_key(rows, 1 << 30) is None
+    one_row = step((16, 256), (16, 16), (256, 16), (16, 16))  # i in one piece: one partition
+    assert one_row.grouped and repartition_key(one_row, 1 << 30) is None
+    bigger_right = step((32, 64), (16, 16), (64, 256), (16, 16))  # Spark would broadcast the left
+    assert bigger_right.grouped and repartition_key(bigger_right, 1 << 30) is None
+    # each threshold its own compiler class (compiled plans are cached per class)
+    assert spark_compiler(1 << 20) is spark_compiler(1 << 20) and spark_compiler(1 << 20) is not spark_compiler(2 << 20)
+    assert spark_compiler(SparkCompiler.broadcast_bytes) is SparkCompiler
+    assert "REPARTITION" in spark_compiler(1 << 30)().sql_listing(plan_einsum("ij,jk->ik", grouped.inputs))
+    assert "REPARTITION" not in spark_compiler(-1)().sql_listing(plan_einsum("ij,jk->ik", grouped.inputs))

@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..compile.spark import SparkCompiler, inlined_steps, shuffle_bytes
+from ..compile.spark import SparkCompiler, inlined_steps, shuffle_bytes, spark_compiler
 from ..errors import EinsumError, ExecutionError
 from ..plan import Plan, TiledValue
 from ..plan.cost import CostModel
@@ -194,7 +194,6 @@ class SparkBackend:
                 _release_local(self.spark)
             self._remove_root()
             raise
-        self.compiler = SparkCompiler()
         self._session_id = uuid.uuid4().hex[:12]
         # a read-only session still writes its runs' scratch: beside the database, or in a
         # directory of its own
@@ -204,6 +203,12 @@ class SparkBackend:
         self._counter = itertools.count()
         # lower-cased name -> (value named as the session knows it, its directory)
         self._temporary: dict[str, tuple[TiledValue, str]] = {}
+
+    @property
+    def compiler(self) -> SparkCompiler:
+        """The compiler for this session's broadcast threshold, read now (the user may change
+        the session's conf between plans)."""
+        return spark_compiler(self.broadcast_bytes())()
 
     @property
     def default_workers(self) -> int:
@@ -379,7 +384,8 @@ class SparkBackend:
         """Run the plan's steps, one Spark SQL statement each; see ``base.Backend.execute``.
         Every step's result is written under the run's scratch directory; the outputs move
         into the catalog only once every step has run."""
-        compiled = self.compiler.compile_plan(plan)  # a callable join that cannot be pickled: EinsumError
+        compiler = self.compiler
+        compiled = compiler.compile_plan(plan)  # a callable join that cannot be pickled: EinsumError
         with self.lock:
             self._check_open()
             for t in outputs.values():
@@ -398,7 +404,7 @@ class SparkBackend:
                 start = time.perf_counter()
                 for k, c in enumerate(compiled):
                     step = plan.steps[k]
-                    text = self.compiler.bind_sql(c.text, tables)
+                    text = compiler.bind_sql(c.text, tables)
                     # the step's jobs say which step they are (Spark's UI and REST API)
                     context.setJobDescription(f"eindecomp_sql step {k}: {step.describe()}")
                     try:
