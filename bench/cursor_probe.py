@@ -99,9 +99,9 @@ def child(cores: int, names: list[str], parts_list: list[int], rounds: int) -> d
         # every formulation checked against numpy once, before timing
         for parts, (whole, panels) in statements.items():
             _create(con, "c_check", whole)
-            _check(con.sql('SELECT * FROM "c_check"').fetchall(), want, parts, name)
+            _check(con.sql(f"SELECT * FROM {_quoted('c_check')}").fetchall(), want, parts, name)
             _concurrent(con, panels)
-            _check([r for k in range(parts) for r in con.sql(f'SELECT * FROM "c_p{k}"').fetchall()],
+            _check([r for k in range(parts) for r in con.sql(f"SELECT * FROM {_quoted(f'c_p{k}')}").fetchall()],
                    want, parts, name)
         times: dict[str, list[float]] = {m: [] for m in methods}
         for fn in methods.values():
@@ -132,7 +132,13 @@ def _check(rows, want: np.ndarray, parts: int, name: str) -> None:
 
 
 def _create(con, table: str, select: str) -> None:
-    con.execute(f'CREATE OR REPLACE TABLE "{table}" AS {select}')
+    con.execute(f"CREATE OR REPLACE TABLE {_quoted(table)} AS {select}")
+
+
+def _quoted(table: str) -> str:
+    import sqlglot.expressions as exp
+
+    return exp.to_identifier(table, quoted=True).sql(dialect="duckdb")
 
 
 def _concurrent(con, panels: list[str]) -> None:
@@ -194,12 +200,9 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, names, parts, args.rounds)))
         return
-    avail = len(os.sched_getaffinity(0))
-    counts = []
-    for tok in args.cores.split(","):
-        c = avail if tok.strip() == "all" else int(tok)
-        if c <= avail and c not in counts:
-            counts.append(c)
+    from scaling import core_counts  # bench/scaling.py: "all", and counts above the machine's dropped
+
+    counts, _ = core_counts(args.cores)
     runs = []
     for c in counts:
         print(f"{c} core(s) ...", file=sys.stderr, flush=True)

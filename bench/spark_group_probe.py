@@ -3,7 +3,7 @@
 Without: the grouped GEMM statement (operands in 512² tiles, the right one broadcast) shuffles
 every joined row to its (i, k) group after a partial ``collect_list``; the joined rows carry
 both tiles, so the shuffle moves the join's bytes (268 MB at 2048³ float64). With (what the
-product compiles since 2026-11-25, ``compile/spark.py: repartition_key``): the left operand is
+product compiles since 2026-11-25, ``compile/spark.py: repartition_label``): the left operand is
 repartitioned by its output key first (``/*+ REPARTITION(d0) */``, 32 MB), which leaves the
 joined rows hash-partitioned by ``i`` and satisfies the GROUP BY: Spark aggregates in the same
 stage, no exchange. This probe compiles the step both ways (the "without" form is what a

@@ -327,7 +327,7 @@ def test_a_grouped_step_repartitions_its_left_operand_and_broadcasts_the_right(s
 
 
 def test_which_grouped_steps_repartition_on_spark():
-    from eindecomp_sql.compile.spark import repartition_key, spark_compiler
+    from eindecomp_sql.compile.spark import repartition_label, spark_compiler
 
     def step(a_shape, a_tile, b_shape, b_tile, spec="ij,jk->ik"):
         a = TiledValue("A", a_shape, "float64", a_tile, ("d0", "d1"))
@@ -336,17 +336,17 @@ def test_which_grouped_steps_repartition_on_spark():
         return s
 
     grouped = step((64, 64), (16, 16), (64, 64), (16, 16))
-    assert grouped.grouped and repartition_key(grouped, 1 << 30) == "d0"
-    assert repartition_key(grouped, grouped.inputs[1].nbytes - 1) is None  # the right side is not broadcast
-    assert repartition_key(grouped, -1) is None
+    assert grouped.grouped and repartition_label(grouped, 1 << 30) == "i"
+    assert repartition_label(grouped, grouped.inputs[1].nbytes - 1) is None  # the right side is not broadcast
+    assert repartition_label(grouped, -1) is None
     rows = step((64, 64), (16, 64), (64, 64), (64, 64))  # j in one piece: no GROUP BY to spare
-    assert not rows.grouped and repartition_key(rows, 1 << 30) is None
+    assert not rows.grouped and repartition_label(rows, 1 << 30) is None
     one_row = step((16, 256), (16, 16), (256, 16), (16, 16))  # i in one piece: one partition
-    assert one_row.grouped and repartition_key(one_row, 1 << 30) is None
+    assert one_row.grouped and repartition_label(one_row, 1 << 30) is None
     bigger_right = step((32, 64), (16, 16), (64, 256), (16, 16))  # Spark would broadcast the left
-    assert bigger_right.grouped and repartition_key(bigger_right, 1 << 30) is None
+    assert bigger_right.grouped and repartition_label(bigger_right, 1 << 30) is None
     # each threshold its own compiler class (compiled plans are cached per class)
     assert spark_compiler(1 << 20) is spark_compiler(1 << 20) and spark_compiler(1 << 20) is not spark_compiler(2 << 20)
     assert spark_compiler(SparkCompiler.broadcast_bytes) is SparkCompiler
-    assert "REPARTITION" in spark_compiler(1 << 30)().sql_listing(plan_einsum("ij,jk->ik", grouped.inputs))
+    assert "REPARTITION(`d0`)" in spark_compiler(1 << 30)().sql_listing(plan_einsum("ij,jk->ik", grouped.inputs))
     assert "REPARTITION" not in spark_compiler(-1)().sql_listing(plan_einsum("ij,jk->ik", grouped.inputs))

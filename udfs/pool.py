@@ -96,6 +96,10 @@ _wide = False  # a call running BLAS on every core: it runs alone
 _limit = None
 
 
+# threadpoolctl < 3.8 has no controlling thread (and no way to clear one)
+_CLEAR_CONTROL = getattr(getattr(threadpoolctl, "OpenBLASController", None), "clear_controlling_thread", None)
+
+
 def _hand_back_blas_control() -> None:
     """Let the next thread set OpenBLAS's thread count. threadpoolctl >= 3.8 lets only the
     first thread that set it (pthreads builds: one process-wide pool) set it again, and makes
@@ -106,9 +110,8 @@ def _hand_back_blas_control() -> None:
     at one thread for good (numpy's 4096² product 0.55 -> 1.08 s on 2 cores afterwards); a
     thread that was not the first could not limit BLAS either, so kernel threads would each run
     BLAS on every core. Our changes are serialized by ``_lock``, so no two threads fight."""
-    clear = getattr(getattr(threadpoolctl, "OpenBLASController", None), "clear_controlling_thread", None)
-    if clear is not None:
-        clear(force=True)
+    if _CLEAR_CONTROL is not None:
+        _CLEAR_CONTROL(force=True)
 
 
 def _get_pool() -> ThreadPoolExecutor:

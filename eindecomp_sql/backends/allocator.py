@@ -141,10 +141,10 @@ def bound_free_memory() -> None:
     if free is None or free <= cap:  # mallinfo2 first: cheap, and an upper bound
         return
     rss = _resident_set()
-    seen = _state.get("seen")
-    if seen is not None and abs(free - seen[0]) <= _SLACK and rss is not None and rss <= seen[1] + _SLACK:
-        if seen[2] is not None and seen[2] <= cap:
-            return
+    seen = _state.get("seen")  # (free, resident set, resident free) at the last reading
+    if (seen is not None and rss is not None and None not in seen and seen[2] <= cap
+            and abs(free - seen[0]) <= _SLACK and rss <= seen[1] + _SLACK):
+        return  # nothing moved since a reading under the cap
     resident = resident_free_bytes()
     if resident is None or resident > cap:
         release_freed_memory()

@@ -28,7 +28,7 @@ REWRITES = {
     "unnest(list)": "EXPLODE(list) in the select list",
     "list[i] (1-based)": "list[i] (0-based): sqlglot's index offset per dialect",
     "a grouped step's join": "the left operand in a REPARTITION(key) subquery, the right one "
-                             "BROADCAST, where it fits the broadcast threshold (repartition_key)",
+                             "BROADCAST, where it fits the broadcast threshold (repartition_label)",
 }
 
 
@@ -40,7 +40,7 @@ class SparkCompiler(SQLCompiler):
     small_tile_bytes = 0  # every join condition kept: a dropped one turns a shuffle join into a cross product
     # the session's autoBroadcastJoinThreshold (Spark's default here): a grouped step's right
     # operand at most this big is broadcast and its left one repartitioned by an output key
-    # (``repartition_key``). The backend uses ``spark_compiler(threshold)``: compiled plans
+    # (``repartition_label``). The backend uses ``spark_compiler(threshold)``: compiled plans
     # are cached per compiler class, so each threshold is a class of its own
     broadcast_bytes = 10 << 20
 
@@ -62,9 +62,10 @@ class SparkCompiler(SQLCompiler):
         the left operand crosses a shuffle. 2048³ float64 in 512² tiles: 2.02 s -> 1.12 s
         (``bench/spark_group_probe.py``; 268 MB shuffled -> 34 MB)."""
         select = super().join_sources(step, select)
-        key = repartition_key(step, self.broadcast_bytes)
-        if key is None:
+        label = repartition_label(step, self.broadcast_bytes)
+        if label is None:
             return select
+        key = self.label_columns(step)[0][label].name  # the left operand's column: it comes first
         source = select.args.get("from_") or select.args.get("from")  # the key's name moved in sqlglot 30
         left = source.this
         inner = exp.select(exp.Star()).from_(exp.Table(this=left.this.copy()))
@@ -85,24 +86,18 @@ def spark_compiler(broadcast_bytes: int) -> type[SparkCompiler]:
                                                                       "__module__": __name__})
 
 
-def repartition_key(step: Step, broadcast_bytes: int) -> str | None:
-    """The key column a grouped step's left operand is repartitioned by on Spark, or None:
-    two operands, the right one at most ``broadcast_bytes`` (so it is broadcast and the left
-    one streams, keeping its partitioning), no bigger than the left one, and an output label
-    of the left operand in several pieces (the one in most: the parallelism of the step)."""
+def repartition_label(step: Step, broadcast_bytes: int) -> str | None:
+    """The output label whose key a grouped step's left operand is repartitioned by on Spark,
+    or None: two operands, the right one at most ``broadcast_bytes`` (so it is broadcast and
+    the left one streams, keeping its partitioning), no bigger than the left one, and an output
+    label of the left operand in several pieces (the one in most: the parallelism of the step)."""
     if not isinstance(step, EinsumStep) or not step.grouped or len(step.inputs) != 2:
         return None
     left, right = step.inputs
     if broadcast_bytes < 0 or right.nbytes > broadcast_bytes or right.nbytes > left.nbytes:
         return None
-    op = step.node.operands[0]
-    keys: dict[str, str] = {}
-    for lab, key in zip(op.labels, [k for ax, k in enumerate(left.keys) if ax not in op.dropped]):
-        keys.setdefault(lab, key)
-    split = [lab for lab in step.node.output if lab in keys and step.pieces[lab] > 1]
-    if not split:
-        return None
-    return keys[max(split, key=lambda lab: step.pieces[lab])]
+    split = [lab for lab in step.node.output if lab in step.node.operands[0].labels and step.pieces[lab] > 1]
+    return max(split, key=lambda lab: step.pieces[lab], default=None)
 
 
 def inlined_steps(plan) -> dict[int, int]:
@@ -133,7 +128,7 @@ def shuffle_bytes(step: Step, broadcast_bytes: int = 10 << 20) -> int:
       and nothing is shuffled); operands that share no label are a cross product (no shuffle);
     - a grouped step shuffles its joined rows to their group (the list aggregate keeps them
       all: map-side partial aggregation saves nothing), unless its left operand is
-      repartitioned by an output key (``repartition_key``): then only that operand moves;
+      repartitioned by an output key (``repartition_label``): then only that operand moves;
     - a retile shuffles every byte of the source once, as pieces, to their target tile;
     - a fill and a program (one-row inputs, side by side) shuffle nothing.
     """
@@ -152,5 +147,5 @@ def shuffle_bytes(step: Step, broadcast_bytes: int = 10 << 20) -> int:
         seen |= set(op.labels)
         left += value.nbytes  # the joined rows so far carry every tile read yet
     if step.grouped:
-        moved += step.inputs[0].nbytes if repartition_key(step, broadcast_bytes) else step.costs.join
+        moved += step.inputs[0].nbytes if repartition_label(step, broadcast_bytes) else step.costs.join
     return moved
