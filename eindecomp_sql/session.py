@@ -82,10 +82,13 @@ class Session:
         # operands re-tile; io.Wanted.square). Plans are not held to it: their steps fit
         # the budget by their projected peaks, and a budget's GEMM wants panels larger than it
         # (4096² float32 under 50 MB: 10.6 s in 4 MB panels, 27.8 s in 256 KB square tiles)
-        self.store_tile_bytes = self.tile_bytes
+        # An engine may store smaller tiles than its plans make (Spark: stored row panels keep
+        # a GEMM's tasks apart, while a plan may join them with a whole operand)
+        self.store_tile_bytes = self.tile_bytes if tile_bytes is not None else min(
+            self.tile_bytes, getattr(self.backend, "max_store_tile_bytes", self.tile_bytes))
         self.store_square = tile_bytes is None and self.memory is not None  # (a tile_bytes given is kept as is)
         if self.store_square:
-            self.store_tile_bytes = max(1, min(self.tile_bytes, self.memory // BUDGET_TILES))
+            self.store_tile_bytes = max(1, min(self.store_tile_bytes, self.memory // BUDGET_TILES))
         # one lock for the session and its backend: a session is shared between threads, and
         # every call (plan, register, run, read back) must see the connection to itself
         self._lock = self.backend.lock

@@ -287,9 +287,12 @@ def test_every_step_shape_prints_spark_sql():
     joined by key), key ranges from Spark's range() (its column is id), lists as COLLECT_LIST."""
     compiler = SparkCompiler()
     a = TiledValue("A", (4, 3), "float32", (4, 3), ("d0", "d1"))
-    b = TiledValue("B", (3, 5), "float32", (1, 5), ("d0", "d1"))
+    b = TiledValue("B", (3, 5), "float32", (1, 2), ("d0", "d1"))  # both axes re-cut: the kernels' retile
     sql = compiler.sql_listing(plan_einsum("ij,jk->ik", (a, b)))
-    assert "POSITIONAL" not in sql and "COLLECT_LIST" in sql and "EXPLODE(" in sql
+    assert "POSITIONAL" not in sql and "COLLECT_LIST" in sql and "EXPLODE(" in sql and "EDS_SPLIT" in sql
+    rows = TiledValue("B", (3, 5), "float32", (1, 5), ("d0", "d1"))  # rows only: bytes joined in SQL
+    sql = compiler.sql_listing(plan_einsum("ij,jk->ik", (a, rows)))
+    assert "EDS_SPLIT" not in sql and "EDS_ASSEMBLE" not in sql and "CONCAT(" in sql and "COLLECT_LIST" in sql
     empty = plan_einsum("ij,jk->ik", (TiledValue("A", (4, 0), "float32", (4, 1), ("d0", "d1")),
                                       TiledValue("B", (0, 5), "float32", (1, 5), ("d0", "d1"))))
     fill = compiler.sql_listing(empty)
@@ -350,3 +353,61 @@ def test_which_grouped_steps_repartition_on_spark():
     assert spark_compiler(SparkCompiler.broadcast_bytes) is SparkCompiler
     assert "REPARTITION(`d0`)" in spark_compiler(1 << 30)().sql_listing(plan_einsum("ij,jk->ik", grouped.inputs))
     assert "REPARTITION" not in spark_compiler(-1)().sql_listing(plan_einsum("ij,jk->ik", grouped.inputs))
+
+
+@st.composite
+def row_retiles(draw):
+    """A shape, and two tilings that differ on the leading axis only (merges, splits and
+    neither, tiles that don't divide the axis), a dtype and a number of statements."""
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(draw(st.integers(1, 9)) for _ in range(ndim))
+    rest = tuple(draw(st.integers(1, n)) for n in shape[1:])
+    s0, t0 = draw(st.integers(1, shape[0])), draw(st.integers(1, shape[0]))
+    if s0 == t0:
+        t0 = s0 + 1  # a tile may pass the axis's end (one tile)
+    return (shape, (s0, *rest), (t0, *rest), draw(st.sampled_from(DTYPES)), draw(st.integers(1, 3)),
+            draw(st.integers(0, 2**32 - 1)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(case=row_retiles())
+def test_a_retile_by_rows_joins_bytes_in_sql_exactly(sdb, case):
+    """A retile that re-cuts the leading axis only runs without the kernels (byte ranges cut
+    with SUBSTRING, put together with CONCAT) and gives back every element, every dtype, in one
+    statement or several."""
+    from eindecomp_sql.backends.base import Target
+    from eindecomp_sql.compile.spark import cuts_only, shuffle_bytes
+    from eindecomp_sql.plan import Plan
+
+    shape, src, dst, dtype, batches, seed = case
+    a = random_array(np.random.default_rng(seed), shape, dtype)
+    S = sdb.store("RS", a, tile=src, replace=True)
+    target = TiledValue("RT", shape, dtype, dst, tuple(f"d{k}" for k in range(len(shape))))
+    step = RetileStep(S.value, target, batches=min(batches, target.grid[RetileStep(S.value, target).batch_axis]))
+    assert step.by_rows and step.costs.row_retile == S.value.nbytes and step.costs.retile == 0
+    plan = Plan((step,), (S.value,), (target,))
+    sql = sdb.backend.compiler.compile_plan(plan)[0].text.upper()
+    assert "EDS_SPLIT" not in sql and "EDS_ASSEMBLE" not in sql
+    assert ("COLLECT_LIST" in sql) == (not cuts_only(step)) == (shuffle_bytes(step) > 0)
+    sdb.backend.execute(plan, {"RS": "RS"}, {"RT": Target("RT")}, replace=True)
+    got = sdb.tensor("RT")
+    assert got.tile == dst
+    np.testing.assert_array_equal(got.to_numpy(), a)
+
+
+def test_spark_plans_a_gemm_on_row_panels_with_a_retile_by_rows():
+    """Stored row panels (32 MiB) of a 4096² float32 GEMM: Spark's plan joins A's panels with B
+    whole (a 64 MiB plan tile), B put together from its panels by rows, not column panels of B
+    cut through the kernels; DuckDB's weights still price both retiles alike."""
+    from eindecomp_sql.backends.spark import COSTS, SparkBackend
+    from eindecomp_sql.plan.cost import DEFAULT_COSTS
+
+    a = TiledValue("A", (4096, 4096), "float32", (2048, 4096), ("d0", "d1"))
+    b = TiledValue("B", (4096, 4096), "float32", (2048, 4096), ("d0", "d1"))
+    plan = plan_einsum("ij,jk->ik", (a, b), workers=2, tile_bytes=SparkBackend.max_tile_bytes, costs=COSTS)
+    retile, join = plan.steps
+    assert isinstance(retile, RetileStep) and retile.by_rows and retile.target.tile == (4096, 4096)
+    assert join.pieces == {"i": 2, "j": 1, "k": 1}
+    assert "row retile" in plan.explain()
+    assert DEFAULT_COSTS.total(retile.costs) == DEFAULT_COSTS.retile * b.nbytes + DEFAULT_COSTS.statement
+    assert SparkBackend.max_store_tile_bytes == 32 << 20  # what store() cuts: two row panels

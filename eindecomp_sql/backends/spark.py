@@ -70,8 +70,12 @@ WRITE_OPTIONS = {"compression": "none", "parquet.enable.dictionary": "false"}  #
 # ~0.77 s per statement (a Spark job or two): 93 MB of join bytes, where DuckDB's is 2.5 MB. With
 # these weights the plan cost ranks the measured times with Spearman 0.80 (DuckDB's weights: 0.76).
 # A UDF gets Arrow batches of up to 10,000 rows; collect_list holds a group's tiles whole.
+# A retile of a stored input that re-cuts its leading axis only is byte ranges cut and joined
+# in SQL, never through Python (``SparkCompiler.rows_retile``): 64 MB from two row panels into one
+# tile took 0.23 s more than reading it stored whole, against ~0.7 s through the kernels
+# (2026-11-25): ~0.5 of a join byte.
 COSTS = CostModel("spark", join=1.0, group=0.3, agg=1.0, retile=3.0, statement=93e6, vector_rows=10_000,
-                  grouped_holds_all=True)
+                  grouped_holds_all=True, row_retile=0.5)
 
 
 _local_lock = threading.Lock()
@@ -151,9 +155,14 @@ class SparkBackend:
     con = None  # no DuckDB connection: no SQL interface, no DuckDB sources
     cost_model = COSTS  # the session plans under it
     streams_in = False  # store_tiles takes whole tables
-    # the default tile cap: a tile is a row in the JVM, copied whole into Spark's row buffers
-    # and Arrow batches (a 4096² float32 GEMM in 64 MiB tiles ran a 1 GiB driver out of heap)
-    max_tile_bytes = 32 << 20
+    # the default tile caps: a tile is a row in the JVM, copied whole into Spark's row buffers
+    # and Arrow batches (a 4096² float32 GEMM in 64 MiB tiles ran a 1 GiB driver out of heap;
+    # a local session's driver has a quarter of memory now). Stored tiles stay at 32 MiB, so a
+    # 4096² float32 matrix is two row panels, two tasks; a plan may make 64 MiB tiles: the
+    # GEMM joins A's panels with B whole, put together from its panels in SQL (a retile by
+    # rows), 1.98 s against 2.51 s for column panels of B re-tiled through the kernels (2026-11-25)
+    max_tile_bytes = 64 << 20
+    max_store_tile_bytes = 32 << 20
 
     def __init__(self, database=None, read_only: bool = False, spark=None):
         if database is None or (isinstance(database, str) and database == ":memory:"):

@@ -75,10 +75,18 @@ class CostModel:
     # the engine holds a statement's distinct input tiles besides the kernels' copies
     # (DuckDB: hash-join build side and scanned blobs; ``engine_bytes``)
     engine_holds_inputs: bool = True
+    # a retile of a stored input that re-cuts its leading axis only (``tiling.moves_whole_rows``):
+    # None where the engine runs it as any other retile (DuckDB), else its own weight (Spark
+    # concatenates byte ranges in SQL, without a kernel)
+    row_retile: float | None = None
+
+    @property
+    def row_retile_weight(self) -> float:
+        return self.retile if self.row_retile is None else self.row_retile
 
     def total(self, c: "Costs") -> float:
         return (self.join * c.join + self.group * c.group + self.agg * c.agg + self.retile * c.retile
-                + self.statement * c.statements)
+                + self.row_retile_weight * c.row_retile + self.statement * c.statements)
 
 
 # DuckDB's weights (seconds per byte relative to a join byte), fitted by bench/calibrate.py
@@ -103,6 +111,7 @@ class Costs:
     group: int = 0
     model: CostModel = field(default=DEFAULT_COSTS, compare=False, repr=False)
     statements: int = 0  # statements run (each pays the model's fixed ``statement`` cost)
+    row_retile: int = 0  # re-tiled bytes that move as whole rows (``CostModel.row_retile``)
 
     @property
     def total(self) -> float:
@@ -110,7 +119,8 @@ class Costs:
 
     def __add__(self, other: "Costs") -> "Costs":
         return Costs(self.join + other.join, self.agg + other.agg, self.retile + other.retile,
-                     self.group + other.group, self.model, self.statements + other.statements)
+                     self.group + other.group, self.model, self.statements + other.statements,
+                     self.row_retile + other.row_retile)
 
 
 def nbytes(shape, dtype) -> int:

@@ -40,7 +40,7 @@ from ..errors import EinsumError
 from ..graph import EinsumNode, ValueInfo
 from .cost import (DEFAULT_COSTS, CostModel, Costs, max_batches, nbytes, needed_batches, retile_max_batches,
                    retile_peak, step_costs, step_peak)
-from .tiling import Chunking, ceil_div, pieces_of, tile_of
+from .tiling import Chunking, ceil_div, moves_whole_rows, pieces_of, tile_of
 
 STRATEGIES = ("eindecomp", "data-parallel", "model-parallel", "square-tiles")
 EXACT_CUT_LIMIT = 256  # enumerate cut tilings exactly up to this many combinations
@@ -259,6 +259,9 @@ class _Problem:
             if retile_peak(v.shape, v.dtype, target, retile_max_batches(v.shape, target), self.model,
                            self.fixed.get(value, target)) > self.budget:
                 return Costs(retile=FORBIDDEN, model=self.model)  # forbidden: optimize() refuses such a plan
+        have = self.fixed.get(value)  # a stored input's tiling is known; an intermediate's is the producer's choice
+        if have is not None and moves_whole_rows(self.values[value].shape, have, target):
+            return Costs(row_retile=self.bytes[value], model=self.model, statements=1)
         return Costs(retile=self.bytes[value], model=self.model, statements=1)
 
     # -- evaluation of a full assignment ----------------------------------------------------

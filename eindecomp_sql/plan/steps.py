@@ -11,7 +11,7 @@ from ..errors import EinsumError
 from ..graph import EinsumNode
 from .cost import (DEFAULT_COSTS, CostModel, Costs, batch_grid, batch_label, nbytes,
                    retile_axis, retile_kernel_peak, retile_peak, step_kernel_peak, step_costs, step_peak)
-from .tiling import Chunking, ceil_div, grid
+from .tiling import Chunking, ceil_div, grid, moves_whole_rows
 
 
 def format_bytes(n: float) -> str:
@@ -31,7 +31,7 @@ def describe_costs(c: Costs) -> str:
     """
     m = c.model
     terms = [(m.join, "join", c.join), (m.group, "grouped", c.group), (m.agg, "aggregation", c.agg),
-             (m.retile, "retile", c.retile)]
+             (m.retile, "retile", c.retile), (m.row_retile_weight, "row retile", c.row_retile)]
     parts = [f"{'' if w == 1 else f'{w:g} x '}{name} {format_bytes(b)}" for w, name, b in terms if b]
     if c.statements:
         parts.append(f"{c.statements} statement{'' if c.statements == 1 else 's'} x {format_bytes(m.statement)}")
@@ -92,7 +92,14 @@ class RetileStep:
         return retile_axis(self.target.shape, self.target.tile)
 
     @property
+    def by_rows(self) -> bool:
+        """Whether only the leading axis is re-cut (``tiling.moves_whole_rows``)."""
+        return moves_whole_rows(self.source.shape, self.source.tile, self.target.tile)
+
+    @property
     def costs(self) -> Costs:
+        if self.by_rows:
+            return Costs(row_retile=self.source.nbytes, statements=self.batches)
         return Costs(retile=self.source.nbytes, statements=self.batches)
 
     @property

@@ -79,6 +79,21 @@ def pieces_of(size: int, tile: int) -> int:
     return ceil_div(size, tile)
 
 
+def moves_whole_rows(shape, source_tile, target_tile) -> bool:
+    """Whether re-tiling ``shape`` from ``source_tile`` to ``target_tile`` re-cuts its leading
+    axis only. Tiles are C-order bytes, so every target tile is then byte ranges of source
+    tiles put back to back: an engine with byte functions re-tiles it without a kernel
+    (``SparkCompiler.rows_retile``).
+
+    >>> moves_whole_rows((10, 6), (3, 6), (10, 6)), moves_whole_rows((10, 6), (3, 2), (4, 2))
+    (True, True)
+    >>> moves_whole_rows((10, 6), (3, 6), (6, 3)), moves_whole_rows((0, 6), (1, 6), (2, 6))
+    (False, False)
+    """
+    return (len(shape) >= 1 and all(n > 0 for n in shape) and tuple(source_tile[1:]) == tuple(target_tile[1:])
+            and source_tile[0] != target_tile[0])
+
+
 def extent(size: int, tile: int, key: int) -> int:
     """The side of tile ``key`` of a dimension of ``size`` cut into tiles of ``tile``."""
     return min(tile, size - key * tile)
