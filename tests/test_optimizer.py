@@ -61,6 +61,52 @@ def test_dp_equals_exhaustive_on_random_chains(sizes, workers):
         exhaustive(g.nodes, inputs, {}, workers=workers)[0])
 
 
+@pytest.mark.parametrize("name", list(_small_graphs()))
+@pytest.mark.parametrize("threshold", [0, 200, 1 << 20])
+def test_dp_equals_exhaustive_under_an_engine_that_repartitions(name, threshold):
+    """Spark's cost model: a grouped step whose right operand is broadcast groups only its left
+    operand's bytes, and a stored input re-cut on its leading axis only is a row retile. The
+    DP's vectorized costs and the exhaustive search's step-by-step ones must agree."""
+    from dataclasses import replace
+
+    from eindecomp_sql.backends.spark import COSTS
+
+    model = replace(COSTS, statement=200.0, broadcast_bytes=threshold)
+    g = _small_graphs()[name]
+    inputs = {v.name: v for v in g.inputs}
+    fixed = {v.name: (max(1, v.shape[0] // 4), *v.shape[1:]) for v in g.inputs[:2]}  # row panels
+    for workers in (1, 2, 4):
+        choice = optimize(g.nodes, inputs, fixed, workers=workers, model=model)
+        best, _ = exhaustive(g.nodes, inputs, fixed, workers=workers, model=model)
+        assert choice.costs.total == pytest.approx(best)
+
+
+@pytest.mark.parametrize("threshold", [None, 0, 300, 1 << 20])
+def test_vectorized_node_costs_are_the_step_costs_of_every_candidate(threshold):
+    """The DP prices every candidate at once; each price must be ``step_costs`` of that
+    candidate under the same engine (a repartitioned grouped step groups its left operand only)."""
+    from dataclasses import replace
+
+    from eindecomp_sql.backends.spark import COSTS
+
+    model = replace(COSTS, broadcast_bytes=threshold)
+    g = Graph()
+    x, w = g.input("x", (64, 512)), g.input("w", (512, 8))  # left 128 KB, right 16 KB
+    g.einsum("bi,io->bo", x, w)
+    g.einsum("bi,io->bo", g.input("v", (8, 512)), g.input("u", (512, 64)))  # right bigger: never
+    prob = _Problem(g.nodes, {v.name: v for v in g.inputs}, {}, 4, None, None, model)
+    grouped = 0
+    for n in prob.nodes:
+        cands = prob.cands[n.result.name]
+        labels = list(n.labels)
+        arr = np.array([[p[lab] for lab in labels] for p in cands], dtype=np.int64)
+        got = prob._node_costs(n, arr, {lab: i for i, lab in enumerate(labels)})
+        want = [prob.node_cost(n, p) for p in cands]
+        np.testing.assert_allclose(got, [c.total for c in want])
+        grouped += sum(0 < c.group < c.join for c in want)
+    assert (grouped > 0) == (threshold is not None and threshold >= 16384)  # the rule was exercised
+
+
 def test_stored_input_tilings_are_part_of_the_problem():
     g = _small_graphs()["chain"]
     inputs = {v.name: v for v in g.inputs}

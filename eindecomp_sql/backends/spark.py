@@ -153,7 +153,12 @@ class SparkBackend:
 
     name = "spark"
     con = None  # no DuckDB connection: no SQL interface, no DuckDB sources
-    cost_model = COSTS  # the session plans under it
+
+    @property
+    def cost_model(self) -> CostModel:
+        """What the session plans under: Spark's weights, and this session's broadcast
+        threshold (read now), which decides what a grouped step shuffles."""
+        return _replace(COSTS, broadcast_bytes=self.broadcast_bytes())
     streams_in = False  # store_tiles takes whole tables
     # the default tile caps: a tile is a row in the JVM, copied whole into Spark's row buffers
     # and Arrow batches (a 4096² float32 GEMM in 64 MiB tiles ran a 1 GiB driver out of heap;

@@ -18,6 +18,7 @@ from sqlglot import exp
 from ..plan import EinsumStep, FillStep, ProgramStep, RetileStep, Step
 from ..plan.steps import step_reads, step_target
 from ..plan.cost import nbytes
+from ..plan.cost import repartition_label as _repartition_label
 from ..plan.kernel_spec import kernel_spec
 from .compiler import (TILE, SQLCompiler, alias, call, cast, col, fold, ident, name, num, slot, struct, subquery,
                        table, ucol)
@@ -188,16 +189,11 @@ def spark_compiler(broadcast_bytes: int) -> type[SparkCompiler]:
 
 def repartition_label(step: Step, broadcast_bytes: int) -> str | None:
     """The output label whose key a grouped step's left operand is repartitioned by on Spark,
-    or None: two operands, the right one at most ``broadcast_bytes`` (so it is broadcast and
-    the left one streams, keeping its partitioning), no bigger than the left one, and an output
-    label of the left operand in several pieces (the one in most: the parallelism of the step)."""
-    if not isinstance(step, EinsumStep) or not step.grouped or len(step.inputs) != 2:
+    or None (``plan.cost.repartition_label``, which the optimizer prices by)."""
+    if not isinstance(step, EinsumStep):
         return None
-    left, right = step.inputs
-    if broadcast_bytes < 0 or right.nbytes > broadcast_bytes or right.nbytes > left.nbytes:
-        return None
-    split = [lab for lab in step.node.output if lab in step.node.operands[0].labels and step.pieces[lab] > 1]
-    return max(split, key=lambda lab: step.pieces[lab], default=None)
+    sizes = {op.value: v.nbytes for op, v in zip(step.node.operands, step.inputs)}
+    return _repartition_label(step.node, step.pieces, sizes, broadcast_bytes)
 
 
 def cuts_only(step: RetileStep) -> bool:

@@ -79,6 +79,10 @@ class CostModel:
     # None where the engine runs it as any other retile (DuckDB), else its own weight (Spark
     # concatenates byte ranges in SQL, without a kernel)
     row_retile: float | None = None
+    # an engine that broadcasts a grouped step's right operand up to this many bytes and
+    # repartitions the left one by an output key (Spark, ``repartition_label``) groups only the
+    # left operand's bytes there; None: a grouped step groups every joined byte (DuckDB's list())
+    broadcast_bytes: int | None = None
 
     @property
     def row_retile_weight(self) -> float:
@@ -129,11 +133,32 @@ def nbytes(shape, dtype) -> int:
 
 
 
+def repartition_label(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str, int],
+                      broadcast_bytes: int | None) -> str | None:
+    """The output label whose key a grouped step's left operand is repartitioned by, on an
+    engine that broadcasts up to ``broadcast_bytes`` (Spark; None or negative: never), or None:
+    two operands, a reduced label cut (a grouped step), the right operand at most
+    ``broadcast_bytes`` (so it is broadcast and the left one streams, keeping its partitioning)
+    and no bigger than the left one, and an output label of the left operand in several pieces
+    (the one in most: the step's parallelism). The joined rows are then partitioned by a group
+    key already, and only the left operand is shuffled."""
+    if broadcast_bytes is None or broadcast_bytes < 0 or len(node.operands) != 2:
+        return None
+    if not any(pieces[lab] > 1 for lab in node.reduced):
+        return None
+    left, right = (operand_bytes[op.value] for op in node.operands)
+    if right > broadcast_bytes or right > left:
+        return None
+    split = [lab for lab in node.output if lab in node.operands[0].labels and pieces[lab] > 1]
+    return max(split, key=lambda lab: pieces[lab], default=None)
+
+
 def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str, int],
-               agg_dtype: str | None = None) -> Costs:
+               agg_dtype: str | None = None, model: CostModel = DEFAULT_COSTS) -> Costs:
     """Join and aggregation bytes of ``node`` cut into ``pieces`` (label -> number of pieces);
     partial results are aggregated in ``agg_dtype`` (default: the result's; a fused step
-    aggregates its core's result, before any epilogue changes the dtype)."""
+    aggregates its core's result, before any epilogue changes the dtype). ``model``'s engine
+    decides what a grouped step groups (``CostModel.broadcast_bytes``)."""
     join = 0
     for op in node.operands:
         rep = 1
@@ -145,7 +170,10 @@ def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str
     for lab in node.reduced:
         red *= pieces[lab]
     out = nbytes(node.result.shape, agg_dtype or node.result.dtype)
-    return Costs(join=join, agg=out * (red - 1), group=join if red > 1 else 0, statements=1)
+    group = join if red > 1 else 0
+    if group and repartition_label(node, pieces, operand_bytes, model.broadcast_bytes) is not None:
+        group = operand_bytes[node.operands[0].value]
+    return Costs(join=join, agg=out * (red - 1), group=group, statements=1, model=model)
 
 
 # the most statements one step is split into to fit a budget: beyond, each statement's fixed

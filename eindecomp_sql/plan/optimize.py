@@ -121,6 +121,12 @@ class _Problem:
         agg = nbytes(node.result.shape, node.result.dtype) * (red - 1)
         group = np.where(red > 1, join, 0)
         m = self.model
+        if m.broadcast_bytes is not None and m.broadcast_bytes >= 0 and len(node.operands) == 2:
+            # ``cost.repartition_label``, every candidate at once: only the left operand is grouped
+            left, right = (self.bytes[op.value] for op in node.operands)
+            outs = [col[lab] for lab in node.output if lab in node.operands[0].labels]
+            if right <= m.broadcast_bytes and right <= left and outs:
+                group = np.where((red > 1) & (pieces[:, outs] > 1).any(axis=1), left, group)
         statements = np.array([self.statements(node, dict(zip(col, row))) for row in pieces.tolist()],
                               dtype=np.int64) if self.budget is not None else 1
         return m.join * join + m.group * group + m.agg * agg + m.statement * statements
@@ -241,7 +247,7 @@ class _Problem:
         return tuple(1 if lab is None else tile_of(size[lab], pieces[lab]) for lab in self._axes(node, k))
 
     def node_cost(self, node: EinsumNode, pieces: dict[str, int]) -> Costs:
-        c = step_costs(node, pieces, self.bytes)
+        c = step_costs(node, pieces, self.bytes, model=self.model)
         return Costs(c.join, c.agg, c.retile, c.group, self.model, self.statements(node, pieces))
 
     def statements(self, node: EinsumNode, pieces: dict[str, int]) -> int:
@@ -611,9 +617,10 @@ def _greedy(prob: _Problem, cuts, options, work: int = GREEDY_WORK):
 
 
 def exhaustive(nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ...]], workers: int = 1,
-               budget: int | None = None, tile_bytes: int | None = None) -> tuple[float, Choice]:
+               budget: int | None = None, tile_bytes: int | None = None,
+               model: CostModel = DEFAULT_COSTS) -> tuple[float, Choice]:
     """The true optimum by enumerating every candidate of every node (tests only: exponential)."""
-    prob = _Problem(nodes, inputs, fixed, workers, budget, tile_bytes)
+    prob = _Problem(nodes, inputs, fixed, workers, budget, tile_bytes, model)
     names = [n.result.name for n in prob.nodes]
     free_multi = [v for v in prob.inputs if v not in prob.fixed and len(prob.consumers.get(v, [])) > 1]
     free_opts = [prob.cut_options(v) for v in free_multi]

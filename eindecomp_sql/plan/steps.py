@@ -102,6 +102,9 @@ class RetileStep:
             return Costs(row_retile=self.source.nbytes, statements=self.batches)
         return Costs(retile=self.source.nbytes, statements=self.batches)
 
+    def costs_on(self, model: CostModel) -> Costs:
+        return replace(self.costs, model=model)
+
     @property
     def peak_bytes(self) -> int:
         return self.peak()
@@ -209,9 +212,13 @@ class EinsumStep:
     def costs(self) -> Costs:
         """Join and aggregation bytes of the cost model (a fused step aggregates its core's
         result, in the core's dtype: an epilogue runs after the aggregation)."""
+        return self.costs_on(DEFAULT_COSTS)
+
+    def costs_on(self, model: CostModel) -> Costs:
+        """``costs`` on ``model``'s engine: what a grouped step groups depends on it."""
         agg_dtype = self.fused.core.result.dtype if self.fused is not None else None
         c = step_costs(self.node, self.pieces, {op.value: v.nbytes for op, v in zip(self.node.operands, self.inputs)},
-                       agg_dtype)
+                       agg_dtype, model)
         return replace(c, statements=self.batches)
 
     @property
@@ -311,6 +318,9 @@ class ProgramStep:
         """Only the inputs cross into the kernel, once: what the steps compute stays inside."""
         return Costs(join=sum(v.nbytes for v in self.inputs), statements=1)
 
+    def costs_on(self, model: CostModel) -> Costs:
+        return replace(self.costs, model=model)
+
     @property
     def peak_bytes(self) -> int:
         return self.peak()
@@ -377,6 +387,9 @@ class FillStep:
     def costs(self) -> Costs:
         return Costs(statements=self.batches)
 
+    def costs_on(self, model: CostModel) -> Costs:
+        return replace(self.costs, model=model)
+
     @property
     def peak_bytes(self) -> int:
         return self.peak()
@@ -440,7 +453,7 @@ class Plan:
     def costs(self) -> Costs:
         total = Costs(model=self.model)
         for s in self.steps:
-            total = total + s.costs
+            total = total + s.costs_on(self.model)
         return total
 
     def peak_of(self, step: Step) -> int:
@@ -515,7 +528,7 @@ class Plan:
         for v in self.inputs:
             lines.append(f"  input {v.name}: shape {v.shape} {v.dtype} tile {v.tile} grid {v.grid}")
         for k, s in enumerate(self.steps):
-            lines.append(f"  step {k}: {s.describe()} ({describe_costs(replace(s.costs, model=self.model))}; "
+            lines.append(f"  step {k}: {s.describe()} ({describe_costs(s.costs_on(self.model))}; "
                          f"peak memory {format_bytes(s.peak(self.model))})")
             if isinstance(s, ProgramStep):  # its einsums, in the order the kernel runs them
                 lines += [f"    {k}.{j}: {part.describe()}" for j, part in enumerate(s.steps)]

@@ -133,8 +133,8 @@ def _worth(fused: EinsumStep, parts: list[EinsumStep], options) -> bool:
     model = options.costs
     before = Costs(model=model)
     for s in parts:
-        before = before + s.costs
-    if replace(fused.costs, model=model).total > before.total:
+        before = before + s.costs_on(model)
+    if fused.costs_on(model).total > before.total:
         return False
     if options.budget is not None:
         most = replace(fused, batches=max_batches(fused.node, fused.pieces))
