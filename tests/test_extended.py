@@ -255,3 +255,24 @@ def test_add_join_over_mixed_dtypes_keeps_numpys_left_fold(db):
     assert_close(eds.einsum(",aaab,,->b", *arrays, join="add", agg="max"), want)
     stored = [db.store(f"m{k}", a, replace=True) for k, a in enumerate(arrays)]
     assert_close(db.einsum(",aaab,,->b", *stored, join="add", agg="max").to_numpy(), want)
+
+
+@pytest.mark.parametrize("tile", [(1, 1), (1, 2), (2, 3), (2, 4)])
+def test_float16_reductions_accumulate_in_float32_as_numpy_does(db, tile):
+    """numpy reduces float16 with a float accumulator and rounds once: 300 * 300 * 0 is 0 for it,
+    where float16 step by step overflows to inf and inf * 0 is nan. Tiles combine their partial
+    results the same way, however the reduced label is cut (hypothesis found the nan,
+    ``ijk,kj->i``, int8 / float16, ``join="div"``, ``agg="prod"``)."""
+    a = np.array([[300, 300, 0.001, 0.5], [300, 300, 0, 300]], np.float16)
+    A = db.store("h16", a, tile=tile, replace=True)
+    with np.errstate(all="ignore"):
+        want = np.multiply.reduce(a, axis=1)
+        assert np.isnan(a[1, 0] * a[1, 1] * a[1, 2])  # float16 step by step: the trap
+    got = db.einsum("ij->i", A, agg="prod").to_numpy()
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, want)
+    d = np.full(a.shape, 0.5, np.float16)  # the same through a join: (a / 0.5) overflows sooner
+    D = db.store("h16d", d, tile=tile, replace=True)
+    with np.errstate(all="ignore"):
+        want = np.multiply.reduce(a / d, axis=1)
+    np.testing.assert_array_equal(db.einsum("ij,ij->i", A, D, join="div", agg="prod").to_numpy(), want)

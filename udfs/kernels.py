@@ -14,7 +14,6 @@ from functools import lru_cache
 import numpy as np
 
 from eindecomp_sql.errors import EinsumError
-from eindecomp_sql.notation.checks import is_bfloat16
 from eindecomp_sql.notation.numpy_impl import AGG_UFUNC, join_callable, product_dtype, widened
 from eindecomp_sql.plan.kernel_spec import (EinsumKernelSpec, KernelSpec, ProgramKernelSpec, RetileKernelSpec, from_json,
                                             to_json)
@@ -128,9 +127,13 @@ class EinsumKernel(_TileLayout):
         self.all = self.output + self.reduced
         self.matmul = _MatmulPlan.build(self.inputs, self.output) if self.fast and len(self.inputs) == 2 else None
         self.work_dtype = product_dtype(self.out_dtype)
-        # what a group's members combine in: the product's dtype, which is float32 for a
-        # bfloat16 result of any other join too (its operands are computed in float32: ``widened``)
-        self.acc_dtype = self.work_dtype if self.fast or is_bfloat16(self.out_dtype) else self.out_dtype
+        # what a group's members combine in: the product's dtype, which is float32 for a float16
+        # or bfloat16 result of any join (bfloat16 operands are computed in float32: ``widened``).
+        # numpy reduces float16 in float32 too (its half loops keep a float accumulator along the
+        # reduced axis and round at the end), so a float16 prod whose running product would
+        # overflow float16 before it meets a zero is 0 for numpy; combining members in float16
+        # made it inf * 0 = nan (hypothesis, ``test_binary_join_agg``, 2026-11-25)
+        self.acc_dtype = self.work_dtype
         # a product BLAS runs (and threads) itself: float and complex matmuls; numpy's integer
         # matmul is not BLAS
         self.blas = self.matmul is not None and self.work_dtype.kind in "fc"
@@ -204,7 +207,9 @@ class EinsumKernel(_TileLayout):
             vals = xp.asarray(self.join(*sl))
             shape = list(full)
             shape[axis] = min(step, full[axis] - s)
-            part = self.agg.reduce(xp.broadcast_to(vals, shape), axis=red_axes)
+            # float16 values reduce in float32, as numpy's half loops do (``acc_dtype``)
+            wide = {"dtype": self.acc_dtype} if vals.dtype == np.float16 and self.acc_dtype != vals.dtype else {}
+            part = self.agg.reduce(xp.broadcast_to(vals, shape), axis=red_axes, **wide)
             acc = part if acc is None else self.agg(acc, part)
         return acc
 

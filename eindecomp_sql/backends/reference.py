@@ -40,7 +40,6 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import EinsumError
-from ..notation.checks import is_bfloat16
 from ..notation.numpy_impl import AGG_UFUNC, join_callable, product_dtype, widened
 from ..plan import EinsumStep, FillStep, Plan, ProgramStep, RetileStep, TiledValue
 from ..plan import cost as _cost
@@ -168,9 +167,10 @@ class _Einsum:
         # cast to it first (a bool next to a float counts; int8 products wrap in int8)
         self.einsum = node.join.name == "mul" and node.agg.name == "sum"
         # float16 and bfloat16 are summed in float32, as the kernels do; a bfloat16 result of
-        # another join is computed in float32 too; the reduced labels' pieces meet in it
+        # another join is computed in float32 too; a float16 one is reduced in float32 (numpy's
+        # half loops keep a float accumulator); the reduced labels' pieces meet in it
         self.work_dtype = product_dtype(self.out_dtype)
-        self.acc_dtype = self.work_dtype if self.einsum or is_bfloat16(self.out_dtype) else self.out_dtype
+        self.acc_dtype = self.work_dtype
         self.join = join_callable(node.join)
         self.agg = AGG_UFUNC[node.agg.name]
         self.order = tuple(node.output) + tuple(node.reduced)  # axes of the joined values
@@ -212,7 +212,8 @@ class _Einsum:
         vals = np.broadcast_to(np.asarray(self.join(*xs)), [ext[lab] for lab in self.order])
         axes = tuple(range(len(self.node.output), len(self.order)))
         if axes:
-            vals = self.agg.reduce(vals, axis=axes, dtype=self.work_dtype if self.einsum else None)
+            wide = self.einsum or vals.dtype == np.float16
+            vals = self.agg.reduce(vals, axis=axes, dtype=self.work_dtype if wide else None)
         return np.asarray(vals).astype(self.acc_dtype, casting="unsafe")
 
     def run(self, inputs: list[tuple[TiledValue, Tiles]]) -> Tiles:
