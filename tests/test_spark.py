@@ -429,3 +429,17 @@ def test_the_session_prices_grouped_steps_by_what_spark_shuffles(sdb):
     assert step.pieces == {"i": 4, "j": 4, "k": 4} and repartition_label(step, model.broadcast_bytes) == "i"
     c = step.costs_on(model)
     assert c.group == a.nbytes == shuffle_bytes(step, model.broadcast_bytes) and step.costs.group == c.join
+
+
+def test_a_stored_tensors_tiles_reach_several_tasks(sdb, spark):
+    """Spark splits a Parquet file only between row groups: tiles written in one row group are
+    one task's, however the plan cuts them. Every tensor written keeps its tiles in row groups
+    that Spark's default parallelism can spread (Spark itself packs files under ~4 MB a core
+    into one task: its open cost)."""
+    rng = np.random.default_rng(3)
+    for shape, tile in (((64, 40), (8, 40)), ((4096, 1024), (2048, 1024)), ((2048, 1024), (256, 256))):
+        T = sdb.store("RG", rng.standard_normal(shape).astype(np.float32), tile=tile, replace=True)
+        parts = spark.read.parquet(sdb.backend._find("RG")[1]).rdd.glom().map(len).collect()
+        assert sum(parts) == int(np.prod(T.value.grid))
+        busy = sum(1 for n in parts if n)
+        assert busy >= (2 if T.value.nbytes >= 2 * (4 << 20) else 1), (shape, tile, parts)

@@ -365,12 +365,17 @@ class SparkBackend:
 
     # -- data in and out --------------------------------------------------------------------
     def _write_tiles(self, tiles: pa.Table, path: str) -> None:
-        """Tiles as one Parquet file in a new directory ``path`` (row groups of ~64 MB)."""
+        """Tiles as one Parquet file in a new directory ``path``, in row groups of at most ~64 MB
+        and at least as many as Spark has cores (16 at least) where there are that many tiles:
+        Spark splits a file only between row groups, and a step that reads one split runs in one
+        task, on one core. The FFN graph with its arrays in one row group (two 8 MB tiles) ran
+        its two-piece plan in one task: 1.82 s, against 1.27 s in two (2026-11-25)."""
         os.makedirs(path)
         rows = max(1, tiles.num_rows)
         per_row = max(1, tiles.nbytes // rows)
+        groups = max(16, self.default_workers)
         pq.write_table(tiles, os.path.join(path, "part-0.parquet"),
-                       row_group_size=max(1, (64 << 20) // per_row), compression="none")
+                       row_group_size=max(1, min((64 << 20) // per_row, -(-rows // groups))), compression="none")
 
     def store_tiles(self, value: TiledValue, tiles: pa.Table, replace: bool = False) -> None:
         with self.lock:
