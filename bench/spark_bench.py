@@ -139,8 +139,12 @@ def ffn(spark, ddb, sdb, reps: int) -> dict:
     xs = random_inputs(g, 0)
     want = ref(**xs)
     t, res = {}, {}
+    from eindecomp_sql.plan.graph_plan import plan_graph
+
     for name, db in (("duckdb", ddb), ("spark", sdb)):
-        p = g.plan(workers=db.workers)
+        # what ``g.run(db, ...)`` plans: the engine's workers, tile cap and cost model
+        p = plan_graph(g, workers=db.workers, memory=db.plan_budget, tile_bytes=db.tile_bytes,
+                       costs=db.backend.cost_model)
         got = p.run(db, **xs).to_numpy()
         assert np.allclose(got, want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max())), name
         t[name] = timed(lambda p=p, db=db: p.run(db, **xs), reps)
