@@ -42,7 +42,8 @@ class Session:
     """
 
     def __init__(self, database=None, *, tile_bytes: int | None = None, workers: int | None = None,
-                 memory=None, read_only: bool = False, backend: str = "duckdb", device_memory=None, spark=None):
+                 memory=None, read_only: bool = False, backend: str = "duckdb", device_memory=None, spark=None,
+                 device: str = "auto", allow_tf32: bool = False):
         # The plans' knobs: largest tile a plan creates, join tasks per step, memory budget.
         # One worker by default: kernels already use every core inside a call (docs/DESIGN.md).
         # Checked before the connection opens, so bad options leave nothing open.
@@ -64,6 +65,9 @@ class Session:
             if backend != "spark":
                 raise EinsumError(f"spark= is the Spark session of backend 'spark', not of {backend!r}")
             options["spark"] = spark
+        self.device = _pick_device(device, allow_tf32, backend)
+        if backend == "duckdb":
+            options.update(device=self.device, allow_tf32=allow_tf32)
         self.backend = create_backend(backend, database, read_only=read_only, **options)
         if self.memory is not None:
             try:  # the engine's own limit follows the budget (DuckDB: memory_limit, spilling)
@@ -481,8 +485,31 @@ def _close_open_sessions() -> None:
             pass
 
 
+def _pick_device(device, allow_tf32, backend: str) -> str:
+    """The device a session's kernels run on: ``"cpu"``, ``"cuda"`` (refused when no CUDA device
+    and CuPy are there), or ``"auto"``: CUDA where the DuckDB engine finds one, else the CPU."""
+    from .udfs import devices
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise EinsumError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    if not isinstance(allow_tf32, bool):
+        raise EinsumError(f"allow_tf32 must be True or False, got {allow_tf32!r}")
+    if device == "cuda":
+        if backend != "duckdb":
+            raise EinsumError(f"device='cuda' runs the DuckDB engine's kernels on a GPU; backend {backend!r} "
+                              "runs its kernels on the CPU")
+        if not devices.available("cuda"):
+            raise EinsumError("device='cuda': no CUDA device found (the GPU kernels need CuPy and a CUDA "
+                              "driver: pip install \"eindecomp_sql[gpu]\"); use device='cpu' or 'auto'")
+        return "cuda"
+    if device == "auto" and backend == "duckdb" and devices.available("cuda"):
+        return "cuda"
+    return "cpu"
+
+
 def connect(database=None, *, tile_bytes: int | None = None, workers: int | None = None, memory=None,
-            read_only: bool = False, backend: str = "duckdb", device_memory=None, spark=None) -> Session:
+            read_only: bool = False, backend: str = "duckdb", device_memory=None, spark=None,
+            device: str = "auto", allow_tf32: bool = False) -> Session:
     """A session over DuckDB.
 
     Parameters
@@ -519,6 +546,14 @@ def connect(database=None, *, tile_bytes: int | None = None, workers: int | None
         The Spark session ``backend="spark"`` runs on (None: the one active in this process,
         else a local one, ``local[<cores>]``, stopped when the last session using it closes).
         Its Python workers must import ``eindecomp_sql``.
+    device : str
+        Where the DuckDB engine's einsum kernels run: ``"cuda"`` (a GPU, through CuPy: the
+        ``eindecomp_sql[gpu]`` extra), ``"cpu"``, or ``"auto"`` (the default: CUDA when CuPy
+        finds a device, else the CPU). Retiles, fills and steps with a Python callable join run
+        on the host; ``explain`` says where every step runs and why.
+    allow_tf32 : bool
+        Let float32 products on a GPU use TF32 tensor cores (inputs rounded to a 10-bit
+        mantissa). Off by default: float32 results then match numpy's.
 
     Every bad option raises :class:`EinsumError` here, before a connection opens.
 
@@ -527,4 +562,4 @@ def connect(database=None, *, tile_bytes: int | None = None, workers: int | None
     (2, 3)
     """
     return Session(database, tile_bytes=tile_bytes, workers=workers, memory=memory, read_only=read_only,
-                   backend=backend, device_memory=device_memory, spark=spark)
+                   backend=backend, device_memory=device_memory, spark=spark, device=device, allow_tf32=allow_tf32)

@@ -252,9 +252,13 @@ def test_pickles_are_cached_while_the_function_lives():
     assert key not in ks._pickled
 
 
-def test_a_device_without_kernels_is_refused_listing_those_with():
+def test_a_device_without_kernels_is_refused_listing_those_with(monkeypatch):
+    from eindecomp_sql.udfs import devices
     from eindecomp_sql.udfs.kernels import einsum_kernel, read_spec, retile_kernel
 
+    monkeypatch.delitem(devices.KERNELS, "cuda")
+    for k in (einsum_kernel, retile_kernel, read_spec):
+        k.cache_clear()
     for step in steps(*CASES[1]):
         text = kernel_spec(step, device="cuda")
         kernel = einsum_kernel if isinstance(step, EinsumStep) else retile_kernel
@@ -262,6 +266,21 @@ def test_a_device_without_kernels_is_refused_listing_those_with():
             kernel(text)
     with pytest.raises(EinsumError, match="a retile kernel got a fill kernel spec"):
         read_spec(_body(), RetileKernelSpec)
+
+
+def test_a_device_whose_namespace_is_missing_names_it(monkeypatch):
+    """A "cuda" spec in a process without CuPy (or with no GPU driver): an EinsumError saying
+    what to install, not a bare ImportError from inside a UDF."""
+    from eindecomp_sql.udfs import devices
+    from eindecomp_sql.udfs.kernels import einsum_kernel
+
+    monkeypatch.setitem(devices.KERNELS, "cuda", (devices.KERNELS["cuda"][0], "eindecomp_sql_no_such_module"))
+    einsum_kernel.cache_clear()
+    step = next(s for s in steps(*CASES[1]) if isinstance(s, EinsumStep))
+    with pytest.raises(EinsumError, match=r"device 'cuda' computes with eindecomp_sql_no_such_module, which "
+                                          r"does not import here .*eindecomp_sql\[gpu\]"):
+        einsum_kernel(kernel_spec(step, device="cuda"))
+    einsum_kernel.cache_clear()
 
 
 def test_the_module_is_pure():

@@ -57,6 +57,7 @@ class _TileLayout:
         self.tile = spec.tile
         self.dtypes = [np.dtype(d) for d in spec.dtypes]
         self.out_dtype = np.dtype(spec.out_dtype)
+        self.tf32 = spec.tf32  # float32 products on a device may use TF32 (udfs/devices.py)
 
     # -- shapes -----------------------------------------------------------------------------
     def extents(self, keys: dict[str, int]) -> dict[str, int]:
@@ -113,7 +114,9 @@ class EinsumKernel(_TileLayout):
 
     def __init__(self, spec: EinsumKernelSpec, xp=np):
         self._take_layout(spec, xp)
-        self.agg = AGG_UFUNC[spec.agg]
+        # the aggregation's ufunc in the kernel's namespace (CuPy has numpy's ufuncs under the
+        # same names, with reduce): a numpy ufunc handed device arrays is a host round trip
+        self.agg = getattr(xp, AGG_UFUNC[spec.agg].__name__)
         self.fast = spec.join.name == "mul" and spec.agg == "sum"
         # a user's callable (unpickled from the spec) comes back checked on every call
         # (element-wise numbers of the dtype its probe gave; notation/numpy_impl.py): an
@@ -157,11 +160,11 @@ class EinsumKernel(_TileLayout):
             work = self.work_dtype
             tiles = [t if t.dtype == work else t.astype(work) for t in tiles]
             if self.matmul is not None and not accumulate and work == out.dtype:
-                self.matmul.run(tiles[0], tiles[1], out)
+                self.matmul.run(tiles[0], tiles[1], out, xp)
                 return
             if self.matmul is not None:
                 r = xp.empty(out.shape, work)
-                self.matmul.run(tiles[0], tiles[1], r)
+                self.matmul.run(tiles[0], tiles[1], r, xp)
             else:
                 r = xp.einsum(self.np_spec, *tiles, optimize=len(tiles) > 1)
             if accumulate:
@@ -235,7 +238,7 @@ class FusedKernel(_TileLayout):
             inputs=core_inputs, output=f.core_labels, labels=labels,
             reduced=tuple(lab for lab in labels if lab not in f.core_labels), size=spec.size, tile=spec.tile,
             join=spec.join, agg=spec.agg, dtypes=tuple(dtypes[a] for a in f.core), out_dtype=f.core_dtype,
-            device=spec.device), xp=xp)
+            device=spec.device, tf32=spec.tf32), xp=xp)
         self.slot_labels.append(tuple(f.core_labels))
         self.epilogues = []
         for st in f.epilogues:
@@ -349,7 +352,9 @@ class _MatmulPlan:
         out_perm = None if list(output) == order else tuple(order.index(lab) for lab in output)
         return cls(x_pre, y_pre, x_perm, y_perm, (len(batch), len(m), len(k), len(n)), out_perm, order)
 
-    def run(self, x: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
+    def run(self, x: np.ndarray, y: np.ndarray, out: np.ndarray, xp=np) -> None:
+        """``out`` = the product of ``x`` and ``y``, computed by ``xp`` (numpy, or a device's
+        namespace: all three are its arrays)."""
         if self.swap:
             x, y = y, x
         if self.x_pre:
@@ -367,9 +372,9 @@ class _MatmulPlan:
         x3 = x.reshape(B, M, K)
         y3 = y.reshape(B, K, N)
         if self.out_perm is None and out.flags.c_contiguous:
-            np.matmul(x3, y3, out=out.reshape(B, M, N))
+            xp.matmul(x3, y3, out=out.reshape(B, M, N))
         else:
-            r = np.matmul(x3, y3).reshape(bshape + x.shape[nb:nb + nm] + y.shape[nb + nk:])
+            r = xp.matmul(x3, y3).reshape(bshape + x.shape[nb:nb + nm] + y.shape[nb + nk:])
             out[...] = r.transpose(self.out_perm) if self.out_perm is not None else r
 
 
@@ -411,16 +416,18 @@ class ProgramKernel:
         ``run(kernel, items)`` runs a step's work on the kernel threads."""
         if len(tiles) != len(self.dtypes):
             raise ValueError(f"eindecomp_sql program kernel: got {len(tiles)} tiles for {len(self.dtypes)} inputs")
+        xp = self.kernels[-1].xp  # every step's (a program runs on one device)
         slots: list = []
         for raw, dt in zip(tiles, self.dtypes):
             if raw.nbytes % dt.itemsize:
                 raise ValueError(f"eindecomp_sql program kernel: a tile of {raw.nbytes} bytes is no whole {dt} array")
-            slots.append(raw.view(dt))
+            slots.append(devices.to_device(xp, raw.view(dt)))
         final = len(self.kernels) - 1
         for j, (k, args) in enumerate(zip(self.kernels, self.args)):
             ext = k.extents({})
             xs = [_whole(slots[a], dt, shape) for a, dt, shape in zip(args, k.dtypes, k.in_shapes(ext))]
-            o = out if j == final else k.xp.empty(k.out_shape(ext), dtype=k.out_dtype)
+            # on a device the last result is made there too, and copied into ``out`` at the end
+            o = out if j == final and xp is np else k.xp.empty(k.out_shape(ext), dtype=k.out_dtype)
 
             def fn(cut, k=k, xs=xs, o=o):
                 t, oo = k.sliced(xs, o, cut)
@@ -430,6 +437,8 @@ class ProgramKernel:
             slots.append(o)
             for a in self.free_after[j]:
                 slots[a] = None
+        if xp is not np:
+            devices.to_host(slots[-1], out)
 
 
 def _whole(x: np.ndarray, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from eindecomp_sql.plan.kernel_spec import MAX_OPERANDS, FillKernelSpec
 
+from .devices import DEVICE_LOCK, float32_products, to_device, to_host
 from .kernels import einsum_kernel, program_kernel, read_spec, retile_kernel
 from .pool import THREADS, KernelState, check_cancelled, note_tiles, run_tasks, run_wide, serving
 from .tiles import TileWriter, _as_array, blob_views, tile_view
@@ -57,11 +58,28 @@ def _tasks_for(kernel, items: list[tuple[dict, Callable, int]]) -> list:
 
 def _run(kernel, items: list) -> None:
     """Too few tiles to give every kernel thread its own: a float product runs whole, one tile after
-    the other, with BLAS threading each (see ``run_wide``); anything else is cut into tasks."""
+    the other, with BLAS threading each (see ``run_wide``); anything else is cut into tasks.
+    On a device the items run whole, one after the other: the device parallelises each."""
+    if kernel.xp is not np:
+        with DEVICE_LOCK, float32_products(kernel.xp, kernel.tf32):
+            for _, fn, _ in items:
+                check_cancelled()
+                fn(None)
+        return
     if kernel.blas and len(items) < 2 * THREADS and THREADS > 1:
         if run_wide(lambda: [(check_cancelled(), fn(None)) for _, fn, _ in items]):
             return
     run_tasks(_tasks_for(kernel, items))
+
+
+def _on_device(kernel, members: list[list[np.ndarray]], out: np.ndarray) -> None:
+    """``kernel.contract_group`` on a device: the members' host tiles sent, the result computed
+    there and copied back into ``out`` (host memory)."""
+    xp = kernel.xp
+    dev = [[to_device(xp, t) for t in tiles] for tiles in members]
+    result = xp.empty(out.shape, out.dtype)
+    kernel.contract_group(dev, result)
+    to_host(result, out)
 
 
 def _finished(writer: TileWriter) -> pa.Array:
@@ -82,6 +100,8 @@ def einsum_rows(spec_arr, keys_arr, *tile_arrs) -> pa.Array:
         tiles = [tile_view(v[r], dt, s) for v, dt, s in zip(views, kernel.dtypes, kernel.in_shapes(ext))]
 
         def fn(cut, tiles=tiles, r=r):
+            if kernel.xp is not np:
+                return _on_device(kernel, [tiles], writer.out(r))
             t, o = kernel.sliced(tiles, writer.out(r), cut)
             kernel.contract_group([t], o)
 
@@ -112,6 +132,8 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
 
         def fn(cut, member_tiles=member_tiles, g=g):
             out = writer.out(g)
+            if kernel.xp is not np:
+                return _on_device(kernel, member_tiles, out)
             parts = [kernel.sliced(tiles, out, cut) for tiles in member_tiles]
             kernel.contract_group([t for t, _ in parts], parts[0][1])
 

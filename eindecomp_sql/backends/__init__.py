@@ -14,7 +14,7 @@ BACKENDS = ("duckdb", "reference", "device-sim", "spark")
 def create_backend(name: str = "duckdb", database=None, *, read_only: bool = False, **options) -> Backend:
     """The backend ``name`` over ``database`` (None: in memory); ``options`` are the backend's
     own (``device_memory`` for ``"device-sim"``, ``spark`` for ``"spark"``)."""
-    own = {"device-sim": {"device_memory"}, "spark": {"spark"}}.get(name, set())
+    own = {"duckdb": {"device", "allow_tf32"}, "device-sim": {"device_memory"}, "spark": {"spark"}}.get(name, set())
     if set(options) - own:
         from ..errors import EinsumError
 
@@ -22,7 +22,7 @@ def create_backend(name: str = "duckdb", database=None, *, read_only: bool = Fal
     if name == "duckdb":
         from .duckdb import DuckDBBackend
 
-        return DuckDBBackend(database, read_only=read_only)
+        return DuckDBBackend(database, read_only=read_only, **options)
     if name == "reference":
         from .reference import ReferenceBackend
 

@@ -63,6 +63,7 @@ class Backend(Protocol):
     name: str  # what create_backend() knows it by
     lock: Any  # an RLock: one session call at a time sees the engine
     con: Any  # the DuckDB connection for the SQL interface and DuckDB sources; None without one
+    compiler: Any  # how its plans become SQL (the SQL interface's queries too); None for an engine without SQL
     cost_model: CostModel  # what plans cost on this engine: the planner optimizes under it
     streams_in: bool  # store_tiles also takes a pa.RecordBatchReader or an io.ParquetRows it reads itself
 

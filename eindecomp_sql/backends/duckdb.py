@@ -15,6 +15,8 @@ import pyarrow as pa
 from sqlglot import exp
 
 from ..compile import DuckDBCompiler, create_table_as, drop_table
+from ..compile.compiler import on_device
+from ..plan.kernel_spec import host_reason
 from ..compile.sql import table
 from ..errors import EinsumError, ExecutionError
 from ..plan import Plan, TiledValue
@@ -61,8 +63,13 @@ class DuckDBBackend:
     # arrays enter a plan through the client's source registry where it has one (see _arrays)
     source_registry = True
 
-    def __init__(self, database=None, config: dict | None = None, read_only: bool = False):
+    def __init__(self, database=None, config: dict | None = None, read_only: bool = False, device: str = "cpu",
+                 allow_tf32: bool = False):
         allocator.retain_freed_memory()  # before DuckDB starts its threads (see allocator.py)
+        # where the tile kernels run: the specs the compiler writes name it (udfs/devices.py)
+        self.device = device
+        if device != "cpu" or allow_tf32:
+            self.compiler = on_device(DuckDBCompiler, device, allow_tf32)()
         if isinstance(database, duckdb.DuckDBPyConnection):
             self.con = database
             self.owns_connection = False
@@ -155,6 +162,21 @@ class DuckDBBackend:
         # the budget's planned share less what the kernels hold, and never less than what the
         # plan's steps need DuckDB to hold (a plan made under a budget of its own, g.plan(memory=))
         return max(plan_share(self.budget) - plan.kernel_bytes, plan.engine_bytes, MIN_ENGINE_BYTES)
+
+    def sql_listing(self, plan: Plan, tables: dict[str, str] | None = None) -> str:
+        """Every step's SQL; on a device session each step headed by where its kernel runs,
+        and why a step stays on the host (``kernel_spec.host_reason``): nothing falls back to
+        the CPU unsaid."""
+        listing = self.compiler.sql_listing(plan, tables)
+        if self.device == "cpu":
+            return listing
+        lines = [f"-- kernels on {self.device}{' (TF32 allowed for float32 products)' if self.compiler.allow_tf32 else ''}"]
+        for line in listing.splitlines():
+            if line.startswith("-- step "):
+                reason = host_reason(plan.steps[int(line.split()[2])])
+                line += f"  (on {self.device})" if reason is None else f"  (on the host: {reason})"
+            lines.append(line)
+        return "\n".join(lines)
 
     def memory_split(self, plan: Plan) -> str | None:
         """How the session's budget is split while ``plan`` runs (for ``explain``)."""

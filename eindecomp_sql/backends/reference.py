@@ -277,6 +277,7 @@ class ReferenceBackend:
 
     name = "reference"
     con = None  # no SQL: no connection, no SQL interface
+    compiler = None  # ... and no compiler
     # plans are made under DuckDB's cost model (the default): the reference runs the very
     # plans the DuckDB engine runs, which is what it checks
     cost_model = _cost.DEFAULT_COSTS

@@ -42,7 +42,7 @@ from sqlglot import exp
 
 from ..plan import EinsumStep, FillStep, Plan, ProgramStep, RetileStep, Step, TiledValue
 from ..plan.cost import nbytes
-from ..plan.kernel_spec import kernel_spec
+from ..plan.kernel_spec import kernel_spec, step_device
 from ..plan.steps import step_target
 
 TILE = "tile"
@@ -194,6 +194,16 @@ class CompiledStep:
         return self.text if dialect is None or dialect == self.dialect else self.select.sql(dialect=dialect)
 
 
+@cache
+def on_device(compiler: type, device: str, allow_tf32: bool = False) -> type:
+    """``compiler`` (a compiler class) with its kernels on ``device``: a class of its own, as
+    compiled plans are cached per compiler class."""
+    if device == compiler.device and allow_tf32 == compiler.allow_tf32:
+        return compiler
+    return type(f"{compiler.__name__}_{device}{'_tf32' if allow_tf32 else ''}", (compiler,),
+                {"device": device, "allow_tf32": allow_tf32, "__module__": compiler.__module__})
+
+
 @lru_cache(maxsize=1024)
 def _compiled(compiler: SQLCompiler, plan: Plan) -> tuple[CompiledStep, ...]:
     # compilers are equal when their classes are (tactics are class attributes)
@@ -208,6 +218,10 @@ class SQLCompiler:
 
     # the dialect every statement is printed in (None: sqlglot's generic dialect)
     dialect: str | None = None
+    # where the tile kernels run ("cpu", or "cuda": udfs/devices.py), and whether float32
+    # products there may use TF32; a session on a device compiles with ``on_device(cls, ...)``
+    device: str = "cpu"
+    allow_tf32: bool = False
     # a step whose operands are one tile each pairs them by position (POSITIONAL JOIN) rather
     # than by key; needs an engine that has positional joins
     positional_join_single_tiles: bool = False
@@ -341,8 +355,10 @@ class SQLCompiler:
     # --- steps
 
     def kernel_spec(self, step: Step, batch: tuple[int, int] | None = None) -> str:
-        """The JSON a tile kernel reads to know its step (``plan/kernel_spec.py``)."""
-        return kernel_spec(step, batch)
+        """The JSON a tile kernel reads to know its step (``plan/kernel_spec.py``), naming the
+        device it runs on: the compiler's ``device``, or the host for a step a device cannot
+        run (``step_device``)."""
+        return kernel_spec(step, batch, device=step_device(step, self.device), tf32=self.allow_tf32)
 
     def spec_literal(self, step: Step, batch: tuple[int, int] | None = None) -> exp.Literal:
         return exp.Literal.string(self.kernel_spec(step, batch))

@@ -43,7 +43,10 @@ def _stand_in(dt: np.dtype) -> np.dtype:
 
 
 def _relu(a):
-    return np.maximum(a, np.zeros((), dtype=np.asarray(a).dtype))
+    # a zero of a's own dtype as a scalar, not an array: ``a`` may live on a device (CuPy),
+    # where a numpy array operand is refused
+    dt = a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
+    return np.maximum(a, dt.type(0))
 
 
 def _sigmoid(a):

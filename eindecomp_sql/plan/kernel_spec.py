@@ -431,6 +431,9 @@ class EinsumKernelSpec:
     version: int = SPEC_VERSION
     device: str = "cpu"
     fused: KernelFusion | None = None  # version 2: element-wise stages around the contraction
+    # float32 products on a device may use TF32 tensor cores (10-bit mantissa inputs): opt-in,
+    # as numpy users expect exact float32; written only when True, so other specs are unchanged
+    tf32: bool = False
 
     op = "einsum"
 
@@ -484,15 +487,19 @@ class EinsumKernelSpec:
                 "out_dtype": self.out_dtype}
         if self.fused is not None:
             body["fused"] = self.fused.to_dict()
+        if self.tf32:
+            body["tf32"] = True
         return body
 
     @classmethod
     def _from_body(cls, b: dict, version: int, device: str) -> EinsumKernelSpec:
         fused = b.get("fused")
+        if not isinstance(b.get("tf32", False), bool):
+            raise EinsumError(f"kernel spec einsum tf32 must be true or false, got {b['tf32']!r}")
         return cls(inputs=b["in"], output=b["out"], labels=b["labels"], reduced=b["reduced"], size=b["size"],
                    tile=b["tile"], join=KernelJoin.from_dict(b["join"]), agg=b["agg"], dtypes=b["dtypes"],
                    out_dtype=b["out_dtype"], version=version, device=device,
-                   fused=KernelFusion.from_dict(fused) if fused is not None else None)
+                   fused=KernelFusion.from_dict(fused) if fused is not None else None, tf32=b.get("tf32", False))
 
 
 @dataclass(frozen=True)
@@ -675,7 +682,7 @@ _KEYS = {
     "fill": {"shape", "tile", "dtype", "value"},
     "program": {"steps", "args", "dtypes"},
 }
-_OPTIONAL = {"einsum": set(), "retile": {"first_key_range", "key_axis"}, "fill": set(), "program": set()}
+_OPTIONAL = {"einsum": {"tf32"}, "retile": {"first_key_range", "key_axis"}, "fill": set(), "program": set()}
 # keys a version adds (a version-1 reader refuses them as unknown)
 _OPTIONAL_SINCE = {2: {"einsum": {"fused"}}}
 
@@ -739,14 +746,39 @@ def _from_dict(body) -> KernelSpec:
         raise EinsumError(f"kernel spec {op} is malformed ({e})") from None
 
 
-def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu", portable: bool = False) -> str:
+def host_reason(step) -> str | None:
+    """Why ``step`` runs on the host in a session whose kernels run on a device, or None when
+    it runs on the device. Data movement stays where the tiles are (DuckDB hands them to the
+    UDFs in host memory); a Python callable join is numpy code the device cannot run."""
+    from .steps import FillStep, ProgramStep, RetileStep
+
+    if isinstance(step, RetileStep):
+        return "a retile moves bytes between tiles in host memory"
+    if isinstance(step, FillStep):
+        return "a fill writes constant tiles in host memory"
+    parts = step.steps if isinstance(step, ProgramStep) else [step]
+    for part in parts:
+        nodes = [part.node] + (list(part.fused.nodes) if getattr(part, "fused", None) is not None else [])
+        for n in nodes:
+            if n.join.func is not None:
+                return f"its join {n.join.label} is a Python callable (numpy code on host arrays)"
+    return None
+
+
+def step_device(step, device: str) -> str:
+    """The device ``step``'s kernel runs on in a session whose kernels run on ``device``."""
+    return device if device == "cpu" or host_reason(step) is None else "cpu"
+
+
+def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu", portable: bool = False,
+                tf32: bool = False) -> str:
     """The JSON of a plan step's kernel spec: labels, sizes, tile sizes, dtypes, the join, the
     device. ``batch`` is the range of target keys (on the step's batch axis) one statement of
-    a retile covers."""
+    a retile covers. ``tf32``: float32 products on the device may use TF32."""
     from .steps import FillStep, ProgramStep, RetileStep  # a step module imports the plan package
 
     if isinstance(step, ProgramStep):
-        return to_json(_program_spec(step, device, portable))
+        return to_json(_program_spec(step, device, portable, tf32))
     if isinstance(step, RetileStep):
         s, t = step.source, step.target
         spec = RetileKernelSpec(shape=s.shape, source_tile=s.tile, target_tile=t.tile, dtype=s.dtype,
@@ -756,11 +788,11 @@ def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu",
         r = step.result
         spec = FillKernelSpec(shape=r.shape, tile=r.tile, dtype=r.dtype, value=step.value, device=device)
     else:
-        spec = _einsum_spec(step, device, portable)
+        spec = _einsum_spec(step, device, portable, tf32)
     return to_json(spec)
 
 
-def _einsum_spec(step, device: str, portable: bool) -> EinsumKernelSpec:
+def _einsum_spec(step, device: str, portable: bool, tf32: bool = False) -> EinsumKernelSpec:
     node = step.node
     fused = _kernel_fusion(step, portable) if step.fused is not None else None
     return EinsumKernelSpec(
@@ -768,18 +800,18 @@ def _einsum_spec(step, device: str, portable: bool) -> EinsumKernelSpec:
         labels=tuple(node.labels), reduced=tuple(node.reduced), size=dict(node.sizes), tile=step.tile_of,
         join=KernelJoin.of(node.join, portable), agg=node.agg.name, dtypes=tuple(v.dtype for v in step.inputs),
         out_dtype=step.result.dtype, device=device, fused=fused,
-        version=SPEC_VERSION if fused is None else FUSED_VERSION,
+        version=SPEC_VERSION if fused is None else FUSED_VERSION, tf32=tf32 and device != "cpu",
     )
 
 
-def _program_spec(step, device: str, portable: bool) -> ProgramKernelSpec:
+def _program_spec(step, device: str, portable: bool, tf32: bool = False) -> ProgramKernelSpec:
     """A program step's einsums as slots: its inputs, then each step's result."""
     slot = {v.name: k for k, v in enumerate(step.inputs)}
     args = []
     for j, s in enumerate(step.steps):
         args.append(tuple(slot[v.name] for v in s.inputs))
         slot[s.result.name] = len(step.inputs) + j
-    return ProgramKernelSpec(steps=tuple(_einsum_spec(s, device, portable) for s in step.steps), args=tuple(args),
+    return ProgramKernelSpec(steps=tuple(_einsum_spec(s, device, portable, tf32) for s in step.steps), args=tuple(args),
                              dtypes=tuple(v.dtype for v in step.inputs), device=device)
 
 

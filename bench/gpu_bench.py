@@ -1,0 +1,184 @@
+"""Issue 11's GPU bars, side by side in one process: the SQL path with its kernels on the GPU
+(``connect(device="cuda")``) against PyTorch on the same data.
+
+- GEMM ``n``² float32, TF32 on for both: our ``db.einsum(..., out=)`` on stored tensors (the
+  result written to a DuckDB table) against torch taking numpy host arrays in and its result
+  back to numpy. Bar: our throughput >= 70% of torch's.
+- FFN forward (x ``b``×``d``, w1 ``d``×``f``, w2 ``f``×``d``, bfloat16, relu), the weights stored
+  in DuckDB, run 5 times with the result written to a table, against torch eager with the
+  weights already on the device and the result copied to host memory. Bar: runs 2-5 at >= 40%
+  of torch's throughput.
+
+Results are checked against torch's (both TF32 / bfloat16: a relative tolerance). Writes a JSON
+file and prints a markdown table with the device named. Needs CuPy and a CUDA device; with
+``--namespace simcupy --small`` it runs its own logic on the CPU stand-in (tests/simcupy.py)
+and torch's CPU path, to check the script, not to time anything.
+
+    python bench/gpu_bench.py [--out bench/gpu_bench.json]           # the issue's sizes
+    python bench/gpu_bench.py --namespace simcupy --small              # a dry run, no GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))  # simcupy, for dry runs
+
+
+def _sync(torch, cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def _bf16_to_torch(torch, a: np.ndarray, dev: str):
+    return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(dev)
+
+
+def gemm(db, torch, n: int, reps: int, cuda: bool) -> dict:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    dev = "cuda" if cuda else "cpu"
+    if torch is not None:
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+    def with_torch():
+        if torch is None:  # a dry run without torch: numpy stands in
+            return a @ b
+        c = (torch.from_numpy(a).to(dev) @ torch.from_numpy(b).to(dev)).cpu().numpy()
+        _sync(torch, cuda)
+        return c
+
+    t = time.perf_counter()
+    A, B = db.store("GA", a, replace=True), db.store("GB", b, replace=True)
+    store_s = time.perf_counter() - t
+    plan = db.plan("ij,jk->ik", A, B)
+    ours, theirs = [], []
+    want = with_torch()
+    db.einsum("ij,jk->ik", A, B, out="GC", replace=True)  # warm-up (CuPy's cuBLAS handle, DuckDB)
+    for r in range(reps):  # interleaved, alternating who goes first
+        for who in (("ours", "torch") if r % 2 == 0 else ("torch", "ours")):
+            t = time.perf_counter()
+            if who == "ours":
+                db.einsum("ij,jk->ik", A, B, out="GC", replace=True)
+            else:
+                with_torch()
+            (ours if who == "ours" else theirs).append(time.perf_counter() - t)
+    got = db.tensor("GC").to_numpy()
+    err = float(np.abs(got - want).max() / np.abs(want).max())
+    return {"n": n, "store_s": store_s, "plan": plan.explain().splitlines()[0], "ours_s": ours, "torch_s": theirs,
+            "max_rel_diff_vs_torch": err, "throughput_ratio": statistics.median(theirs) / statistics.median(ours)}
+
+
+def ffn(db, torch, b: int, d: int, f: int, runs: int, cuda: bool) -> dict:
+    import eindecomp_sql as eds
+    import ml_dtypes
+
+    rng = np.random.default_rng(1)
+    bf = ml_dtypes.bfloat16
+    x = (rng.standard_normal((b, d), dtype=np.float32) / np.sqrt(d)).astype(bf)
+    w1 = (rng.standard_normal((d, f), dtype=np.float32) / np.sqrt(d)).astype(bf)
+    w2 = (rng.standard_normal((f, d), dtype=np.float32) / np.sqrt(f)).astype(bf)
+    t = time.perf_counter()
+    db.store("W1", w1, replace=True)
+    db.store("W2", w2, replace=True)
+    store_s = time.perf_counter() - t
+    g = eds.Graph()
+    X, W1, W2 = g.input("x", (b, d), "bfloat16"), g.input("w1", (d, f), "bfloat16"), g.input("w2", (f, d), "bfloat16")
+    h = g.map("relu", g.einsum("bi,io->bo", X, W1))
+    g.einsum("bo,oi->bi", h, W2, name="y")
+    ours = []
+    for r in range(runs):
+        t = time.perf_counter()
+        g.run(db, x=x, w1="W1", w2="W2", out={"y": "FFN_Y"}, replace=True)
+        ours.append(time.perf_counter() - t)
+    dev = "cuda" if cuda else "cpu"
+    theirs = []
+    if torch is None:  # a dry run without torch: numpy in float32 stands in
+        for r in range(runs):
+            t = time.perf_counter()
+            y = np.maximum(x.astype(np.float32) @ w1.astype(np.float32), 0).astype(bf).astype(np.float32) @ \
+                w2.astype(np.float32)
+            theirs.append(time.perf_counter() - t)
+        want = y
+    else:
+        tw1, tw2 = _bf16_to_torch(torch, w1, dev), _bf16_to_torch(torch, w2, dev)
+        for r in range(runs):
+            t = time.perf_counter()
+            y = (torch.relu(_bf16_to_torch(torch, x, dev) @ tw1) @ tw2).cpu()
+            _sync(torch, cuda)
+            theirs.append(time.perf_counter() - t)
+        want = y.float().numpy()
+    got = db.tensor("FFN_Y").to_numpy().astype(np.float32)
+    err = float(np.abs(got - want).max() / np.abs(want).max())
+    later = statistics.median(ours[1:]) if len(ours) > 1 else ours[0]
+    return {"b": b, "d": d, "f": f, "store_s": store_s, "ours_s": ours, "torch_s": theirs,
+            "max_rel_diff_vs_torch": err, "throughput_ratio_runs_2_on": statistics.median(theirs[1:]) / later}
+
+
+def markdown(out: dict) -> str:
+    lines = [f"Device: {out['device']}; host {out['host']}; {out['versions']}", "",
+             "| work | ours median s (min-max) | torch median s | our throughput / torch's | bar | max diff vs torch |",
+             "|---|---|---|---|---|---|"]
+    g = out.get("gemm")
+    if g:
+        lines.append(f"| GEMM {g['n']}² float32, TF32, stored -> table | {statistics.median(g['ours_s']):.3f} "
+                     f"({min(g['ours_s']):.3f}-{max(g['ours_s']):.3f}) | {statistics.median(g['torch_s']):.3f} | "
+                     f"{g['throughput_ratio']:.0%} | >= 70% | {g['max_rel_diff_vs_torch']:.1e} |")
+    f = out.get("ffn")
+    if f:
+        o = f["ours_s"][1:] or f["ours_s"]
+        lines.append(f"| FFN {f['b']}x{f['d']}x{f['f']} bfloat16, runs 2-5 | {statistics.median(o):.3f} "
+                     f"({min(o):.3f}-{max(o):.3f}) | {statistics.median(f['torch_s'][1:] or f['torch_s']):.3f} | "
+                     f"{f['throughput_ratio_runs_2_on']:.0%} | >= 40% | {f['max_rel_diff_vs_torch']:.1e} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--namespace", default="cupy", help="the cuda kernels' namespace (simcupy: a dry run)")
+    ap.add_argument("--small", action="store_true", help="small sizes (a dry run of the script)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--only", default="gemm,ffn")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    try:
+        import torch
+    except ImportError:
+        if args.namespace == "cupy":
+            raise
+        torch = None  # a dry run here: numpy stands in for torch
+
+    import eindecomp_sql as eds
+    from eindecomp_sql.udfs import devices
+
+    devices.KERNELS["cuda"] = (devices.KERNELS["cuda"][0], args.namespace)
+    cuda = args.namespace == "cupy"
+    db = eds.connect(device="cuda", allow_tf32=True)
+    out = {"device": torch.cuda.get_device_name(0) if cuda else f"none ({args.namespace} dry run)",
+           "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+           "versions": f"Python {platform.python_version()}, numpy {np.__version__}, torch {getattr(torch, '__version__', '-')}, "
+                       f"cupy {getattr(devices.namespace('cuda'), '__version__', '-')}",
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    only = set(args.only.split(","))
+    if "gemm" in only:
+        out["gemm"] = gemm(db, torch, 512 if args.small else 16384, args.reps, cuda)
+    if "ffn" in only:
+        out["ffn"] = ffn(db, torch, *((64, 128, 256) if args.small else (8192, 8192, 28672)), runs=5, cuda=cuda)
+    db.close()
+    print(markdown(out))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(out, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

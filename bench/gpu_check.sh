@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue 11's checks on a machine with an NVIDIA GPU, as one short script.
+#
+#   bench/gpu_check.sh fetch     # here, with the network: wheels the GPU machine lacks, into .whl/
+#   bench/gpu_check.sh run       # there (CUDA, CuPy, PyTorch, numpy, pyarrow installed; no network)
+#
+# `run` installs the carried wheels (duckdb, sqlglot) and this checkout into /tmp/site, then
+#   1. runs tests/test_device_kernels.py with the kernels on the real GPU (CuPy),
+#   2. runs bench/gpu_bench.py at the issue's sizes (GEMM 16384² TF32, FFN bfloat16),
+# writing logs and bench JSON under $OUT (or ./gpu_out). .whl/ must be ignored by git
+# (`echo /.whl/ >> .git/info/exclude`) and carried.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-run}
+if [ "$mode" = fetch ]; then
+    py=${PYTHON:-.venv/bin/python}
+    for pkg in "duckdb==$($py -c 'import duckdb; print(duckdb.__version__)')" \
+               "sqlglot==$($py -c 'import sqlglot; print(sqlglot.__version__)')"; do
+        $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+            --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+            --platform manylinux2014_x86_64 -d .whl "$pkg" || $py -m pip download -q --no-deps -d .whl "$pkg"
+    done
+    ls -la .whl
+    exit 0
+fi
+out=${OUT:-gpu_out}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site . \
+    > "$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
+export PYTHONPATH=/tmp/site
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+python3 -c "import cupy, ml_dtypes, numpy; print('cupy', cupy.__version__, 'devices', cupy.cuda.runtime.getDeviceCount(), 'numpy', numpy.__version__)" | tee -a "$out/gpu.txt"
+set +e
+EDS_TEST_DEVICE_NAMESPACE=cupy EDS_EXAMPLES=${EDS_EXAMPLES:-40} timeout 240 python3 -m pytest -p no:cacheprovider \
+    -q -x --rootdir=. -c pyproject.toml tests/test_device_kernels.py 2>&1 | tee "$out/tests.log" | tail -25
+echo "tests exit: ${PIPESTATUS[0]}"
+timeout 300 python3 bench/gpu_bench.py --out "$out/gpu_bench.json" 2>&1 | tee "$out/bench.log" | tail -20
+echo "bench exit: ${PIPESTATUS[0]}"

@@ -1,0 +1,209 @@
+"""Kernels on a GPU (``connect(device="cuda")``): the DuckDB engine's UDFs send each call's tiles
+to the device, run the same kernel classes with CuPy as their namespace, and copy the results
+back (udfs/devices.py, udfs/register.py).
+
+Without a GPU these run against ``simcupy`` (tests/simcupy.py), a numpy-backed stand-in as
+strict as CuPy about host and device arrays, which also emulates TF32's rounding. On a machine
+with a CUDA device and CuPy, ``EDS_TEST_DEVICE_NAMESPACE=cupy`` runs the same tests on the GPU
+(bench/gpu_check.sh does).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import eindecomp_sql as eds
+import simcupy
+from eindecomp_sql.errors import EinsumError
+from eindecomp_sql.udfs import devices, kernels
+from helpers import assert_close, einsum_case, error_scale, random_array
+from reference import reference
+
+NAMESPACE = os.environ.get("EDS_TEST_DEVICE_NAMESPACE", "simcupy")
+SIMULATED = NAMESPACE == "simcupy"
+
+
+def _clear_kernel_caches():
+    for f in (kernels.einsum_kernel, kernels.program_kernel, kernels.retile_kernel, kernels.read_spec):
+        f.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    """A session whose kernels run on "cuda", its namespace ``NAMESPACE``."""
+    saved = devices.KERNELS["cuda"]
+    devices.KERNELS["cuda"] = (saved[0], NAMESPACE)
+    _clear_kernel_caches()
+    db = eds.connect(device="cuda")
+    yield db
+    db.close()
+    devices.KERNELS["cuda"] = saved
+    _clear_kernel_caches()
+
+
+@pytest.fixture
+def counted():
+    simcupy.reset()
+    yield simcupy
+    simcupy.reset()
+
+
+@given(einsum_case(max_operands=3, max_size=6), st.booleans())
+@settings(max_examples=60)
+def test_einsums_on_the_device_match_numpy(gpu, case, stored):
+    """Random specs, shapes, tiles (grouped steps, programs, broadcasting, diagonals) and every
+    dtype, through the device path, against numpy."""
+    spec, shapes, dtypes, tiles, seed = case
+    rng = np.random.default_rng(seed)
+    arrays = [random_array(rng, s, d) for s, d in zip(shapes, dtypes)]
+    want = reference(spec, *arrays)
+    ops = [gpu.store(f"g{k}", a, tile=t, replace=True) if stored else a for k, (a, t) in enumerate(zip(arrays, tiles))]
+    got = gpu.einsum(spec, *ops).to_numpy()
+    assert_close(got, want, error_scale(spec, arrays))
+
+
+def test_a_gemm_runs_on_the_device_and_its_result_comes_back(gpu, counted):
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((300, 200), np.float32), rng.standard_normal((200, 100), np.float32)
+    A, B = gpu.store("A", a, tile=(128, 64), replace=True), gpu.store("B", b, tile=(64, 100), replace=True)
+    got = gpu.einsum("ij,jk->ik", A, B).to_numpy()
+    assert_close(got, a @ b, error_scale("ij,jk->ik", [a, b]))
+    if SIMULATED:  # every operand tile went up once per product, every result tile came down
+        assert counted.uploads[1] >= a.nbytes + b.nbytes
+        assert counted.downloads[1] == got.nbytes
+
+
+def test_explain_says_where_every_step_runs(gpu):
+    rng = np.random.default_rng(2)
+    a = gpu.store("E1", rng.standard_normal((64, 48)), tile=(16, 48), replace=True)
+    b = gpu.store("E2", rng.standard_normal((48, 64)), tile=(48, 16), replace=True)
+    text = gpu.explain("ij,jk->ik", a, b)
+    assert "-- kernels on cuda" in text
+    assert "(on cuda)" in text
+    plan = gpu.plan("ij,jk->ik", a, b)
+    for k, step in enumerate(plan.steps):
+        where = "(on cuda)" if type(step).__name__ != "RetileStep" else "(on the host: a retile moves bytes"
+        assert any(line.startswith(f"-- step {k} ") and where in line for line in text.splitlines()), (k, text)
+
+
+def test_a_callable_join_runs_on_the_host_and_says_so(gpu, counted):
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((20, 30)), rng.standard_normal((30, 10))
+
+    def hyp(x, y):
+        return np.hypot(x, y)  # numpy code on host arrays: it cannot take device arrays
+
+    got = gpu.einsum("ij,jk->ik", a, b, join=hyp).to_numpy()
+    np.testing.assert_allclose(got, np.hypot(a[:, :, None], b[None, :, :]).sum(axis=1), rtol=1e-12)
+    assert "(on the host: its join callable(hyp) is a Python callable" in gpu.explain("ij,jk->ik", a, b, join=hyp)
+    if SIMULATED:
+        assert counted.uploads == [0, 0]
+
+
+@pytest.mark.parametrize("join,agg", [("add", "max"), ("max", "min"), ("where(x > y, x, y - 1)", "sum"),
+                                      ("mul", "prod")])
+def test_extended_joins_and_aggregations_on_the_device(gpu, join, agg):
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((33, 17)), rng.standard_normal((17, 9))
+    A = gpu.store("X1", a, tile=(10, 5), replace=True)
+    B = gpu.store("X2", b, tile=(5, 9), replace=True)
+    got = gpu.einsum("ij,jk->ik", A, B, join=join, agg=agg).to_numpy()
+    want = eds.connect(device="cpu").einsum("ij,jk->ik", a, b, join=join, agg=agg).to_numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["ffn", "attention", "llama_block"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("fuse,workers", [(True, 1), (False, 4)])
+def test_graphs_on_the_device(gpu, name, dtype, fuse, workers):
+    """The GPU issue's graphs (maps, softmax, norms; programs, fused and unfused steps, cut for
+    4 workers) against numpy in float64 on the same inputs; bfloat16 within a few of its units
+    of the result's scale, as on the CPU (tests/test_dtypes.py)."""
+    from graphs import attention, ffn, llama_block
+
+    g, ref = {"ffn": ffn, "attention": attention, "llama_block": llama_block}[name](dtype=dtype)
+    rng = np.random.default_rng(len(name))
+    xs = {v.name: (rng.standard_normal(v.shape) / np.sqrt(v.shape[0])).astype(dtype) for v in g.inputs}
+    got = g.plan(workers=workers, fuse=fuse).run(gpu, **xs).to_numpy()
+    assert got.dtype == np.dtype(dtype)
+    want = ref(**{k: x.astype(np.float64) for k, x in xs.items()})
+    err = np.abs(got.astype(np.float64) - want)
+    assert err.max() <= (0.02 if dtype == "bfloat16" else 1e-4) * np.abs(want).max(), (err.max(), np.abs(want).max())
+
+
+def test_the_sql_interface_runs_on_the_device(gpu):
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((40, 30))
+    gpu.store("S1", a, tile=(16, 30), replace=True)
+    rows = gpu.connection.sql("SELECT i, k, value FROM einsum_elements('ij,kj->ik', 'S1', 'S1')").fetchall()
+    got = np.zeros((40, 40))
+    for i, k, v in rows:
+        got[i, k] = v
+    np.testing.assert_allclose(got, a @ a.T, rtol=1e-10, atol=1e-10)
+
+
+def test_tf32_is_opt_in(counted):
+    """float32 products are exact float32 unless ``allow_tf32=True`` (then their inputs are
+    rounded to TF32's 10-bit mantissa: by the tensor cores on a GPU, by the stand-in's emulation
+    here); float64 is never affected."""
+    saved = devices.KERNELS["cuda"]
+    devices.KERNELS["cuda"] = (saved[0], NAMESPACE)
+    _clear_kernel_caches()
+    try:
+        rng = np.random.default_rng(7)
+        a, b = rng.standard_normal((64, 1024), np.float32), rng.standard_normal((1024, 32), np.float32)
+        exact = a.astype(np.float64) @ b.astype(np.float64)
+        with eds.connect(device="cuda") as plain, eds.connect(device="cuda", allow_tf32=True) as fast:
+            p = plain.einsum("ij,jk->ik", a, b).to_numpy()
+            f = fast.einsum("ij,jk->ik", a, b).to_numpy()
+            d = fast.einsum("ij,jk->ik", a.astype(np.float64), b.astype(np.float64)).to_numpy()
+            assert "TF32 allowed" in fast.explain("ij,jk->ik", a, b) and "TF32" not in plain.explain("ij,jk->ik", a, b)
+        assert np.abs(p - exact).max() < 2e-3  # float32 products summed over 1024: ~1e-4
+        assert np.abs(f - exact).max() > 1e-2  # 10-bit inputs: ~5e-4 relative per product
+        np.testing.assert_allclose(d, exact, rtol=1e-12)
+        if SIMULATED:
+            assert counted.tf32 == [False]  # set back after each call
+    finally:
+        devices.KERNELS["cuda"] = saved
+        _clear_kernel_caches()
+
+
+def test_device_options_are_checked():
+    with pytest.raises(EinsumError, match="device must be 'auto', 'cpu' or 'cuda'"):
+        eds.connect(device="gpu")
+    with pytest.raises(EinsumError, match="allow_tf32 must be True or False"):
+        eds.connect(allow_tf32="yes")
+    with pytest.raises(EinsumError, match="backend 'reference' runs its kernels on the CPU"):
+        eds.connect(device="cuda", backend="reference")
+    with eds.connect(device="cpu") as db:
+        assert db.device == "cpu" and "kernels on" not in db.explain("ij->j", np.ones((2, 3)))
+
+
+def test_no_cuda_device_is_a_clear_error_and_auto_means_the_cpu(monkeypatch):
+    """Where CuPy is missing (this machine unless the gpu extra is installed) or finds no GPU."""
+    monkeypatch.setitem(devices.KERNELS, "cuda", (devices.KERNELS["cuda"][0], "eindecomp_sql_no_such_module"))
+    with pytest.raises(EinsumError, match=r"no CUDA device found .*eindecomp_sql\[gpu\]"):
+        eds.connect(device="cuda")
+    with eds.connect() as db:
+        assert db.device == "cpu"
+
+
+def test_the_stand_in_refuses_host_arrays_as_cupy_does():
+    """The strictness the device tests rely on: if simcupy took host arrays, a kernel that
+    forgot an upload would pass here and fail on a GPU."""
+    host = np.ones((2, 2))
+    dev = simcupy.asarray(host)
+    with pytest.raises(TypeError, match="host array"):
+        simcupy.matmul(dev, host)
+    with pytest.raises(TypeError, match="host array"):
+        np.add(dev, host)
+    with pytest.raises(TypeError, match="numpy.concatenate called on a device array"):
+        np.concatenate([dev, dev])
+    out = np.empty((2, 2))
+    dev.get(out=out)
+    np.testing.assert_array_equal(out, host)
