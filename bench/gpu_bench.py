@@ -120,8 +120,11 @@ def ffn(db, torch, b: int, d: int, f: int, runs: int, cuda: bool) -> dict:
     got = db.tensor("FFN_Y").to_numpy().astype(np.float32)
     err = float(np.abs(got - want).max() / np.abs(want).max())
     later = statistics.median(ours[1:]) if len(ours) > 1 else ours[0]
+    cache = db.backend.kernels.device_cache
     return {"b": b, "d": d, "f": f, "store_s": store_s, "ours_s": ours, "torch_s": theirs,
-            "max_rel_diff_vs_torch": err, "throughput_ratio_runs_2_on": statistics.median(theirs[1:]) / later}
+            "max_rel_diff_vs_torch": err, "throughput_ratio_runs_2_on": statistics.median(theirs[1:]) / later,
+            "cache_budget": cache.budget, "cache_peak": cache.peak, "cache_hits": cache.hits,
+            "working_set": x.nbytes * 2 + w1.nbytes + w2.nbytes + b * f * 2}
 
 
 def markdown(out: dict) -> str:
@@ -133,12 +136,20 @@ def markdown(out: dict) -> str:
         lines.append(f"| GEMM {g['n']}² float32, TF32, stored -> table | {statistics.median(g['ours_s']):.3f} "
                      f"({min(g['ours_s']):.3f}-{max(g['ours_s']):.3f}) | {statistics.median(g['torch_s']):.3f} | "
                      f"{g['throughput_ratio']:.0%} | >= 70% | {g['max_rel_diff_vs_torch']:.1e} |")
-    f = out.get("ffn")
-    if f:
-        o = f["ours_s"][1:] or f["ours_s"]
-        lines.append(f"| FFN {f['b']}x{f['d']}x{f['f']} bfloat16, runs 2-5 | {statistics.median(o):.3f} "
-                     f"({min(o):.3f}-{max(o):.3f}) | {statistics.median(f['torch_s'][1:] or f['torch_s']):.3f} | "
-                     f"{f['throughput_ratio_runs_2_on']:.0%} | >= 40% | {f['max_rel_diff_vs_torch']:.1e} |")
+    for key, what, bar in (("ffn", "runs 2-5", ">= 40%"), ("ffn_half", "runs 2-5, cache at half the working set",
+                                                              ">= 50% of the line above")):
+        f = out.get(key)
+        if f:
+            o = f["ours_s"][1:] or f["ours_s"]
+            lines.append(f"| FFN {f['b']}x{f['d']}x{f['f']} bfloat16, {what} | {statistics.median(o):.3f} "
+                         f"({min(o):.3f}-{max(o):.3f}) | {statistics.median(f['torch_s'][1:] or f['torch_s']):.3f} | "
+                         f"{f['throughput_ratio_runs_2_on']:.0%} | {bar} | {f['max_rel_diff_vs_torch']:.1e} |")
+    if "ffn" in out and "ffn_half" in out:
+        h = out["ffn_half"]
+        ratio = statistics.median(out["ffn"]["ours_s"][1:]) / statistics.median(h["ours_s"][1:])
+        lines += ["", f"Capped cache: {ratio:.0%} of the unlimited cache's throughput; budget "
+                      f"{h['cache_budget'] / 1e9:.2f} GB, peak {h['cache_peak'] / 1e9:.2f} GB "
+                      f"({'never above' if h['cache_peak'] <= h['cache_budget'] else 'ABOVE'} its budget)."]
     return "\n".join(lines)
 
 
@@ -172,7 +183,13 @@ def main() -> None:
     if "gemm" in only:
         out["gemm"] = gemm(db, torch, 512 if args.small else 16384, args.reps, cuda)
     if "ffn" in only:
-        out["ffn"] = ffn(db, torch, *((64, 128, 256) if args.small else (8192, 8192, 28672)), runs=5, cuda=cuda)
+        shape = (64, 128, 256) if args.small else (8192, 8192, 28672)
+        out["ffn"] = ffn(db, torch, *shape, runs=5, cuda=cuda)
+        db.close()
+        # the same with the device's tile cache at half the FFN's working set
+        half = out["ffn"]["working_set"] // 2
+        db = eds.connect(device="cuda", allow_tf32=True, device_memory=half)
+        out["ffn_half"] = ffn(db, torch, *shape, runs=5, cuda=cuda)
     db.close()
     print(markdown(out))
     if args.out:

@@ -56,16 +56,16 @@ class Session:
             raise EinsumError(f"read_only must be True or False, got {read_only!r}")
         self._counter = itertools.count()
         options = {}
+        self.device = _pick_device(device, allow_tf32, backend)
         if device_memory is not None:
-            if backend != "device-sim":
-                raise EinsumError(f"device_memory sizes a device worker's cache; backend {backend!r} has none "
-                                  "(the 'device-sim' backend has one)")
+            if backend != "device-sim" and self.device == "cpu":
+                raise EinsumError(f"device_memory sizes a device's tile cache; a {backend!r} session on the CPU has "
+                                  "none (device='cuda' and the 'device-sim' backend have one)")
             options["device_memory"] = parse_memory(device_memory)
         if spark is not None:
             if backend != "spark":
                 raise EinsumError(f"spark= is the Spark session of backend 'spark', not of {backend!r}")
             options["spark"] = spark
-        self.device = _pick_device(device, allow_tf32, backend)
         if backend == "duckdb":
             options.update(device=self.device, allow_tf32=allow_tf32)
         self.backend = create_backend(backend, database, read_only=read_only, **options)
@@ -540,8 +540,9 @@ def connect(database=None, *, tile_bytes: int | None = None, workers: int | None
         ``"spark"`` (every step a Spark SQL statement, tensors as Parquet; needs the
         ``eindecomp_sql[spark]`` extra).
     device_memory : None, int or str
-        The device worker's cache (a size such as ``"256MB"``; default 1 GiB): only for a
-        backend with a device worker (``"device-sim"``).
+        The device's tile cache (a size such as ``"256MB"``): stored tensors' tiles kept on the
+        device between kernel calls and plans (default: half the GPU's memory); for
+        ``device="cuda"``, and the ``"device-sim"`` backend's worker (default 1 GiB).
     spark : None or pyspark.sql.SparkSession
         The Spark session ``backend="spark"`` runs on (None: the one active in this process,
         else a local one, ``local[<cores>]``, stopped when the last session using it closes).

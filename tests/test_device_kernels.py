@@ -207,3 +207,88 @@ def test_the_stand_in_refuses_host_arrays_as_cupy_does():
     out = np.empty((2, 2))
     dev.get(out=out)
     np.testing.assert_array_equal(out, host)
+
+
+# -- tiles kept on the device between calls and plans (udfs/device_cache.py) -------------------
+
+def test_stored_tiles_are_sent_once_and_stay_for_the_next_plans(gpu, counted):
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((96, 80)), rng.standard_normal((80, 72))
+    A, B = gpu.store("RA", a, tile=(32, 40), replace=True), gpu.store("RB", b, tile=(40, 36), replace=True)
+    first = gpu.einsum("ij,jk->ik", A, B).to_numpy()
+    sent = list(counted.uploads)
+    hits = gpu.backend.kernels.device_cache.hits
+    second = gpu.einsum("ij,jk->ik", A, B).to_numpy()
+    third = gpu.einsum("ij,kj->ik", A, A).to_numpy()  # another plan over the same tiles
+    np.testing.assert_allclose(first, a @ b, rtol=1e-10, atol=1e-10)
+    np.testing.assert_array_equal(second, first)
+    np.testing.assert_allclose(third, a @ a.T, rtol=1e-10, atol=1e-10)
+    if SIMULATED:
+        assert sent[1] >= a.nbytes + b.nbytes
+        assert counted.uploads == sent  # nothing sent again: every tile was resident
+    assert gpu.backend.kernels.device_cache.hits > hits
+    assert "eds_resident('ra'" in gpu.explain("ij,jk->ik", A, B).lower()
+
+
+def test_a_replaced_tensor_is_sent_again_never_taken_from_the_cache(gpu, counted):
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((64, 48)), rng.standard_normal((48, 40))
+    B = gpu.store("NB", b, tile=(24, 40), replace=True)
+    gpu.store("NA", a, tile=(32, 24), replace=True)
+    np.testing.assert_allclose(gpu.einsum("ij,jk->ik", "NA", B).to_numpy(), a @ b, rtol=1e-10, atol=1e-10)
+    a2 = rng.standard_normal((64, 48))
+    gpu.store("NA", a2, tile=(32, 24), replace=True)  # same name, same tiling, new data
+    counted.reset()
+    np.testing.assert_allclose(gpu.einsum("ij,jk->ik", "NA", B).to_numpy(), a2 @ b, rtol=1e-10, atol=1e-10)
+    if SIMULATED:
+        assert counted.uploads[1] == a2.nbytes  # the new tiles, and only them
+    out = gpu.einsum("ij,jk->ik", "NA", B, out="NA", replace=True).to_numpy()  # an einsum's out= replaces too
+    np.testing.assert_allclose(gpu.einsum("ij,jk->ik", "NA", np.eye(40)).to_numpy(), out, rtol=1e-10, atol=1e-10)
+
+
+def test_arrays_are_sent_with_every_call(gpu, counted):
+    rng = np.random.default_rng(10)
+    a, b = rng.standard_normal((30, 20)), rng.standard_normal((20, 10))
+    for _ in range(2):
+        np.testing.assert_allclose(gpu.einsum("ij,jk->ik", a, b).to_numpy(), a @ b, rtol=1e-10, atol=1e-10)
+    if SIMULATED:
+        assert counted.uploads[1] == 2 * (a.nbytes + b.nbytes)
+
+
+def test_the_cache_stays_within_its_budget(counted):
+    """A working set four times the budget: every result right, the cache never above it, and
+    the least recently used tiles make room."""
+    saved = devices.KERNELS["cuda"]
+    devices.KERNELS["cuda"] = (saved[0], NAMESPACE)
+    _clear_kernel_caches()
+    try:
+        rng = np.random.default_rng(11)
+        a, b = rng.standard_normal((128, 96)), rng.standard_normal((96, 64))
+        budget = (a.nbytes + b.nbytes) // 4
+        with eds.connect(device="cuda", device_memory=budget) as db:
+            A, B = db.store("A", a, tile=(32, 48), replace=True), db.store("B", b, tile=(48, 32), replace=True)
+            for _ in range(3):
+                np.testing.assert_allclose(db.einsum("ij,jk->ik", A, B).to_numpy(), a @ b, rtol=1e-10, atol=1e-10)
+            cache = db.backend.kernels.device_cache
+            assert cache.budget == budget and 0 < cache.peak <= budget and cache.evicted > 0
+    finally:
+        devices.KERNELS["cuda"] = saved
+        _clear_kernel_caches()
+
+
+def test_a_graphs_stored_weights_stay_on_the_device(gpu, counted):
+    """The FFN with stored weights, run twice: the second run sends only the activations."""
+    from graphs import ffn
+
+    g, ref = ffn(b=32, d=24, f=40, dtype="float32")
+    rng = np.random.default_rng(12)
+    w1, w2 = rng.standard_normal((24, 40), np.float32), rng.standard_normal((40, 24), np.float32)
+    gpu.store("FW1", w1, replace=True)
+    gpu.store("FW2", w2, replace=True)
+    for run in range(2):
+        x = rng.standard_normal((32, 24), np.float32)
+        counted.reset()
+        got = g.run(gpu, x=x, w1="FW1", w2="FW2").to_numpy()
+        np.testing.assert_allclose(got, ref(x=x, w1=w1, w2=w2), rtol=1e-4, atol=1e-4)
+        if SIMULATED and run:
+            assert counted.uploads[1] == x.nbytes

@@ -234,7 +234,8 @@ def test_a_working_set_twice_the_device_budget_through_the_session():
         with pytest.raises(EinsumError, match="device task .* over the device budget of 40,000"):
             db.einsum("i->", np.ones(10_000))
         assert db.tensors() == ["A", "B"]
-    with pytest.raises(EinsumError, match="device_memory sizes a device worker's cache; backend 'duckdb' has none"):
-        eds.connect(device_memory="1GB")
+    with pytest.raises(EinsumError, match="device_memory sizes a device's tile cache; a 'duckdb' session on the CPU "
+                                          "has none"):
+        eds.connect(device="cpu", device_memory="1GB")
     with pytest.raises(EinsumError, match="memory budget 'lots'"):
         eds.connect(backend="device-sim", device_memory="lots")

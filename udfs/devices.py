@@ -72,6 +72,16 @@ def available(device: str) -> bool:
         return False
 
 
+def default_budget(device: str) -> int:
+    """The bytes a session's device cache may hold when ``device_memory`` is not given: half
+    the device's memory (the rest is the calls' own operands, results and temporaries), or
+    1 GiB where the namespace cannot say (the CPU stand-in)."""
+    try:
+        return int(namespace(device).cuda.Device().mem_info[1]) // 2
+    except Exception:  # noqa: BLE001 - no CUDA runtime to ask
+        return 1 << 30
+
+
 def to_device(xp: ModuleType, a: np.ndarray):
     """``a`` (host memory) as an array of ``xp`` (itself for numpy; an upload for a device)."""
     return a if xp is np else xp.asarray(a)

@@ -58,6 +58,7 @@ class _TileLayout:
         self.dtypes = [np.dtype(d) for d in spec.dtypes]
         self.out_dtype = np.dtype(spec.out_dtype)
         self.tf32 = spec.tf32  # float32 products on a device may use TF32 (udfs/devices.py)
+        self.values = spec.values  # on a device: the operands' value names (their tiles' cache names)
 
     # -- shapes -----------------------------------------------------------------------------
     def extents(self, keys: dict[str, int]) -> dict[str, int]:
@@ -398,6 +399,8 @@ class ProgramKernel:
 
     def __init__(self, spec: ProgramKernelSpec):
         self.kernels = [einsum_kernel(to_json(s)) for s in spec.steps]
+        self.xp = self.kernels[-1].xp  # every step's (a program runs on one device)
+        self.values = spec.values  # on a device: the inputs' value names (udfs/device_cache.py)
         self.args = spec.args
         self.dtypes = [np.dtype(d) for d in spec.dtypes]
         last = self.kernels[-1]
@@ -416,9 +419,12 @@ class ProgramKernel:
         ``run(kernel, items)`` runs a step's work on the kernel threads."""
         if len(tiles) != len(self.dtypes):
             raise ValueError(f"eindecomp_sql program kernel: got {len(tiles)} tiles for {len(self.dtypes)} inputs")
-        xp = self.kernels[-1].xp  # every step's (a program runs on one device)
+        xp = self.xp
         slots: list = []
         for raw, dt in zip(tiles, self.dtypes):
+            if hasattr(raw, "get"):  # already on the device (udfs/register.py sends a program's inputs)
+                slots.append(raw)
+                continue
             if raw.nbytes % dt.itemsize:
                 raise ValueError(f"eindecomp_sql program kernel: a tile of {raw.nbytes} bytes is no whole {dt} array")
             slots.append(devices.to_device(xp, raw.view(dt)))

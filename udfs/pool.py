@@ -42,6 +42,10 @@ class KernelState:
         self._lock = threading.Lock()
         self._tiles = 0
         self._bytes = 0
+        # a device session's tiles kept on the device (udfs/device_cache.py), and while a plan
+        # runs, the token of each stored input (value name -> token) its tiles are named by
+        self.device_cache = None
+        self.device_tokens: dict[str, str] = {}
 
     def note(self, count: int, nbytes: int) -> None:
         with self._lock:

@@ -16,7 +16,7 @@ from eindecomp_sql.plan.kernel_spec import MAX_OPERANDS, FillKernelSpec
 
 from .devices import DEVICE_LOCK, float32_products, to_device, to_host
 from .kernels import einsum_kernel, program_kernel, read_spec, retile_kernel
-from .pool import THREADS, KernelState, check_cancelled, note_tiles, run_tasks, run_wide, serving
+from .pool import THREADS, KernelState, check_cancelled, current, note_tiles, run_tasks, run_wide, serving
 from .tiles import TileWriter, _as_array, blob_views, tile_view
 from eindecomp_sql.notation.checks import SQL_TYPES, sql_value_dtype
 from eindecomp_sql.plan.tiling import ceil_div, extent
@@ -72,11 +72,37 @@ def _run(kernel, items: list) -> None:
     run_tasks(_tasks_for(kernel, items))
 
 
-def _on_device(kernel, members: list[list[np.ndarray]], out: np.ndarray) -> None:
-    """``kernel.contract_group`` on a device: the members' host tiles sent, the result computed
-    there and copied back into ``out`` (host memory)."""
-    xp = kernel.xp
-    dev = [[to_device(xp, t) for t in tiles] for tiles in members]
+def _null_mask(arr) -> np.ndarray | None:
+    """Which rows of a tile column are NULL (tiles the device holds: ``eds_resident``), or None."""
+    arr = _as_array(arr)
+    return None if arr.null_count == 0 else arr.is_null().to_numpy(zero_copy_only=False)
+
+
+def _device_tile(xp, state, value: str | None, keys: tuple, host: np.ndarray | None):
+    """One operand tile on the device: the cached copy where the SQL handed NULL (the tile was
+    pinned as resident), else ``host`` sent, and kept when it is a stored tensor's (named by
+    its token and ``keys``; udfs/device_cache.py)."""
+    cache = state.device_cache if state is not None else None
+    token = state.device_tokens.get(value) if state is not None and value is not None else None
+    tid = (token, keys) if token is not None else None
+    if host is None:
+        if cache is None or tid is None:
+            raise RuntimeError("eindecomp_sql device kernel: a NULL tile that no device cache holds")
+        return cache.take(tid)
+    dev = to_device(xp, host)
+    if tid is not None and cache is not None and host.nbytes:
+        cache.put(tid, dev, host.nbytes)
+    return dev
+
+
+def _on_device(kernel, members: list[tuple[list, dict]], out: np.ndarray) -> None:
+    """``kernel.contract_group`` on a device: each member's tiles (host arrays, or None for a
+    tile the device holds) with its label keys; the result computed there and copied back into
+    ``out`` (host memory)."""
+    xp, state = kernel.xp, current()
+    values = kernel.values or [None] * len(kernel.inputs)
+    dev = [[_device_tile(xp, state, values[k], tuple(keys[lab] for lab in kernel.inputs[k]), t)
+            for k, t in enumerate(tiles)] for tiles, keys in members]
     result = xp.empty(out.shape, out.dtype)
     kernel.contract_group(dev, result)
     to_host(result, out)
@@ -96,12 +122,15 @@ def einsum_rows(spec_arr, keys_arr, *tile_arrs) -> pa.Array:
     exts = [kernel.extents(dict(zip(kernel.labels, k.tolist()))) for k in keys]
     writer = TileWriter(kernel.out_dtype, [kernel.out_shape(e) for e in exts])
     items = []
+    device = kernel.xp is not np
+    nulls = [_null_mask(a) for a in tile_arrs] if device else [None] * len(views)
     for r, ext in enumerate(exts):
-        tiles = [tile_view(v[r], dt, s) for v, dt, s in zip(views, kernel.dtypes, kernel.in_shapes(ext))]
+        tiles = [None if m is not None and m[r] else tile_view(v[r], dt, s)
+                 for v, m, dt, s in zip(views, nulls, kernel.dtypes, kernel.in_shapes(ext))]
 
         def fn(cut, tiles=tiles, r=r):
-            if kernel.xp is not np:
-                return _on_device(kernel, [tiles], writer.out(r))
+            if device:
+                return _on_device(kernel, [(tiles, dict(zip(kernel.labels, keys[r].tolist())))], writer.out(r))
             t, o = kernel.sliced(tiles, writer.out(r), cut)
             kernel.contract_group([t], o)
 
@@ -120,20 +149,25 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
     structs = members.values
     mkeys = _key_rows(structs.field("k"))
     views = [blob_views(structs.field(f"t{k}")) for k in range(len(kernel.inputs))]
+    device = kernel.xp is not np
+    nulls = [_null_mask(structs.field(f"t{k}")) if device else None for k in range(len(kernel.inputs))]
     base = [dict(zip(kernel.output, g.tolist())) for g in gkeys]
     writer = TileWriter(kernel.out_dtype, [kernel.out_shape(kernel.extents(b)) for b in base])
     items = []
     for g, b in enumerate(base):
         rows = range(offsets[g], offsets[g + 1])
-        member_tiles = []
+        member_tiles, member_keys = [], []
         for m in rows:
-            ext = kernel.extents({**b, **dict(zip(kernel.reduced, mkeys[m].tolist()))})
-            member_tiles.append([tile_view(v[m], dt, s) for v, dt, s in zip(views, kernel.dtypes, kernel.in_shapes(ext))])
+            labkeys = {**b, **dict(zip(kernel.reduced, mkeys[m].tolist()))}
+            ext = kernel.extents(labkeys)
+            member_tiles.append([None if n is not None and n[m] else tile_view(v[m], dt, s)
+                                 for v, n, dt, s in zip(views, nulls, kernel.dtypes, kernel.in_shapes(ext))])
+            member_keys.append(labkeys)
 
-        def fn(cut, member_tiles=member_tiles, g=g):
+        def fn(cut, member_tiles=member_tiles, member_keys=member_keys, g=g):
             out = writer.out(g)
-            if kernel.xp is not np:
-                return _on_device(kernel, member_tiles, out)
+            if device:
+                return _on_device(kernel, list(zip(member_tiles, member_keys)), out)
             parts = [kernel.sliced(tiles, out, cut) for tiles in member_tiles]
             kernel.contract_group([t for t, _ in parts], parts[0][1])
 
@@ -148,6 +182,9 @@ def program_rows(spec_arr, tiles_arr) -> pa.Array:
     lists = _as_array(tiles_arr)
     offsets = lists.offsets.to_numpy()
     views = blob_views(lists.values)
+    nulls = _null_mask(lists.values)
+    if nulls is not None:  # tiles the device holds
+        views = [None if n else v for v, n in zip(views, nulls)]
     return _programs(spec_arr, [views[offsets[r]:offsets[r + 1]] for r in range(len(lists))])
 
 
@@ -156,15 +193,22 @@ def program_args(spec_arr, *tile_arrs) -> pa.Array:
     copies every tile into a list it builds (the LLaMA block's 13 MB of inputs, ~1 ms), so up to
     ``MAX_PROGRAM_ARITY`` inputs go as arguments."""
     views = [blob_views(a) for a in tile_arrs]
-    return _programs(spec_arr, [[v[r] for v in views] for r in range(len(_as_array(spec_arr)))])
+    nulls = [_null_mask(a) for a in tile_arrs]
+    return _programs(spec_arr, [[None if n is not None and n[r] else v[r] for v, n in zip(views, nulls)]
+                                for r in range(len(_as_array(spec_arr)))])
 
 
 def _programs(spec_arr, rows: list[list]) -> pa.Array:
     """One program run per row (``rows``: each row's input tiles, uint8 views)."""
     program = program_kernel(_spec(spec_arr))
     writer = TileWriter(program.out_dtype, [program.out_shape] * len(rows))
+    state = current()
+    values = program.values or [None] * len(program.dtypes)
     for r, tiles in enumerate(rows):
         check_cancelled()
+        if program.xp is not np:  # each input on the device first (a program's inputs are one tile each)
+            tiles = [_device_tile(program.xp, state, values[k], (), None if t is None else t.view(dt))
+                     for k, (t, dt) in enumerate(zip(tiles, program.dtypes))]
         program.run(tiles, writer.out(r), _run)
     return _finished(writer)
 
@@ -231,6 +275,23 @@ def fill_tiles(spec_arr, keys_arr) -> pa.Array:
     return _finished(writer)
 
 
+def resident(values_arr, keys_arr) -> pa.Array:
+    """``eds_resident(value, keys)``: whether this connection's device cache holds that tile of
+    a stored input of the running plan (pinned if so, until the step's statement ends)."""
+    n = len(_as_array(values_arr))
+    state = current()
+    if state is None or state.device_cache is None or not state.device_tokens:
+        return pa.array(np.zeros(n, dtype=bool))
+    names = _as_array(values_arr).to_pylist()
+    keys = _key_rows(keys_arr)
+    held = np.zeros(n, dtype=bool)
+    for r, (v, k) in enumerate(zip(names, keys)):
+        token = state.device_tokens.get(v)
+        if token is not None:
+            held[r] = state.device_cache.pin((token, tuple(k.tolist())))
+    return pa.array(held)
+
+
 def _values(dtype: str):
     dt = np.dtype(dtype)
     wire = sql_value_dtype(dt)  # float16 goes as FLOAT: DuckDB reads no Arrow float16
@@ -273,20 +334,26 @@ def register_kernels(con, state: KernelState | None = None) -> None:
     text = duckdb.sqltype("VARCHAR")
     keys = duckdb.list_type(duckdb.sqltype("BIGINT"))
     opts = dict(type="arrow", side_effects=False)
+    # a NULL tile is one the device holds (eds_resident): the kernel must see the row, where
+    # DuckDB's default null handling would skip it and give the output tile NULL
+    tile_opts = dict(opts, null_handling="special")
     for n in range(1, MAX_ARITY + 1):
         rows = _with_arity(einsum_rows, ["spec", "keys"] + [f"t{k}" for k in range(n)])
-        create_function(f"eds_einsum{n}", rows, [text, keys] + [blob] * n, blob, **opts)
+        create_function(f"eds_einsum{n}", rows, [text, keys] + [blob] * n, blob, **tile_opts)
         member = duckdb.struct_type({"k": keys, **{f"t{k}": blob for k in range(n)}})
         create_function(f"eds_einsum_group{n}", einsum_groups, [text, keys, duckdb.list_type(member)], blob, **opts)
-    create_function("eds_program", program_rows, [text, duckdb.list_type(blob)], blob, **opts)
+    create_function("eds_program", program_rows, [text, duckdb.list_type(blob)], blob, **tile_opts)
     for n in range(1, MAX_PROGRAM_ARITY + 1):
         args = _with_arity(program_args, ["spec"] + [f"t{k}" for k in range(n)])
-        create_function(f"eds_program{n}", args, [text] + [blob] * n, blob, **opts)
+        create_function(f"eds_program{n}", args, [text] + [blob] * n, blob, **tile_opts)
     cut = duckdb.struct_type({"n": keys, "k": keys, "t": blob})
     create_function("eds_split", retile_split, [text, keys, blob], duckdb.list_type(cut), **opts)
     piece = duckdb.struct_type({"k": keys, "t": blob})
     create_function("eds_assemble", retile_assemble, [text, keys, duckdb.list_type(piece)], blob, **opts)
     create_function("eds_fill", fill_tiles, [text, keys], blob, **opts)
+    # pinning is a side effect: DuckDB must call it for every row it reads, never fold or reuse it
+    create_function("eds_resident", resident, [text, keys], duckdb.sqltype("BOOLEAN"), type="arrow",
+                    side_effects=True)
     for name, sqltype in SQL_TYPES.items():  # element rows: every dtype with a DuckDB type
         create_function(
             f"eds_values_{name}", _values(name), [blob], duckdb.list_type(duckdb.sqltype(sqltype)), **opts

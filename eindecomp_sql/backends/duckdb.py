@@ -64,7 +64,7 @@ class DuckDBBackend:
     source_registry = True
 
     def __init__(self, database=None, config: dict | None = None, read_only: bool = False, device: str = "cpu",
-                 allow_tf32: bool = False):
+                 allow_tf32: bool = False, device_memory: int | None = None):
         allocator.retain_freed_memory()  # before DuckDB starts its threads (see allocator.py)
         # where the tile kernels run: the specs the compiler writes name it (udfs/devices.py)
         self.device = device
@@ -92,6 +92,12 @@ class DuckDBBackend:
             from eindecomp_sql.udfs import register_kernels
 
             self.kernels = KernelState()  # this connection's cancel flag and tile count
+            if device != "cpu":  # stored tensors' tiles stay on the device between calls and plans
+                from eindecomp_sql.udfs.device_cache import DeviceCache
+                from eindecomp_sql.udfs.devices import default_budget
+
+                self.kernels.device_cache = DeviceCache(device_memory if device_memory is not None
+                                                        else default_budget(device))
             register_kernels(self.con, self.kernels)
             # Our own statements run on a cursor of the user's connection (the same database,
             # the UDFs registered above): a result the user is still fetching on
@@ -543,7 +549,7 @@ class DuckDBBackend:
                         # (the plan may still read the old one) and renamed once it is whole
                         tables[name] = parted.new_part_names(1)[0].replace(parted.PREFIX, "_eds_new_")
                         swaps[tables[name]] = t.table
-            with self._arrays(arrays) as names, self._engine_memory(plan):
+            with self._arrays(arrays) as names, self._engine_memory(plan), self._device_tiles(plan, inputs):
                 tables.update(names)
                 rows = run_interruptible(
                     lambda: self._run_steps(plan, compiled, tables, outputs, replace, watch, swaps, parts_of),
@@ -551,6 +557,27 @@ class DuckDBBackend:
         allocator.bound_free_memory()
         return {name: array_from_tiles(t, v.shape, v.tile, v.dtype, v.keys)
                 for (name, t), v in zip(rows.items(), (_output(plan, n) for n in rows))}
+
+    @contextlib.contextmanager
+    def _device_tiles(self, plan: Plan, inputs):
+        """On a device, for the block: each stored input's token, which names its tiles in the
+        device cache (``eds_resident``, udfs/device_cache.py). The token is the table's oid in
+        this database: a table written anew (store, replace, an einsum's ``out=``) is a new
+        catalog entry with a new oid, so its old tiles are never taken for the new ones. A
+        tensor stored as parts (a view) gets none: its tiles are sent every call."""
+        cache = self.kernels.device_cache
+        stored = {v.name: inputs[v.name] for v in plan.inputs if isinstance(inputs.get(v.name), str)}
+        if cache is None or not stored:
+            yield
+            return
+        oids = dict(self._run("SELECT lower(table_name), table_oid FROM duckdb_tables() WHERE NOT temporary "
+                              "AND database_name = current_database() AND schema_name = current_schema()"))
+        self.kernels.device_tokens = {v: f"oid{oids[t.lower()]}" for v, t in stored.items() if t.lower() in oids}
+        try:
+            yield
+        finally:
+            self.kernels.device_tokens = {}
+            cache.unpin_all()
 
     @contextlib.contextmanager
     def _arrays(self, arrays: dict[str, pa.Table]):
@@ -637,6 +664,9 @@ class DuckDBBackend:
                                 made.append(tables[c.value])
                     except duckdb.Error as e:
                         raise ExecutionError(f"step {k} ({plan.steps[k].describe()}) failed: {e}") from e
+                    finally:
+                        if self.kernels.device_cache is not None:  # the step's pins end with its statements
+                            self.kernels.device_cache.unpin_all()
                     watch.poll(finished=True)
                 # what makes the results visible, at once: inside the plan's transaction, or,
                 # for a plan writing parts (which runs outside one), in a transaction of its own

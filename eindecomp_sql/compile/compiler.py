@@ -42,7 +42,7 @@ from sqlglot import exp
 
 from ..plan import EinsumStep, FillStep, Plan, ProgramStep, RetileStep, Step, TiledValue
 from ..plan.cost import nbytes
-from ..plan.kernel_spec import kernel_spec, step_device
+from ..plan.kernel_spec import host_reason, kernel_spec, step_device
 from ..plan.steps import step_target
 
 TILE = "tile"
@@ -237,6 +237,7 @@ class SQLCompiler:
     split_udf: str = "eds_split"  # a source tile -> its pieces, keyed by target tile
     assemble_udf: str = "eds_assemble"  # pieces -> one target tile
     fill_udf: str = "eds_fill"  # a tile key -> a tile full of one value
+    resident_udf: str = "eds_resident"  # (value, keys) -> whether the device holds that tile (pins it)
     program_udf: str = "eds_program"  # one tile per input, as a list -> the program's result tile
     program_args_udf: str = "eds_program{arity}"  # the same, one tile argument per input
     max_program_args: int = 16  # more inputs go as a list (DuckDB copies a list's tiles: +1 copy)
@@ -404,11 +405,10 @@ class SQLCompiler:
     def join_sources(self, step: EinsumStep, select: exp.Select) -> exp.Select:
         """``select`` reading the step's inputs ``t0, t1, ...``: pairwise by position when the
         tactic says so, else a cross product the WHERE clause turns into a join."""
-        return self._read_inputs(step.inputs, select, self.pairs_by_position(step))
+        return self._read_inputs(step.inputs, select, self.pairs_by_position(step), step)
 
-    def _read_inputs(self, inputs, select: exp.Select, positional: bool) -> exp.Select:
-        tables = [exp.Table(this=ident(slot(v.name)), alias=exp.TableAlias(this=ident(f"t{k}")))
-                  for k, v in enumerate(inputs)]
+    def _read_inputs(self, inputs, select: exp.Select, positional: bool, step: Step | None = None) -> exp.Select:
+        tables = [self.input_source(step, k, v) for k, v in enumerate(inputs)]
         method = "POSITIONAL" if positional else None
         select = select.from_(tables[0], copy=False)
         if len(tables) > 1:
@@ -490,7 +490,33 @@ class SQLCompiler:
             kernel = call(self.program_udf, self.spec_literal(step), exp.Array(expressions=tiles))
         select = exp.Select(expressions=[alias(cast(num(0), "BIGINT"), ident(key)) for key in step.result.keys]
                             + [alias(kernel, name(TILE))])
-        return self._read_inputs(step.inputs, select, self.positional_join_single_tiles)
+        return self._read_inputs(step.inputs, select, self.positional_join_single_tiles, step)
+
+    def input_source(self, step: Step | None, k: int, value: TiledValue) -> exp.Expression:
+        """Input ``k`` of ``step`` as the table ``t<k>`` its SQL reads. On a device, a step that
+        runs there reads a tile the device already holds as NULL (``eds_resident`` pins it in
+        the session's device cache; udfs/device_cache.py), so DuckDB neither copies nor converts
+        its bytes::
+
+            (SELECT d0, d1, CASE WHEN eds_resident('A', [d0, d1]) THEN NULL ELSE tile END AS tile
+             FROM A) AS t0
+
+        The keys named are those of the operand's labels (a program's inputs: none, they are one
+        tile each), as the kernel names the tile it receives."""
+        source = exp.Table(this=ident(slot(value.name)))
+        if self.device == "cpu" or step is None or host_reason(step) is not None:
+            source.set("alias", exp.TableAlias(this=ident(f"t{k}")))
+            return source
+        if isinstance(step, ProgramStep):
+            named: list = []
+        else:
+            dropped = step.node.operands[k].dropped
+            named = [col(key) for ax, key in enumerate(value.keys) if ax not in dropped]
+        keys = cast(exp.Array(expressions=named), "BIGINT[]")
+        held = call(self.resident_udf, exp.Literal.string(value.name), keys)
+        tile = exp.Case(ifs=[exp.If(this=held, true=exp.Null())], default=col(TILE))
+        inner = exp.select(*[col(key) for key in value.keys], alias(tile, name(TILE))).from_(source)
+        return subquery(inner, f"t{k}")
 
     def retile(self, step: RetileStep, batch: tuple[int, int] | None = None) -> exp.Select:
         """Re-tile a tiled table the memory-efficient way (slice, regroup, concatenate):

@@ -434,6 +434,9 @@ class EinsumKernelSpec:
     # float32 products on a device may use TF32 tensor cores (10-bit mantissa inputs): opt-in,
     # as numpy users expect exact float32; written only when True, so other specs are unchanged
     tf32: bool = False
+    # on a device: each operand's value name, which names its tiles in the device cache
+    # (udfs/device_cache.py); written only then
+    values: tuple[str, ...] | None = None
 
     op = "einsum"
 
@@ -489,6 +492,8 @@ class EinsumKernelSpec:
             body["fused"] = self.fused.to_dict()
         if self.tf32:
             body["tf32"] = True
+        if self.values is not None:
+            body["values"] = list(self.values)
         return body
 
     @classmethod
@@ -499,7 +504,8 @@ class EinsumKernelSpec:
         return cls(inputs=b["in"], output=b["out"], labels=b["labels"], reduced=b["reduced"], size=b["size"],
                    tile=b["tile"], join=KernelJoin.from_dict(b["join"]), agg=b["agg"], dtypes=b["dtypes"],
                    out_dtype=b["out_dtype"], version=version, device=device,
-                   fused=KernelFusion.from_dict(fused) if fused is not None else None, tf32=b.get("tf32", False))
+                   fused=KernelFusion.from_dict(fused) if fused is not None else None, tf32=b.get("tf32", False),
+                   values=_values(b.get("values"), len(b["in"])))
 
 
 @dataclass(frozen=True)
@@ -627,6 +633,7 @@ class ProgramKernelSpec:
     dtypes: tuple[str, ...]
     version: int = PROGRAM_VERSION
     device: str = "cpu"
+    values: tuple[str, ...] | None = None  # on a device: each input's value name (EinsumKernelSpec.values)
 
     op = "program"
 
@@ -662,15 +669,18 @@ class ProgramKernelSpec:
         return self.steps[-1].out_dtype
 
     def _body(self) -> dict:
-        return {"steps": [_as_dict(x) for x in self.steps], "args": [list(a) for a in self.args],
+        body = {"steps": [_as_dict(x) for x in self.steps], "args": [list(a) for a in self.args],
                 "dtypes": list(self.dtypes)}
+        if self.values is not None:
+            body["values"] = list(self.values)
+        return body
 
     @classmethod
     def _from_body(cls, b: dict, version: int, device: str) -> ProgramKernelSpec:
         if not isinstance(b["steps"], list) or not all(isinstance(x, dict) for x in b["steps"]):
             raise EinsumError(f"kernel spec program steps must be a list of specs, got {b['steps']!r:.80}")
         return cls(steps=tuple(_from_dict(dict(x)) for x in b["steps"]), args=b["args"], dtypes=b["dtypes"],
-                   version=version, device=device)
+                   version=version, device=device, values=_values(b.get("values"), len(b["dtypes"])))
 
 
 KernelSpec = Union[EinsumKernelSpec, RetileKernelSpec, FillKernelSpec, ProgramKernelSpec]
@@ -682,7 +692,17 @@ _KEYS = {
     "fill": {"shape", "tile", "dtype", "value"},
     "program": {"steps", "args", "dtypes"},
 }
-_OPTIONAL = {"einsum": {"tf32"}, "retile": {"first_key_range", "key_axis"}, "fill": set(), "program": set()}
+_OPTIONAL = {"einsum": {"tf32", "values"}, "retile": {"first_key_range", "key_axis"}, "fill": set(),
+             "program": {"values"}}
+
+
+def _values(values, n: int) -> tuple[str, ...] | None:
+    """A spec's operand value names, checked: one string per operand, or absent."""
+    if values is None:
+        return None
+    if not isinstance(values, list) or len(values) != n or not all(isinstance(v, str) for v in values):
+        raise EinsumError(f"kernel spec values must be {n} value names, got {values!r:.80}")
+    return tuple(values)
 # keys a version adds (a version-1 reader refuses them as unknown)
 _OPTIONAL_SINCE = {2: {"einsum": {"fused"}}}
 
@@ -792,7 +812,7 @@ def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu",
     return to_json(spec)
 
 
-def _einsum_spec(step, device: str, portable: bool, tf32: bool = False) -> EinsumKernelSpec:
+def _einsum_spec(step, device: str, portable: bool, tf32: bool = False, values: bool = True) -> EinsumKernelSpec:
     node = step.node
     fused = _kernel_fusion(step, portable) if step.fused is not None else None
     return EinsumKernelSpec(
@@ -801,6 +821,7 @@ def _einsum_spec(step, device: str, portable: bool, tf32: bool = False) -> Einsu
         join=KernelJoin.of(node.join, portable), agg=node.agg.name, dtypes=tuple(v.dtype for v in step.inputs),
         out_dtype=step.result.dtype, device=device, fused=fused,
         version=SPEC_VERSION if fused is None else FUSED_VERSION, tf32=tf32 and device != "cpu",
+        values=tuple(v.name for v in step.inputs) if device != "cpu" and values else None,
     )
 
 
@@ -811,8 +832,9 @@ def _program_spec(step, device: str, portable: bool, tf32: bool = False) -> Prog
     for j, s in enumerate(step.steps):
         args.append(tuple(slot[v.name] for v in s.inputs))
         slot[s.result.name] = len(step.inputs) + j
-    return ProgramKernelSpec(steps=tuple(_einsum_spec(s, device, portable, tf32) for s in step.steps), args=tuple(args),
-                             dtypes=tuple(v.dtype for v in step.inputs), device=device)
+    return ProgramKernelSpec(steps=tuple(_einsum_spec(s, device, portable, tf32, values=False) for s in step.steps),
+                             args=tuple(args), dtypes=tuple(v.dtype for v in step.inputs), device=device,
+                             values=tuple(v.name for v in step.inputs) if device != "cpu" else None)
 
 
 def _kernel_fusion(step, portable: bool) -> KernelFusion:
