@@ -29,6 +29,9 @@ from .plan.cost import parse_memory, plan_share
 
 # under a memory budget, the default tile is at most this fraction of it (see __init__)
 BUDGET_TILES = 64
+# with a device budget (device_memory), the default tile is at most this fraction of it: a
+# kernel call holds a few operand tiles, its result and temporaries on the device at once
+DEVICE_TILES = 8
 from .tensor import Tensor
 
 
@@ -80,6 +83,10 @@ class Session:
         self.workers = workers if workers is not None else getattr(self.backend, "default_workers", 1)
         self.tile_bytes = tile_bytes if tile_bytes is not None else min(
             DEFAULT_TILE_BYTES, getattr(self.backend, "max_tile_bytes", DEFAULT_TILE_BYTES))
+        if tile_bytes is None and self.device != "cpu" and device_memory is not None:
+            # a kernel call holds its operands' tiles, its result and temporaries on the device:
+            # tiles come from the device budget the user gave, not from the card's memory
+            self.tile_bytes = max(1, min(self.tile_bytes, options["device_memory"] // DEVICE_TILES))
         # what store() cuts when no tile is given: under a budget at most a 64th of it (a
         # statement holds several tiles of each operand, two or three times each), a power of 4
         # elements (square tiles for square matrices: 12 MB tiles of 1024x2048 made both GEMM

@@ -292,3 +292,25 @@ def test_a_graphs_stored_weights_stay_on_the_device(gpu, counted):
         np.testing.assert_allclose(got, ref(x=x, w1=w1, w2=w2), rtol=1e-4, atol=1e-4)
         if SIMULATED and run:
             assert counted.uploads[1] == x.nbytes
+
+
+def test_tiles_come_from_the_device_budget_and_progress_says_where_steps_run():
+    saved = devices.KERNELS["cuda"]
+    devices.KERNELS["cuda"] = (saved[0], NAMESPACE)
+    _clear_kernel_caches()
+    try:
+        with eds.connect(device="cuda", device_memory="8MB") as db:
+            assert db.tile_bytes == 1_000_000  # an eighth of the budget
+            rng = np.random.default_rng(13)
+            a, b = rng.standard_normal((700, 600)), rng.standard_normal((600, 500))
+            seen = []
+            got = db.einsum("ij,jk->ik", a, b, progress=seen.append).to_numpy()
+            np.testing.assert_allclose(got, a @ b, rtol=1e-10, atol=1e-10)
+            plan = db.plan("ij,jk->ik", a, b)
+            assert max(v.nbytes / np.prod(v.grid) for v in plan.inputs) <= 1_000_000
+            assert seen and all(" [on cuda]" in p.description or " [on the host: " in p.description for p in seen)
+        with eds.connect(device="cuda") as db, eds.connect(device="cpu") as cpu:  # no budget given: as usual
+            assert db.tile_bytes == cpu.tile_bytes
+    finally:
+        devices.KERNELS["cuda"] = saved
+        _clear_kernel_caches()

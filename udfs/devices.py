@@ -18,6 +18,7 @@ The UDFs move a call's tiles to the device and its results back (``to_device`` /
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import threading
 from types import ModuleType
@@ -59,9 +60,17 @@ def _entry(device: str) -> tuple[str, str]:
 
 def available(device: str) -> bool:
     """Whether ``device`` can run kernels in this process: always for ``"cpu"``; for another,
-    its namespace imports and says a device is there (CuPy's ``is_available()``)."""
+    its namespace imports and says a device is there (CuPy's ``is_available()``). Asked once
+    per process and registration (every ``connect()`` asks: a failed import is not cached)."""
     if device == "cpu":
         return True
+    return _available(device, KERNELS.get(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _available(device: str, entry) -> bool:
+    if entry is None:
+        return False
     try:
         xp = namespace(device)
     except Exception:  # noqa: BLE001 - not installed (EinsumError), or its import failed otherwise

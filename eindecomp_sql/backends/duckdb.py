@@ -169,6 +169,13 @@ class DuckDBBackend:
         # plan's steps need DuckDB to hold (a plan made under a budget of its own, g.plan(memory=))
         return max(plan_share(self.budget) - plan.kernel_bytes, plan.engine_bytes, MIN_ENGINE_BYTES)
 
+    def _where(self, step) -> str:
+        """Where a step runs, for a device session's progress reports ('' on the CPU)."""
+        if self.device == "cpu":
+            return ""
+        reason = host_reason(step)
+        return f" [on {self.device}]" if reason is None else f" [on the host: {reason}]"
+
     def sql_listing(self, plan: Plan, tables: dict[str, str] | None = None) -> str:
         """Every step's SQL; on a device session each step headed by where its kernel runs,
         and why a step stays on the host (``kernel_spec.host_reason``): nothing falls back to
@@ -528,7 +535,7 @@ class DuckDBBackend:
             if t.table is not None:
                 tables[name] = t.table
         # step descriptions only when someone watches: describe() is string work on a hot path
-        steps = [(s.describe(), output_tiles(s)) for s in plan.steps] if progress is not None else []
+        steps = [(s.describe() + self._where(s), output_tiles(s)) for s in plan.steps] if progress is not None else []
         watch = Watch(progress, steps, self.kernels)
         with self.lock:
             self._check_open()
