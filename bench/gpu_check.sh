@@ -5,7 +5,8 @@
 #   bench/gpu_check.sh run       # there (CUDA, CuPy, PyTorch, numpy, pyarrow installed; no network)
 #
 # `run` installs the carried wheels (duckdb, sqlglot) and this checkout into /tmp/site, then
-#   1. runs tests/test_device_kernels.py with the kernels on the real GPU (CuPy),
+#   1. runs tests/test_device_kernels.py with the kernels on the real GPU (CuPy; a fresh machine
+#      compiles CuPy's kernels for each dtype on first use, so hypothesis draws 25 examples),
 #   2. runs bench/gpu_bench.py at the sizes (GEMM 16384² TF32, FFN bfloat16),
 # writing logs and bench JSON under $OUT (or ./gpu_out). .whl/ must be ignored by git
 # (`echo /.whl/ >> .git/info/exclude`) and carried.
@@ -33,7 +34,7 @@ export PYTHONPATH=/tmp/site
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 python3 -c "import cupy, ml_dtypes, numpy; print('cupy', cupy.__version__, 'devices', cupy.cuda.runtime.getDeviceCount(), 'numpy', numpy.__version__)" | tee -a "$out/gpu.txt"
 set +e
-EDS_TEST_DEVICE_NAMESPACE=cupy EDS_EXAMPLES=${EDS_EXAMPLES:-40} timeout 240 python3 -m pytest -p no:cacheprovider \
+EDS_TEST_DEVICE_NAMESPACE=cupy EDS_EXAMPLES=${EDS_EXAMPLES:-25} timeout 200 python3 -m pytest -p no:cacheprovider \
     -q -x --rootdir=. -c pyproject.toml tests/test_device_kernels.py 2>&1 | tee "$out/tests.log" | tail -25
 echo "tests exit: ${PIPESTATUS[0]}"
 timeout 300 python3 bench/gpu_bench.py --out "$out/gpu_bench.json" 2>&1 | tee "$out/bench.log" | tail -20
