@@ -257,7 +257,8 @@ def test_arrays_are_sent_with_every_call(gpu, counted):
 
 def test_the_cache_stays_within_its_budget(counted):
     """A working set four times the budget: every result right, the cache never above it, and
-    the least recently used tiles make room."""
+    what it holds is kept for the next runs (a step reading every tile needs them all alike:
+    none is evicted for another, where LRU would send every tile every run)."""
     saved = devices.KERNELS["cuda"]
     devices.KERNELS["cuda"] = (saved[0], NAMESPACE)
     _clear_kernel_caches()
@@ -267,10 +268,15 @@ def test_the_cache_stays_within_its_budget(counted):
         budget = (a.nbytes + b.nbytes) // 4
         with eds.connect(device="cuda", device_memory=budget) as db:
             A, B = db.store("A", a, tile=(32, 48), replace=True), db.store("B", b, tile=(48, 32), replace=True)
+            sent = []
             for _ in range(3):
+                counted.reset()
                 np.testing.assert_allclose(db.einsum("ij,jk->ik", A, B).to_numpy(), a @ b, rtol=1e-10, atol=1e-10)
+                sent.append(counted.uploads[1])
             cache = db.backend.kernels.device_cache
-            assert cache.budget == budget and 0 < cache.peak <= budget and cache.evicted > 0
+            assert cache.budget == budget and 0 < cache.peak <= budget and cache.hits > 0
+            if SIMULATED:
+                assert sent[1] == sent[2] <= sent[0] - cache.peak, sent
     finally:
         devices.KERNELS["cuda"] = saved
         _clear_kernel_caches()
@@ -311,6 +317,64 @@ def test_tiles_come_from_the_device_budget_and_progress_says_where_steps_run():
             assert seen and all(" [on cuda]" in p.description or " [on the host: " in p.description for p in seen)
         with eds.connect(device="cuda") as db, eds.connect(device="cpu") as cpu:  # no budget given: as usual
             assert db.tile_bytes == cpu.tile_bytes
+    finally:
+        devices.KERNELS["cuda"] = saved
+        _clear_kernel_caches()
+
+
+def test_eviction_keeps_the_tile_needed_sooner():
+    """The cache's rule on its own: with the plan's reads known, a tile is evicted only for one
+    needed sooner, else the newcomer is used and not kept; without them, LRU."""
+    from eindecomp_sql.udfs.device_cache import DeviceCache
+    from eindecomp_sql.udfs.pool import KernelState
+
+    state = KernelState()
+    state.device_reads = [frozenset({"w1"}), frozenset(), frozenset({"w2"})]  # an FFN, unfused
+    cache = DeviceCache(budget=100)
+    state.device_step = 0
+    assert cache.put(("w1", (0,)), "W1", 80, state.next_use)
+    state.device_step = 2  # w1 is read again next run's step 0 (1 step off), w2 at its step 2 (3 off)
+    assert not cache.put(("w2", (0,)), "W2", 80, state.next_use)
+    assert ("w1", (0,)) in cache and cache.used == 80
+    state.device_reads = [frozenset({"w2"})]  # another plan, which never reads w1: it goes
+    state.device_step = 0
+    assert cache.put(("w2", (0,)), "W2", 80, state.next_use) and ("w1", (0,)) not in cache
+    lru = DeviceCache(budget=100)
+    lru.put("a", "A", 60)
+    lru.put("b", "B", 40)
+    lru.pin("a")
+    lru.unpin_all()
+    assert lru.put("c", "C", 40) and "b" not in lru and "a" in lru  # b was the least recently used
+    assert lru.peak <= lru.budget
+
+
+def test_a_capped_cache_keeps_one_weight_instead_of_sending_both(counted):
+    """An unfused FFN whose weights do not both fit: from the second run on, the one needed
+    first stays and only the other is sent (least-recently-used eviction sent both)."""
+    from graphs import ffn
+
+    saved = devices.KERNELS["cuda"]
+    devices.KERNELS["cuda"] = (saved[0], NAMESPACE)
+    _clear_kernel_caches()
+    try:
+        g, ref = ffn(b=16, d=64, f=96, dtype="float64")
+        rng = np.random.default_rng(14)
+        w1, w2 = rng.standard_normal((64, 96)), rng.standard_normal((96, 64))
+        with eds.connect(device="cuda", device_memory=w1.nbytes + 1024) as db:
+            db.store("W1", w1)
+            db.store("W2", w2)
+            plan = g.plan(fuse=False, inputs={"w1": db.tensor("W1"), "w2": db.tensor("W2")})
+            sent = []
+            for run in range(3):
+                x = rng.standard_normal((16, 64))
+                counted.reset()
+                got = plan.run(db, x=x, w1="W1", w2="W2").to_numpy()
+                np.testing.assert_allclose(got, ref(x=x, w1=w1, w2=w2), rtol=1e-10, atol=1e-10)
+                sent.append(counted.uploads[1])
+            cache = db.backend.kernels.device_cache
+            assert cache.peak <= cache.budget
+        if SIMULATED:
+            assert sent[0] - sent[1] == w1.nbytes and sent[1] == sent[2], sent
     finally:
         devices.KERNELS["cuda"] = saved
         _clear_kernel_caches()

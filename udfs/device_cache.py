@@ -5,9 +5,18 @@ A stored tensor's tile is named by the tensor's token (its table's identity in t
 keys. Before a step's statement joins its operands, ``eds_resident(value, keys)`` asks whether a
 tile is here; if it is, the tile is pinned and the SQL hands the kernel NULL instead of the
 bytes, so DuckDB neither converts nor copies them; the kernel takes the device array from here.
-A tile sent for a call is kept for the next ones, the least recently used unpinned tiles
-making room, within the cache's budget (a tile that does not fit is used for its call and
-let go). Pins last until the backend ends the step's statement (``unpin_all``).
+A tile sent for a call is kept for the next ones within the cache's budget; a tile that does
+not fit is used for its call and let go. Pins last until the backend ends the step's statement
+(``unpin_all``).
+
+What makes room (TURNIP's rule, the plan knows the future): while a plan runs, the backend says
+which stored values each of its steps reads and which step runs (``next_use``), and the next
+plan is taken to be this one again (repeated inference: the weights come back in the same
+order). A tile is evicted only for one needed sooner, the furthest-needed first; a tile needed
+later than everything it would evict is used for its call and not kept. With a cache that holds
+one of an FFN's two weights, least-recently-used eviction sends both every run (each evicts the
+other just before it is needed); this keeps one and sends the other. Without a plan's reads
+(``next_use`` None) the least recently used unpinned tiles make room.
 """
 
 from __future__ import annotations
@@ -54,18 +63,29 @@ class DeviceCache:
             self.hits += 1
             return entry[0]
 
-    def put(self, tid, array, nbytes: int) -> bool:
-        """Keep ``array`` (just sent) as tile ``tid`` if room can be made; whether it was kept."""
+    def put(self, tid, array, nbytes: int, next_use=None) -> bool:
+        """Keep ``array`` (just sent) as tile ``tid`` if room can be made; whether it was kept.
+        ``next_use(tid)``: how far off the tile's next use is (None: least recently used)."""
         with self._lock:
             if tid in self._tiles or nbytes > self.budget:
                 return tid in self._tiles
             if self.used + nbytes > self.budget:
-                free = sum(e[1] for e in self._tiles.values() if e[2] == 0)
-                if self.used - free + nbytes > self.budget:
-                    return False  # all or nothing: evicting cannot make the room
-                for victim in [t for t, e in self._tiles.items() if e[2] == 0]:
-                    if self.used + nbytes <= self.budget:
+                # unpinned tiles, least recently used first (the OrderedDict's order)
+                victims = [t for t, e in self._tiles.items() if e[2] == 0]
+                if next_use is not None:
+                    mine = next_use(tid)
+                    # furthest-needed first (a stable sort keeps LRU among equals); only those
+                    # needed later than this tile may go for it
+                    victims = [t for t in sorted(victims, key=lambda t: -next_use(t)) if next_use(t) > mine]
+                chosen, room = [], self.budget - self.used
+                for victim in victims:
+                    if room >= nbytes:
                         break
+                    chosen.append(victim)
+                    room += self._tiles[victim][1]
+                if room < nbytes:
+                    return False  # all or nothing: this tile is used for its call and let go
+                for victim in chosen:
                     self.used -= self._tiles.pop(victim)[1]
                     self.evicted += 1
             self._tiles[tid] = [array, nbytes, 0]

@@ -46,6 +46,20 @@ class KernelState:
         # runs, the token of each stored input (value name -> token) its tiles are named by
         self.device_cache = None
         self.device_tokens: dict[str, str] = {}
+        # ... and the plan's future, for the cache's evictions: the tokens each step reads, and
+        # the step running now (udfs/device_cache.py)
+        self.device_reads: list[frozenset] = []
+        self.device_step = 0
+
+    def next_use(self, tid) -> float:
+        """Steps until tile ``tid`` (token, keys) is read again: later in the running plan, or
+        in the next run of it (taken to be this plan again), else never (inf)."""
+        token, reads, now = tid[0], self.device_reads, self.device_step
+        n = len(reads)
+        for d in range(1, n + 1):
+            if token in reads[(now + d) % n]:
+                return d
+        return float("inf")
 
     def note(self, count: int, nbytes: int) -> None:
         with self._lock:

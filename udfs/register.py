@@ -91,7 +91,7 @@ def _device_tile(xp, state, value: str | None, keys: tuple, host: np.ndarray | N
         return cache.take(tid)
     dev = to_device(xp, host)
     if tid is not None and cache is not None and host.nbytes:
-        cache.put(tid, dev, host.nbytes)
+        cache.put(tid, dev, host.nbytes, state.next_use if state.device_reads else None)
     return dev
 
 

@@ -21,7 +21,7 @@ from ..compile.sql import table
 from ..errors import EinsumError, ExecutionError
 from ..plan import Plan, TiledValue
 from ..plan.cost import BUDGET_SHARE, CostModel, plan_share
-from ..plan.steps import format_bytes, output_tiles, step_target
+from ..plan.steps import format_bytes, output_tiles, step_reads, step_target
 from ..sql_templates import template
 from ..udfs.tiles import array_from_tiles, tiles_from_array
 from . import allocator, parts as parted
@@ -579,11 +579,17 @@ class DuckDBBackend:
             return
         oids = dict(self._run("SELECT lower(table_name), table_oid FROM duckdb_tables() WHERE NOT temporary "
                               "AND database_name = current_database() AND schema_name = current_schema()"))
-        self.kernels.device_tokens = {v: f"oid{oids[t.lower()]}" for v, t in stored.items() if t.lower() in oids}
+        tokens = self.kernels.device_tokens = {v: f"oid{oids[t.lower()]}" for v, t in stored.items()
+                                               if t.lower() in oids}
+        # the plan's future for the cache's evictions: which stored tensors each step reads
+        self.kernels.device_reads = [frozenset(tokens[v.name] for v in step_reads(s) if v.name in tokens)
+                                     for s in plan.steps]
+        self.kernels.device_step = 0
         try:
             yield
         finally:
             self.kernels.device_tokens = {}
+            self.kernels.device_reads = []
             cache.unpin_all()
 
     @contextlib.contextmanager
@@ -633,6 +639,7 @@ class DuckDBBackend:
             with self._transaction(atomic):
                 for k, c in enumerate(compiled):
                     watch.begin(k)
+                    self.kernels.device_step = k  # where the device cache's evictions look ahead from
                     target = outputs.get(c.value, _SCRATCH)
                     try:
                         peak = plan.peak_of(plan.steps[k])
