@@ -282,22 +282,26 @@ def test_the_cache_stays_within_its_budget(counted):
         _clear_kernel_caches()
 
 
-def test_a_graphs_stored_weights_stay_on_the_device(gpu, counted):
-    """The FFN with stored weights, run twice: the second run sends only the activations."""
+@pytest.mark.parametrize("fuse", [True, False])
+def test_a_graphs_stored_weights_and_intermediates_stay_on_the_device(gpu, counted, fuse):
+    """The FFN with stored weights, run twice: the second run sends only the activations. Fused
+    it is one program; unfused, each step's result is kept on the device for the next step,
+    which takes it there instead of receiving it back from DuckDB."""
     from graphs import ffn
 
     g, ref = ffn(b=32, d=24, f=40, dtype="float32")
     rng = np.random.default_rng(12)
     w1, w2 = rng.standard_normal((24, 40), np.float32), rng.standard_normal((40, 24), np.float32)
-    gpu.store("FW1", w1, replace=True)
-    gpu.store("FW2", w2, replace=True)
+    W1, W2 = gpu.store("FW1", w1, replace=True), gpu.store("FW2", w2, replace=True)
+    plan = g.plan(fuse=fuse, inputs={"w1": W1, "w2": W2})
+    assert len(plan.plan.steps) == 1 if fuse else len(plan.plan.steps) >= 3
     for run in range(2):
         x = rng.standard_normal((32, 24), np.float32)
         counted.reset()
-        got = g.run(gpu, x=x, w1="FW1", w2="FW2").to_numpy()
+        got = plan.run(gpu, x=x, w1="FW1", w2="FW2").to_numpy()
         np.testing.assert_allclose(got, ref(x=x, w1=w1, w2=w2), rtol=1e-4, atol=1e-4)
-        if SIMULATED and run:
-            assert counted.uploads[1] == x.nbytes
+        if SIMULATED:
+            assert counted.uploads[1] == x.nbytes + (0 if run else w1.nbytes + w2.nbytes)
 
 
 def test_tiles_come_from_the_device_budget_and_progress_says_where_steps_run():
@@ -348,33 +352,40 @@ def test_eviction_keeps_the_tile_needed_sooner():
     assert lru.peak <= lru.budget
 
 
-def test_a_capped_cache_keeps_one_weight_instead_of_sending_both(counted):
-    """An unfused FFN whose weights do not both fit: from the second run on, the one needed
-    first stays and only the other is sent (least-recently-used eviction sent both)."""
+def test_a_capped_cache_sends_less_than_lru_would(counted, monkeypatch):
+    """An unfused FFN whose weights and intermediates do not all fit, run three times: every
+    result right, the cache within its budget, and from the second run on fewer bytes sent than
+    with least-recently-used eviction (which evicts each weight just before it is needed)."""
     from graphs import ffn
+    from eindecomp_sql.udfs.device_cache import DeviceCache
 
     saved = devices.KERNELS["cuda"]
     devices.KERNELS["cuda"] = (saved[0], NAMESPACE)
     _clear_kernel_caches()
+    put = DeviceCache.put
     try:
         g, ref = ffn(b=16, d=64, f=96, dtype="float64")
         rng = np.random.default_rng(14)
         w1, w2 = rng.standard_normal((64, 96)), rng.standard_normal((96, 64))
-        with eds.connect(device="cuda", device_memory=w1.nbytes + 1024) as db:
-            db.store("W1", w1)
-            db.store("W2", w2)
-            plan = g.plan(fuse=False, inputs={"w1": db.tensor("W1"), "w2": db.tensor("W2")})
-            sent = []
-            for run in range(3):
-                x = rng.standard_normal((16, 64))
-                counted.reset()
-                got = plan.run(db, x=x, w1="W1", w2="W2").to_numpy()
-                np.testing.assert_allclose(got, ref(x=x, w1=w1, w2=w2), rtol=1e-10, atol=1e-10)
-                sent.append(counted.uploads[1])
-            cache = db.backend.kernels.device_cache
-            assert cache.peak <= cache.budget
+        xs = [rng.standard_normal((16, 64)) for _ in range(3)]
+        sent = {}
+        for policy in ("plan", "lru"):
+            if policy == "lru":
+                monkeypatch.setattr(DeviceCache, "put", lambda self, tid, a, n, next_use=None: put(self, tid, a, n))
+            with eds.connect(device="cuda", device_memory=w1.nbytes + 1024) as db:
+                db.store("W1", w1)
+                db.store("W2", w2)
+                plan = g.plan(fuse=False, inputs={"w1": db.tensor("W1"), "w2": db.tensor("W2")})
+                sent[policy] = []
+                for x in xs:
+                    counted.reset()
+                    got = plan.run(db, x=x, w1="W1", w2="W2").to_numpy()
+                    np.testing.assert_allclose(got, ref(x=x, w1=w1, w2=w2), rtol=1e-10, atol=1e-10)
+                    sent[policy].append(counted.uploads[1])
+                cache = db.backend.kernels.device_cache
+                assert cache.peak <= cache.budget
         if SIMULATED:
-            assert sent[0] - sent[1] == w1.nbytes and sent[1] == sent[2], sent
+            assert sent["plan"][1] == sent["plan"][2] < sent["lru"][1] == sent["lru"][2], sent
     finally:
         devices.KERNELS["cuda"] = saved
         _clear_kernel_caches()

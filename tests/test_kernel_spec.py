@@ -289,3 +289,20 @@ def test_the_module_is_pure():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_device_spec_names_its_values_and_says_tf32_only_when_asked():
+    """What a step's spec carries on a device: the operands' and the result's value names (the
+    device cache's names for their tiles) and TF32 when allowed; on the CPU none of it, so every
+    CPU spec is the text it always was. Read back equal; malformed, an EinsumError."""
+    step = next(s for s in steps(*CASES[1]) if isinstance(s, EinsumStep))
+    cpu = json.loads(kernel_spec(step))
+    assert not {"values", "result", "tf32"} & set(cpu)
+    text = kernel_spec(step, device="cuda", tf32=True)
+    body = json.loads(text)
+    assert body["values"] == [v.name for v in step.inputs] and body["result"] == step.result.name and body["tf32"]
+    spec = ks.from_json(text)
+    assert spec.values == tuple(body["values"]) and spec.tf32 and ks.to_json(spec) == text
+    for bad in ({"values": ["a"]}, {"result": 3}, {"tf32": "yes"}):
+        with pytest.raises(EinsumError, match="kernel spec"):
+            ks.from_json(json.dumps({**body, **bad}))

@@ -59,6 +59,7 @@ class _TileLayout:
         self.out_dtype = np.dtype(spec.out_dtype)
         self.tf32 = spec.tf32  # float32 products on a device may use TF32 (udfs/devices.py)
         self.values = spec.values  # on a device: the operands' value names (their tiles' cache names)
+        self.result = spec.result  # ... and the result's
 
     # -- shapes -----------------------------------------------------------------------------
     def extents(self, keys: dict[str, int]) -> dict[str, int]:
@@ -401,6 +402,7 @@ class ProgramKernel:
         self.kernels = [einsum_kernel(to_json(s)) for s in spec.steps]
         self.xp = self.kernels[-1].xp  # every step's (a program runs on one device)
         self.values = spec.values  # on a device: the inputs' value names (udfs/device_cache.py)
+        self.result = spec.result
         self.args = spec.args
         self.dtypes = [np.dtype(d) for d in spec.dtypes]
         last = self.kernels[-1]
@@ -445,6 +447,8 @@ class ProgramKernel:
                 slots[a] = None
         if xp is not np:
             devices.to_host(slots[-1], out)
+            return slots[-1]
+        return None
 
 
 def _whole(x: np.ndarray, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

@@ -78,34 +78,55 @@ def _null_mask(arr) -> np.ndarray | None:
     return None if arr.null_count == 0 else arr.is_null().to_numpy(zero_copy_only=False)
 
 
-def _device_tile(xp, state, value: str | None, keys: tuple, host: np.ndarray | None):
+def _tile_key(keys) -> tuple:
+    """A tile's keys as its cache id holds them: a value's first tile (every key 0) is ``()``,
+    which is how a program, whose inputs and result are one tile each, names it too."""
+    keys = tuple(keys)
+    return keys if any(keys) else ()
+
+
+def _device_tile(xp, state, value: str | None, keys: tuple, host: np.ndarray | None, shape=None):
     """One operand tile on the device: the cached copy where the SQL handed NULL (the tile was
-    pinned as resident), else ``host`` sent, and kept when it is a stored tensor's (named by
-    its token and ``keys``; udfs/device_cache.py)."""
+    pinned as resident), shaped as this operand reads it (``shape``: a label of size 1 may be
+    dropped here and not where the tile was made), else ``host`` sent, and kept when it is a
+    stored tensor's (named by its token and ``keys``; udfs/device_cache.py)."""
     cache = state.device_cache if state is not None else None
     token = state.device_tokens.get(value) if state is not None and value is not None else None
-    tid = (token, keys) if token is not None else None
+    tid = (token, _tile_key(keys)) if token is not None else None
     if host is None:
         if cache is None or tid is None:
             raise RuntimeError("eindecomp_sql device kernel: a NULL tile that no device cache holds")
-        return cache.take(tid)
+        held = cache.take(tid)
+        return held if shape is None or held.shape == tuple(shape) else held.reshape(shape)
     dev = to_device(xp, host)
     if tid is not None and cache is not None and host.nbytes:
         cache.put(tid, dev, host.nbytes, state.next_use if state.device_reads else None)
     return dev
 
 
-def _on_device(kernel, members: list[tuple[list, dict]], out: np.ndarray) -> None:
+def _keep_result(state, value: str | None, keys: tuple, result, nbytes: int) -> None:
+    """A result tile computed on the device, kept there for the later steps that read it
+    (named like a stored tile: its value's token for the run, and its keys); its bytes still go
+    back to DuckDB, whose table the next step's SQL joins."""
+    cache = state.device_cache if state is not None else None
+    token = state.device_tokens.get(value) if cache is not None and value is not None else None
+    if token is not None and nbytes:
+        cache.put((token, _tile_key(keys)), result, nbytes, state.next_use if state.device_reads else None)
+
+
+def _on_device(kernel, members: list[tuple[list, dict]], out: np.ndarray, out_keys: dict) -> None:
     """``kernel.contract_group`` on a device: each member's tiles (host arrays, or None for a
-    tile the device holds) with its label keys; the result computed there and copied back into
-    ``out`` (host memory)."""
+    tile the device holds) with its label keys; the result computed there, copied back into
+    ``out`` (host memory), and kept on the device for a later step (``out_keys``: its keys)."""
     xp, state = kernel.xp, current()
     values = kernel.values or [None] * len(kernel.inputs)
-    dev = [[_device_tile(xp, state, values[k], tuple(keys[lab] for lab in kernel.inputs[k]), t)
-            for k, t in enumerate(tiles)] for tiles, keys in members]
+    dev = [[_device_tile(xp, state, values[k], tuple(keys[lab] for lab in kernel.inputs[k]), t, shape)
+            for k, (t, shape) in enumerate(zip(tiles, kernel.in_shapes(kernel.extents(keys))))]
+           for tiles, keys in members]
     result = xp.empty(out.shape, out.dtype)
     kernel.contract_group(dev, result)
     to_host(result, out)
+    _keep_result(state, kernel.result, tuple(out_keys[lab] for lab in kernel.output), result, out.nbytes)
 
 
 def _finished(writer: TileWriter) -> pa.Array:
@@ -130,7 +151,8 @@ def einsum_rows(spec_arr, keys_arr, *tile_arrs) -> pa.Array:
 
         def fn(cut, tiles=tiles, r=r):
             if device:
-                return _on_device(kernel, [(tiles, dict(zip(kernel.labels, keys[r].tolist())))], writer.out(r))
+                labkeys = dict(zip(kernel.labels, keys[r].tolist()))
+                return _on_device(kernel, [(tiles, labkeys)], writer.out(r), labkeys)
             t, o = kernel.sliced(tiles, writer.out(r), cut)
             kernel.contract_group([t], o)
 
@@ -164,10 +186,10 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
                                  for v, n, dt, s in zip(views, nulls, kernel.dtypes, kernel.in_shapes(ext))])
             member_keys.append(labkeys)
 
-        def fn(cut, member_tiles=member_tiles, member_keys=member_keys, g=g):
+        def fn(cut, member_tiles=member_tiles, member_keys=member_keys, g=g, b=b):
             out = writer.out(g)
             if device:
-                return _on_device(kernel, list(zip(member_tiles, member_keys)), out)
+                return _on_device(kernel, list(zip(member_tiles, member_keys)), out, b)
             parts = [kernel.sliced(tiles, out, cut) for tiles in member_tiles]
             kernel.contract_group([t for t, _ in parts], parts[0][1])
 
@@ -209,7 +231,9 @@ def _programs(spec_arr, rows: list[list]) -> pa.Array:
         if program.xp is not np:  # each input on the device first (a program's inputs are one tile each)
             tiles = [_device_tile(program.xp, state, values[k], (), None if t is None else t.view(dt))
                      for k, (t, dt) in enumerate(zip(tiles, program.dtypes))]
-        program.run(tiles, writer.out(r), _run)
+        result = program.run(tiles, writer.out(r), _run)
+        if result is not None:
+            _keep_result(state, program.result, (), result, writer.out(r).nbytes)
     return _finished(writer)
 
 
@@ -288,7 +312,7 @@ def resident(values_arr, keys_arr) -> pa.Array:
     for r, (v, k) in enumerate(zip(names, keys)):
         token = state.device_tokens.get(v)
         if token is not None:
-            held[r] = state.device_cache.pin((token, tuple(k.tolist())))
+            held[r] = state.device_cache.pin((token, _tile_key(k.tolist())))
     return pa.array(held)
 
 

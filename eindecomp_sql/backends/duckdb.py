@@ -4,6 +4,7 @@ each plan step as one statement inside one transaction (a failure leaves nothing
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import tempfile
@@ -53,6 +54,10 @@ FIXED_OVERHEAD_MB = 180
 # 2,048 rows per call, and list() holds a grouped step's joined tiles without spilling. The
 # pure layer's default (plans made without a session, g.plan()) is this same model.
 COSTS = CostModel("duckdb", join=1.0, group=0.7, agg=6.0, retile=3.0, statement=2.5e6, vector_rows=2048, grouped_holds_all=True)
+
+
+# run numbers: the device cache's names for the values one run of a plan computes
+_RUNS = itertools.count()
 
 
 class DuckDBBackend:
@@ -568,19 +573,25 @@ class DuckDBBackend:
     @contextlib.contextmanager
     def _device_tiles(self, plan: Plan, inputs):
         """On a device, for the block: each stored input's token, which names its tiles in the
-        device cache (``eds_resident``, udfs/device_cache.py). The token is the table's oid in
+        device cache (``eds_resident``, udfs/device_cache.py), and one for every value the plan
+        computes, new each run. The token is the table's oid in
         this database: a table written anew (store, replace, an einsum's ``out=``) is a new
         catalog entry with a new oid, so its old tiles are never taken for the new ones. A
         tensor stored as parts (a view) gets none: its tiles are sent every call."""
         cache = self.kernels.device_cache
-        stored = {v.name: inputs[v.name] for v in plan.inputs if isinstance(inputs.get(v.name), str)}
-        if cache is None or not stored:
+        if cache is None:
             yield
             return
+        stored = {v.name: inputs[v.name] for v in plan.inputs if isinstance(inputs.get(v.name), str)}
         oids = dict(self._run("SELECT lower(table_name), table_oid FROM duckdb_tables() WHERE NOT temporary "
-                              "AND database_name = current_database() AND schema_name = current_schema()"))
-        tokens = self.kernels.device_tokens = {v: f"oid{oids[t.lower()]}" for v, t in stored.items()
-                                               if t.lower() in oids}
+                              "AND database_name = current_database() AND schema_name = current_schema()")
+                    ) if stored else {}
+        tokens = {v: f"oid{oids[t.lower()]}" for v, t in stored.items() if t.lower() in oids}
+        # every value the plan computes, named for this run only: a step's result tiles stay on
+        # the device for the later steps that read them (udfs/register.py: _keep_result)
+        run = f"run{next(_RUNS)}"
+        tokens.update({step_target(s).name: f"{run}/{step_target(s).name}" for s in plan.steps})
+        self.kernels.device_tokens = tokens
         # the plan's future for the cache's evictions: which stored tensors each step reads
         self.kernels.device_reads = [frozenset(tokens[v.name] for v in step_reads(s) if v.name in tokens)
                                      for s in plan.steps]

@@ -437,6 +437,7 @@ class EinsumKernelSpec:
     # on a device: each operand's value name, which names its tiles in the device cache
     # (udfs/device_cache.py); written only then
     values: tuple[str, ...] | None = None
+    result: str | None = None  # ... and the value it computes (its tiles may stay there for a later step)
 
     op = "einsum"
 
@@ -494,6 +495,8 @@ class EinsumKernelSpec:
             body["tf32"] = True
         if self.values is not None:
             body["values"] = list(self.values)
+        if self.result is not None:
+            body["result"] = self.result
         return body
 
     @classmethod
@@ -505,7 +508,7 @@ class EinsumKernelSpec:
                    tile=b["tile"], join=KernelJoin.from_dict(b["join"]), agg=b["agg"], dtypes=b["dtypes"],
                    out_dtype=b["out_dtype"], version=version, device=device,
                    fused=KernelFusion.from_dict(fused) if fused is not None else None, tf32=b.get("tf32", False),
-                   values=_values(b.get("values"), len(b["in"])))
+                   values=_values(b.get("values"), len(b["in"])), result=_result(b.get("result")))
 
 
 @dataclass(frozen=True)
@@ -634,6 +637,7 @@ class ProgramKernelSpec:
     version: int = PROGRAM_VERSION
     device: str = "cpu"
     values: tuple[str, ...] | None = None  # on a device: each input's value name (EinsumKernelSpec.values)
+    result: str | None = None  # ... and the value it computes
 
     op = "program"
 
@@ -673,6 +677,8 @@ class ProgramKernelSpec:
                 "dtypes": list(self.dtypes)}
         if self.values is not None:
             body["values"] = list(self.values)
+        if self.result is not None:
+            body["result"] = self.result
         return body
 
     @classmethod
@@ -680,7 +686,8 @@ class ProgramKernelSpec:
         if not isinstance(b["steps"], list) or not all(isinstance(x, dict) for x in b["steps"]):
             raise EinsumError(f"kernel spec program steps must be a list of specs, got {b['steps']!r:.80}")
         return cls(steps=tuple(_from_dict(dict(x)) for x in b["steps"]), args=b["args"], dtypes=b["dtypes"],
-                   version=version, device=device, values=_values(b.get("values"), len(b["dtypes"])))
+                   version=version, device=device, values=_values(b.get("values"), len(b["dtypes"])),
+                   result=_result(b.get("result")))
 
 
 KernelSpec = Union[EinsumKernelSpec, RetileKernelSpec, FillKernelSpec, ProgramKernelSpec]
@@ -692,8 +699,14 @@ _KEYS = {
     "fill": {"shape", "tile", "dtype", "value"},
     "program": {"steps", "args", "dtypes"},
 }
-_OPTIONAL = {"einsum": {"tf32", "values"}, "retile": {"first_key_range", "key_axis"}, "fill": set(),
-             "program": {"values"}}
+_OPTIONAL = {"einsum": {"tf32", "values", "result"}, "retile": {"first_key_range", "key_axis"}, "fill": set(),
+             "program": {"values", "result"}}
+
+
+def _result(result) -> str | None:
+    if result is not None and not isinstance(result, str):
+        raise EinsumError(f"kernel spec result must be a value name, got {result!r:.80}")
+    return result
 
 
 def _values(values, n: int) -> tuple[str, ...] | None:
@@ -822,6 +835,7 @@ def _einsum_spec(step, device: str, portable: bool, tf32: bool = False, values: 
         out_dtype=step.result.dtype, device=device, fused=fused,
         version=SPEC_VERSION if fused is None else FUSED_VERSION, tf32=tf32 and device != "cpu",
         values=tuple(v.name for v in step.inputs) if device != "cpu" and values else None,
+        result=step.result.name if device != "cpu" and values else None,
     )
 
 
@@ -834,7 +848,8 @@ def _program_spec(step, device: str, portable: bool, tf32: bool = False) -> Prog
         slot[s.result.name] = len(step.inputs) + j
     return ProgramKernelSpec(steps=tuple(_einsum_spec(s, device, portable, tf32, values=False) for s in step.steps),
                              args=tuple(args), dtypes=tuple(v.dtype for v in step.inputs), device=device,
-                             values=tuple(v.name for v in step.inputs) if device != "cpu" else None)
+                             values=tuple(v.name for v in step.inputs) if device != "cpu" else None,
+                             result=step.result.name if device != "cpu" else None)
 
 
 def _kernel_fusion(step, portable: bool) -> KernelFusion:
