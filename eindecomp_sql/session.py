@@ -29,6 +29,10 @@ from .plan.cost import parse_memory, plan_share
 
 # under a memory budget, the default tile is at most this fraction of it (see __init__)
 BUDGET_TILES = 64
+# with device="auto", a step of fewer element operations (the product of its labels' sizes) runs
+# on the host: 2**26, a 406³ GEMM, ~6 ms of numpy on 2 cores here, against a GPU call's fixed
+# cost (a launch, a transfer each way, and CuPy compiling each kernel the first time it runs)
+AUTO_MIN_WORK = 1 << 26
 # with a device budget (device_memory), the default tile is at most this fraction of it: a
 # kernel call holds a few operand tiles, its result and temporaries on the device at once
 DEVICE_TILES = 8
@@ -70,7 +74,10 @@ class Session:
                 raise EinsumError(f"spark= is the Spark session of backend 'spark', not of {backend!r}")
             options["spark"] = spark
         if backend == "duckdb":
-            options.update(device=self.device, allow_tf32=allow_tf32)
+            # device="auto" sends a step to the GPU only when it is big enough to pay for it;
+            # device="cuda" sends every step it can
+            options.update(device=self.device, allow_tf32=allow_tf32,
+                           device_min_work=AUTO_MIN_WORK if device == "auto" and self.device != "cpu" else 0)
         self.backend = create_backend(backend, database, read_only=read_only, **options)
         if self.memory is not None:
             try:  # the engine's own limit follows the budget (DuckDB: memory_limit, spilling)
@@ -557,8 +564,9 @@ def connect(database=None, *, tile_bytes: int | None = None, workers: int | None
     device : str
         Where the DuckDB engine's einsum kernels run: ``"cuda"`` (a GPU, through CuPy: the
         ``eindecomp_sql[gpu]`` extra), ``"cpu"``, or ``"auto"`` (the default: CUDA when CuPy
-        finds a device, else the CPU). Retiles, fills and steps with a Python callable join run
-        on the host; ``explain`` says where every step runs and why.
+        finds a device, else the CPU; steps under ``AUTO_MIN_WORK`` element operations stay
+        on the host). Retiles, fills and steps with a Python callable join run on the host;
+        ``explain`` says where every step runs and why.
     allow_tf32 : bool
         Let float32 products on a GPU use TF32 tensor cores (inputs rounded to a 10-bit
         mantissa). Off by default: float32 results then match numpy's.

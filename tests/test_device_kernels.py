@@ -389,3 +389,34 @@ def test_a_capped_cache_sends_less_than_lru_would(counted, monkeypatch):
     finally:
         devices.KERNELS["cuda"] = saved
         _clear_kernel_caches()
+
+
+def test_auto_keeps_small_steps_on_the_host(counted):
+    """``device="auto"`` with a GPU there: a step too small to pay for a transfer runs on the
+    host (EXPLAIN says so, nothing is sent); a big one goes to the device. ``"cuda"`` sends both."""
+    from eindecomp_sql.session import AUTO_MIN_WORK
+
+    saved = devices.KERNELS["cuda"]
+    devices.KERNELS["cuda"] = (saved[0], NAMESPACE)
+    _clear_kernel_caches()
+    try:
+        rng = np.random.default_rng(15)
+        small = [rng.standard_normal((64, 64)) for _ in range(2)]
+        n = round(AUTO_MIN_WORK ** (1 / 3)) + 8  # an n³ GEMM just over the threshold
+        big = [rng.standard_normal((n, n), np.float32) for _ in range(2)]
+        with eds.connect() as auto, eds.connect(device="cuda") as cuda:
+            assert auto.device == "cuda"
+            assert "(on the host: small (262,144 element operations" in auto.explain("ij,jk->ik", *small)
+            assert "(on cuda)" in cuda.explain("ij,jk->ik", *small)
+            counted.reset()
+            np.testing.assert_allclose(auto.einsum("ij,jk->ik", *small).to_numpy(), small[0] @ small[1], rtol=1e-10)
+            if SIMULATED:
+                assert counted.uploads == [0, 0]
+            assert "(on cuda)" in auto.explain("ij,jk->ik", *big)
+            got = auto.einsum("ij,jk->ik", *big).to_numpy()
+            assert_close(got, big[0] @ big[1], error_scale("ij,jk->ik", big))
+            if SIMULATED:
+                assert counted.uploads[1] >= big[0].nbytes + big[1].nbytes
+    finally:
+        devices.KERNELS["cuda"] = saved
+        _clear_kernel_caches()

@@ -119,6 +119,7 @@ class EinsumKernel(_TileLayout):
         # the aggregation's ufunc in the kernel's namespace (CuPy has numpy's ufuncs under the
         # same names, with reduce): a numpy ufunc handed device arrays is a host round trip
         self.agg = getattr(xp, AGG_UFUNC[spec.agg].__name__)
+        self.agg_name = spec.agg  # the reduction, as an array method (``_reduce``)
         self.fast = spec.join.name == "mul" and spec.agg == "sum"
         # a user's callable (unpickled from the spec) comes back checked on every call
         # (element-wise numbers of the dtype its probe gave; notation/numpy_impl.py): an
@@ -213,10 +214,19 @@ class EinsumKernel(_TileLayout):
             shape = list(full)
             shape[axis] = min(step, full[axis] - s)
             # float16 values reduce in float32, as numpy's half loops do (``acc_dtype``)
-            wide = {"dtype": self.acc_dtype} if vals.dtype == np.float16 and self.acc_dtype != vals.dtype else {}
-            part = self.agg.reduce(xp.broadcast_to(vals, shape), axis=red_axes, **wide)
+            wide = self.acc_dtype if vals.dtype == np.float16 and self.acc_dtype != vals.dtype else None
+            part = _reduce(xp.broadcast_to(vals, shape), self.agg_name, red_axes, wide)
             acc = part if acc is None else self.agg(acc, part)
         return acc
+
+
+def _reduce(x, agg: str, axes: tuple[int, ...], dtype=None):
+    """``x`` reduced over ``axes`` by ``agg`` (sum, prod, max, min), in ``dtype`` if given: the
+    array methods, which numpy and CuPy both have with tuple axes (numpy's ``add.reduce`` is
+    its ``sum``; CuPy's ufuncs gained ``reduce`` late, with fewer options)."""
+    if agg in ("max", "min"):
+        return getattr(x if dtype is None else x.astype(dtype), agg)(axis=axes)
+    return getattr(x, agg)(axis=axes, dtype=dtype)
 
 
 class FusedKernel(_TileLayout):

@@ -69,12 +69,12 @@ class DuckDBBackend:
     source_registry = True
 
     def __init__(self, database=None, config: dict | None = None, read_only: bool = False, device: str = "cpu",
-                 allow_tf32: bool = False, device_memory: int | None = None):
+                 allow_tf32: bool = False, device_memory: int | None = None, device_min_work: int = 0):
         allocator.retain_freed_memory()  # before DuckDB starts its threads (see allocator.py)
         # where the tile kernels run: the specs the compiler writes name it (udfs/devices.py)
         self.device = device
         if device != "cpu" or allow_tf32:
-            self.compiler = on_device(DuckDBCompiler, device, allow_tf32)()
+            self.compiler = on_device(DuckDBCompiler, device, allow_tf32, device_min_work)()
         if isinstance(database, duckdb.DuckDBPyConnection):
             self.con = database
             self.owns_connection = False
@@ -178,7 +178,7 @@ class DuckDBBackend:
         """Where a step runs, for a device session's progress reports ('' on the CPU)."""
         if self.device == "cpu":
             return ""
-        reason = host_reason(step)
+        reason = host_reason(step, self.compiler.device_min_work)
         return f" [on {self.device}]" if reason is None else f" [on the host: {reason}]"
 
     def sql_listing(self, plan: Plan, tables: dict[str, str] | None = None) -> str:
@@ -191,7 +191,7 @@ class DuckDBBackend:
         lines = [f"-- kernels on {self.device}{' (TF32 allowed for float32 products)' if self.compiler.allow_tf32 else ''}"]
         for line in listing.splitlines():
             if line.startswith("-- step "):
-                reason = host_reason(plan.steps[int(line.split()[2])])
+                reason = host_reason(plan.steps[int(line.split()[2])], self.compiler.device_min_work)
                 line += f"  (on {self.device})" if reason is None else f"  (on the host: {reason})"
             lines.append(line)
         return "\n".join(lines)

@@ -195,13 +195,15 @@ class CompiledStep:
 
 
 @cache
-def on_device(compiler: type, device: str, allow_tf32: bool = False) -> type:
-    """``compiler`` (a compiler class) with its kernels on ``device``: a class of its own, as
-    compiled plans are cached per compiler class."""
-    if device == compiler.device and allow_tf32 == compiler.allow_tf32:
+def on_device(compiler: type, device: str, allow_tf32: bool = False, min_work: int = 0) -> type:
+    """``compiler`` (a compiler class) with its kernels on ``device`` (steps of fewer than
+    ``min_work`` element operations on the host): a class of its own, as compiled plans are
+    cached per compiler class."""
+    if (device, allow_tf32, min_work) == (compiler.device, compiler.allow_tf32, compiler.device_min_work):
         return compiler
-    return type(f"{compiler.__name__}_{device}{'_tf32' if allow_tf32 else ''}", (compiler,),
-                {"device": device, "allow_tf32": allow_tf32, "__module__": compiler.__module__})
+    return type(f"{compiler.__name__}_{device}{'_tf32' if allow_tf32 else ''}{f'_{min_work}' if min_work else ''}",
+                (compiler,), {"device": device, "allow_tf32": allow_tf32, "device_min_work": min_work,
+                              "__module__": compiler.__module__})
 
 
 @lru_cache(maxsize=1024)
@@ -222,6 +224,7 @@ class SQLCompiler:
     # products there may use TF32; a session on a device compiles with ``on_device(cls, ...)``
     device: str = "cpu"
     allow_tf32: bool = False
+    device_min_work: int = 0  # steps of fewer element operations stay on the host (device="auto")
     # a step whose operands are one tile each pairs them by position (POSITIONAL JOIN) rather
     # than by key; needs an engine that has positional joins
     positional_join_single_tiles: bool = False
@@ -359,7 +362,8 @@ class SQLCompiler:
         """The JSON a tile kernel reads to know its step (``plan/kernel_spec.py``), naming the
         device it runs on: the compiler's ``device``, or the host for a step a device cannot
         run (``step_device``)."""
-        return kernel_spec(step, batch, device=step_device(step, self.device), tf32=self.allow_tf32)
+        return kernel_spec(step, batch, device=step_device(step, self.device, self.device_min_work),
+                           tf32=self.allow_tf32)
 
     def spec_literal(self, step: Step, batch: tuple[int, int] | None = None) -> exp.Literal:
         return exp.Literal.string(self.kernel_spec(step, batch))
@@ -504,7 +508,7 @@ class SQLCompiler:
         The keys named are those of the operand's labels (a program's inputs: none, they are one
         tile each), as the kernel names the tile it receives."""
         source = exp.Table(this=ident(slot(value.name)))
-        if self.device == "cpu" or step is None or host_reason(step) is not None:
+        if self.device == "cpu" or step is None or host_reason(step, self.device_min_work) is not None:
             source.set("alias", exp.TableAlias(this=ident(f"t{k}")))
             return source
         if isinstance(step, ProgramStep):

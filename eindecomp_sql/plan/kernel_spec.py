@@ -33,6 +33,7 @@ import base64
 import hashlib
 import hmac
 import json
+import math
 import os
 import pickle
 import weakref
@@ -779,10 +780,12 @@ def _from_dict(body) -> KernelSpec:
         raise EinsumError(f"kernel spec {op} is malformed ({e})") from None
 
 
-def host_reason(step) -> str | None:
+def host_reason(step, min_work: int = 0) -> str | None:
     """Why ``step`` runs on the host in a session whose kernels run on a device, or None when
     it runs on the device. Data movement stays where the tiles are (DuckDB hands them to the
-    UDFs in host memory); a Python callable join is numpy code the device cannot run."""
+    UDFs in host memory); a Python callable join is numpy code the device cannot run; and with
+    ``min_work`` (``device="auto"``), a step of fewer element operations (the product of its
+    labels' sizes, summed over the nodes it runs) is done sooner on the host than sent."""
     from .steps import FillStep, ProgramStep, RetileStep
 
     if isinstance(step, RetileStep):
@@ -790,17 +793,21 @@ def host_reason(step) -> str | None:
     if isinstance(step, FillStep):
         return "a fill writes constant tiles in host memory"
     parts = step.steps if isinstance(step, ProgramStep) else [step]
+    work = 0
     for part in parts:
         nodes = [part.node] + (list(part.fused.nodes) if getattr(part, "fused", None) is not None else [])
         for n in nodes:
             if n.join.func is not None:
                 return f"its join {n.join.label} is a Python callable (numpy code on host arrays)"
+            work += math.prod(dict(n.sizes).values())
+    if work < min_work:
+        return f"small ({work:,} element operations, under {min_work:,}): quicker on the host than sent"
     return None
 
 
-def step_device(step, device: str) -> str:
+def step_device(step, device: str, min_work: int = 0) -> str:
     """The device ``step``'s kernel runs on in a session whose kernels run on ``device``."""
-    return device if device == "cpu" or host_reason(step) is None else "cpu"
+    return device if device == "cpu" or host_reason(step, min_work) is None else "cpu"
 
 
 def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu", portable: bool = False,
