@@ -34,7 +34,8 @@ export PYTHONPATH=/tmp/site
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 python3 -c "import cupy, ml_dtypes, numpy; print('cupy', cupy.__version__, 'devices', cupy.cuda.runtime.getDeviceCount(), 'numpy', numpy.__version__)" | tee -a "$out/gpu.txt"
 set +e
-EDS_TEST_DEVICE_NAMESPACE=cupy EDS_EXAMPLES=${EDS_EXAMPLES:-25} timeout 200 python3 -m pytest -p no:cacheprovider \
+# -P: the checkout's own eindecomp_sql/ (no udfs/ inside) must not shadow the installed package
+EDS_TEST_DEVICE_NAMESPACE=cupy EDS_EXAMPLES=${EDS_EXAMPLES:-25} timeout 300 python3 -P -m pytest -p no:cacheprovider \
     -q -x --rootdir=. -c pyproject.toml tests/test_device_kernels.py 2>&1 | tee "$out/tests.log" | tail -25
 echo "tests exit: ${PIPESTATUS[0]}"
 timeout 300 python3 bench/gpu_bench.py --out "$out/gpu_bench.json" 2>&1 | tee "$out/bench.log" | tail -20

@@ -54,7 +54,7 @@ def counted():
 
 
 @given(einsum_case(max_operands=3, max_size=6), st.booleans())
-@settings(max_examples=60)
+@settings(max_examples=min(60, settings.default.max_examples))  # EDS_EXAMPLES lowers it (a fresh GPU)
 def test_einsums_on_the_device_match_numpy(gpu, case, stored):
     """Random specs, shapes, tiles (grouped steps, programs, broadcasting, diagonals) and every
     dtype, through the device path, against numpy."""
@@ -246,6 +246,21 @@ def test_a_replaced_tensor_is_sent_again_never_taken_from_the_cache(gpu, counted
     np.testing.assert_allclose(gpu.einsum("ij,jk->ik", "NA", np.eye(40)).to_numpy(), out, rtol=1e-10, atol=1e-10)
 
 
+def test_a_runs_results_leave_the_cache_with_it_and_the_sql_interface_names_no_tiles(gpu):
+    from eindecomp_sql.sql_functions import einsum_sql
+
+    rng = np.random.default_rng(16)
+    gpu.store("DR", rng.standard_normal((40, 30)), tile=(10, 30), replace=True)
+    g = eds.Graph()
+    x = g.input("x", (40, 30), "float64")
+    g.einsum("ij,kj->ik", g.map("exp", x), x, name="y")
+    g.plan(fuse=False, inputs={"x": gpu.tensor("DR")}).run(gpu, x="DR")
+    cache = gpu.backend.kernels.device_cache
+    assert cache.used > 0 and not [t for t in cache._tiles if t[0].startswith("run")]
+    query = einsum_sql(gpu, "ij,kj->ik", ["DR", "DR"], "tiles")
+    assert "eds_einsum" in query.lower() and "eds_resident" not in query.lower()
+
+
 def test_arrays_are_sent_with_every_call(gpu, counted):
     rng = np.random.default_rng(10)
     a, b = rng.standard_normal((30, 20)), rng.standard_normal((20, 10))
@@ -343,6 +358,9 @@ def test_eviction_keeps_the_tile_needed_sooner():
     state.device_reads = [frozenset({"w2"})]  # another plan, which never reads w1: it goes
     state.device_step = 0
     assert cache.put(("w2", (0,)), "W2", 80, state.next_use) and ("w1", (0,)) not in cache
+    state.device_reads = [frozenset({"run7/h"}), frozenset({"w1"}), frozenset()]
+    state.device_step = 2  # a value the run computed dies with it; a stored one comes back
+    assert state.next_use(("run7/h", ())) == float("inf") and state.next_use(("w1", ())) == 2
     lru = DeviceCache(budget=100)
     lru.put("a", "A", 60)
     lru.put("b", "B", 40)

@@ -94,6 +94,12 @@ class DeviceCache:
             self.kept += 1
             return True
 
+    def drop(self, token) -> None:
+        """Let go of every tile named by ``token`` (a finished run's results)."""
+        with self._lock:
+            for tid in [t for t in self._tiles if t[0] == token]:
+                self.used -= self._tiles.pop(tid)[1]
+
     def unpin_all(self) -> None:
         with self._lock:
             for entry in self._tiles.values():

@@ -91,6 +91,16 @@ def default_budget(device: str) -> int:
         return 1 << 30
 
 
+def release_memory(device: str) -> None:
+    """Hand the device memory no array holds back to the driver (CuPy keeps freed blocks in its
+    pool for reuse; a closed session's should not stay there for the next library)."""
+    try:
+        pool = namespace(device).get_default_memory_pool()
+    except Exception:  # noqa: BLE001 - no such namespace, or no pool (the CPU stand-in)
+        return
+    pool.free_all_blocks()
+
+
 def to_device(xp: ModuleType, a: np.ndarray):
     """``a`` (host memory) as an array of ``xp`` (itself for numpy; an upload for a device)."""
     return a if xp is np else xp.asarray(a)
@@ -125,12 +135,17 @@ def float32_products(xp: ModuleType, tf32: bool):
 
 
 def _cupy_tf32(on: bool) -> None:
-    # cuBLAS's compute type for float32 GEMMs (CuPy's einsum, tensordot and matmul read it);
-    # the constants' values are CuPy's (cupy/_core/_routines_linalg.pyx)
+    # Two switches, as CuPy 14 has two GEMM paths: its compute type for float32, which its 2-D
+    # products read (dot, tensordot, a 2-D matmul: cupy/_core/_routines_linalg.pyx, whose
+    # constants these are), and the calling thread's cuBLAS handle's math mode, which its
+    # batched matmul (gemmStridedBatchedEx with a float32 compute type) follows
     from cupy._core import _routines_linalg as linalg
+    from cupy.cuda import cublas, device
 
     tf32, default = getattr(linalg, "COMPUTE_TYPE_TF32", 7), getattr(linalg, "COMPUTE_TYPE_DEFAULT", 1)
     linalg.set_compute_type(np.float32, tf32 if on else default)
+    mode = getattr(cublas, "CUBLAS_TF32_TENSOR_OP_MATH", 3) if on else getattr(cublas, "CUBLAS_DEFAULT_MATH", 0)
+    cublas.setMathMode(device.get_cublas_handle(), mode)
 
 
 def kernel_module(device: str) -> ModuleType:

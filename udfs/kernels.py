@@ -381,10 +381,12 @@ class _MatmulPlan:
         M = int(np.prod(x.shape[nb:nb + nm], dtype=np.int64))
         K = int(np.prod(x.shape[nb + nm:], dtype=np.int64))
         N = int(np.prod(y.shape[nb + nk:], dtype=np.int64))
-        x3 = x.reshape(B, M, K)
-        y3 = y.reshape(B, K, N)
+        # one product (no batch) as a 2-D matmul: CuPy routes only that through cuBLAS's GEMM
+        # with a settable compute type (TF32); its batched path is another call
+        x3 = x.reshape(M, K) if B == 1 else x.reshape(B, M, K)
+        y3 = y.reshape(K, N) if B == 1 else y.reshape(B, K, N)
         if self.out_perm is None and out.flags.c_contiguous:
-            xp.matmul(x3, y3, out=out.reshape(B, M, N))
+            xp.matmul(x3, y3, out=out.reshape((M, N) if B == 1 else (B, M, N)))
         else:
             r = xp.matmul(x3, y3).reshape(bshape + x.shape[nb:nb + nm] + y.shape[nb + nk:])
             out[...] = r.transpose(self.out_perm) if self.out_perm is not None else r

@@ -30,6 +30,11 @@ class Cancelled(RuntimeError):
     """Raised inside a kernel when the plan it serves was interrupted."""
 
 
+# the device cache's tokens for the values one run of a plan computes start with this
+# (backends/duckdb.py); stored tensors' tokens never do
+RUN_TOKEN = "run"
+
+
 class KernelState:
     """What one connection's kernels share with its backend: a cancel flag (Ctrl-C during a
     plan, backends/running.py: kernels stop between tasks instead of finishing a call that may
@@ -52,11 +57,13 @@ class KernelState:
         self.device_step = 0
 
     def next_use(self, tid) -> float:
-        """Steps until tile ``tid`` (token, keys) is read again: later in the running plan, or
-        in the next run of it (taken to be this plan again), else never (inf)."""
+        """Steps until tile ``tid`` (token, keys) is read again: later in the running plan, or,
+        for a stored tensor's, in the next run of it (taken to be this plan again), else never
+        (inf). A value the run computes (its token is the run's) dies with the run."""
         token, reads, now = tid[0], self.device_reads, self.device_step
         n = len(reads)
-        for d in range(1, n + 1):
+        ahead = n - 1 - now if token.startswith(RUN_TOKEN) else n
+        for d in range(1, ahead + 1):
             if token in reads[(now + d) % n]:
                 return d
         return float("inf")

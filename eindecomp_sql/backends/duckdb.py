@@ -26,7 +26,7 @@ from ..plan.steps import format_bytes, output_tiles, step_reads, step_target
 from ..sql_templates import template
 from ..udfs.tiles import array_from_tiles, tiles_from_array
 from . import allocator, parts as parted
-from ..udfs.pool import THREADS, Cancelled, KernelState
+from ..udfs.pool import RUN_TOKEN, THREADS, Cancelled, KernelState
 from .base import Target
 from .running import Watch, run_interruptible
 
@@ -583,14 +583,21 @@ class DuckDBBackend:
             yield
             return
         stored = {v.name: inputs[v.name] for v in plan.inputs if isinstance(inputs.get(v.name), str)}
-        oids = dict(self._run("SELECT lower(table_name), table_oid FROM duckdb_tables() WHERE NOT temporary "
-                              "AND database_name = current_database() AND schema_name = current_schema()")
-                    ) if stored else {}
-        tokens = {v: f"oid{oids[t.lower()]}" for v, t in stored.items() if t.lower() in oids}
+        oids, shadowed = {}, set()
+        if stored:
+            for name, oid, temporary in self._run(
+                    "SELECT lower(table_name), table_oid, temporary FROM duckdb_tables() WHERE temporary OR "
+                    "(database_name = current_database() AND schema_name = current_schema())"):
+                if temporary:  # a TEMP table of that name is what the SQL reads: no token
+                    shadowed.add(name)
+                else:
+                    oids[name] = oid
+        tokens = {v: f"oid{oids[t.lower()]}" for v, t in stored.items() if t.lower() in oids and t.lower() not in shadowed}
         # every value the plan computes, named for this run only: a step's result tiles stay on
         # the device for the later steps that read them (udfs/register.py: _keep_result)
-        run = f"run{next(_RUNS)}"
-        tokens.update({step_target(s).name: f"{run}/{step_target(s).name}" for s in plan.steps})
+        run = f"{RUN_TOKEN}{next(_RUNS)}/"
+        computed = {step_target(s).name: f"{run}{step_target(s).name}" for s in plan.steps}
+        tokens.update(computed)
         self.kernels.device_tokens = tokens
         # the plan's future for the cache's evictions: which stored tensors each step reads
         self.kernels.device_reads = [frozenset(tokens[v.name] for v in step_reads(s) if v.name in tokens)
@@ -602,6 +609,8 @@ class DuckDBBackend:
             self.kernels.device_tokens = {}
             self.kernels.device_reads = []
             cache.unpin_all()
+            for token in computed.values():  # the run's results die with it
+                cache.drop(token)
 
     @contextlib.contextmanager
     def _arrays(self, arrays: dict[str, pa.Table]):
@@ -745,6 +754,11 @@ class DuckDBBackend:
             if self._closed:
                 return
             self._closed = True
+            if self.kernels.device_cache is not None:  # the device memory goes back with the session
+                self.kernels.device_cache.clear()
+                from eindecomp_sql.udfs.devices import release_memory
+
+                release_memory(self.device)
             self._work.close()
             if self.owns_connection:
                 self.con.close()

@@ -206,6 +206,17 @@ def on_device(compiler: type, device: str, allow_tf32: bool = False, min_work: i
                               "__module__": compiler.__module__})
 
 
+@cache
+def without_residency(compiler: type) -> type:
+    """``compiler`` (a class on a device) reading every tile from its table: for SQL the backend
+    does not run itself (``SELECT * FROM einsum(...)``), where no plan run names the tiles the
+    device holds (``eds_resident`` would answer by another run's names)."""
+    if not compiler.device_residency:
+        return compiler
+    return type(f"{compiler.__name__}_unnamed", (compiler,), {"device_residency": False,
+                                                               "__module__": compiler.__module__})
+
+
 @lru_cache(maxsize=1024)
 def _compiled(compiler: SQLCompiler, plan: Plan) -> tuple[CompiledStep, ...]:
     # compilers are equal when their classes are (tactics are class attributes)
@@ -225,6 +236,9 @@ class SQLCompiler:
     device: str = "cpu"
     allow_tf32: bool = False
     device_min_work: int = 0  # steps of fewer element operations stay on the host (device="auto")
+    # inputs read through eds_resident (tiles the device holds come as NULL); off for queries the
+    # backend does not run itself (the SQL interface's), whose tiles it cannot name
+    device_residency: bool = True
     # a step whose operands are one tile each pairs them by position (POSITIONAL JOIN) rather
     # than by key; needs an engine that has positional joins
     positional_join_single_tiles: bool = False
@@ -508,7 +522,8 @@ class SQLCompiler:
         The keys named are those of the operand's labels (a program's inputs: none, they are one
         tile each), as the kernel names the tile it receives."""
         source = exp.Table(this=ident(slot(value.name)))
-        if self.device == "cpu" or step is None or host_reason(step, self.device_min_work) is not None:
+        if (self.device == "cpu" or not self.device_residency or step is None
+                or host_reason(step, self.device_min_work) is not None):
             source.set("alias", exp.TableAlias(this=ident(f"t{k}")))
             return source
         if isinstance(step, ProgramStep):

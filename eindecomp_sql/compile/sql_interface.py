@@ -37,6 +37,7 @@ from ..errors import EinsumError
 from ..notation.checks import SQL_TYPES, SQL_WIRE, check_dtype
 from ..notation.spec import parse_spec
 from ..plan import Plan, TiledValue
+from .compiler import without_residency
 from .compiler import (
     TILE,
     SQLCompiler,
@@ -520,6 +521,8 @@ def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mo
     Cached: plans and operands are frozen, so a query repeated over unchanged tables pays for
     building and printing it once."""
     c = compiler or COMPILER
+    if c.device != "cpu":  # the kernels may run on a device, but no tile is named for its cache
+        c = without_residency(type(c))()
     result = plan.result
     # stored tensors are values named after their tables, table operands after their CTEs
     query = c.single_query(plan, {v.name: v.name for v in plan.inputs})
