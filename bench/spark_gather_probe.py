@@ -13,13 +13,12 @@ gathered one at ``i`` cut 1, 2 and 4, run interleaved in one session, each check
 
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 import pyarrow as pa
+from interleaved import interleaved, report
 
 
 def main() -> None:
@@ -77,17 +76,7 @@ def main() -> None:
     for p in (1, 2, 4):
         runs[f"gathered i:{p}"] = (lambda p: lambda r: spark.sql(sql(p)).write.mode("overwrite")
                                    .option("compression", "none").parquet(f"{out}/{p}-{r}"))(p)
-    for r in range(2):  # warm-ups: Spark's JIT
-        for f in runs.values():
-            f(-1 - r)
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for r in range(reps):
-        for k in (list(runs) if r % 2 else list(runs)[::-1]):
-            t = time.perf_counter()
-            runs[k](r)
-            times[k].append(time.perf_counter() - t)
-    for k, ts in times.items():
-        print(f"{k}: median {statistics.median(ts):.2f} s ({min(ts):.2f}-{max(ts):.2f})")
+    report(interleaved(runs, reps, warmups=2))
     db.close()
 
 

@@ -12,13 +12,12 @@ session; the probe's result is checked against numpy.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 import pyarrow as pa
+from interleaved import interleaved, report
 
 
 def main() -> None:
@@ -60,17 +59,7 @@ def main() -> None:
     runs = {"product": lambda r: db.einsum("ij,jk->ik", A, B),
             "unrolled": lambda r: spark.sql(sql).write.mode("overwrite").option("compression", "none")
             .parquet(f"{out}/{r}")}
-    for r in range(3):  # warm-ups: Spark's JIT
-        for f in runs.values():
-            f(-1 - r)
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for r in range(reps):
-        for k in (list(runs) if r % 2 else list(runs)[::-1]):
-            t = time.perf_counter()
-            runs[k](r)
-            times[k].append(time.perf_counter() - t)
-    for k, ts in times.items():
-        print(f"{k}: median {statistics.median(ts):.2f} s ({min(ts):.2f}-{max(ts):.2f})")
+    report(interleaved(runs, reps, warmups=3))
     db.close()
 
 
