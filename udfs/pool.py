@@ -55,6 +55,10 @@ class KernelState:
         # the step running now (udfs/device_cache.py)
         self.device_reads: list[frozenset] = []
         self.device_step = 0
+        # bytes the device kernels sent to the device, and (when a list) the tiles each kernel
+        # call read and wrote, in order: what bench/device_bytes.py compares with Belady's count
+        self.device_sent = 0
+        self.device_trace: list | None = None
 
     def next_use(self, tid) -> float:
         """Steps until tile ``tid`` (token, keys) is read again: later in the running plan, or,

@@ -91,17 +91,36 @@ def _device_tile(xp, state, value: str | None, keys: tuple, host: np.ndarray | N
     dropped here and not where the tile was made), else ``host`` sent, and kept when it is a
     stored tensor's (named by its token and ``keys``; udfs/device_cache.py)."""
     cache = state.device_cache if state is not None else None
-    token = state.device_tokens.get(value) if state is not None and value is not None else None
-    tid = (token, _tile_key(keys)) if token is not None else None
+    tid = _tid(state, value, keys)
     if host is None:
         if cache is None or tid is None:
             raise RuntimeError("eindecomp_sql device kernel: a NULL tile that no device cache holds")
         held = cache.take(tid)
         return held if shape is None or held.shape == tuple(shape) else held.reshape(shape)
     dev = to_device(xp, host)
+    if state is not None:
+        state.device_sent += host.nbytes
     if tid is not None and cache is not None and host.nbytes:
         cache.put(tid, dev, host.nbytes, state.next_use if state.device_reads else None)
     return dev
+
+
+def _trace(state, reads: list, write, nbytes: dict) -> None:
+    """Record one kernel call's tiles (ids, or None for an untracked one, which gets an id of
+    its own) when the session traces them (``KernelState.device_trace``)."""
+    if state is None or state.device_trace is None:
+        return
+    n = len(state.device_trace)
+    named = [tid if tid is not None else ("untracked", n, k) for k, tid in enumerate(reads)]
+    out = write if write is not None else ("untracked", n, "out")
+    state.device_trace.append((named, out, {**dict(zip(named, nbytes["in"])), out: nbytes["out"]}))
+
+
+def _tid(state, value: str | None, keys) -> tuple | None:
+    """A tile's name in the device cache: its value's token for the running plan, and its
+    keys; None for a value with no token (an array operand, or no plan running)."""
+    token = state.device_tokens.get(value) if state is not None and value is not None else None
+    return (token, _tile_key(keys)) if token is not None else None
 
 
 def _keep_result(state, value: str | None, keys: tuple, result, nbytes: int) -> None:
@@ -109,9 +128,9 @@ def _keep_result(state, value: str | None, keys: tuple, result, nbytes: int) -> 
     (named like a stored tile: its value's token for the run, and its keys); its bytes still go
     back to DuckDB, whose table the next step's SQL joins."""
     cache = state.device_cache if state is not None else None
-    token = state.device_tokens.get(value) if cache is not None and value is not None else None
-    if token is not None and nbytes:
-        cache.put((token, _tile_key(keys)), result, nbytes, state.next_use if state.device_reads else None)
+    tid = _tid(state, value, keys) if cache is not None else None
+    if tid is not None and nbytes:
+        cache.put(tid, result, nbytes, state.next_use if state.device_reads else None)
 
 
 def _on_device(kernel, members: list[tuple[list, dict]], out: np.ndarray, out_keys: dict) -> None:
@@ -126,7 +145,13 @@ def _on_device(kernel, members: list[tuple[list, dict]], out: np.ndarray, out_ke
     result = xp.empty(out.shape, out.dtype)
     kernel.contract_group(dev, result)
     to_host(result, out)
-    _keep_result(state, kernel.result, tuple(out_keys[lab] for lab in kernel.output), result, out.nbytes)
+    okeys = tuple(out_keys[lab] for lab in kernel.output)
+    _keep_result(state, kernel.result, okeys, result, out.nbytes)
+    if state is not None and state.device_trace is not None:
+        reads = [_tid(state, values[k], tuple(keys[lab] for lab in kernel.inputs[k]))
+                 for tiles, keys in members for k in range(len(tiles))]
+        sizes = [int(a.nbytes) for row in dev for a in row]
+        _trace(state, reads, _tid(state, kernel.result, okeys), {"in": sizes, "out": out.nbytes})
 
 
 def _finished(writer: TileWriter) -> pa.Array:
@@ -234,6 +259,9 @@ def _programs(spec_arr, rows: list[list]) -> pa.Array:
         result = program.run(tiles, writer.out(r), _run)
         if result is not None:
             _keep_result(state, program.result, (), result, writer.out(r).nbytes)
+            if state is not None and state.device_trace is not None:
+                _trace(state, [_tid(state, v, ()) for v in values], _tid(state, program.result, ()),
+                       {"in": [int(t.nbytes) for t in tiles], "out": writer.out(r).nbytes})
     return _finished(writer)
 
 
