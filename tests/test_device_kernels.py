@@ -272,8 +272,8 @@ def test_arrays_are_sent_with_every_call(gpu, counted):
 
 def test_the_cache_stays_within_its_budget(counted):
     """A working set four times the budget: every result right, the cache never above it, and
-    what it holds is kept for the next runs (a step reading every tile needs them all alike:
-    none is evicted for another, where LRU would send every tile every run)."""
+    what it holds is kept for the next runs. (This one step re-reads its tiles in a cycle four
+    times the cache: it sends 2.9x Belady's count, bench/RESULTS.md.)"""
     saved = devices.KERNELS["cuda"]
     devices.KERNELS["cuda"] = (saved[0], NAMESPACE)
     _clear_kernel_caches()
@@ -290,8 +290,8 @@ def test_the_cache_stays_within_its_budget(counted):
                 sent.append(counted.uploads[1])
             cache = db.backend.kernels.device_cache
             assert cache.budget == budget and 0 < cache.peak <= budget and cache.hits > 0
-            if SIMULATED:
-                assert sent[1] == sent[2] <= sent[0] - cache.peak, sent
+            if SIMULATED:  # what the first run left on the device is not sent again
+                assert sent[1] == sent[2] < sent[0], sent
     finally:
         devices.KERNELS["cuda"] = saved
         _clear_kernel_caches()
@@ -343,7 +343,8 @@ def test_tiles_come_from_the_device_budget_and_progress_says_where_steps_run():
 
 def test_eviction_keeps_the_tile_needed_sooner():
     """The cache's rule on its own: with the plan's reads known, a tile is evicted only for one
-    needed sooner, else the newcomer is used and not kept; without them, LRU."""
+    needed sooner (the running step's tiles: now), else the newcomer is used and not kept;
+    without them, LRU."""
     from eindecomp_sql.udfs.device_cache import DeviceCache
     from eindecomp_sql.udfs.pool import KernelState
 
@@ -352,12 +353,13 @@ def test_eviction_keeps_the_tile_needed_sooner():
     cache = DeviceCache(budget=100)
     state.device_step = 0
     assert cache.put(("w1", (0,)), "W1", 80, state.next_use)
-    state.device_step = 2  # w1 is read again next run's step 0 (1 step off), w2 at its step 2 (3 off)
-    assert not cache.put(("w2", (0,)), "W2", 80, state.next_use)
-    assert ("w1", (0,)) in cache and cache.used == 80
-    state.device_reads = [frozenset({"w2"})]  # another plan, which never reads w1: it goes
-    state.device_step = 0
+    state.device_step = 1  # w1 is read again next run's step 0 (2 steps off), w2 at step 2 (1 off)
     assert cache.put(("w2", (0,)), "W2", 80, state.next_use) and ("w1", (0,)) not in cache
+    state.device_step = 0  # a tile the running step reads (0 off) goes before one needed later
+    assert cache.put(("w1", (0,)), "W1", 80, state.next_use) and ("w2", (0,)) not in cache
+    # two tiles the running step reads make no room for each other (a step may re-read its
+    # tiles in a cycle longer than the cache: each would be evicted just before its turn)
+    assert not cache.put(("w1", (1,)), "W1b", 80, state.next_use) and cache.used == 80
     state.device_reads = [frozenset({"run7/h"}), frozenset({"w1"}), frozenset()]
     state.device_step = 2  # a value the run computed dies with it; a stored one comes back
     assert state.next_use(("run7/h", ())) == float("inf") and state.next_use(("w1", ())) == 2
@@ -370,11 +372,33 @@ def test_eviction_keeps_the_tile_needed_sooner():
     assert lru.peak <= lru.budget
 
 
-def test_a_capped_cache_sends_less_than_lru_would(counted, monkeypatch):
-    """An unfused FFN whose weights and intermediates do not all fit, run three times: every
-    result right, the cache within its budget, and from the second run on fewer bytes sent than
-    with least-recently-used eviction (which evicts each weight just before it is needed)."""
-    from graphs import ffn
+def _bytes_and_belady(db, run, runs: int = 3) -> list[tuple[int, int]]:
+    """(bytes the kernels sent, Belady's count for the same calls) for each of ``runs`` runs."""
+    from eindecomp_sql.udfs.runtime import Task, belady_bytes
+
+    state, out = db.backend.kernels, []
+    cache = state.device_cache
+    for _ in range(runs):
+        start = set(cache._tiles)
+        state.device_trace, state.device_sent = [], 0
+        run()
+        sizes, tasks = {}, []
+        for k, (reads, write, nbytes) in enumerate(state.device_trace):
+            sizes.update(nbytes)
+            tasks.append(Task(f"call{k}", tuple(reads), write, nbytes[write], run=None))
+        out.append((state.device_sent, belady_bytes(tasks, sizes, cache.budget, resident=start & set(sizes))))
+    state.device_trace = None
+    return out
+
+
+def test_a_capped_llama_block_sends_about_beladys_count_and_less_than_lru(monkeypatch):
+    """The issue's measure: the LLaMA block (unfused, 4 workers, every input stored) with the
+    cache at half its inputs' bytes, run three times; from the second run on, the bytes sent
+    are within 1.2x of Belady's count for the same calls (measured: 0.96x; the cache's budget
+    leaves out a call's own transient arrays, which Belady's must hold) and below what
+    least-recently-used eviction sends (measured: 54,080 against 47,424 bytes a run)."""
+    import graphs
+    from eindecomp_sql.plan.graph_plan import plan_graph
     from eindecomp_sql.udfs.device_cache import DeviceCache
 
     saved = devices.KERNELS["cuda"]
@@ -382,28 +406,28 @@ def test_a_capped_cache_sends_less_than_lru_would(counted, monkeypatch):
     _clear_kernel_caches()
     put = DeviceCache.put
     try:
-        g, ref = ffn(b=16, d=64, f=96, dtype="float64")
-        rng = np.random.default_rng(14)
-        w1, w2 = rng.standard_normal((64, 96)), rng.standard_normal((96, 64))
-        xs = [rng.standard_normal((16, 64)) for _ in range(3)]
+        g, ref = graphs.llama_block(dtype="float32")
+        xs = graphs.random_inputs(g, seed=1)
+        budget = sum(x.nbytes for x in xs.values()) // 2
         sent = {}
         for policy in ("plan", "lru"):
             if policy == "lru":
                 monkeypatch.setattr(DeviceCache, "put", lambda self, tid, a, n, next_use=None: put(self, tid, a, n))
-            with eds.connect(device="cuda", device_memory=w1.nbytes + 1024) as db:
-                db.store("W1", w1)
-                db.store("W2", w2)
-                plan = g.plan(fuse=False, inputs={"w1": db.tensor("W1"), "w2": db.tensor("W2")})
-                sent[policy] = []
-                for x in xs:
-                    counted.reset()
-                    got = plan.run(db, x=x, w1="W1", w2="W2").to_numpy()
-                    np.testing.assert_allclose(got, ref(x=x, w1=w1, w2=w2), rtol=1e-10, atol=1e-10)
-                    sent[policy].append(counted.uploads[1])
-                cache = db.backend.kernels.device_cache
-                assert cache.peak <= cache.budget
-        if SIMULATED:
-            assert sent["plan"][1] == sent["plan"][2] < sent["lru"][1] == sent["lru"][2], sent
+            with eds.connect(device="cuda", device_memory=budget, tile_bytes=1 << 30) as db:
+                for name, x in xs.items():
+                    db.store(name, x, replace=True)
+                plan = plan_graph(g, workers=4, fuse=False, inputs={n: db.tensor(n) for n in xs},
+                                  costs=db.backend.cost_model)
+
+                def run():
+                    got = plan.run(db, **{n: n for n in xs}).to_numpy()
+                    np.testing.assert_allclose(got, ref(**xs), rtol=1e-4, atol=1e-4)
+
+                sent[policy] = _bytes_and_belady(db, run)
+                assert db.backend.kernels.device_cache.peak <= budget
+        for moved, best in sent["plan"][1:]:
+            assert moved <= 1.2 * best, sent
+        assert all(p[0] < q[0] for p, q in zip(sent["plan"][1:], sent["lru"][1:])), sent
     finally:
         devices.KERNELS["cuda"] = saved
         _clear_kernel_caches()

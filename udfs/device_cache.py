@@ -53,6 +53,18 @@ class DeviceCache:
             self._tiles.move_to_end(tid)
             return True
 
+    def get(self, tid):
+        """The tile's array if it is here (a hit), else None: a tile the SQL handed as bytes
+        because it was not here when the statement read it, and that an earlier call of the
+        same statement has sent since. The caller's reference keeps it alive if it is evicted."""
+        with self._lock:
+            entry = self._tiles.get(tid)
+            if entry is None:
+                return None
+            self._tiles.move_to_end(tid)
+            self.hits += 1
+            return entry[0]
+
     def take(self, tid):
         """The array of a tile pinned for this statement."""
         with self._lock:
@@ -75,7 +87,9 @@ class DeviceCache:
                 if next_use is not None:
                     mine = next_use(tid)
                     # furthest-needed first (a stable sort keeps LRU among equals); only those
-                    # needed later than this tile may go for it
+                    # needed later than this tile may go for it (the running step's tiles are
+                    # needed now, 0: they make no room for each other, as a step re-reading its
+                    # tiles in a cycle longer than the cache would evict each before its turn)
                     victims = [t for t in sorted(victims, key=lambda t: -next_use(t)) if next_use(t) > mine]
                 chosen, room = [], self.budget - self.used
                 for victim in victims:

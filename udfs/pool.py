@@ -61,11 +61,14 @@ class KernelState:
         self.device_trace: list | None = None
 
     def next_use(self, tid) -> float:
-        """Steps until tile ``tid`` (token, keys) is read again: later in the running plan, or,
-        for a stored tensor's, in the next run of it (taken to be this plan again), else never
-        (inf). A value the run computes (its token is the run's) dies with the run."""
+        """Steps until tile ``tid`` (token, keys) is read again: 0 if the running step reads its
+        value, else later in the running plan, or, for a stored tensor's, in the next run of it
+        (taken to be this plan again), else never (inf). A value the run computes (its token is
+        the run's) dies with the run."""
         token, reads, now = tid[0], self.device_reads, self.device_step
         n = len(reads)
+        if n and token in reads[now]:  # the running step may read it again (a join repeats tiles)
+            return 0
         ahead = n - 1 - now if token.startswith(RUN_TOKEN) else n
         for d in range(1, ahead + 1):
             if token in reads[(now + d) % n]:
