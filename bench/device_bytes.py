@@ -29,7 +29,7 @@ def run(graph: str, fraction: float | None, policy: str, namespace: str, fuse: b
     import graphs
     from eindecomp_sql.plan.graph_plan import plan_graph
     from eindecomp_sql.udfs.device_cache import DeviceCache
-    from eindecomp_sql.udfs.runtime import Task, belady_bytes
+    from eindecomp_sql.udfs.runtime import belady_of_calls
 
     g, ref = getattr(graphs, graph)(**SIZES[graph])
     budget = int(fraction * working_set) if fraction is not None else 1 << 40
@@ -52,14 +52,9 @@ def run(graph: str, fraction: float | None, policy: str, namespace: str, fuse: b
                 got = plan.run(db, **{n: n for n in xs}).to_numpy()
                 np.testing.assert_allclose(got, ref(**xs), rtol=1e-4, atol=1e-4)
                 trace = state.device_trace
-                sizes = {}
-                tasks = []
-                for k, (reads, write, nb) in enumerate(trace):
-                    sizes.update(nb)
-                    tasks.append(Task(f"call{k}", tuple(reads), write, nb[write], run=None))
+                sizes = {tid: n for _, _, nb in trace for tid, n in nb.items()}
                 touched = sum(sizes.values())
-                best = belady_bytes(tasks, sizes, budget, resident=start & set(sizes)) if fraction is not None \
-                    else sum(s for t, s in sizes.items() if t not in start and any(t in tk.inputs for tk in tasks))
+                best = belady_of_calls(trace, budget, start) if fraction is not None else None
                 rows.append({"run": r + 1, "sent": state.device_sent, "belady": best, "touched": touched,
                              "peak": cache.peak, "calls": len(trace)})
             state.device_trace = None

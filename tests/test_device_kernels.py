@@ -10,6 +10,7 @@ with a CUDA device and CuPy, ``EDS_TEST_DEVICE_NAMESPACE=cupy`` runs the same te
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -33,17 +34,31 @@ def _clear_kernel_caches():
         f.cache_clear()
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    """A session whose kernels run on "cuda", its namespace ``NAMESPACE``."""
+@contextlib.contextmanager
+def _cuda_on_namespace():
+    """Within: "cuda" kernels compute with ``NAMESPACE`` (the stand-in, or CuPy on a GPU)."""
     saved = devices.KERNELS["cuda"]
     devices.KERNELS["cuda"] = (saved[0], NAMESPACE)
     _clear_kernel_caches()
-    db = eds.connect(device="cuda")
-    yield db
-    db.close()
-    devices.KERNELS["cuda"] = saved
-    _clear_kernel_caches()
+    try:
+        yield
+    finally:
+        devices.KERNELS["cuda"] = saved
+        _clear_kernel_caches()
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    """A session whose kernels run on "cuda", its namespace ``NAMESPACE``."""
+    with _cuda_on_namespace(), eds.connect(device="cuda") as db:
+        yield db
+
+
+@pytest.fixture
+def on_cuda():
+    """Sessions opened in the test with device="cuda" compute with ``NAMESPACE``."""
+    with _cuda_on_namespace():
+        yield
 
 
 @pytest.fixture
@@ -147,30 +162,23 @@ def test_the_sql_interface_runs_on_the_device(gpu):
     np.testing.assert_allclose(got, a @ a.T, rtol=1e-10, atol=1e-10)
 
 
-def test_tf32_is_opt_in(counted):
+def test_tf32_is_opt_in(counted, on_cuda):
     """float32 products are exact float32 unless ``allow_tf32=True`` (then their inputs are
     rounded to TF32's 10-bit mantissa: by the tensor cores on a GPU, by the stand-in's emulation
     here); float64 is never affected."""
-    saved = devices.KERNELS["cuda"]
-    devices.KERNELS["cuda"] = (saved[0], NAMESPACE)
-    _clear_kernel_caches()
-    try:
-        rng = np.random.default_rng(7)
-        a, b = rng.standard_normal((64, 1024), np.float32), rng.standard_normal((1024, 32), np.float32)
-        exact = a.astype(np.float64) @ b.astype(np.float64)
-        with eds.connect(device="cuda") as plain, eds.connect(device="cuda", allow_tf32=True) as fast:
-            p = plain.einsum("ij,jk->ik", a, b).to_numpy()
-            f = fast.einsum("ij,jk->ik", a, b).to_numpy()
-            d = fast.einsum("ij,jk->ik", a.astype(np.float64), b.astype(np.float64)).to_numpy()
-            assert "TF32 allowed" in fast.explain("ij,jk->ik", a, b) and "TF32" not in plain.explain("ij,jk->ik", a, b)
-        assert np.abs(p - exact).max() < 2e-3  # float32 products summed over 1024: ~1e-4
-        assert np.abs(f - exact).max() > 1e-2  # 10-bit inputs: ~5e-4 relative per product
-        np.testing.assert_allclose(d, exact, rtol=1e-12)
-        if SIMULATED:
-            assert counted.tf32 == [False]  # set back after each call
-    finally:
-        devices.KERNELS["cuda"] = saved
-        _clear_kernel_caches()
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((64, 1024), np.float32), rng.standard_normal((1024, 32), np.float32)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    with eds.connect(device="cuda") as plain, eds.connect(device="cuda", allow_tf32=True) as fast:
+        p = plain.einsum("ij,jk->ik", a, b).to_numpy()
+        f = fast.einsum("ij,jk->ik", a, b).to_numpy()
+        d = fast.einsum("ij,jk->ik", a.astype(np.float64), b.astype(np.float64)).to_numpy()
+        assert "TF32 allowed" in fast.explain("ij,jk->ik", a, b) and "TF32" not in plain.explain("ij,jk->ik", a, b)
+    assert np.abs(p - exact).max() < 2e-3  # float32 products summed over 1024: ~1e-4
+    assert np.abs(f - exact).max() > 1e-2  # 10-bit inputs: ~5e-4 relative per product
+    np.testing.assert_allclose(d, exact, rtol=1e-12)
+    if SIMULATED:
+        assert counted.tf32 == [False]  # set back after each call
 
 
 def test_device_options_are_checked():
@@ -270,31 +278,24 @@ def test_arrays_are_sent_with_every_call(gpu, counted):
         assert counted.uploads[1] == 2 * (a.nbytes + b.nbytes)
 
 
-def test_the_cache_stays_within_its_budget(counted):
+def test_the_cache_stays_within_its_budget(counted, on_cuda):
     """A working set four times the budget: every result right, the cache never above it, and
     what it holds is kept for the next runs. (This one step re-reads its tiles in a cycle four
     times the cache: it sends 2.9x Belady's count, bench/RESULTS.md.)"""
-    saved = devices.KERNELS["cuda"]
-    devices.KERNELS["cuda"] = (saved[0], NAMESPACE)
-    _clear_kernel_caches()
-    try:
-        rng = np.random.default_rng(11)
-        a, b = rng.standard_normal((128, 96)), rng.standard_normal((96, 64))
-        budget = (a.nbytes + b.nbytes) // 4
-        with eds.connect(device="cuda", device_memory=budget) as db:
-            A, B = db.store("A", a, tile=(32, 48), replace=True), db.store("B", b, tile=(48, 32), replace=True)
-            sent = []
-            for _ in range(3):
-                counted.reset()
-                np.testing.assert_allclose(db.einsum("ij,jk->ik", A, B).to_numpy(), a @ b, rtol=1e-10, atol=1e-10)
-                sent.append(counted.uploads[1])
-            cache = db.backend.kernels.device_cache
-            assert cache.budget == budget and 0 < cache.peak <= budget and cache.hits > 0
-            if SIMULATED:  # what the first run left on the device is not sent again
-                assert sent[1] == sent[2] < sent[0], sent
-    finally:
-        devices.KERNELS["cuda"] = saved
-        _clear_kernel_caches()
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal((128, 96)), rng.standard_normal((96, 64))
+    budget = (a.nbytes + b.nbytes) // 4
+    with eds.connect(device="cuda", device_memory=budget) as db:
+        A, B = db.store("A", a, tile=(32, 48), replace=True), db.store("B", b, tile=(48, 32), replace=True)
+        sent = []
+        for _ in range(3):
+            counted.reset()
+            np.testing.assert_allclose(db.einsum("ij,jk->ik", A, B).to_numpy(), a @ b, rtol=1e-10, atol=1e-10)
+            sent.append(counted.uploads[1])
+        cache = db.backend.kernels.device_cache
+        assert cache.budget == budget and 0 < cache.peak <= budget and cache.hits > 0
+        if SIMULATED:  # what the first run left on the device is not sent again
+            assert sent[1] == sent[2] < sent[0], sent
 
 
 @pytest.mark.parametrize("fuse", [True, False])
@@ -319,26 +320,19 @@ def test_a_graphs_stored_weights_and_intermediates_stay_on_the_device(gpu, count
             assert counted.uploads[1] == x.nbytes + (0 if run else w1.nbytes + w2.nbytes)
 
 
-def test_tiles_come_from_the_device_budget_and_progress_says_where_steps_run():
-    saved = devices.KERNELS["cuda"]
-    devices.KERNELS["cuda"] = (saved[0], NAMESPACE)
-    _clear_kernel_caches()
-    try:
-        with eds.connect(device="cuda", device_memory="8MB") as db:
-            assert db.tile_bytes == 1_000_000  # an eighth of the budget
-            rng = np.random.default_rng(13)
-            a, b = rng.standard_normal((700, 600)), rng.standard_normal((600, 500))
-            seen = []
-            got = db.einsum("ij,jk->ik", a, b, progress=seen.append).to_numpy()
-            np.testing.assert_allclose(got, a @ b, rtol=1e-10, atol=1e-10)
-            plan = db.plan("ij,jk->ik", a, b)
-            assert max(v.nbytes / np.prod(v.grid) for v in plan.inputs) <= 1_000_000
-            assert seen and all(" [on cuda]" in p.description or " [on the host: " in p.description for p in seen)
-        with eds.connect(device="cuda") as db, eds.connect(device="cpu") as cpu:  # no budget given: as usual
-            assert db.tile_bytes == cpu.tile_bytes
-    finally:
-        devices.KERNELS["cuda"] = saved
-        _clear_kernel_caches()
+def test_tiles_come_from_the_device_budget_and_progress_says_where_steps_run(on_cuda):
+    with eds.connect(device="cuda", device_memory="8MB") as db:
+        assert db.tile_bytes == 1_000_000  # an eighth of the budget
+        rng = np.random.default_rng(13)
+        a, b = rng.standard_normal((700, 600)), rng.standard_normal((600, 500))
+        seen = []
+        got = db.einsum("ij,jk->ik", a, b, progress=seen.append).to_numpy()
+        np.testing.assert_allclose(got, a @ b, rtol=1e-10, atol=1e-10)
+        plan = db.plan("ij,jk->ik", a, b)
+        assert max(v.nbytes / np.prod(v.grid) for v in plan.inputs) <= 1_000_000
+        assert seen and all(" [on cuda]" in p.description or " [on the host: " in p.description for p in seen)
+    with eds.connect(device="cuda") as db, eds.connect(device="cpu") as cpu:  # no budget given: as usual
+        assert db.tile_bytes == cpu.tile_bytes
 
 
 def test_eviction_keeps_the_tile_needed_sooner():
@@ -374,7 +368,7 @@ def test_eviction_keeps_the_tile_needed_sooner():
 
 def _bytes_and_belady(db, run, runs: int = 3) -> list[tuple[int, int]]:
     """(bytes the kernels sent, Belady's count for the same calls) for each of ``runs`` runs."""
-    from eindecomp_sql.udfs.runtime import Task, belady_bytes
+    from eindecomp_sql.udfs.runtime import belady_of_calls
 
     state, out = db.backend.kernels, []
     cache = state.device_cache
@@ -382,16 +376,12 @@ def _bytes_and_belady(db, run, runs: int = 3) -> list[tuple[int, int]]:
         start = set(cache._tiles)
         state.device_trace, state.device_sent = [], 0
         run()
-        sizes, tasks = {}, []
-        for k, (reads, write, nbytes) in enumerate(state.device_trace):
-            sizes.update(nbytes)
-            tasks.append(Task(f"call{k}", tuple(reads), write, nbytes[write], run=None))
-        out.append((state.device_sent, belady_bytes(tasks, sizes, cache.budget, resident=start & set(sizes))))
+        out.append((state.device_sent, belady_of_calls(state.device_trace, cache.budget, start)))
     state.device_trace = None
     return out
 
 
-def test_a_capped_llama_block_sends_about_beladys_count_and_less_than_lru(monkeypatch):
+def test_a_capped_llama_block_sends_about_beladys_count_and_less_than_lru(monkeypatch, on_cuda):
     """The issue's measure: the LLaMA block (unfused, 4 workers, every input stored) with the
     cache at half its inputs' bytes, run three times; from the second run on, the bytes sent
     are within 1.2x of Belady's count for the same calls (measured: 0.96x; the cache's budget
@@ -401,64 +391,50 @@ def test_a_capped_llama_block_sends_about_beladys_count_and_less_than_lru(monkey
     from eindecomp_sql.plan.graph_plan import plan_graph
     from eindecomp_sql.udfs.device_cache import DeviceCache
 
-    saved = devices.KERNELS["cuda"]
-    devices.KERNELS["cuda"] = (saved[0], NAMESPACE)
-    _clear_kernel_caches()
     put = DeviceCache.put
-    try:
-        g, ref = graphs.llama_block(dtype="float32")
-        xs = graphs.random_inputs(g, seed=1)
-        budget = sum(x.nbytes for x in xs.values()) // 2
-        sent = {}
-        for policy in ("plan", "lru"):
-            if policy == "lru":
-                monkeypatch.setattr(DeviceCache, "put", lambda self, tid, a, n, next_use=None: put(self, tid, a, n))
-            with eds.connect(device="cuda", device_memory=budget, tile_bytes=1 << 30) as db:
-                for name, x in xs.items():
-                    db.store(name, x, replace=True)
-                plan = plan_graph(g, workers=4, fuse=False, inputs={n: db.tensor(n) for n in xs},
-                                  costs=db.backend.cost_model)
+    g, ref = graphs.llama_block(dtype="float32")
+    xs = graphs.random_inputs(g, seed=1)
+    budget = sum(x.nbytes for x in xs.values()) // 2
+    sent = {}
+    for policy in ("plan", "lru"):
+        if policy == "lru":
+            monkeypatch.setattr(DeviceCache, "put", lambda self, tid, a, n, next_use=None: put(self, tid, a, n))
+        with eds.connect(device="cuda", device_memory=budget, tile_bytes=1 << 30) as db:
+            for name, x in xs.items():
+                db.store(name, x, replace=True)
+            plan = plan_graph(g, workers=4, fuse=False, inputs={n: db.tensor(n) for n in xs},
+                              costs=db.backend.cost_model)
 
-                def run():
-                    got = plan.run(db, **{n: n for n in xs}).to_numpy()
-                    np.testing.assert_allclose(got, ref(**xs), rtol=1e-4, atol=1e-4)
+            def run():
+                got = plan.run(db, **{n: n for n in xs}).to_numpy()
+                np.testing.assert_allclose(got, ref(**xs), rtol=1e-4, atol=1e-4)
 
-                sent[policy] = _bytes_and_belady(db, run)
-                assert db.backend.kernels.device_cache.peak <= budget
-        for moved, best in sent["plan"][1:]:
-            assert moved <= 1.2 * best, sent
-        assert all(p[0] < q[0] for p, q in zip(sent["plan"][1:], sent["lru"][1:])), sent
-    finally:
-        devices.KERNELS["cuda"] = saved
-        _clear_kernel_caches()
+            sent[policy] = _bytes_and_belady(db, run)
+            assert db.backend.kernels.device_cache.peak <= budget
+    for moved, best in sent["plan"][1:]:
+        assert moved <= 1.2 * best, sent
+    assert all(p[0] < q[0] for p, q in zip(sent["plan"][1:], sent["lru"][1:])), sent
 
 
-def test_auto_keeps_small_steps_on_the_host(counted):
+def test_auto_keeps_small_steps_on_the_host(counted, on_cuda):
     """``device="auto"`` with a GPU there: a step too small to pay for a transfer runs on the
     host (EXPLAIN says so, nothing is sent); a big one goes to the device. ``"cuda"`` sends both."""
     from eindecomp_sql.session import AUTO_MIN_WORK
 
-    saved = devices.KERNELS["cuda"]
-    devices.KERNELS["cuda"] = (saved[0], NAMESPACE)
-    _clear_kernel_caches()
-    try:
-        rng = np.random.default_rng(15)
-        small = [rng.standard_normal((64, 64)) for _ in range(2)]
-        n = round(AUTO_MIN_WORK ** (1 / 3)) + 8  # an n³ GEMM just over the threshold
-        big = [rng.standard_normal((n, n), np.float32) for _ in range(2)]
-        with eds.connect() as auto, eds.connect(device="cuda") as cuda:
-            assert auto.device == "cuda"
-            assert "(on the host: small (262,144 element operations" in auto.explain("ij,jk->ik", *small)
-            assert "(on cuda)" in cuda.explain("ij,jk->ik", *small)
-            counted.reset()
-            np.testing.assert_allclose(auto.einsum("ij,jk->ik", *small).to_numpy(), small[0] @ small[1], rtol=1e-10)
-            if SIMULATED:
-                assert counted.uploads == [0, 0]
-            assert "(on cuda)" in auto.explain("ij,jk->ik", *big)
-            got = auto.einsum("ij,jk->ik", *big).to_numpy()
-            assert_close(got, big[0] @ big[1], error_scale("ij,jk->ik", big))
-            if SIMULATED:
-                assert counted.uploads[1] >= big[0].nbytes + big[1].nbytes
-    finally:
-        devices.KERNELS["cuda"] = saved
-        _clear_kernel_caches()
+    rng = np.random.default_rng(15)
+    small = [rng.standard_normal((64, 64)) for _ in range(2)]
+    n = round(AUTO_MIN_WORK ** (1 / 3)) + 8  # an n³ GEMM just over the threshold
+    big = [rng.standard_normal((n, n), np.float32) for _ in range(2)]
+    with eds.connect() as auto, eds.connect(device="cuda") as cuda:
+        assert auto.device == "cuda"
+        assert "(on the host: small (262,144 element operations" in auto.explain("ij,jk->ik", *small)
+        assert "(on cuda)" in cuda.explain("ij,jk->ik", *small)
+        counted.reset()
+        np.testing.assert_allclose(auto.einsum("ij,jk->ik", *small).to_numpy(), small[0] @ small[1], rtol=1e-10)
+        if SIMULATED:
+            assert counted.uploads == [0, 0]
+        assert "(on cuda)" in auto.explain("ij,jk->ik", *big)
+        got = auto.einsum("ij,jk->ik", *big).to_numpy()
+        assert_close(got, big[0] @ big[1], error_scale("ij,jk->ik", big))
+        if SIMULATED:
+            assert counted.uploads[1] >= big[0].nbytes + big[1].nbytes

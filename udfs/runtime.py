@@ -506,3 +506,15 @@ def belady_bytes(tasks: list[Task], sizes: dict, budget: int, resident: Iterable
             if tid != t.output:
                 moved += sizes[tid]
     return moved
+
+
+def belady_of_calls(calls: list, budget: int, resident: Iterable[Hashable] = ()) -> int:
+    """``belady_bytes`` for kernel calls as the SQL path's device kernels record them
+    (``KernelState.device_trace``: per call, the tile ids read, the id written, and each id's
+    bytes); ``resident``: ids on the device when the calls began."""
+    sizes: dict = {}
+    tasks = []
+    for k, (reads, write, nbytes) in enumerate(calls):
+        sizes.update(nbytes)
+        tasks.append(Task(f"call{k}", tuple(reads), write, nbytes[write], run=None))
+    return belady_bytes(tasks, sizes, budget, resident=set(resident) & set(sizes))

@@ -174,12 +174,14 @@ class DuckDBBackend:
         # plan's steps need DuckDB to hold (a plan made under a budget of its own, g.plan(memory=))
         return max(plan_share(self.budget) - plan.kernel_bytes, plan.engine_bytes, MIN_ENGINE_BYTES)
 
+    def _placement(self, step) -> str:
+        """Where a device session runs ``step``: ``on cuda``, or ``on the host: <why>``."""
+        reason = host_reason(step, self.compiler.device_min_work)
+        return f"on {self.device}" if reason is None else f"on the host: {reason}"
+
     def _where(self, step) -> str:
         """Where a step runs, for a device session's progress reports ('' on the CPU)."""
-        if self.device == "cpu":
-            return ""
-        reason = host_reason(step, self.compiler.device_min_work)
-        return f" [on {self.device}]" if reason is None else f" [on the host: {reason}]"
+        return "" if self.device == "cpu" else f" [{self._placement(step)}]"
 
     def sql_listing(self, plan: Plan, tables: dict[str, str] | None = None) -> str:
         """Every step's SQL; on a device session each step headed by where its kernel runs,
@@ -191,8 +193,7 @@ class DuckDBBackend:
         lines = [f"-- kernels on {self.device}{' (TF32 allowed for float32 products)' if self.compiler.allow_tf32 else ''}"]
         for line in listing.splitlines():
             if line.startswith("-- step "):
-                reason = host_reason(plan.steps[int(line.split()[2])], self.compiler.device_min_work)
-                line += f"  (on {self.device})" if reason is None else f"  (on the host: {reason})"
+                line += f"  ({self._placement(plan.steps[int(line.split()[2])])})"
             lines.append(line)
         return "\n".join(lines)
 
