@@ -33,9 +33,9 @@ def run(graph: str, fraction: float | None, policy: str, namespace: str, fuse: b
 
     g, ref = getattr(graphs, graph)(**SIZES[graph])
     budget = int(fraction * working_set) if fraction is not None else 1 << 40
-    put = DeviceCache.put
-    if policy == "lru":
-        DeviceCache.put = lambda self, tid, a, n, next_use=None: put(self, tid, a, n)
+    admit = DeviceCache._admit
+    if policy == "lru":  # the same cache, blind to the plan's future
+        DeviceCache._admit = lambda self, tid, a, n, next_use, held: admit(self, tid, a, n, None, held)
     try:
         with eds.connect(device="cuda", device_memory=budget, tile_bytes=1 << 40) as db:
             xs = graphs.random_inputs(g, seed=1)
@@ -48,7 +48,7 @@ def run(graph: str, fraction: float | None, policy: str, namespace: str, fuse: b
             rows = []
             for r in range(3):
                 start = set(cache._tiles)
-                state.device_trace, state.device_sent = [], 0
+                state.device_trace, state.device_sent, state.device_returned = [], 0, 0
                 got = plan.run(db, **{n: n for n in xs}).to_numpy()
                 np.testing.assert_allclose(got, ref(**xs), rtol=1e-4, atol=1e-4)
                 trace = state.device_trace
@@ -56,11 +56,12 @@ def run(graph: str, fraction: float | None, policy: str, namespace: str, fuse: b
                 touched = sum(sizes.values())
                 best = belady_of_calls(trace, budget, start) if fraction is not None else None
                 rows.append({"run": r + 1, "sent": state.device_sent, "belady": best, "touched": touched,
+                             "returned": state.device_returned,
                              "peak": cache.peak, "calls": len(trace)})
             state.device_trace = None
             return {"budget": budget, "steps": len(plan.plan.steps), "rows": rows}
     finally:
-        DeviceCache.put = put
+        DeviceCache._admit = admit
 
 
 SIZES = {"llama_block": dict(s=64, d=128, h=4, e=32, f=256, dtype="float32"),
@@ -84,16 +85,19 @@ def main() -> None:
     ws = whole["rows"][0]["touched"]
     print(f"{args.graph}: {whole['steps']} steps (fuse={args.fuse}, workers={args.workers}), "
           f"working set {ws / 1e6:.2f} MB; sent per run with room for everything: "
-          f"{', '.join(format(r['sent'] / 1e6, '.2f') for r in whole['rows'])} MB")
-    print("| cache (of the working set) | eviction | run | sent MB | Belady MB | sent / Belady | cache peak MB |")
-    print("|---|---|---|---|---|---|---|")
+          f"{', '.join(format(r['sent'] / 1e6, '.2f') for r in whole['rows'])} MB; back to the host: "
+          f"{', '.join(format(r['returned'] / 1e6, '.2f') for r in whole['rows'])} MB")
+    print("| cache (of the working set) | eviction | run | sent MB | Belady MB | sent / Belady | cache peak MB "
+          "| back to the host MB |")
+    print("|---|---|---|---|---|---|---|---|")
     for frac in (float(f) for f in args.fractions.split(",")):
         for policy in ("plan", "lru"):
             out = run(args.graph, frac, policy, args.namespace, args.fuse, args.workers, ws)
             for row in out["rows"][1:]:
                 ratio = row["sent"] / row["belady"] if row["belady"] else float("nan")
                 print(f"| {frac:.0%} ({out['budget'] / 1e6:.2f} MB) | {policy} | {row['run']} | "
-                      f"{row['sent'] / 1e6:.2f} | {row['belady'] / 1e6:.2f} | {ratio:.2f} | {row['peak'] / 1e6:.2f} |")
+                      f"{row['sent'] / 1e6:.2f} | {row['belady'] / 1e6:.2f} | {ratio:.2f} | {row['peak'] / 1e6:.2f} | "
+                      f"{row['returned'] / 1e6:.2f} |")
 
 
 if __name__ == "__main__":

@@ -118,11 +118,14 @@ def ffn(db, torch, b: int, d: int, f: int, runs: int, cuda: bool) -> dict:
     plan = plan_graph(g, workers=db.workers, memory=db.plan_budget, tile_bytes=db.tile_bytes,
                       inputs={"w1": W1s, "w2": W2s}, costs=db.backend.cost_model)
     assert plan.retiles == 0, plan.explain(sql=False)
-    ours = []
+    ours, moved = [], []
+    state = db.backend.kernels
     for r in range(runs):
+        before = (state.device_sent, state.device_returned)
         t = time.perf_counter()
         plan.run(db, x=x, w1="W1", w2="W2", out={"y": "FFN_Y"}, replace=True)
         ours.append(time.perf_counter() - t)
+        moved.append((state.device_sent - before[0], state.device_returned - before[1]))
     dev = "cuda" if cuda else "cpu"
     theirs = []
     if torch is None:  # a dry run without torch: numpy in float32 stands in
@@ -148,10 +151,12 @@ def ffn(db, torch, b: int, d: int, f: int, runs: int, cuda: bool) -> dict:
             "ours_s": ours, "torch_s": theirs,
             "max_rel_diff_vs_torch": err, "throughput_ratio_runs_2_on": statistics.median(theirs[1:]) / later,
             "cache_budget": cache.budget, "cache_peak": cache.peak, "cache_hits": cache.hits,
-            "working_set": x.nbytes * 2 + w1.nbytes + w2.nbytes + b * f * 2}
+            "bytes_sent_returned": moved, "working_set": x.nbytes * 2 + w1.nbytes + w2.nbytes + b * f * 2}
 
 
 def markdown(out: dict) -> str:
+    from eindecomp_sql.plan.steps import format_bytes
+
     lines = [f"Device: {out['device']}; host {out['host']}; {out['versions']}", "",
              "| work | ours median s (min-max) | torch median s | our throughput / torch's | bar | max diff vs torch |",
              "|---|---|---|---|---|---|"]
@@ -172,6 +177,10 @@ def markdown(out: dict) -> str:
             lines.append(f"| FFN {f['b']}x{f['d']}x{f['f']} bfloat16, {what} | {statistics.median(o):.3f} "
                          f"({min(o):.3f}-{max(o):.3f}) | {statistics.median(f['torch_s'][1:] or f['torch_s']):.3f} | "
                          f"{f['throughput_ratio_runs_2_on']:.0%} | {bar} | {f['max_rel_diff_vs_torch']:.1e} |")
+    for key in ("ffn", "ffn_half"):
+        if key in out:  # what the kernels moved: to the device, and back to DuckDB
+            lines.append(f"{key}: bytes sent / returned per run: " + ", ".join(
+                f"{format_bytes(s)} / {format_bytes(r)}" for s, r in out[key]["bytes_sent_returned"]))
     if "ffn" in out and "ffn_half" in out:
         h = out["ffn_half"]
         ratio = statistics.median(out["ffn"]["ours_s"][1:]) / statistics.median(h["ours_s"][1:])

@@ -21,6 +21,10 @@ no sooner than everything it would evict is used for its call and not kept. On t
 stand-in this sends Belady's count of bytes for the LLaMA block at half its working set, LRU
 2.1x (bench/RESULTS.md). Without a plan's reads (``next_use`` None) the least recently used
 unpinned tiles make room.
+
+A result whose every reader runs on the device is held (``hold``): its bytes never went back to
+DuckDB, whose table has NULL in their place, so it is the only copy and is never evicted; the
+backend drops it once its last reader has run. One that finds no room goes back as bytes.
 """
 
 from __future__ import annotations
@@ -35,13 +39,15 @@ class DeviceCache:
 
     def __init__(self, budget: int):
         self.budget = int(budget)
-        self._tiles: OrderedDict[Hashable, list] = OrderedDict()  # id -> [array, nbytes, pins]
+        # id -> [array, nbytes, pins, held (the only copy: never evicted)]
+        self._tiles: OrderedDict[Hashable, list] = OrderedDict()
         self._lock = threading.Lock()
         self.used = 0
         self.peak = 0
         self.hits = 0  # tiles a call found here instead of receiving them
         self.kept = 0  # tiles put here after being sent
         self.evicted = 0
+        self.held = 0  # results kept here instead of going back to DuckDB
 
     def __contains__(self, tid) -> bool:
         with self._lock:
@@ -82,12 +88,25 @@ class DeviceCache:
     def put(self, tid, array, nbytes: int, next_use=None) -> bool:
         """Keep ``array`` (just sent) as tile ``tid`` if room can be made; whether it was kept.
         ``next_use(tid)``: how far off the tile's next use is (None: least recently used)."""
+        return self._admit(tid, array, nbytes, next_use, held=False)
+
+    def hold(self, tid, array, nbytes: int, next_use=None) -> bool:
+        """Keep ``array``, a result whose bytes will not go back to the host, as tile ``tid``
+        if room can be made (as ``put``); held tiles are never evicted (``drop`` lets go)."""
+        return self._admit(tid, array, nbytes, next_use, held=True)
+
+    def _admit(self, tid, array, nbytes: int, next_use, held: bool) -> bool:
         with self._lock:
-            if tid in self._tiles or nbytes > self.budget:
-                return tid in self._tiles
+            entry = self._tiles.get(tid)
+            if entry is not None:  # sent, or computed, before: the same tile
+                if held:
+                    entry[0], entry[3] = array, True
+                return True
+            if nbytes > self.budget:
+                return False
             if self.used + nbytes > self.budget:
                 # unpinned tiles, least recently used first (the OrderedDict's order)
-                victims = [t for t, e in self._tiles.items() if e[2] == 0]
+                victims = [t for t, e in self._tiles.items() if e[2] == 0 and not e[3]]
                 if next_use is not None:
                     mine = next_use(tid)
                     # furthest-needed first (a stable sort keeps LRU among equals); only those
@@ -106,10 +125,11 @@ class DeviceCache:
                 for victim in chosen:
                     self.used -= self._tiles.pop(victim)[1]
                     self.evicted += 1
-            self._tiles[tid] = [array, nbytes, 0]
+            self._tiles[tid] = [array, nbytes, 0, held]
             self.used += nbytes
             self.peak = max(self.peak, self.used)
             self.kept += 1
+            self.held += held
             return True
 
     def drop(self, token) -> None:

@@ -429,7 +429,8 @@ class ProgramKernel:
         self.free_after = [[a for a, j2 in last_read.items() if j2 == j and a >= n] for j in range(len(self.args))]
 
     def run(self, tiles: list, out: np.ndarray, run) -> None:
-        """Every step on ``tiles`` (one uint8 buffer per input), the last into ``out``;
+        """Every step on ``tiles`` (one uint8 buffer per input), the last into ``out`` on the
+        host, or, on a device, returned as a device array (``out`` untouched);
         ``run(kernel, items)`` runs a step's work on the kernel threads."""
         if len(tiles) != len(self.dtypes):
             raise ValueError(f"eindecomp_sql program kernel: got {len(tiles)} tiles for {len(self.dtypes)} inputs")
@@ -446,7 +447,7 @@ class ProgramKernel:
         for j, (k, args) in enumerate(zip(self.kernels, self.args)):
             ext = k.extents({})
             xs = [_whole(slots[a], dt, shape) for a, dt, shape in zip(args, k.dtypes, k.in_shapes(ext))]
-            # on a device the last result is made there too, and copied into ``out`` at the end
+            # on a device the last result is made there too (the caller copies it into ``out``)
             o = out if j == final and xp is np else k.xp.empty(k.out_shape(ext), dtype=k.out_dtype)
 
             def fn(cut, k=k, xs=xs, o=o):
@@ -457,8 +458,7 @@ class ProgramKernel:
             slots.append(o)
             for a in self.free_after[j]:
                 slots[a] = None
-        if xp is not np:
-            devices.to_host(slots[-1], out)
+        if xp is not np:  # the caller copies it into ``out`` unless it stays on the device
             return slots[-1]
         return None
 

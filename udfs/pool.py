@@ -55,9 +55,13 @@ class KernelState:
         # the step running now (udfs/device_cache.py)
         self.device_reads: list[frozenset] = []
         self.device_step = 0
+        # values whose result tiles stay on the device instead of going back to DuckDB (every
+        # reader runs there: plan.kernel_spec.device_only_results)
+        self.device_keep: frozenset = frozenset()
         # bytes the device kernels sent to the device, and (when a list) the tiles each kernel
         # call read and wrote, in order: what bench/device_bytes.py compares with Belady's count
         self.device_sent = 0
+        self.device_returned = 0  # ... and copied back to the host
         self.device_trace: list | None = None
 
     def next_use(self, tid) -> float:

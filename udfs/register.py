@@ -126,20 +126,31 @@ def _tid(state, value: str | None, keys) -> tuple | None:
     return (token, _tile_key(keys)) if token is not None else None
 
 
-def _keep_result(state, value: str | None, keys: tuple, result, nbytes: int) -> None:
+def _keep_result(state, value: str | None, keys: tuple, result, out: np.ndarray) -> bool:
     """A result tile computed on the device, kept there for the later steps that read it
-    (named like a stored tile: its value's token for the run, and its keys); its bytes still go
-    back to DuckDB, whose table the next step's SQL joins."""
+    (named like a stored tile: its value's token for the run, and its keys). Its bytes go back
+    into ``out`` for DuckDB's table, unless every reader of its value runs on the device
+    (``KernelState.device_keep``) and the cache holds it: then nothing is copied and the tile
+    is NULL in the table (True)."""
     cache = state.device_cache if state is not None else None
     tid = _tid(state, value, keys) if cache is not None else None
+    nbytes = out.nbytes
     if tid is not None and nbytes:
-        cache.put(tid, result, nbytes, state.next_use if state.device_reads else None)
+        future = state.next_use if state.device_reads else None
+        if value in state.device_keep and cache.hold(tid, result, nbytes, future):
+            return True
+        cache.put(tid, result, nbytes, future)
+    to_host(result, out)
+    if state is not None:
+        state.device_returned += nbytes
+    return False
 
 
-def _on_device(kernel, members: list[tuple[list, dict]], out: np.ndarray, out_keys: dict) -> None:
+def _on_device(kernel, members: list[tuple[list, dict]], out: np.ndarray, out_keys: dict) -> bool:
     """``kernel.contract_group`` on a device: each member's tiles (host arrays, or None for a
-    tile the device holds) with its label keys; the result computed there, copied back into
-    ``out`` (host memory), and kept on the device for a later step (``out_keys``: its keys)."""
+    tile the device holds) with its label keys; the result computed there, kept there for a
+    later step (``out_keys``: its keys) and copied back into ``out`` (host memory), unless only
+    the device needs it (``_keep_result``: True, nothing copied)."""
     xp, state = kernel.xp, current()
     values = kernel.values or [None] * len(kernel.inputs)
     dev = [[_device_tile(xp, state, values[k], tuple(keys[lab] for lab in kernel.inputs[k]), t, shape)
@@ -147,14 +158,14 @@ def _on_device(kernel, members: list[tuple[list, dict]], out: np.ndarray, out_ke
            for tiles, keys in members]
     result = xp.empty(out.shape, out.dtype)
     kernel.contract_group(dev, result)
-    to_host(result, out)
     okeys = tuple(out_keys[lab] for lab in kernel.output)
-    _keep_result(state, kernel.result, okeys, result, out.nbytes)
+    kept = _keep_result(state, kernel.result, okeys, result, out)
     if state is not None and state.device_trace is not None:
         reads = [_tid(state, values[k], tuple(keys[lab] for lab in kernel.inputs[k]))
                  for tiles, keys in members for k in range(len(tiles))]
         sizes = [int(a.nbytes) for row in dev for a in row]
         _trace(state, reads, _tid(state, kernel.result, okeys), {"in": sizes, "out": out.nbytes})
+    return kept
 
 
 def _finished(writer: TileWriter) -> pa.Array:
@@ -180,7 +191,9 @@ def einsum_rows(spec_arr, keys_arr, *tile_arrs) -> pa.Array:
         def fn(cut, tiles=tiles, r=r):
             if device:
                 labkeys = dict(zip(kernel.labels, keys[r].tolist()))
-                return _on_device(kernel, [(tiles, labkeys)], writer.out(r), labkeys)
+                if _on_device(kernel, [(tiles, labkeys)], writer.out(r), labkeys):
+                    writer.nulls.add(r)
+                return
             t, o = kernel.sliced(tiles, writer.out(r), cut)
             kernel.contract_group([t], o)
 
@@ -217,7 +230,9 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
         def fn(cut, member_tiles=member_tiles, member_keys=member_keys, g=g, b=b):
             out = writer.out(g)
             if device:
-                return _on_device(kernel, list(zip(member_tiles, member_keys)), out, b)
+                if _on_device(kernel, list(zip(member_tiles, member_keys)), out, b):
+                    writer.nulls.add(g)
+                return
             parts = [kernel.sliced(tiles, out, cut) for tiles in member_tiles]
             kernel.contract_group([t for t, _ in parts], parts[0][1])
 
@@ -260,8 +275,9 @@ def _programs(spec_arr, rows: list[list]) -> pa.Array:
             tiles = [_device_tile(program.xp, state, values[k], (), None if t is None else t.view(dt))
                      for k, (t, dt) in enumerate(zip(tiles, program.dtypes))]
         result = program.run(tiles, writer.out(r), _run)
-        if result is not None:
-            _keep_result(state, program.result, (), result, writer.out(r).nbytes)
+        if result is not None:  # on a device: the result is there, and back in out unless kept
+            if _keep_result(state, program.result, (), result, writer.out(r)):
+                writer.nulls.add(r)
             if state is not None and state.device_trace is not None:
                 _trace(state, [_tid(state, v, ()) for v in values], _tid(state, program.result, ()),
                        {"in": [int(t.nbytes) for t in tiles], "out": writer.out(r).nbytes})
@@ -390,13 +406,14 @@ def register_kernels(con, state: KernelState | None = None) -> None:
     keys = duckdb.list_type(duckdb.sqltype("BIGINT"))
     opts = dict(type="arrow", side_effects=False)
     # a NULL tile is one the device holds (eds_resident): the kernel must see the row, where
-    # DuckDB's default null handling would skip it and give the output tile NULL
+    # DuckDB's default null handling would skip it and give the output tile NULL; and a kernel
+    # returns NULL for a result it leaves on the device (_keep_result), which DEFAULT refuses
     tile_opts = dict(opts, null_handling="special")
     for n in range(1, MAX_ARITY + 1):
         rows = _with_arity(einsum_rows, ["spec", "keys"] + [f"t{k}" for k in range(n)])
         create_function(f"eds_einsum{n}", rows, [text, keys] + [blob] * n, blob, **tile_opts)
         member = duckdb.struct_type({"k": keys, **{f"t{k}": blob for k in range(n)}})
-        create_function(f"eds_einsum_group{n}", einsum_groups, [text, keys, duckdb.list_type(member)], blob, **opts)
+        create_function(f"eds_einsum_group{n}", einsum_groups, [text, keys, duckdb.list_type(member)], blob, **tile_opts)
     create_function("eds_program", program_rows, [text, duckdb.list_type(blob)], blob, **tile_opts)
     for n in range(1, MAX_PROGRAM_ARITY + 1):
         args = _with_arity(program_args, ["spec"] + [f"t{k}" for k in range(n)])

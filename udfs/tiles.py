@@ -48,13 +48,20 @@ class TileWriter:
         np.cumsum(counts * self.dtype.itemsize, out=self.offsets[1:])
         self.buffer = np.empty(int(self.offsets[-1]), dtype=np.uint8)
         self.shapes = shapes
+        self.nulls: set[int] = set()  # tiles left on the device: NULL in the array (udfs/register.py)
 
     def out(self, k: int) -> np.ndarray:
         a, b = self.offsets[k], self.offsets[k + 1]
         return self.buffer[a:b].view(self.dtype).reshape(self.shapes[k])
 
     def array(self) -> pa.Array:
-        return _binary(self.offsets, self.buffer)
+        if not self.nulls:
+            return _binary(self.offsets, self.buffer)
+        # a NULL row keeps its slot of the buffer (never written, so never paged in): Arrow
+        # leaves the bytes under a null unspecified, and DuckDB reads none of them
+        valid = np.ones(len(self.shapes), dtype=bool)
+        valid[list(self.nulls)] = False
+        return _binary(self.offsets, self.buffer, pa.array(valid).buffers()[1])
 
 
 # Below 2 GiB a batch of tiles goes back as Arrow `binary` (32-bit offsets): DuckDB ingests it
@@ -62,11 +69,12 @@ class TileWriter:
 _SMALL = (1 << 31) - 1
 
 
-def _binary(offsets: np.ndarray, buffer: np.ndarray) -> pa.Array:
+def _binary(offsets: np.ndarray, buffer: np.ndarray, validity: pa.Buffer | None = None) -> pa.Array:
     n = len(offsets) - 1
     if offsets[-1] <= _SMALL:
-        return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(buffer)])
-    return pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(buffer)])
+        return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets.astype(np.int32)),
+                                                      pa.py_buffer(buffer)])
+    return pa.Array.from_buffers(pa.large_binary(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(buffer)])
 
 
 def tiles_to_arrow(tiles: list[np.ndarray]) -> pa.Array:

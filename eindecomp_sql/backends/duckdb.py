@@ -17,7 +17,7 @@ from sqlglot import exp
 
 from ..compile import DuckDBCompiler, create_table_as, drop_table
 from ..compile.compiler import on_device
-from ..plan.kernel_spec import host_reason
+from ..plan.kernel_spec import device_only_results, host_reason
 from ..compile.sql import table
 from ..errors import EinsumError, ExecutionError
 from ..plan import Plan, TiledValue
@@ -97,6 +97,7 @@ class DuckDBBackend:
             from eindecomp_sql.udfs import register_kernels
 
             self.kernels = KernelState()  # this connection's cancel flag and tile count
+            self._last_reads: dict[int, list[str]] = {}  # step -> the run's values read last there
             if device != "cpu":  # stored tensors' tiles stay on the device between calls and plans
                 from eindecomp_sql.udfs.device_cache import DeviceCache
                 from eindecomp_sql.udfs.devices import default_budget
@@ -174,6 +175,17 @@ class DuckDBBackend:
         # plan's steps need DuckDB to hold (a plan made under a budget of its own, g.plan(memory=))
         return max(plan_share(self.budget) - plan.kernel_bytes, plan.engine_bytes, MIN_ENGINE_BYTES)
 
+    def _device_only(self, plan: Plan, parted=frozenset()) -> frozenset[str]:
+        """The values of ``plan`` whose tiles stay on the device (``device_only_results``)."""
+        if self.device == "cpu" or not self.compiler.device_residency:
+            return frozenset()
+        return device_only_results(plan, self.device, self.compiler.device_min_work, parted)
+
+    def _release_after(self, k: int) -> None:
+        """Step ``k`` has run: the device lets go of the results no later step reads."""
+        for token in self._last_reads.get(k, ()):
+            self.kernels.device_cache.drop(token)
+
     def _placement(self, step) -> str:
         """Where a device session runs ``step``: ``on cuda``, or ``on the host: <why>``."""
         reason = host_reason(step, self.compiler.device_min_work)
@@ -191,9 +203,17 @@ class DuckDBBackend:
         if self.device == "cpu":
             return listing
         lines = [f"-- kernels on {self.device}{' (TF32 allowed for float32 products)' if self.compiler.allow_tf32 else ''}"]
+        outputs = {v.name for v in plan.outputs}
+        parted_scratch = {c.value for st, c in zip(plan.steps, self.compiler.compile_plan(plan))
+                          if c.value not in outputs and _parted(st, c, None)}
+        kept = self._device_only(plan, parted_scratch)
         for line in listing.splitlines():
             if line.startswith("-- step "):
-                line += f"  ({self._placement(plan.steps[int(line.split()[2])])})"
+                step = plan.steps[int(line.split()[2])]
+                where = self._placement(step)
+                if step_target(step).name in kept:  # its readers all run there too
+                    where += f"; its result stays on {self.device}, not copied back, where the device has room"
+                line += f"  ({where})"
             lines.append(line)
         return "\n".join(lines)
 
@@ -562,7 +582,8 @@ class DuckDBBackend:
                         # (the plan may still read the old one) and renamed once it is whole
                         tables[name] = parted.new_part_names(1)[0].replace(parted.PREFIX, "_eds_new_")
                         swaps[tables[name]] = t.table
-            with self._arrays(arrays) as names, self._engine_memory(plan), self._device_tiles(plan, inputs):
+            with (self._arrays(arrays) as names, self._engine_memory(plan),
+                  self._device_tiles(plan, inputs, set(parts_of))):
                 tables.update(names)
                 rows = run_interruptible(
                     lambda: self._run_steps(plan, compiled, tables, outputs, replace, watch, swaps, parts_of),
@@ -572,10 +593,12 @@ class DuckDBBackend:
                 for (name, t), v in zip(rows.items(), (_output(plan, n) for n in rows))}
 
     @contextlib.contextmanager
-    def _device_tiles(self, plan: Plan, inputs):
+    def _device_tiles(self, plan: Plan, inputs, parted=frozenset()):
         """On a device, for the block: each stored input's token, which names its tiles in the
         device cache (``eds_resident``, udfs/device_cache.py), and one for every value the plan
-        computes, new each run. The token is the table's oid in
+        computes, new each run; which computed values stay on the device instead of going back
+        to DuckDB (``device_only_results``; not one written as parts, ``parted``), and after
+        which step each computed value is read no more (``_release_after``). The token is the table's oid in
         this database: a table written anew (store, replace, an einsum's ``out=``) is a new
         catalog entry with a new oid, so its old tiles are never taken for the new ones. A
         tensor stored as parts (a view) gets none: its tiles are sent every call."""
@@ -604,11 +627,20 @@ class DuckDBBackend:
         self.kernels.device_reads = [frozenset(tokens[v.name] for v in step_reads(s) if v.name in tokens)
                                      for s in plan.steps]
         self.kernels.device_step = 0
+        self.kernels.device_keep = self._device_only(plan, parted)
+        last = {}
+        for k, s in enumerate(plan.steps):
+            for v in step_reads(s):
+                if v.name in computed:
+                    last[v.name] = k
+        self._last_reads = {k: [computed[v] for v, j in last.items() if j == k] for k in set(last.values())}
         try:
             yield
         finally:
             self.kernels.device_tokens = {}
             self.kernels.device_reads = []
+            self.kernels.device_keep = frozenset()
+            self._last_reads = {}
             cache.unpin_all()
             for token in computed.values():  # the run's results die with it
                 cache.drop(token)
@@ -702,6 +734,7 @@ class DuckDBBackend:
                     finally:
                         if self.kernels.device_cache is not None:  # the step's pins end with its statements
                             self.kernels.device_cache.unpin_all()
+                            self._release_after(k)
                     watch.poll(finished=True)
                 # what makes the results visible, at once: inside the plan's transaction, or,
                 # for a plan writing parts (which runs outside one), in a transaction of its own

@@ -94,8 +94,10 @@ class GraphPlan:
         return sum(isinstance(s, RetileStep) for s in self.plan.steps)
 
     # -- explaining -------------------------------------------------------------------------
-    def explain(self, sql: bool = True) -> str:
-        """The plan as text: chunk counts, tile shapes, cost units against the baselines, projected peaks, and (``sql=True``) every step's SQL."""
+    def explain(self, sql: bool = True, db=None) -> str:
+        """The plan as text: chunk counts, tile shapes, cost units against the baselines, projected peaks, and (``sql=True``) every step's SQL:
+        as session ``db``'s engine runs it where one is given (on a GPU session, each step
+        headed by where it runs; on Spark, Spark SQL), else as DuckDB's."""
         from ..compile import sql_listing
 
         c = self.costs
@@ -135,7 +137,8 @@ class GraphPlan:
                             if n.result.name in fused else ""))
         lines += ["", self.plan.explain()]
         if sql:
-            lines += ["", sql_listing(self.plan)]
+            listing = getattr(db.backend, "sql_listing", sql_listing) if db is not None else sql_listing
+            lines += ["", listing(self.plan)]
         return "\n".join(lines)
 
     def to_dot(self) -> str:

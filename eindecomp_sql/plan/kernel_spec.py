@@ -805,6 +805,33 @@ def host_reason(step, min_work: int = 0) -> str | None:
     return None
 
 
+def device_only_results(plan, device: str, min_work: int = 0, exclude=frozenset()) -> frozenset[str]:
+    """The values of ``plan`` whose tiles may stay on the device, their bytes never copied back
+    to DuckDB (TURNIP: a result a later step consumes stays where it was made): computed by a
+    step that runs on the device, no output of the plan (nor in ``exclude``), and read only by
+    later steps that run there too, which take a tile the device holds as NULL
+    (``eds_resident``). A step on the host (a retile, a fill, a callable join, a small step
+    under ``auto``) needs the bytes. Each tile stays only if the device cache has room for it
+    (``DeviceCache.hold``); one that has none goes back as bytes, as any other."""
+    from .steps import EinsumStep, ProgramStep, step_reads, step_target
+
+    if device == "cpu":
+        return frozenset()
+    outputs = {v.name for v in plan.outputs} | set(exclude)
+    readers: dict[str, list] = {}
+    for s in plan.steps:
+        for v in step_reads(s):
+            readers.setdefault(v.name, []).append(s)
+    kept = set()
+    for s in plan.steps:
+        name = step_target(s).name
+        if (isinstance(s, (EinsumStep, ProgramStep)) and name not in outputs and readers.get(name)
+                and host_reason(s, min_work) is None
+                and all(host_reason(r, min_work) is None for r in readers[name])):
+            kept.add(name)
+    return frozenset(kept)
+
+
 def step_device(step, device: str, min_work: int = 0) -> str:
     """The device ``step``'s kernel runs on in a session whose kernels run on ``device``."""
     return device if device == "cpu" or host_reason(step, min_work) is None else "cpu"
