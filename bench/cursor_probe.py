@@ -52,14 +52,22 @@ WORKLOADS = {
 def panel_statements(db, spec: str, left: str, right: str, parts: int) -> tuple[str, list[str]]:
     """The product's SELECT for ``spec`` over stored tensors ``left`` (P row panels) and
     ``right``, whole and cut into one statement per panel of the left operand (one step, no
-    re-tile: the operands are stored as the plan wants them)."""
+    re-tile: the operands are stored as the plan wants them). The plan is the data-parallel
+    one for P workers (the leading output label in P pieces): at larger P the session's own
+    plan would put the panels back together first, which is not the question asked here."""
     import sqlglot
 
+    import eindecomp_sql as eds
+    from eindecomp_sql.plan.graph_plan import plan_graph
+
     A, B = db.tensor(left), db.tensor(right)
-    plan = db.plan(spec, A, B)
+    g = eds.Graph()
+    g.einsum(spec, g.input("a", A.shape, A.dtype), g.input("b", B.shape, B.dtype), name="c")
+    plan = plan_graph(g, workers=parts, strategy="data-parallel", fuse=False, inputs={"a": A, "b": B},
+                      costs=db.backend.cost_model).plan
     assert len(plan.steps) == 1, plan.explain()
     compiled = db.backend.compiler.compile_plan(plan)[0]
-    names = {v.name: getattr(db.tensor(v.name), "table", v.name) for v in plan.inputs}
+    names = {"a": A.name, "b": B.name}
     whole = db.backend.compiler.bind_sql(compiled.batches[0], names)
     tree = sqlglot.parse_one(whole, dialect="duckdb")
     return whole, [tree.copy().where(f't0.d0 = {p}').sql(dialect="duckdb") for p in range(parts)]

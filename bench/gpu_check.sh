@@ -3,20 +3,25 @@
 #
 #   bench/gpu_check.sh fetch     # here, with the network: wheels the GPU machine lacks, into .whl/
 #   bench/gpu_check.sh run       # there (CUDA, CuPy, PyTorch, numpy, pyarrow installed; no network)
+#   bench/gpu_check.sh cpu       # there too: issue 9's benchmarks on the machine's 16 CPU cores
 #
 # `run` installs the carried wheels (duckdb, sqlglot) and this checkout into /tmp/site, then
 #   1. runs tests/test_device_kernels.py with the kernels on the real GPU (CuPy; a fresh machine
 #      compiles CuPy's kernels for each dtype on first use, so hypothesis draws 25 examples),
 #   2. runs bench/gpu_bench.py at the issue's sizes (GEMM 16384² TF32, FFN bfloat16),
-# writing logs and bench JSON under $OUT (or ./gpu_out). .whl/ must be ignored by git
-# (`echo /.whl/ >> .git/info/exclude`) and carried.
+# writing logs and bench JSON under $OUT (or ./gpu_out). `cpu` installs the same way (with dask,
+# which scaling.py compares against) and runs, each under a time cap, bench/scaling.py pinned to
+# 2 cores and to all of them, its big GEMMs on all cores, bench/cursor_probe.py on all cores (the
+# parallel data path's open question) and bench/graph_bars.py --pair, ~6 minutes on 16 cores.
+# .whl/ must be ignored by git (`echo /.whl/ >> .git/info/exclude`) and carried.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
 if [ "$mode" = fetch ]; then
     py=${PYTHON:-.venv/bin/python}
     for pkg in "duckdb==$($py -c 'import duckdb; print(duckdb.__version__)')" \
-               "sqlglot==$($py -c 'import sqlglot; print(sqlglot.__version__)')"; do
+               "sqlglot==$($py -c 'import sqlglot; print(sqlglot.__version__)')" \
+               "dask==$($py -c 'import dask; print(dask.__version__)')" partd locket; do
         $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
             --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
             --platform manylinux2014_x86_64 -d .whl "$pkg" || $py -m pip download -q --no-deps -d .whl "$pkg"
@@ -31,6 +36,19 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site . \
     > "$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
 export PYTHONPATH=/tmp/site
+if [ "$mode" = cpu ]; then
+    set +e
+    (nproc; lscpu | grep -E 'Model name|^CPU\(s\)'; free -g | head -2) | tee "$out/cpu.txt"
+    # (a script's own folder, bench/, heads sys.path, not the checkout: no -P needed here; at most
+    # 8 files come back from $OUT, so the scripts' tables go to stdout, not to logs)
+    timeout 200 python3 bench/scaling.py --cores 2,all --rounds 3 --out "$out/scaling" 2>&1 | tail -3
+    timeout 150 python3 bench/scaling.py --cores all --big --only gemm_6000_f64,gemm_8192_f32 --rounds 3 \
+        --out "$out/scaling_big" 2>&1 | tail -3
+    timeout 150 python3 bench/cursor_probe.py --cores all --parts 4,16 --only gemm_4096,gemm_8192,bij_bjk --rounds 3 \
+        --out "$out/cursor_probe.json" 2>&1 | tail -14
+    timeout 90 python3 bench/graph_bars.py --pair --rounds 5 --out "$out/graph_bars.json" 2>&1 | tail -8
+    exit 0
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 python3 -c "import cupy, ml_dtypes, numpy; print('cupy', cupy.__version__, 'devices', cupy.cuda.runtime.getDeviceCount(), 'numpy', numpy.__version__)" | tee -a "$out/gpu.txt"
 set +e

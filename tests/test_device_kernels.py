@@ -404,6 +404,55 @@ def test_eviction_keeps_the_tile_needed_sooner():
     assert lru.peak <= lru.budget
 
 
+def test_a_result_read_with_a_size_1_axis_dropped_comes_back(gpu):
+    """numpy broadcasting: a reader that drops a size-1 axis of a value names its tiles by
+    fewer keys than their writer, so such a value is not held (it would not be found)."""
+    from eindecomp_sql.plan.kernel_spec import device_only_results
+
+    rng = np.random.default_rng(22)
+    a, b, x = rng.standard_normal((64, 20)), rng.standard_normal((20, 1)), rng.standard_normal((64, 40))
+    g = eds.Graph()
+    A, B, X = g.input("a", a.shape, "float64"), g.input("b", b.shape, "float64"), g.input("x", x.shape, "float64")
+    g.einsum("ij,ij->ij", g.einsum("ij,jk->ik", A, B, name="h"), X, name="y")
+    plan = g.plan(fuse=False, workers=4)
+    assert any(op.dropped for s in plan.plan.steps for op in s.node.operands)
+    assert "h" not in device_only_results(plan.plan, "cuda")
+    np.testing.assert_allclose(plan.run(gpu, a=a, b=b, x=x).to_numpy(), (a @ b) * x, rtol=1e-10)
+
+
+def test_runs_inside_a_run_and_sql_queries_beside_it_keep_their_own_tile_names(gpu):
+    """A plan run from a progress callback (the session's lock is re-entrant) puts the outer
+    run's tile names back when it ends, and a SQL-interface query run meanwhile (another
+    thread in real use) names no tiles: the outer run still finds its held results."""
+    rng = np.random.default_rng(23)
+    shapes = ((64, 48), (48, 32), (32, 16))
+    a, b, c = (rng.standard_normal(s) for s in shapes)
+    p, q, r = (rng.standard_normal(s) for s in shapes)
+    for n, v in zip(("NA", "NB", "NC", "NP", "NQ", "NR"), (a, b, c, p, q, r)):
+        gpu.store(n, v, tile=(16, 16), replace=True)
+    operands = [gpu.tensor(n) for n in ("NA", "NB", "NC")]
+    assert device_only(gpu, gpu.plan("ij,jk,kl->il", *operands))  # something is held
+    side = {}
+
+    def progress(report):
+        if gpu.backend.kernels.device_tokens and not side:
+            side["inner"] = gpu.einsum("ij,jk->ik", p, q).to_numpy()
+            side["rows"] = gpu.connection.sql(
+                "SELECT i, l, value FROM einsum_elements('ij,jk,kl->il', 'NP', 'NQ', 'NR')").fetchall()
+
+    got = gpu.einsum("ij,jk,kl->il", *operands, progress=progress).to_numpy()
+    np.testing.assert_allclose(got, a @ b @ c, rtol=1e-10)
+    np.testing.assert_allclose(side["inner"], p @ q, rtol=1e-10)
+    m = np.full((64, 16), np.nan)
+    for i, j, v in side["rows"]:
+        m[i, j] = v
+    np.testing.assert_allclose(m, p @ q @ r, rtol=1e-10)
+
+
+def device_only(db, plan):
+    return db.backend._device_only(plan)
+
+
 def test_a_held_result_is_never_evicted_and_goes_when_dropped():
     """A result held on the device (its bytes never went back to DuckDB) is the only copy: no
     newcomer evicts it, whatever its next use; a hold that finds no room fails (the caller

@@ -99,8 +99,10 @@ class DeviceCache:
         with self._lock:
             entry = self._tiles.get(tid)
             if entry is not None:  # sent, or computed, before: the same tile
-                if held:
+                if held and not entry[3]:
                     entry[0], entry[3] = array, True
+                    self.held += 1
+                self._tiles.move_to_end(tid)
                 return True
             if nbytes > self.budget:
                 return False

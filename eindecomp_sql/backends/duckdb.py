@@ -622,25 +622,26 @@ class DuckDBBackend:
         run = f"{RUN_TOKEN}{next(_RUNS)}/"
         computed = {step_target(s).name: f"{run}{step_target(s).name}" for s in plan.steps}
         tokens.update(computed)
-        self.kernels.device_tokens = tokens
         # the plan's future for the cache's evictions: which stored tensors each step reads
-        self.kernels.device_reads = [frozenset(tokens[v.name] for v in step_reads(s) if v.name in tokens)
-                                     for s in plan.steps]
-        self.kernels.device_step = 0
-        self.kernels.device_keep = self._device_only(plan, parted)
+        reads = [frozenset(tokens[v.name] for v in step_reads(s) if v.name in tokens) for s in plan.steps]
         last = {}
         for k, s in enumerate(plan.steps):
             for v in step_reads(s):
                 if v.name in computed:
                     last[v.name] = k
-        self._last_reads = {k: [computed[v] for v, j in last.items() if j == k] for k in set(last.values())}
+        last_reads = {k: [computed[v] for v, j in last.items() if j == k] for k in set(last.values())}
+        keep = self._device_only(plan, parted)
+        state = self.kernels
+        # a plan run from inside another's (a progress callback; the lock is re-entrant) puts
+        # the outer run's names back when it ends: the outer run's held tiles are read by them
+        saved = (state.device_tokens, state.device_reads, state.device_step, state.device_keep, self._last_reads)
+        state.device_tokens, state.device_reads, state.device_step = tokens, reads, 0
+        state.device_keep, self._last_reads = keep, last_reads
         try:
             yield
         finally:
-            self.kernels.device_tokens = {}
-            self.kernels.device_reads = []
-            self.kernels.device_keep = frozenset()
-            self._last_reads = {}
+            (state.device_tokens, state.device_reads, state.device_step, state.device_keep,
+             self._last_reads) = saved
             cache.unpin_all()
             for token in computed.values():  # the run's results die with it
                 cache.drop(token)

@@ -377,7 +377,7 @@ class SQLCompiler:
         device it runs on: the compiler's ``device``, or the host for a step a device cannot
         run (``step_device``)."""
         return kernel_spec(step, batch, device=step_device(step, self.device, self.device_min_work),
-                           tf32=self.allow_tf32)
+                           tf32=self.allow_tf32, names=self.device_residency)
 
     def spec_literal(self, step: Step, batch: tuple[int, int] | None = None) -> exp.Literal:
         return exp.Literal.string(self.kernel_spec(step, batch))

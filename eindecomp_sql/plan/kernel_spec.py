@@ -811,21 +811,25 @@ def device_only_results(plan, device: str, min_work: int = 0, exclude=frozenset(
     step that runs on the device, no output of the plan (nor in ``exclude``), and read only by
     later steps that run there too, which take a tile the device holds as NULL
     (``eds_resident``). A step on the host (a retile, a fill, a callable join, a small step
-    under ``auto``) needs the bytes. Each tile stays only if the device cache has room for it
+    under ``auto``) needs the bytes, and so does a reader that drops a size-1 axis of it (numpy
+    broadcasting): it names the tile by fewer keys than its writer did, so the cache would not
+    find it by that name. Each tile stays only if the device cache has room for it
     (``DeviceCache.hold``); one that has none goes back as bytes, as any other."""
     from .steps import EinsumStep, ProgramStep, step_reads, step_target
 
     if device == "cpu":
         return frozenset()
-    outputs = {v.name for v in plan.outputs} | set(exclude)
+    excluded = {v.name for v in plan.outputs} | set(exclude)
     readers: dict[str, list] = {}
     for s in plan.steps:
         for v in step_reads(s):
             readers.setdefault(v.name, []).append(s)
+        if isinstance(s, EinsumStep):
+            excluded |= {op.value for op in s.node.operands if op.dropped}
     kept = set()
     for s in plan.steps:
         name = step_target(s).name
-        if (isinstance(s, (EinsumStep, ProgramStep)) and name not in outputs and readers.get(name)
+        if (isinstance(s, (EinsumStep, ProgramStep)) and name not in excluded and readers.get(name)
                 and host_reason(s, min_work) is None
                 and all(host_reason(r, min_work) is None for r in readers[name])):
             kept.add(name)
@@ -838,14 +842,17 @@ def step_device(step, device: str, min_work: int = 0) -> str:
 
 
 def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu", portable: bool = False,
-                tf32: bool = False) -> str:
+                tf32: bool = False, names: bool = True) -> str:
     """The JSON of a plan step's kernel spec: labels, sizes, tile sizes, dtypes, the join, the
     device. ``batch`` is the range of target keys (on the step's batch axis) one statement of
-    a retile covers. ``tf32``: float32 products on the device may use TF32."""
+    a retile covers. ``tf32``: float32 products on the device may use TF32. ``names``: on a
+    device, the values' names (their tiles' names in the device cache); off for SQL that
+    reads every tile from its table (``compile.compiler.without_residency``), whose names
+    would otherwise be taken for a plan running beside it."""
     from .steps import FillStep, ProgramStep, RetileStep  # a step module imports the plan package
 
     if isinstance(step, ProgramStep):
-        return to_json(_program_spec(step, device, portable, tf32))
+        return to_json(_program_spec(step, device, portable, tf32, names))
     if isinstance(step, RetileStep):
         s, t = step.source, step.target
         spec = RetileKernelSpec(shape=s.shape, source_tile=s.tile, target_tile=t.tile, dtype=s.dtype,
@@ -855,7 +862,7 @@ def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu",
         r = step.result
         spec = FillKernelSpec(shape=r.shape, tile=r.tile, dtype=r.dtype, value=step.value, device=device)
     else:
-        spec = _einsum_spec(step, device, portable, tf32)
+        spec = _einsum_spec(step, device, portable, tf32, names)
     return to_json(spec)
 
 
@@ -873,7 +880,7 @@ def _einsum_spec(step, device: str, portable: bool, tf32: bool = False, values: 
     )
 
 
-def _program_spec(step, device: str, portable: bool, tf32: bool = False) -> ProgramKernelSpec:
+def _program_spec(step, device: str, portable: bool, tf32: bool = False, names: bool = True) -> ProgramKernelSpec:
     """A program step's einsums as slots: its inputs, then each step's result."""
     slot = {v.name: k for k, v in enumerate(step.inputs)}
     args = []
@@ -882,8 +889,8 @@ def _program_spec(step, device: str, portable: bool, tf32: bool = False) -> Prog
         slot[s.result.name] = len(step.inputs) + j
     return ProgramKernelSpec(steps=tuple(_einsum_spec(s, device, portable, tf32, values=False) for s in step.steps),
                              args=tuple(args), dtypes=tuple(v.dtype for v in step.inputs), device=device,
-                             values=tuple(v.name for v in step.inputs) if device != "cpu" else None,
-                             result=step.result.name if device != "cpu" else None)
+                             values=tuple(v.name for v in step.inputs) if device != "cpu" and names else None,
+                             result=step.result.name if device != "cpu" and names else None)
 
 
 def _kernel_fusion(step, portable: bool) -> KernelFusion:
