@@ -293,11 +293,14 @@ def test_the_module_is_pure():
 
 def test_a_device_spec_names_its_values_and_says_tf32_only_when_asked():
     """What a step's spec carries on a device: the operands' and the result's value names (the
-    device cache's names for their tiles) and TF32 when allowed; on the CPU none of it, so every
-    CPU spec is the text it always was. Read back equal; malformed, an EinsumError."""
+    device cache's names for their tiles) and TF32 when allowed; on the CPU the operands' names
+    only (an array operand's tile comes as NULL and is found by them), and in a spec that
+    travels to Spark's workers, none. Read back equal; malformed, an EinsumError."""
     step = next(s for s in steps(*CASES[1]) if isinstance(s, EinsumStep))
     cpu = json.loads(kernel_spec(step))
-    assert not {"values", "result", "tf32"} & set(cpu)
+    assert cpu["values"] == [v.name for v in step.inputs] and not {"result", "tf32"} & set(cpu)
+    assert not {"values", "result", "tf32"} & set(json.loads(kernel_spec(step, portable=True)))
+    assert "values" not in json.loads(kernel_spec(step, names=False))
     text = kernel_spec(step, device="cuda", tf32=True)
     body = json.loads(text)
     assert body["values"] == [v.name for v in step.inputs] and body["result"] == step.result.name and body["tf32"]

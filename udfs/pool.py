@@ -58,6 +58,9 @@ class KernelState:
         # values whose result tiles stay on the device instead of going back to DuckDB (every
         # reader runs there: plan.kernel_spec.device_only_results)
         self.device_keep: frozenset = frozenset()
+        # while a plan runs: its array operands the SQL hands as NULL tiles, which kernels read
+        # from the caller's memory instead (value name -> (array, tile shape); backends/duckdb.py)
+        self.host_arrays: dict = {}
         # bytes the device kernels sent to the device, and (when a list) the tiles each kernel
         # call read and wrote, in order: what bench/device_bytes.py compares with Belady's count
         self.device_sent = 0

@@ -85,6 +85,22 @@ def _tile_key(keys) -> tuple:
     return keys if any(keys) else ()
 
 
+def _host_tile(state, value: str | None, keys: tuple, shape=None) -> np.ndarray:
+    """An array operand's tile, which the SQL handed as NULL (backends/duckdb.py registers such
+    operands without their bytes): a read-only view of the caller's array, cut by the value's
+    tile and the tile's ``keys`` (one per axis, as its reader names them; a program's input is
+    the whole array, ``()``), so neither DuckDB nor the kernel copies it."""
+    held = state.host_arrays.get(value) if state is not None and value is not None else None
+    if held is None:
+        raise RuntimeError(f"eindecomp_sql kernel: a NULL tile of {value!r}, which is no array operand of the "
+                           f"running plan")
+    array, tile = held
+    index = tuple(slice(k * t, (k + 1) * t) for k, t in zip(keys, tile))
+    view = array[index] if index else array.view()  # (a 0-d array indexed by () would be a scalar)
+    view.flags.writeable = False
+    return view if shape is None or view.shape == tuple(shape) else view.reshape(shape)
+
+
 def _device_tile(xp, state, value: str | None, keys: tuple, host: np.ndarray | None, shape=None):
     """One operand tile on the device: the cached copy where the SQL handed NULL (the tile was
     pinned as resident), shaped as this operand reads it (``shape``: a label of size 1 may be
@@ -92,6 +108,9 @@ def _device_tile(xp, state, value: str | None, keys: tuple, host: np.ndarray | N
     stored tensor's (named by its token and ``keys``; udfs/device_cache.py)."""
     cache = state.device_cache if state is not None else None
     tid = _tid(state, value, keys)
+    if host is None and state is not None and value in state.host_arrays:  # an array operand
+        host = _host_tile(state, value, keys, shape)
+        host = host if host.flags.c_contiguous else host.copy()  # (ascontiguousarray makes 0-d 1-d)
     if host is None:
         if cache is None or tid is None:
             raise RuntimeError("eindecomp_sql device kernel: a NULL tile that no device cache holds")
@@ -117,6 +136,12 @@ def _trace(state, reads: list, write, nbytes: dict) -> None:
     named = [tid if tid is not None else ("untracked", n, k) for k, tid in enumerate(reads)]
     out = write if write is not None else ("untracked", n, "out")
     state.device_trace.append((named, out, {**dict(zip(named, nbytes["in"])), out: nbytes["out"]}))
+
+
+def _operand_keys(kernel, k: int, row_keys) -> tuple:
+    """Operand ``k``'s tile keys in a row of an einsum step (``row_keys``: one per label)."""
+    labkeys = dict(zip(kernel.labels, row_keys.tolist()))
+    return tuple(labkeys[lab] for lab in kernel.inputs[k])
 
 
 def _tid(state, value: str | None, keys) -> tuple | None:
@@ -183,10 +208,13 @@ def einsum_rows(spec_arr, keys_arr, *tile_arrs) -> pa.Array:
     writer = TileWriter(kernel.out_dtype, [kernel.out_shape(e) for e in exts])
     items = []
     device = kernel.xp is not np
-    nulls = [_null_mask(a) for a in tile_arrs] if device else [None] * len(views)
+    nulls = [_null_mask(a) for a in tile_arrs]
+    state, values = current(), kernel.values or [None] * len(views)
     for r, ext in enumerate(exts):
-        tiles = [None if m is not None and m[r] else tile_view(v[r], dt, s)
-                 for v, m, dt, s in zip(views, nulls, kernel.dtypes, kernel.in_shapes(ext))]
+        # a NULL tile: one the device holds (found there by _device_tile), or an array operand's
+        tiles = [tile_view(v[r], dt, s) if m is None or not m[r]
+                 else None if device else _host_tile(state, values[k], _operand_keys(kernel, k, keys[r]), s)
+                 for k, (v, m, dt, s) in enumerate(zip(views, nulls, kernel.dtypes, kernel.in_shapes(ext)))]
 
         def fn(cut, tiles=tiles, r=r):
             if device:
@@ -213,7 +241,8 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
     mkeys = _key_rows(structs.field("k"))
     views = [blob_views(structs.field(f"t{k}")) for k in range(len(kernel.inputs))]
     device = kernel.xp is not np
-    nulls = [_null_mask(structs.field(f"t{k}")) if device else None for k in range(len(kernel.inputs))]
+    nulls = [_null_mask(structs.field(f"t{k}")) for k in range(len(kernel.inputs))]
+    state, values = current(), kernel.values or [None] * len(kernel.inputs)
     base = [dict(zip(kernel.output, g.tolist())) for g in gkeys]
     writer = TileWriter(kernel.out_dtype, [kernel.out_shape(kernel.extents(b)) for b in base])
     items = []
@@ -223,8 +252,10 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
         for m in rows:
             labkeys = {**b, **dict(zip(kernel.reduced, mkeys[m].tolist()))}
             ext = kernel.extents(labkeys)
-            member_tiles.append([None if n is not None and n[m] else tile_view(v[m], dt, s)
-                                 for v, n, dt, s in zip(views, nulls, kernel.dtypes, kernel.in_shapes(ext))])
+            member_tiles.append([
+                tile_view(v[m], dt, s) if n is None or not n[m]
+                else None if device else _host_tile(state, values[k], tuple(labkeys[lab] for lab in kernel.inputs[k]), s)
+                for k, (v, n, dt, s) in enumerate(zip(views, nulls, kernel.dtypes, kernel.in_shapes(ext)))])
             member_keys.append(labkeys)
 
         def fn(cut, member_tiles=member_tiles, member_keys=member_keys, g=g, b=b):
@@ -274,6 +305,8 @@ def _programs(spec_arr, rows: list[list]) -> pa.Array:
         if program.xp is not np:  # each input on the device first (a program's inputs are one tile each)
             tiles = [_device_tile(program.xp, state, values[k], (), None if t is None else t.view(dt))
                      for k, (t, dt) in enumerate(zip(tiles, program.dtypes))]
+        else:  # an array operand's tile (NULL in the SQL) is the caller's whole array
+            tiles = [_host_tile(state, values[k], ()) if t is None else t for k, t in enumerate(tiles)]
         result = program.run(tiles, writer.out(r), _run)
         if result is not None:  # on a device: the result is there, and back in out unless kept
             if _keep_result(state, program.result, (), result, writer.out(r)):

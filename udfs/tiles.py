@@ -109,6 +109,16 @@ def tiles_from_array(array: np.ndarray, tile: tuple[int, ...], keys: tuple[str, 
     return pa.table(cols)
 
 
+def null_tiles(shape, tile, keys: tuple[str, ...]) -> pa.Table:
+    """The keys of every tile of a ``shape`` array cut into ``tile``, and a NULL tile column:
+    an operand whose kernels read the array itself (udfs/register.py: ``_host_tile``)."""
+    grid = list(tiling_grid(shape, tile))
+    coords = np.indices(grid).reshape(len(grid), -1).T if grid else np.zeros((1, 0), dtype=np.int64)
+    cols = {k: pa.array(coords[:, p].astype(np.int64)) for p, k in enumerate(keys)}
+    cols["tile"] = pa.nulls(len(coords), pa.binary())
+    return pa.table(cols)
+
+
 def array_from_tiles(table: pa.Table, shape, tile, dtype, keys) -> np.ndarray:
     """Assemble the dense array from a tiled table (any row order)."""
     dtype = np.dtype(dtype)

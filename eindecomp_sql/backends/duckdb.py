@@ -12,19 +12,20 @@ import threading
 from typing import Callable
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 from sqlglot import exp
 
 from ..compile import DuckDBCompiler, create_table_as, drop_table
 from ..compile.compiler import on_device
-from ..plan.kernel_spec import device_only_results, host_reason
+from ..plan.kernel_spec import device_only_results, host_reason, inputs_read_by_name
 from ..compile.sql import table
 from ..errors import EinsumError, ExecutionError
 from ..plan import Plan, TiledValue
 from ..plan.cost import BUDGET_SHARE, CostModel, plan_share
 from ..plan.steps import format_bytes, output_tiles, step_reads, step_target
 from ..sql_templates import template
-from ..udfs.tiles import array_from_tiles, tiles_from_array
+from ..udfs.tiles import array_from_tiles, null_tiles, tiles_from_array
 from . import allocator, parts as parted
 from ..udfs.pool import RUN_TOKEN, THREADS, Cancelled, KernelState
 from .base import Target
@@ -549,10 +550,18 @@ class DuckDBBackend:
         compiled = self.compiler.compile_plan(plan)
         tables: dict[str, str] = {}
         arrays: dict[str, pa.Table] = {}  # value name -> its tiles, for the run
+        host: dict[str, tuple] = {}  # ... or its keys only, the kernels reading the array itself
+        by_name = inputs_read_by_name(plan) if self.compiler.device_residency else frozenset()
         for v in plan.inputs:
             x = inputs[v.name]
             if isinstance(x, str):
                 tables[v.name] = x
+            elif v.name in by_name:
+                # its tiles never enter DuckDB: the SQL joins their keys and hands the kernels
+                # NULL, and they read views of the array (udfs/register.py: _host_tile). Two
+                # 64 MB operands took 8.5 ms to reach a UDF through DuckDB, holding the GIL
+                host[v.name] = (_native(x, v.dtype), v.tile)
+                arrays[v.name] = null_tiles(v.shape, v.tile, v.keys)
             else:
                 arrays[v.name] = tiles_from_array(x, v.tile, v.keys)
         for k, v in enumerate(plan.scratch):
@@ -582,7 +591,7 @@ class DuckDBBackend:
                         # (the plan may still read the old one) and renamed once it is whole
                         tables[name] = parted.new_part_names(1)[0].replace(parted.PREFIX, "_eds_new_")
                         swaps[tables[name]] = t.table
-            with (self._arrays(arrays) as names, self._engine_memory(plan),
+            with (self._arrays(arrays, host) as names, self._engine_memory(plan),
                   self._device_tiles(plan, inputs, set(parts_of))):
                 tables.update(names)
                 rows = run_interruptible(
@@ -647,14 +656,17 @@ class DuckDBBackend:
                 cache.drop(token)
 
     @contextlib.contextmanager
-    def _arrays(self, arrays: dict[str, pa.Table]):
+    def _arrays(self, arrays: dict[str, pa.Table], host: dict[str, tuple] | None = None):
         """Arrow tables readable by our cursor's statements for the block: value name -> the
-        name to read it by. duckdb 2.0's source registry takes ~0.01 ms a table where
+        name to read it by; and ``host``, the arrays the kernels read themselves (value name ->
+        (array, tile shape): ``KernelState.host_arrays``, the enclosing run's put back after,
+        for a run started inside another's). duckdb 2.0's source registry takes ~0.01 ms a table where
         ``register`` and ``unregister`` (a view each, in the catalog) took ~0.7 ms: 7 ms of a
         LLaMA block's 60 with its ten weights passed as arrays. A client without the registry
         gets views."""
         source = getattr(self._work, "_register_source", None) if self.source_registry else None
         handles, views = [], []
+        saved, self.kernels.host_arrays = self.kernels.host_arrays, host or {}
         try:
             names = {}
             for k, (value, tiles) in enumerate(arrays.items()):
@@ -668,6 +680,7 @@ class DuckDBBackend:
                     names[value] = views[-1]
             yield names
         finally:
+            self.kernels.host_arrays = saved
             del handles[:]
             if not self._closed:
                 for name in views:
@@ -803,6 +816,16 @@ class DuckDBBackend:
 
 
 _SCRATCH = Target(None, temporary=True)  # a value the plan computes but does not keep
+
+
+def _native(x: np.ndarray, dtype) -> np.ndarray:
+    """An array operand as the kernels read it: the plan's dtype, in this machine's byte order
+    (as ``tiles_from_array`` would have cut it)."""
+    if x.dtype != np.dtype(dtype):
+        x = x.astype(dtype)
+    if not x.dtype.isnative:
+        x = x.astype(x.dtype.newbyteorder("="))
+    return x
 
 
 def _parted(step, compiled, target: Target | None) -> bool:

@@ -520,9 +520,9 @@ def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mo
 
     Cached: plans and operands are frozen, so a query repeated over unchanged tables pays for
     building and printing it once."""
-    c = compiler or COMPILER
-    if c.device != "cpu":  # the kernels may run on a device, but no tile is named for its cache
-        c = without_residency(type(c))()
+    # no tile is named (a device's cache, a running plan's array operands): no run of the
+    # backend's names the tiles this query's kernels are handed
+    c = without_residency(type(compiler or COMPILER))()
     result = plan.result
     # stored tensors are values named after their tables, table operands after their CTEs
     query = c.single_query(plan, {v.name: v.name for v in plan.inputs})

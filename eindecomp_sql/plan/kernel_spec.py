@@ -435,8 +435,9 @@ class EinsumKernelSpec:
     # float32 products on a device may use TF32 tensor cores (10-bit mantissa inputs): opt-in,
     # as numpy users expect exact float32; written only when True, so other specs are unchanged
     tf32: bool = False
-    # on a device: each operand's value name, which names its tiles in the device cache
-    # (udfs/device_cache.py); written only then
+    # each operand's value name, by which a kernel finds a tile the SQL handed as NULL: an array
+    # operand's in the caller's memory, a device's in its cache (udfs/device_cache.py); not
+    # written in specs that travel (Spark's) or that SQL the backend does not run reads
     values: tuple[str, ...] | None = None
     result: str | None = None  # ... and the value it computes (its tiles may stay there for a later step)
 
@@ -637,7 +638,7 @@ class ProgramKernelSpec:
     dtypes: tuple[str, ...]
     version: int = PROGRAM_VERSION
     device: str = "cpu"
-    values: tuple[str, ...] | None = None  # on a device: each input's value name (EinsumKernelSpec.values)
+    values: tuple[str, ...] | None = None  # each input's value name (EinsumKernelSpec.values)
     result: str | None = None  # ... and the value it computes
 
     op = "program"
@@ -836,6 +837,23 @@ def device_only_results(plan, device: str, min_work: int = 0, exclude=frozenset(
     return frozenset(kept)
 
 
+def inputs_read_by_name(plan) -> frozenset[str]:
+    """The inputs of ``plan`` whose every reader is a kernel that can find a tile by its value's
+    name and its keys (``udfs/register.py: _host_tile``): an einsum or program step, reading it
+    with no axis dropped (a reader dropping a size-1 axis names the tile by fewer keys). An
+    array operand among them need not pass through DuckDB at all: the SQL joins its keys and
+    hands NULL, and the kernel reads the caller's array. A retile's kernel cuts bytes."""
+    from .steps import EinsumStep, RetileStep
+
+    named = {v.name for v in plan.inputs}
+    for s in plan.steps:
+        if isinstance(s, RetileStep):
+            named.discard(s.source.name)
+        elif isinstance(s, EinsumStep):
+            named -= {op.value for op in s.node.operands if op.dropped}
+    return frozenset(named)
+
+
 def step_device(step, device: str, min_work: int = 0) -> str:
     """The device ``step``'s kernel runs on in a session whose kernels run on ``device``."""
     return device if device == "cpu" or host_reason(step, min_work) is None else "cpu"
@@ -875,8 +893,10 @@ def _einsum_spec(step, device: str, portable: bool, tf32: bool = False, values: 
         join=KernelJoin.of(node.join, portable), agg=node.agg.name, dtypes=tuple(v.dtype for v in step.inputs),
         out_dtype=step.result.dtype, device=device, fused=fused,
         version=SPEC_VERSION if fused is None else FUSED_VERSION, tf32=tf32 and device != "cpu",
-        values=tuple(v.name for v in step.inputs) if device != "cpu" and values else None,
-        result=step.result.name if device != "cpu" and values else None,
+        # the operands' names: a tile the SQL hands as NULL is found by them (an array operand's
+        # in the caller's memory, a device's in its cache); not in specs that travel (Spark's)
+        values=tuple(v.name for v in step.inputs) if values and not portable else None,
+        result=step.result.name if device != "cpu" and values and not portable else None,
     )
 
 
@@ -889,8 +909,8 @@ def _program_spec(step, device: str, portable: bool, tf32: bool = False, names: 
         slot[s.result.name] = len(step.inputs) + j
     return ProgramKernelSpec(steps=tuple(_einsum_spec(s, device, portable, tf32, values=False) for s in step.steps),
                              args=tuple(args), dtypes=tuple(v.dtype for v in step.inputs), device=device,
-                             values=tuple(v.name for v in step.inputs) if device != "cpu" and names else None,
-                             result=step.result.name if device != "cpu" and names else None)
+                             values=tuple(v.name for v in step.inputs) if names and not portable else None,
+                             result=step.result.name if device != "cpu" and names and not portable else None)
 
 
 def _kernel_fusion(step, portable: bool) -> KernelFusion:

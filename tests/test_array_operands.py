@@ -1,0 +1,122 @@
+"""Array operands read in place: a plan's numpy inputs are registered with DuckDB by their tile
+keys only (NULL tiles), and the kernels read views of the caller's arrays by value name and
+keys (``udfs/register.py: _host_tile``), so an array's bytes never go through DuckDB. Where a
+reader cannot name a tile that way (a retile, a reader dropping a size-1 axis), the array goes
+through DuckDB as tiles, as before (``plan.kernel_spec.inputs_read_by_name``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import eindecomp_sql as eds
+from eindecomp_sql.plan.kernel_spec import inputs_read_by_name
+from eindecomp_sql.udfs import register
+from helpers import assert_close, einsum_case, error_scale, random_array
+from reference import reference
+
+
+@pytest.fixture(scope="module")
+def small_tiles():
+    """Tiles of at most 64 bytes: arrays in many tiles, cut unevenly, grouped steps."""
+    with eds.connect(tile_bytes=64) as db:
+        yield db
+
+
+@pytest.fixture
+def read_in_place(monkeypatch):
+    """Counts the tiles kernels read from the caller's arrays."""
+    seen = []
+    host_tile = register._host_tile
+
+    def spy(state, value, keys, shape=None):
+        seen.append((value, keys))
+        return host_tile(state, value, keys, shape)
+
+    monkeypatch.setattr(register, "_host_tile", spy)
+    return seen
+
+
+def _layout(a: np.ndarray, how: str) -> np.ndarray:
+    """The same values in another memory layout: Fortran order, a strided view, the other byte order."""
+    if how == "fortran":
+        return np.array(a, order="F")  # (np.asfortranarray makes a 0-d array 1-d)
+    if how == "strided" and a.ndim:
+        big = np.zeros(tuple(2 * n for n in a.shape), a.dtype)
+        view = big[tuple(slice(None, None, 2) for _ in a.shape)]
+        view[...] = a
+        return view
+    if how == "swapped" and a.dtype.itemsize > 1 and a.dtype.kind != "b":
+        return a.astype(a.dtype.newbyteorder())
+    return a
+
+
+@given(einsum_case(max_operands=3, max_size=6), st.sampled_from(["c", "fortran", "strided", "swapped"]),
+       st.booleans())
+@settings(max_examples=min(80, settings.default.max_examples))
+def test_array_operands_read_in_place_match_numpy(small_tiles, case, layout, whole):
+    """Random specs, shapes and dtypes over arrays in any memory layout, cut into many tiles
+    (``whole=False``) or one: the answer is numpy's, whether the kernels read the arrays in
+    place or a reader needed their tiles through DuckDB."""
+    spec, shapes, dtypes, _, seed = case
+    rng = np.random.default_rng(seed)
+    arrays = [random_array(rng, s, d) for s, d in zip(shapes, dtypes)]
+    want = reference(spec, *arrays)
+    ops = [_layout(a, layout) for a in arrays]
+    db = small_tiles if not whole else eds.connect()
+    try:
+        assert_close(db.einsum(spec, *ops).to_numpy(), want, error_scale(spec, arrays))
+    finally:
+        if whole:
+            db.close()
+
+
+def test_an_arrays_tiles_do_not_pass_through_duckdb(read_in_place):
+    """A GEMM on arrays in 4 x 3 tiles: the kernels read every operand tile from the arrays
+    (a grouped step: each tile once per product it takes part in), DuckDB holds only keys."""
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((40, 30)), rng.standard_normal((30, 20))
+    with eds.connect(tile_bytes=8 * 10 * 10) as db:
+        plan = db.plan("ij,jk->ik", a, b)
+        assert plan.steps[0].grouped and {v.name for v in plan.inputs} <= inputs_read_by_name(plan)
+        np.testing.assert_allclose(db.einsum("ij,jk->ik", a, b).to_numpy(), a @ b, rtol=1e-12)
+    assert read_in_place and {value for value, _ in read_in_place} == {v.name for v in plan.inputs}
+
+
+def test_readers_that_cannot_name_a_tile_get_its_bytes(read_in_place):
+    """A reader dropping a size-1 axis (numpy broadcasting) and a retile's kernel take the
+    array's tiles through DuckDB; the answers are numpy's."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((64, 40))
+    with eds.connect(tile_bytes=8 * 16 * 10) as db:
+        for small in (rng.standard_normal((64, 1)), rng.standard_normal((1, 40))):  # a column, a row
+            plan = db.plan("ij,ij->ij", small, x)
+            dropped = {op.value for s in plan.steps for op in s.node.operands if op.dropped}
+            assert dropped and not dropped & inputs_read_by_name(plan)
+            np.testing.assert_allclose(db.einsum("ij,ij->ij", small, x).to_numpy(), small * x, rtol=1e-12)
+            assert not {value for value, _ in read_in_place} & dropped
+        g = eds.Graph()
+        a = g.input("a", (64, 40), "float64")
+        g.einsum("ij,kj->ik", a, a, name="y")
+        gp = g.plan(workers=4, fuse=False, inputs={"a": (64, 1)})  # read so cut: retiled first
+        retiled = {s.source.name for s in gp.plan.steps if type(s).__name__ == "RetileStep"}
+        assert retiled and not retiled & inputs_read_by_name(gp.plan)
+        np.testing.assert_allclose(gp.run(db, a=x).to_numpy(), x @ x.T, rtol=1e-12)
+
+
+def test_a_kernel_cannot_write_into_the_callers_array():
+    """The views kernels get are read-only: a join that tries to write into its operand fails
+    (EinsumError) and the caller's array is unchanged."""
+    a = np.arange(12.0).reshape(3, 4)
+    before = a.copy()
+
+    def scribble(x, y):
+        x[...] = 0
+        return x * y
+
+    with eds.connect() as db:
+        with pytest.raises(eds.EinsumError):
+            db.einsum("ij,ij->ij", a, a, join=scribble).to_numpy()
+    np.testing.assert_array_equal(a, before)
