@@ -120,3 +120,17 @@ def test_a_kernel_cannot_write_into_the_callers_array():
         with pytest.raises(eds.EinsumError):
             db.einsum("ij,ij->ij", a, a, join=scribble).to_numpy()
     np.testing.assert_array_equal(a, before)
+
+
+def test_an_ndarray_subclass_is_read_as_a_plain_array():
+    """``np.matrix`` (scipy's ``todense()`` returns one) multiplies on ``*`` and stays 2-D: its
+    tiles reach the kernels as plain arrays, as its bytes did through DuckDB."""
+    rng = np.random.default_rng(3)
+    m = np.asmatrix(rng.standard_normal((6, 6)))
+    a = np.asarray(m)
+    with eds.connect(tile_bytes=8 * 3 * 3) as db:
+        for spec, join, want in (("ij,ij->ij", lambda x, y: x * y, a * a), ("ij,ij->ij", "x * y", a * a),
+                                 ("ij,ij->i", None, (a * a).sum(1)), ("ij,jk->ik", None, a @ a)):
+            got = db.einsum(spec, m, m, join=join).to_numpy()
+            assert type(got) is np.ndarray
+            np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -96,9 +96,13 @@ def _host_tile(state, value: str | None, keys: tuple, shape=None) -> np.ndarray:
                            f"running plan")
     array, tile = held
     index = tuple(slice(k * t, (k + 1) * t) for k, t in zip(keys, tile))
-    view = array[index] if index else array.view()  # (a 0-d array indexed by () would be a scalar)
+    # a plain ndarray view (a 0-d array indexed by () would be a scalar)
+    view = (array[index] if index else array).view(np.ndarray)
     view.flags.writeable = False
-    return view if shape is None or view.shape == tuple(shape) else view.reshape(shape)
+    if shape is not None and view.shape != tuple(shape):  # a tile cut wrong: never reinterpreted
+        raise RuntimeError(f"eindecomp_sql kernel: tile {keys} of {value!r} is {view.shape}, the kernel reads "
+                           f"{tuple(shape)}")
+    return view
 
 
 def _device_tile(xp, state, value: str | None, keys: tuple, host: np.ndarray | None, shape=None):

@@ -819,8 +819,10 @@ _SCRATCH = Target(None, temporary=True)  # a value the plan computes but does no
 
 
 def _native(x: np.ndarray, dtype) -> np.ndarray:
-    """An array operand as the kernels read it: the plan's dtype, in this machine's byte order
-    (as ``tiles_from_array`` would have cut it)."""
+    """An array operand as the kernels read it: a plain ndarray (an ``np.matrix`` multiplies on
+    ``*`` and stays 2-D), the plan's dtype, in this machine's byte order (as
+    ``tiles_from_array`` would have cut it)."""
+    x = np.asarray(x)
     if x.dtype != np.dtype(dtype):
         x = x.astype(dtype)
     if not x.dtype.isnative:

@@ -825,8 +825,8 @@ def device_only_results(plan, device: str, min_work: int = 0, exclude=frozenset(
     for s in plan.steps:
         for v in step_reads(s):
             readers.setdefault(v.name, []).append(s)
-        if isinstance(s, EinsumStep):
-            excluded |= {op.value for op in s.node.operands if op.dropped}
+        if isinstance(s, EinsumStep):  # (the values it reads, named as its kernel names them)
+            excluded |= {v.name for v, op in zip(s.inputs, s.node.operands) if op.dropped}
     kept = set()
     for s in plan.steps:
         name = step_target(s).name
@@ -850,7 +850,7 @@ def inputs_read_by_name(plan) -> frozenset[str]:
         if isinstance(s, RetileStep):
             named.discard(s.source.name)
         elif isinstance(s, EinsumStep):
-            named -= {op.value for op in s.node.operands if op.dropped}
+            named -= {v.name for v, op in zip(s.inputs, s.node.operands) if op.dropped}
     return frozenset(named)
 
 

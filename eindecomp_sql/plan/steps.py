@@ -486,7 +486,8 @@ class Plan:
     def run_peak(self, arrays=(), returned=(), engine_limit: int | None = None) -> int:
         """Projected peak memory of the whole run, in bytes: the largest step's working set
         (``peak_of``) on top of everything alive while it runs. Alive: the Arrow copies of the
-        inputs named in ``arrays`` (inputs passed as arrays, for the run), and every value an
+        inputs named in ``arrays`` (inputs passed as arrays, for the run; none for those the
+        kernels read in place, ``kernel_spec.inputs_read_by_name``), and every value an
         earlier step computed (scratch values are dropped when the plan ends, kept results are
         tables; DuckDB holds both). At the end, the results named in ``returned`` are fetched as
         Arrow and converted to numpy (twice their bytes). ``engine_limit``: DuckDB's
@@ -494,7 +495,9 @@ class Plan:
         ``engine_limit``): what DuckDB holds, values and a step's statement, is capped there
         (it evicts and spills), what the kernels hold is not. Not counted: the interpreter and
         libraries, and the allocators' retained pages (bench/run_peak.py measures the rest)."""
-        arrays, returned = set(arrays), set(returned)
+        from .kernel_spec import inputs_read_by_name
+
+        arrays, returned = set(arrays) - inputs_read_by_name(self), set(returned)
         base = sum(v.nbytes for v in self.inputs if v.name in arrays)
         held = peak = 0
         for s in self.steps:
