@@ -278,6 +278,21 @@ def test_arrays_are_sent_with_every_call(gpu, counted):
         assert counted.uploads[1] == 2 * (a.nbytes + b.nbytes)
 
 
+def test_an_arrays_tiles_are_sent_once_a_run_however_many_groups_read_them(counted, on_cuda):
+    """A GEMM on arrays in 4 x 3 and 3 x 2 tiles, grouped: each tile of ``a`` meets 2 groups and
+    each of ``b`` 4, and each is sent once per run (named for the run, as results are); the
+    next call sends them again (other data may come under the same name)."""
+    rng = np.random.default_rng(24)
+    a, b = rng.standard_normal((40, 30)), rng.standard_normal((30, 20))
+    with eds.connect(device="cuda", tile_bytes=8 * 10 * 10) as db:
+        assert db.plan("ij,jk->ik", a, b).steps[-1].grouped
+        for _ in range(2):
+            counted.reset()
+            np.testing.assert_allclose(db.einsum("ij,jk->ik", a, b).to_numpy(), a @ b, rtol=1e-10)
+            if SIMULATED:
+                assert counted.uploads[1] == a.nbytes + b.nbytes
+
+
 def test_the_cache_stays_within_its_budget(counted, on_cuda):
     """A working set four times the budget: every result right, the cache never above it, and
     what it holds is kept for the next runs. (This one step re-reads its tiles in a cycle four

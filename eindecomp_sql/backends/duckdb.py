@@ -630,6 +630,10 @@ class DuckDBBackend:
         # the device for the later steps that read them (udfs/register.py: _keep_result)
         run = f"{RUN_TOKEN}{next(_RUNS)}/"
         computed = {step_target(s).name: f"{run}{step_target(s).name}" for s in plan.steps}
+        # ... and so is every array operand: sent once per run, not once per kernel call that
+        # reads a tile (a grouped step reads each tile once per group it meets); never kept for
+        # the next run, which may pass other data under the same name
+        computed.update({v.name: f"{run}{v.name}" for v in plan.inputs if not isinstance(inputs.get(v.name), str)})
         tokens.update(computed)
         # the plan's future for the cache's evictions: which stored tensors each step reads
         reads = [frozenset(tokens[v.name] for v in step_reads(s) if v.name in tokens) for s in plan.steps]
