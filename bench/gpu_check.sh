@@ -40,13 +40,19 @@ if [ "$mode" = cpu ]; then
     set +e
     (nproc; lscpu | grep -E 'Model name|^CPU\(s\)'; free -g | head -2) | tee "$out/cpu.txt"
     # (a script's own folder, bench/, heads sys.path, not the checkout: no -P needed here; at most
-    # 8 files come back from $OUT, so the scripts' tables go to stdout, not to logs)
-    timeout 200 python3 bench/scaling.py --cores 2,all --rounds 3 --out "$out/scaling" 2>&1 | tail -3
-    timeout 150 python3 bench/scaling.py --cores all --big --only gemm_6000_f64,gemm_8192_f32 --rounds 3 \
+    # 8 files come back from $OUT: scaling's tables are in its .md files, the probes' JSON beside
+    # them, and the tails below go to stdout). The caps sum to 520 s, within a 600 s command
+    # with the install; each line reports its exit status (124: its cap cut it short)
+    timeout 180 python3 bench/scaling.py --cores 2,all --rounds 3 --out "$out/scaling" 2>&1 | tail -3
+    echo "scaling exit: ${PIPESTATUS[0]}"
+    timeout 130 python3 bench/scaling.py --cores all --big --only gemm_6000_f64,gemm_8192_f32 --rounds 3 \
         --out "$out/scaling_big" 2>&1 | tail -3
-    timeout 150 python3 bench/cursor_probe.py --cores all --parts 4,16 --only gemm_4096,gemm_8192,bij_bjk --rounds 3 \
+    echo "scaling --big exit: ${PIPESTATUS[0]}"
+    timeout 130 python3 bench/cursor_probe.py --cores all --parts 4,16 --only gemm_4096,gemm_8192,bij_bjk --rounds 3 \
         --out "$out/cursor_probe.json" 2>&1 | tail -14
-    timeout 90 python3 bench/graph_bars.py --pair --rounds 5 --out "$out/graph_bars.json" 2>&1 | tail -8
+    echo "cursor_probe exit: ${PIPESTATUS[0]}"
+    timeout 80 python3 bench/graph_bars.py --pair --rounds 5 --out "$out/graph_bars.json" 2>&1 | tail -8
+    echo "graph_bars exit: ${PIPESTATUS[0]}"
     exit 0
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"

@@ -2,7 +2,8 @@
 
 A stored tensor's tile is named by the tensor's token (its table's identity in this database:
 ``backends/duckdb.py`` gives one per table, new whenever the table is written anew) and the tile's
-keys; a tile a step computes, by a token for its value and the run (it leaves with the run).
+keys; a tile a step computes, or a tile of an array operand, by a token for its value and the
+run (it leaves with the run, or after the run's last step that reads it).
 Before a step's statement joins its operands, ``eds_resident(value, keys)`` asks whether a tile
 is here; if it is, the tile is pinned and the SQL hands the kernel NULL instead of the bytes, so
 DuckDB neither converts nor copies them; the kernel takes the device array from here. A tile
@@ -19,7 +20,7 @@ step's tiles count as needed now, and make no room for each other (a step may re
 cycle longer than the cache, where each would be evicted just before its turn); a tile needed
 no sooner than everything it would evict is used for its call and not kept. On the CPU
 stand-in this sends Belady's count of bytes for the LLaMA block at half its working set, LRU
-2.1x (bench/RESULTS.md). Without a plan's reads (``next_use`` None) the least recently used
+4.3x (bench/RESULTS.md, 2026-11-26). Without a plan's reads (``next_use`` None) the least recently used
 unpinned tiles make room.
 
 A result whose every reader runs on the device is held (``hold``): its bytes never went back to

@@ -30,8 +30,8 @@ class Cancelled(RuntimeError):
     """Raised inside a kernel when the plan it serves was interrupted."""
 
 
-# the device cache's tokens for the values one run of a plan computes start with this
-# (backends/duckdb.py); stored tensors' tokens never do
+# the device cache's tokens for the values named for one run of a plan (those it computes, and
+# its array operands) start with this (backends/duckdb.py); stored tensors' tokens never do
 RUN_TOKEN = "run"
 
 
@@ -70,8 +70,8 @@ class KernelState:
     def next_use(self, tid) -> float:
         """Steps until tile ``tid`` (token, keys) is read again: 0 if the running step reads its
         value, else later in the running plan, or, for a stored tensor's, in the next run of it
-        (taken to be this plan again), else never (inf). A value the run computes (its token is
-        the run's) dies with the run."""
+        (taken to be this plan again), else never (inf). A value named for the run (one it
+        computes, an array operand) dies with the run."""
         token, reads, now = tid[0], self.device_reads, self.device_step
         n = len(reads)
         if n and token in reads[now]:  # the running step may read it again (a join repeats tiles)

@@ -91,9 +91,9 @@ def _host_tile(state, value: str | None, keys: tuple, shape=None) -> np.ndarray:
     tile and the tile's ``keys`` (one per axis, as its reader names them; a program's input is
     the whole array, ``()``), so neither DuckDB nor the kernel copies it."""
     held = state.host_arrays.get(value) if state is not None and value is not None else None
-    if held is None:
-        raise RuntimeError(f"eindecomp_sql kernel: a NULL tile of {value!r}, which is no array operand of the "
-                           f"running plan")
+    if held is None:  # (a tiled table whose tile column holds NULL, read through SQL)
+        raise RuntimeError(f"eindecomp_sql kernel: a NULL tile{f' of {value!r}' if value else ''}, which is no "
+                           f"array operand of a running plan: a tile column must hold every tile's bytes")
     array, tile = held
     index = tuple(slice(k * t, (k + 1) * t) for k, t in zip(keys, tile))
     # a plain ndarray view (a 0-d array indexed by () would be a scalar)
@@ -108,11 +108,15 @@ def _host_tile(state, value: str | None, keys: tuple, shape=None) -> np.ndarray:
 def _device_tile(xp, state, value: str | None, keys: tuple, host: np.ndarray | None, shape=None):
     """One operand tile on the device: the cached copy where the SQL handed NULL (the tile was
     pinned as resident), shaped as this operand reads it (``shape``: a label of size 1 may be
-    dropped here and not where the tile was made), else ``host`` sent, and kept when it is a
-    stored tensor's (named by its token and ``keys``; udfs/device_cache.py)."""
+    dropped here and not where the tile was made), else ``host`` (or, for an array operand read
+    in place, its view) sent, and kept when its value has a token (a stored tensor's, or one
+    named for the run: a result, an array operand; udfs/device_cache.py)."""
     cache = state.device_cache if state is not None else None
     tid = _tid(state, value, keys)
     if host is None and state is not None and value in state.host_arrays:  # an array operand
+        held = cache.get(tid) if cache is not None and tid is not None else None
+        if held is not None:  # sent by an earlier call of this run: no host copy to make
+            return held if shape is None or held.shape == tuple(shape) else held.reshape(shape)
         host = _host_tile(state, value, keys, shape)
         host = host if host.flags.c_contiguous else host.copy()  # (ascontiguousarray makes 0-d 1-d)
     if host is None:
@@ -150,7 +154,7 @@ def _operand_keys(kernel, k: int, row_keys) -> tuple:
 
 def _tid(state, value: str | None, keys) -> tuple | None:
     """A tile's name in the device cache: its value's token for the running plan, and its
-    keys; None for a value with no token (an array operand, or no plan running)."""
+    keys; None for a value with no token (a tensor stored as parts, or no plan running)."""
     token = state.device_tokens.get(value) if state is not None and value is not None else None
     return (token, _tile_key(keys)) if token is not None else None
 
@@ -442,9 +446,10 @@ def register_kernels(con, state: KernelState | None = None) -> None:
     text = duckdb.sqltype("VARCHAR")
     keys = duckdb.list_type(duckdb.sqltype("BIGINT"))
     opts = dict(type="arrow", side_effects=False)
-    # a NULL tile is one the device holds (eds_resident): the kernel must see the row, where
-    # DuckDB's default null handling would skip it and give the output tile NULL; and a kernel
-    # returns NULL for a result it leaves on the device (_keep_result), which DEFAULT refuses
+    # a NULL tile is one the device holds (eds_resident) or an array operand's the kernel reads
+    # in place (_host_tile): the kernel must see the row, where DuckDB's default null handling
+    # would skip it and give the output tile NULL; and a kernel returns NULL for a result it
+    # leaves on the device (_keep_result), which DEFAULT refuses
     tile_opts = dict(opts, null_handling="special")
     for n in range(1, MAX_ARITY + 1):
         rows = _with_arity(einsum_rows, ["spec", "keys"] + [f"t{k}" for k in range(n)])

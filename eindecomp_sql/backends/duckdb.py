@@ -183,7 +183,8 @@ class DuckDBBackend:
         return device_only_results(plan, self.device, self.compiler.device_min_work, parted)
 
     def _release_after(self, k: int) -> None:
-        """Step ``k`` has run: the device lets go of the results no later step reads."""
+        """Step ``k`` has run: the device lets go of the values named for the run (results,
+        array operands) no later step reads."""
         for token in self._last_reads.get(k, ()):
             self.kernels.device_cache.drop(token)
 
@@ -605,9 +606,10 @@ class DuckDBBackend:
     def _device_tiles(self, plan: Plan, inputs, parted=frozenset()):
         """On a device, for the block: each stored input's token, which names its tiles in the
         device cache (``eds_resident``, udfs/device_cache.py), and one for every value the plan
-        computes, new each run; which computed values stay on the device instead of going back
-        to DuckDB (``device_only_results``; not one written as parts, ``parted``), and after
-        which step each computed value is read no more (``_release_after``). The token is the table's oid in
+        computes and every array operand, new each run; which computed values stay on the
+        device instead of going back to DuckDB (``device_only_results``; not one written as
+        parts, ``parted``), and after which step each value named for the run is read no more
+        (``_release_after``). The token is the table's oid in
         this database: a table written anew (store, replace, an einsum's ``out=``) is a new
         catalog entry with a new oid, so its old tiles are never taken for the new ones. A
         tensor stored as parts (a view) gets none: its tiles are sent every call."""

@@ -863,8 +863,10 @@ def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu",
                 tf32: bool = False, names: bool = True) -> str:
     """The JSON of a plan step's kernel spec: labels, sizes, tile sizes, dtypes, the join, the
     device. ``batch`` is the range of target keys (on the step's batch axis) one statement of
-    a retile covers. ``tf32``: float32 products on the device may use TF32. ``names``: on a
-    device, the values' names (their tiles' names in the device cache); off for SQL that
+    a retile covers. ``tf32``: float32 products on the device may use TF32. ``names``: the
+    operands' value names (by which a kernel finds a tile the SQL handed as NULL: an array
+    operand's in the caller's memory, a device's in its cache), and on a device the result's;
+    off for SQL that
     reads every tile from its table (``compile.compiler.without_residency``), whose names
     would otherwise be taken for a plan running beside it."""
     from .steps import FillStep, ProgramStep, RetileStep  # a step module imports the plan package
