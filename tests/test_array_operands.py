@@ -134,3 +134,40 @@ def test_an_ndarray_subclass_is_read_as_a_plain_array():
             got = db.einsum(spec, m, m, join=join).to_numpy()
             assert type(got) is np.ndarray
             np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.fixture
+def written_in_place(monkeypatch):
+    """Counts the output tiles kernels write straight into the array returned to the caller."""
+    seen = []
+    host_out = register._host_out
+
+    def spy(state, value, keys, shape):
+        got = host_out(state, value, keys, shape)
+        seen.append(got is not None)
+        return got
+
+    monkeypatch.setattr(register, "_host_out", spy)
+    return seen
+
+
+def test_a_returned_result_is_written_into_its_array(written_in_place):
+    """A result returned as an array: each tile that is one C-ordered block of it (a row panel,
+    or the whole) is written there by the kernel and never enters DuckDB; a column tile goes as
+    bytes and is put in after. Either way the answer is numpy's."""
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((40, 30)), rng.standard_normal((30, 20))
+    with eds.connect() as db:
+        np.testing.assert_allclose(db.einsum_numpy("ij,jk->ik", a, b), a @ b, rtol=1e-12)
+        assert written_in_place == [True]  # one tile, written in place
+    written_in_place.clear()
+    with eds.connect(tile_bytes=8 * 10 * 10) as db:  # 4 x 2 output tiles: column cuts, as bytes
+        plan = db.plan("ij,jk->ik", a, b)
+        assert plan.result.grid == (4, 2)
+        np.testing.assert_allclose(db.einsum_numpy("ij,jk->ik", a, b), a @ b, rtol=1e-12)
+        assert len(written_in_place) == 8 and not any(written_in_place)
+        written_in_place.clear()
+        x, v = rng.standard_normal((40, 10)), np.arange(40.0)
+        assert db.plan("ij,i->ij", x, v).result.tile == (10, 10)  # row panels: each one block
+        np.testing.assert_allclose(db.einsum_numpy("ij,i->ij", x, v), x * v[:, None], rtol=0)
+        assert len(written_in_place) == 4 and all(written_in_place)

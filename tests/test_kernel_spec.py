@@ -293,12 +293,14 @@ def test_the_module_is_pure():
 
 def test_a_device_spec_names_its_values_and_says_tf32_only_when_asked():
     """What a step's spec carries on a device: the operands' and the result's value names (the
-    device cache's names for their tiles) and TF32 when allowed; on the CPU the operands' names
-    only (an array operand's tile comes as NULL and is found by them), and in a spec that
-    travels to Spark's workers, none. Read back equal; malformed, an EinsumError."""
+    device cache's names for their tiles) and TF32 when allowed; on the CPU the names but not
+    TF32 (an array operand's tile comes as NULL and is found by its name; a result returned as
+    an array is written into it by its name), and in a spec that travels to Spark's workers,
+    none. Read back equal; malformed, an EinsumError."""
     step = next(s for s in steps(*CASES[1]) if isinstance(s, EinsumStep))
     cpu = json.loads(kernel_spec(step))
-    assert cpu["values"] == [v.name for v in step.inputs] and not {"result", "tf32"} & set(cpu)
+    assert cpu["values"] == [v.name for v in step.inputs] and cpu["result"] == step.result.name
+    assert "tf32" not in cpu
     assert not {"values", "result", "tf32"} & set(json.loads(kernel_spec(step, portable=True)))
     assert "values" not in json.loads(kernel_spec(step, names=False))
     text = kernel_spec(step, device="cuda", tf32=True)

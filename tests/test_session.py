@@ -399,8 +399,8 @@ def test_arrays_are_readable_for_the_run_only(registry, monkeypatch):
         seen = []
         arrays = db.backend._arrays
 
-        def spy(tables, host=None):
-            with arrays(tables, host) as names:
+        def spy(tables, host=None, results=None):
+            with arrays(tables, host, results) as names:
                 seen.append(dict(names))
                 yield names
 

@@ -61,6 +61,9 @@ class KernelState:
         # while a plan runs: its array operands the SQL hands as NULL tiles, which kernels read
         # from the caller's memory instead (value name -> (array, tile shape); backends/duckdb.py)
         self.host_arrays: dict = {}
+        # ... and its results returned as arrays, which kernels write straight into (value name ->
+        # (array, tile shape)): their tiles never enter DuckDB either
+        self.host_results: dict = {}
         # bytes the device kernels sent to the device, and (when a list) the tiles each kernel
         # call read and wrote, in order: what bench/device_bytes.py compares with Belady's count
         self.device_sent = 0

@@ -105,6 +105,20 @@ def _host_tile(state, value: str | None, keys: tuple, shape=None) -> np.ndarray:
     return view
 
 
+def _host_out(state, value: str | None, keys: tuple, shape) -> np.ndarray | None:
+    """Where a kernel writes an output tile of a result returned as an array (the backend made
+    the array, ``KernelState.host_results``): a view of it, the tile's bytes then never entering
+    DuckDB (the UDF returns NULL for it); None where the result is not such a one, or the view
+    is not one C-ordered block (a column tile of a result cut in several: it goes as bytes)."""
+    held = state.host_results.get(value) if state is not None and value is not None else None
+    if held is None:
+        return None
+    array, tile = held
+    index = tuple(slice(k * t, (k + 1) * t) for k, t in zip(keys, tile))
+    view = (array[index] if index else array).view(np.ndarray)
+    return view if view.shape == tuple(shape) and view.flags.c_contiguous else None
+
+
 def _device_tile(xp, state, value: str | None, keys: tuple, host: np.ndarray | None, shape=None):
     """One operand tile on the device: the cached copy where the SQL handed NULL (the tile was
     pinned as resident), shaped as this operand reads it (``shape``: a label of size 1 may be
@@ -223,14 +237,19 @@ def einsum_rows(spec_arr, keys_arr, *tile_arrs) -> pa.Array:
         tiles = [tile_view(v[r], dt, s) if m is None or not m[r]
                  else None if device else _host_tile(state, values[k], _operand_keys(kernel, k, keys[r]), s)
                  for k, (v, m, dt, s) in enumerate(zip(views, nulls, kernel.dtypes, kernel.in_shapes(ext)))]
+        labkeys = dict(zip(kernel.labels, keys[r].tolist()))
+        out = _host_out(state, kernel.result, tuple(labkeys[lab] for lab in kernel.output), writer.shapes[r])
+        if out is None:
+            out = writer.out(r)
+        else:  # written into the array returned to the caller
+            writer.nulls.add(r)
 
-        def fn(cut, tiles=tiles, r=r):
+        def fn(cut, tiles=tiles, r=r, labkeys=labkeys, out=out):
             if device:
-                labkeys = dict(zip(kernel.labels, keys[r].tolist()))
-                if _on_device(kernel, [(tiles, labkeys)], writer.out(r), labkeys):
+                if _on_device(kernel, [(tiles, labkeys)], out, labkeys):
                     writer.nulls.add(r)
                 return
-            t, o = kernel.sliced(tiles, writer.out(r), cut)
+            t, o = kernel.sliced(tiles, out, cut)
             kernel.contract_group([t], o)
 
         items.append((ext, fn, 1))
@@ -266,8 +285,13 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
                 for k, (v, n, dt, s) in enumerate(zip(views, nulls, kernel.dtypes, kernel.in_shapes(ext)))])
             member_keys.append(labkeys)
 
-        def fn(cut, member_tiles=member_tiles, member_keys=member_keys, g=g, b=b):
+        out = _host_out(state, kernel.result, tuple(b[lab] for lab in kernel.output), writer.shapes[g])
+        if out is None:
             out = writer.out(g)
+        else:  # written into the array returned to the caller
+            writer.nulls.add(g)
+
+        def fn(cut, member_tiles=member_tiles, member_keys=member_keys, g=g, b=b, out=out):
             if device:
                 if _on_device(kernel, list(zip(member_tiles, member_keys)), out, b):
                     writer.nulls.add(g)
@@ -315,9 +339,14 @@ def _programs(spec_arr, rows: list[list]) -> pa.Array:
                      for k, (t, dt) in enumerate(zip(tiles, program.dtypes))]
         else:  # an array operand's tile (NULL in the SQL) is the caller's whole array
             tiles = [_host_tile(state, values[k], ()) if t is None else t for k, t in enumerate(tiles)]
-        result = program.run(tiles, writer.out(r), _run)
+        out = _host_out(state, program.result, (), program.out_shape)
+        if out is None:
+            out = writer.out(r)
+        else:  # written into the array returned to the caller
+            writer.nulls.add(r)
+        result = program.run(tiles, out, _run)
         if result is not None:  # on a device: the result is there, and back in out unless kept
-            if _keep_result(state, program.result, (), result, writer.out(r)):
+            if _keep_result(state, program.result, (), result, out):
                 writer.nulls.add(r)
             if state is not None and state.device_trace is not None:
                 _trace(state, [_tid(state, v, ()) for v in values], _tid(state, program.result, ()),

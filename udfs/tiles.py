@@ -119,15 +119,20 @@ def null_tiles(shape, tile, keys: tuple[str, ...]) -> pa.Table:
     return pa.table(cols)
 
 
-def array_from_tiles(table: pa.Table, shape, tile, dtype, keys) -> np.ndarray:
-    """Assemble the dense array from a tiled table (any row order)."""
+def array_from_tiles(table: pa.Table, shape, tile, dtype, keys, out: np.ndarray | None = None) -> np.ndarray:
+    """Assemble the dense array from a tiled table (any row order). ``out``: the array to fill,
+    which already holds the tiles that are NULL in the table (a kernel wrote them there)."""
     dtype = np.dtype(dtype)
-    out = np.empty(shape, dtype=dtype)
+    out = np.empty(shape, dtype=dtype) if out is None else out
     if table.num_rows == 0:
         return out
     key_cols = [table.column(k).to_numpy() for k in keys]
-    views = blob_views(table.column("tile"))
+    column = table.column("tile")
+    valid = None if column.null_count == 0 else column.is_valid().to_numpy(zero_copy_only=False)
+    views = blob_views(column)
     for r, raw in enumerate(views):
+        if valid is not None and not valid[r]:
+            continue
         idx = tuple(
             slice(int(kc[r]) * t, min((int(kc[r]) + 1) * t, n)) for kc, t, n in zip(key_cols, tile, shape)
         )

@@ -23,7 +23,7 @@ from ..compile.sql import table
 from ..errors import EinsumError, ExecutionError
 from ..plan import Plan, TiledValue
 from ..plan.cost import BUDGET_SHARE, CostModel, plan_share
-from ..plan.steps import format_bytes, output_tiles, step_reads, step_target
+from ..plan.steps import EinsumStep, ProgramStep, format_bytes, output_tiles, step_reads, step_target
 from ..sql_templates import template
 from ..udfs.tiles import array_from_tiles, null_tiles, tiles_from_array
 from . import allocator, parts as parted
@@ -565,6 +565,16 @@ class DuckDBBackend:
                 arrays[v.name] = null_tiles(v.shape, v.tile, v.keys)
             else:
                 arrays[v.name] = tiles_from_array(x, v.tile, v.keys)
+        # results returned as arrays, computed by kernels that name them: made here, and the
+        # kernels write their tiles straight in (udfs/register.py: _host_out), so they neither
+        # enter DuckDB nor come back out of it (three copies of the result, and two of its bytes)
+        results = {}
+        if self.compiler.device_residency:
+            for s in plan.steps:
+                v = step_target(s)
+                t = outputs.get(v.name)
+                if t is not None and t.table is None and isinstance(s, (EinsumStep, ProgramStep)):
+                    results[v.name] = (np.empty(v.shape, v.dtype), v.tile)
         for k, v in enumerate(plan.scratch):
             tables[v.name] = f"_eds_s{k}"
         for name, t in outputs.items():
@@ -592,14 +602,16 @@ class DuckDBBackend:
                         # (the plan may still read the old one) and renamed once it is whole
                         tables[name] = parted.new_part_names(1)[0].replace(parted.PREFIX, "_eds_new_")
                         swaps[tables[name]] = t.table
-            with (self._arrays(arrays, host) as names, self._engine_memory(plan),
+            with (self._arrays(arrays, host, results) as names, self._engine_memory(plan),
                   self._device_tiles(plan, inputs, set(parts_of))):
                 tables.update(names)
                 rows = run_interruptible(
                     lambda: self._run_steps(plan, compiled, tables, outputs, replace, watch, swaps, parts_of),
                     self._work.interrupt, self.kernels, watch)
         allocator.bound_free_memory()
-        return {name: array_from_tiles(t, v.shape, v.tile, v.dtype, v.keys)
+        # a result the kernels wrote into its array has NULL tiles here; any other tile fills in
+        return {name: array_from_tiles(t, v.shape, v.tile, v.dtype, v.keys,
+                                       out=results[name][0] if name in results else None)
                 for (name, t), v in zip(rows.items(), (_output(plan, n) for n in rows))}
 
     @contextlib.contextmanager
@@ -662,17 +674,21 @@ class DuckDBBackend:
                 cache.drop(token)
 
     @contextlib.contextmanager
-    def _arrays(self, arrays: dict[str, pa.Table], host: dict[str, tuple] | None = None):
+    def _arrays(self, arrays: dict[str, pa.Table], host: dict[str, tuple] | None = None,
+                results: dict[str, tuple] | None = None):
         """Arrow tables readable by our cursor's statements for the block: value name -> the
-        name to read it by; and ``host``, the arrays the kernels read themselves (value name ->
-        (array, tile shape): ``KernelState.host_arrays``, the enclosing run's put back after,
+        name to read it by; ``host``, the arrays the kernels read themselves, and ``results``,
+        those they write the returned results into (value name -> (array, tile shape):
+        ``KernelState.host_arrays`` and ``host_results``, the enclosing run's put back after,
         for a run started inside another's). duckdb 2.0's source registry takes ~0.01 ms a table where
         ``register`` and ``unregister`` (a view each, in the catalog) took ~0.7 ms: 7 ms of a
         LLaMA block's 60 with its ten weights passed as arrays. A client without the registry
         gets views."""
         source = getattr(self._work, "_register_source", None) if self.source_registry else None
         handles, views = [], []
-        saved, self.kernels.host_arrays = self.kernels.host_arrays, host or {}
+        state = self.kernels
+        saved = state.host_arrays, state.host_results
+        state.host_arrays, state.host_results = host or {}, results or {}
         try:
             names = {}
             for k, (value, tiles) in enumerate(arrays.items()):
@@ -686,7 +702,7 @@ class DuckDBBackend:
                     names[value] = views[-1]
             yield names
         finally:
-            self.kernels.host_arrays = saved
+            state.host_arrays, state.host_results = saved
             del handles[:]
             if not self._closed:
                 for name in views:

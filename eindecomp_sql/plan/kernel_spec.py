@@ -439,7 +439,9 @@ class EinsumKernelSpec:
     # operand's in the caller's memory, a device's in its cache (udfs/device_cache.py); not
     # written in specs that travel (Spark's) or that SQL the backend does not run reads
     values: tuple[str, ...] | None = None
-    result: str | None = None  # ... and the value it computes (its tiles may stay there for a later step)
+    # ... and the value it computes: on a device its tiles may stay there for a later step; a
+    # result returned as an array is written straight into it (udfs/register.py: _host_out)
+    result: str | None = None
 
     op = "einsum"
 
@@ -865,8 +867,8 @@ def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu",
     device. ``batch`` is the range of target keys (on the step's batch axis) one statement of
     a retile covers. ``tf32``: float32 products on the device may use TF32. ``names``: the
     operands' value names (by which a kernel finds a tile the SQL handed as NULL: an array
-    operand's in the caller's memory, a device's in its cache), and on a device the result's;
-    off for SQL that
+    operand's in the caller's memory, a device's in its cache) and the result's (where a
+    result returned as an array, or kept on a device, is put); off for SQL that
     reads every tile from its table (``compile.compiler.without_residency``), whose names
     would otherwise be taken for a plan running beside it."""
     from .steps import FillStep, ProgramStep, RetileStep  # a step module imports the plan package
@@ -898,7 +900,7 @@ def _einsum_spec(step, device: str, portable: bool, tf32: bool = False, values: 
         # the operands' names: a tile the SQL hands as NULL is found by them (an array operand's
         # in the caller's memory, a device's in its cache); not in specs that travel (Spark's)
         values=tuple(v.name for v in step.inputs) if values and not portable else None,
-        result=step.result.name if device != "cpu" and values and not portable else None,
+        result=step.result.name if values and not portable else None,
     )
 
 
@@ -912,7 +914,7 @@ def _program_spec(step, device: str, portable: bool, tf32: bool = False, names: 
     return ProgramKernelSpec(steps=tuple(_einsum_spec(s, device, portable, tf32, values=False) for s in step.steps),
                              args=tuple(args), dtypes=tuple(v.dtype for v in step.inputs), device=device,
                              values=tuple(v.name for v in step.inputs) if names and not portable else None,
-                             result=step.result.name if device != "cpu" and names and not portable else None)
+                             result=step.result.name if names and not portable else None)
 
 
 def _kernel_fusion(step, portable: bool) -> KernelFusion:

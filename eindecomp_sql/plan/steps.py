@@ -489,8 +489,9 @@ class Plan:
         inputs named in ``arrays`` (inputs passed as arrays, for the run; none for those the
         kernels read in place, ``kernel_spec.inputs_read_by_name``), and every value an
         earlier step computed (scratch values are dropped when the plan ends, kept results are
-        tables; DuckDB holds both). At the end, the results named in ``returned`` are fetched as
-        Arrow and converted to numpy (twice their bytes). ``engine_limit``: DuckDB's
+        tables; DuckDB holds both). At the end, the results named in ``returned`` are numpy
+        arrays: written there by the kernels of an einsum or program step (their bytes), else
+        fetched as Arrow and converted (twice their bytes). ``engine_limit``: DuckDB's
         ``memory_limit`` while the plan runs (a session's budget, see the DuckDB backend's
         ``engine_limit``): what DuckDB holds, values and a step's statement, is capped there
         (it evicts and spills), what the kernels hold is not. Not counted: the interpreter and
@@ -509,7 +510,8 @@ class Plan:
             held += TABLE_FACTOR * step_target(s).nbytes
         if engine_limit is not None:
             held = min(held, engine_limit)
-        end = base + held + 2 * sum(v.nbytes for v in self.outputs if v.name in returned)
+        written = {step_target(s).name for s in self.steps if isinstance(s, (EinsumStep, ProgramStep))}
+        end = base + held + sum(v.nbytes * (1 if v.name in written else 2) for v in self.outputs if v.name in returned)
         return max(peak, end)
 
     def check_budget(self, budget: int | None) -> None:
