@@ -171,3 +171,26 @@ def test_a_returned_result_is_written_into_its_array(written_in_place):
         assert db.plan("ij,i->ij", x, v).result.tile == (10, 10)  # row panels: each one block
         np.testing.assert_allclose(db.einsum_numpy("ij,i->ij", x, v), x * v[:, None], rtol=0)
         assert len(written_in_place) == 4 and all(written_in_place)
+
+
+def test_sql_shown_by_explain_run_beside_a_plan_touches_none_of_its_arrays():
+    """EXPLAIN's SQL names no values in its kernel specs: run on the session's connection while
+    a plan runs (here from its progress callback), its kernels neither write into the plan's
+    result array nor read its operands; both answers are right."""
+    rng = np.random.default_rng(5)
+    n = 50
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    with eds.connect() as db:
+        db.store("X", np.ones((n, n))), db.store("Y", np.full((n, n), 2.0))
+        listing = db.explain("ij,jk->ik", "X", "Y")
+        assert '"values"' not in listing and '"result"' not in listing
+        sql = listing[listing.index("SELECT"):].rstrip().rstrip(";")
+        side = {}
+
+        def progress(report):
+            if report.tiles_done == report.tiles and not side:
+                side["tiles"] = db.connection.sql(sql).to_arrow_table()
+
+        np.testing.assert_allclose(db.einsum_numpy("ij,jk->ik", a, b, progress=progress), a @ b, rtol=1e-12)
+        got = np.frombuffer(side["tiles"].column("tile")[0].as_py(), np.float64).reshape(n, n)
+        np.testing.assert_array_equal(got, np.full((n, n), 2.0 * n))

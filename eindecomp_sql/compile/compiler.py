@@ -32,6 +32,7 @@ an instance refuses new attributes (set them in a subclass).
 from __future__ import annotations
 
 import itertools
+import json
 
 import re
 from dataclasses import dataclass
@@ -206,6 +207,23 @@ def on_device(compiler: type, device: str, allow_tf32: bool = False, min_work: i
                               "__module__": compiler.__module__})
 
 
+def unnamed_specs(e: exp.Expression) -> exp.Expression:
+    """``e`` (a copy) with the value names (``values``, ``result``) taken out of its kernel specs:
+    for SQL shown to a user (EXPLAIN), who may run it. Run beside a plan of the session, a spec
+    naming that plan's values would find its arrays and results (udfs/register.py:
+    ``_host_tile``, ``_host_out``): its kernels would write into the plan's result. Without the
+    names its tiles are computed and returned as bytes, as any statement's."""
+    e = e.copy()
+    for lit in e.find_all(exp.Literal):
+        text = lit.this
+        if lit.is_string and text.startswith("{") and '"op":' in text:
+            body = json.loads(text)
+            named = [body.pop(key, None) for key in ("values", "result")]
+            if any(n is not None for n in named):
+                lit.set("this", json.dumps(body, separators=(",", ":"), sort_keys=True))
+    return e
+
+
 @cache
 def without_residency(compiler: type) -> type:
     """``compiler`` (a class on a device) reading every tile from its table: for SQL the backend
@@ -337,7 +355,7 @@ class SQLCompiler:
         lines = []
         for k, c in enumerate(self.compile_plan(plan)):
             lines.append(f"-- step {k} -> {names[c.value]}")
-            lines.append(self.bind_sql(c.select.sql(dialect=self.dialect, pretty=True), names) + ";")
+            lines.append(self.bind_sql(unnamed_specs(c.select).sql(dialect=self.dialect, pretty=True), names) + ";")
         return "\n".join(lines)
 
     # --- text
