@@ -94,10 +94,7 @@ def _host_tile(state, value: str | None, keys: tuple, shape=None) -> np.ndarray:
     if held is None:  # (a tiled table whose tile column holds NULL, read through SQL)
         raise RuntimeError(f"eindecomp_sql kernel: a NULL tile{f' of {value!r}' if value else ''}, which is no "
                            f"array operand of a running plan: a tile column must hold every tile's bytes")
-    array, tile = held
-    index = tuple(slice(k * t, (k + 1) * t) for k, t in zip(keys, tile))
-    # a plain ndarray view (a 0-d array indexed by () would be a scalar)
-    view = (array[index] if index else array).view(np.ndarray)
+    view = _tile_of(*held, keys)
     view.flags.writeable = False
     if shape is not None and view.shape != tuple(shape):  # a tile cut wrong: never reinterpreted
         raise RuntimeError(f"eindecomp_sql kernel: tile {keys} of {value!r} is {view.shape}, the kernel reads "
@@ -113,10 +110,35 @@ def _host_out(state, value: str | None, keys: tuple, shape) -> np.ndarray | None
     held = state.host_results.get(value) if state is not None and value is not None else None
     if held is None:
         return None
-    array, tile = held
-    index = tuple(slice(k * t, (k + 1) * t) for k, t in zip(keys, tile))
-    view = (array[index] if index else array).view(np.ndarray)
+    view = _tile_of(*held, keys)
     return view if view.shape == tuple(shape) and view.flags.c_contiguous else None
+
+
+def _tile_of(array: np.ndarray, tile: tuple, keys: tuple) -> np.ndarray:
+    """The tile at ``keys`` of ``array`` cut into ``tile``, as a plain ndarray view (a 0-d array
+    indexed by ``()`` would be a scalar, an ``np.matrix`` would stay one)."""
+    index = tuple(slice(k * t, (k + 1) * t) for k, t in zip(keys, tile))
+    return (array[index] if index else array).view(np.ndarray)
+
+
+def _operand_tiles(kernel, views, nulls, i: int, labkeys: dict, device: bool, state, values) -> list:
+    """The operand tiles of joined row ``i`` (``labkeys``: every label's key): views of the bytes
+    DuckDB handed, or for a NULL tile, None on a device (``_device_tile`` finds it) and the
+    array operand's own tile on the host (``_host_tile``)."""
+    return [tile_view(v[i], dt, s) if n is None or not n[i]
+            else None if device else _host_tile(state, values[k], tuple(labkeys[lab] for lab in kernel.inputs[k]), s)
+            for k, (v, n, dt, s) in enumerate(zip(views, nulls, kernel.dtypes, kernel.in_shapes(kernel.extents(labkeys))))]
+
+
+def _output_tile(writer: TileWriter, r: int, state, value: str | None, keys: tuple) -> np.ndarray:
+    """Where output tile ``r`` (at ``keys``) of a kernel call is written: into the array returned
+    to the caller where there is one (``_host_out``; the tile is then NULL in the call's
+    result), else into the call's own buffer."""
+    out = _host_out(state, value, keys, writer.shapes[r])
+    if out is None:
+        return writer.out(r)
+    writer.nulls.add(r)
+    return out
 
 
 def _device_tile(xp, state, value: str | None, keys: tuple, host: np.ndarray | None, shape=None):
@@ -158,12 +180,6 @@ def _trace(state, reads: list, write, nbytes: dict) -> None:
     named = [tid if tid is not None else ("untracked", n, k) for k, tid in enumerate(reads)]
     out = write if write is not None else ("untracked", n, "out")
     state.device_trace.append((named, out, {**dict(zip(named, nbytes["in"])), out: nbytes["out"]}))
-
-
-def _operand_keys(kernel, k: int, row_keys) -> tuple:
-    """Operand ``k``'s tile keys in a row of an einsum step (``row_keys``: one per label)."""
-    labkeys = dict(zip(kernel.labels, row_keys.tolist()))
-    return tuple(labkeys[lab] for lab in kernel.inputs[k])
 
 
 def _tid(state, value: str | None, keys) -> tuple | None:
@@ -224,25 +240,17 @@ def _finished(writer: TileWriter) -> pa.Array:
 def einsum_rows(spec_arr, keys_arr, *tile_arrs) -> pa.Array:
     """One output tile per row: keys give every label's key, tiles are the operands' tiles."""
     kernel = einsum_kernel(_spec(spec_arr))
-    keys = _key_rows(keys_arr)
+    rows = [dict(zip(kernel.labels, k.tolist())) for k in _key_rows(keys_arr)]
     views = [blob_views(a) for a in tile_arrs]
-    exts = [kernel.extents(dict(zip(kernel.labels, k.tolist()))) for k in keys]
+    exts = [kernel.extents(labkeys) for labkeys in rows]
     writer = TileWriter(kernel.out_dtype, [kernel.out_shape(e) for e in exts])
     items = []
     device = kernel.xp is not np
     nulls = [_null_mask(a) for a in tile_arrs]
     state, values = current(), kernel.values or [None] * len(views)
-    for r, ext in enumerate(exts):
-        # a NULL tile: one the device holds (found there by _device_tile), or an array operand's
-        tiles = [tile_view(v[r], dt, s) if m is None or not m[r]
-                 else None if device else _host_tile(state, values[k], _operand_keys(kernel, k, keys[r]), s)
-                 for k, (v, m, dt, s) in enumerate(zip(views, nulls, kernel.dtypes, kernel.in_shapes(ext)))]
-        labkeys = dict(zip(kernel.labels, keys[r].tolist()))
-        out = _host_out(state, kernel.result, tuple(labkeys[lab] for lab in kernel.output), writer.shapes[r])
-        if out is None:
-            out = writer.out(r)
-        else:  # written into the array returned to the caller
-            writer.nulls.add(r)
+    for r, (ext, labkeys) in enumerate(zip(exts, rows)):
+        tiles = _operand_tiles(kernel, views, nulls, r, labkeys, device, state, values)
+        out = _output_tile(writer, r, state, kernel.result, tuple(labkeys[lab] for lab in kernel.output))
 
         def fn(cut, tiles=tiles, r=r, labkeys=labkeys, out=out):
             if device:
@@ -278,18 +286,9 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
         member_tiles, member_keys = [], []
         for m in rows:
             labkeys = {**b, **dict(zip(kernel.reduced, mkeys[m].tolist()))}
-            ext = kernel.extents(labkeys)
-            member_tiles.append([
-                tile_view(v[m], dt, s) if n is None or not n[m]
-                else None if device else _host_tile(state, values[k], tuple(labkeys[lab] for lab in kernel.inputs[k]), s)
-                for k, (v, n, dt, s) in enumerate(zip(views, nulls, kernel.dtypes, kernel.in_shapes(ext)))])
+            member_tiles.append(_operand_tiles(kernel, views, nulls, m, labkeys, device, state, values))
             member_keys.append(labkeys)
-
-        out = _host_out(state, kernel.result, tuple(b[lab] for lab in kernel.output), writer.shapes[g])
-        if out is None:
-            out = writer.out(g)
-        else:  # written into the array returned to the caller
-            writer.nulls.add(g)
+        out = _output_tile(writer, g, state, kernel.result, tuple(b[lab] for lab in kernel.output))
 
         def fn(cut, member_tiles=member_tiles, member_keys=member_keys, g=g, b=b, out=out):
             if device:
@@ -339,11 +338,7 @@ def _programs(spec_arr, rows: list[list]) -> pa.Array:
                      for k, (t, dt) in enumerate(zip(tiles, program.dtypes))]
         else:  # an array operand's tile (NULL in the SQL) is the caller's whole array
             tiles = [_host_tile(state, values[k], ()) if t is None else t for k, t in enumerate(tiles)]
-        out = _host_out(state, program.result, (), program.out_shape)
-        if out is None:
-            out = writer.out(r)
-        else:  # written into the array returned to the caller
-            writer.nulls.add(r)
+        out = _output_tile(writer, r, state, program.result, ())
         result = program.run(tiles, out, _run)
         if result is not None:  # on a device: the result is there, and back in out unless kept
             if _keep_result(state, program.result, (), result, out):

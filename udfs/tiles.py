@@ -96,8 +96,7 @@ def tiles_from_array(array: np.ndarray, tile: tuple[int, ...], keys: tuple[str, 
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
     shape = array.shape
-    grid = list(tiling_grid(shape, tile))
-    coords = np.indices(grid).reshape(len(grid), -1).T if grid else np.zeros((1, 0), dtype=np.int64)
+    coords = _tile_coords(shape, tile)
     tiles = []
     for c in coords:
         idx = tuple(slice(k * t, min((k + 1) * t, n)) for k, t, n in zip(c, tile, shape))
@@ -112,11 +111,16 @@ def tiles_from_array(array: np.ndarray, tile: tuple[int, ...], keys: tuple[str, 
 def null_tiles(shape, tile, keys: tuple[str, ...]) -> pa.Table:
     """The keys of every tile of a ``shape`` array cut into ``tile``, and a NULL tile column:
     an operand whose kernels read the array itself (udfs/register.py: ``_host_tile``)."""
-    grid = list(tiling_grid(shape, tile))
-    coords = np.indices(grid).reshape(len(grid), -1).T if grid else np.zeros((1, 0), dtype=np.int64)
+    coords = _tile_coords(shape, tile)
     cols = {k: pa.array(coords[:, p].astype(np.int64)) for p, k in enumerate(keys)}
     cols["tile"] = pa.nulls(len(coords), pa.binary())
     return pa.table(cols)
+
+
+def _tile_coords(shape, tile) -> np.ndarray:
+    """Every tile's keys, one row per tile (C order), one column per axis."""
+    grid = list(tiling_grid(shape, tile))
+    return np.indices(grid).reshape(len(grid), -1).T if grid else np.zeros((1, 0), dtype=np.int64)
 
 
 def array_from_tiles(table: pa.Table, shape, tile, dtype, keys, out: np.ndarray | None = None) -> np.ndarray:

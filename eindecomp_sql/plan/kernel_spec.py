@@ -38,6 +38,7 @@ import os
 import pickle
 import weakref
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Union
 
 import ml_dtypes  # noqa: F401 - "bfloat16" names a numpy dtype (a worker may decode a spec first)
@@ -827,8 +828,7 @@ def device_only_results(plan, device: str, min_work: int = 0, exclude=frozenset(
     for s in plan.steps:
         for v in step_reads(s):
             readers.setdefault(v.name, []).append(s)
-        if isinstance(s, EinsumStep):  # (the values it reads, named as its kernel names them)
-            excluded |= {v.name for v, op in zip(s.inputs, s.node.operands) if op.dropped}
+        excluded |= read_with_an_axis_dropped(s)
     kept = set()
     for s in plan.steps:
         name = step_target(s).name
@@ -839,20 +839,32 @@ def device_only_results(plan, device: str, min_work: int = 0, exclude=frozenset(
     return frozenset(kept)
 
 
+def read_with_an_axis_dropped(step) -> set[str]:
+    """The values an einsum step reads with a size-1 axis dropped (numpy broadcasting), named as
+    its kernel names them (``step.inputs``): its kernel names their tiles by fewer keys than
+    the tiles were made with, so it cannot find one by value and keys."""
+    from .steps import EinsumStep
+
+    if not isinstance(step, EinsumStep):
+        return set()
+    return {v.name for v, op in zip(step.inputs, step.node.operands) if op.dropped}
+
+
+@lru_cache(maxsize=1024)
 def inputs_read_by_name(plan) -> frozenset[str]:
     """The inputs of ``plan`` whose every reader is a kernel that can find a tile by its value's
     name and its keys (``udfs/register.py: _host_tile``): an einsum or program step, reading it
     with no axis dropped (a reader dropping a size-1 axis names the tile by fewer keys). An
     array operand among them need not pass through DuckDB at all: the SQL joins its keys and
     hands NULL, and the kernel reads the caller's array. A retile's kernel cuts bytes."""
-    from .steps import EinsumStep, RetileStep
+    from .steps import RetileStep
 
     named = {v.name for v in plan.inputs}
     for s in plan.steps:
         if isinstance(s, RetileStep):
             named.discard(s.source.name)
-        elif isinstance(s, EinsumStep):
-            named -= {v.name for v, op in zip(s.inputs, s.node.operands) if op.dropped}
+        else:
+            named -= read_with_an_axis_dropped(s)
     return frozenset(named)
 
 
