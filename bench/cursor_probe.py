@@ -10,6 +10,11 @@ kernel UDF and all) runs
 - ``serial``: as P statements, one per panel (``WHERE t0.d0 = p``), one after another on one cursor,
 - ``cursors``: the same P statements at once, each on a cursor of its own in a thread of its own,
   each writing its own table (appends and new tables from several connections do not conflict),
+- ``fetch``: the kernel outside DuckDB's pipeline. P threads at once, each on its own cursor,
+  fetch their panel's joined tiles as Arrow (``to_arrow_table``: DuckDB builds the Arrow arrays
+  in its own threads with the GIL released, where a UDF's input is converted holding it), run
+  the product with numpy in the thread, and write the result tile back from an Arrow table
+  (``CREATE TABLE ... AS SELECT ... FROM`` the registered table),
 side by side with numpy's ``@`` and the product's default (``db.einsum(..., out=)`` on the
 operands stored whole). Each core count runs in a child process pinned with ``taskset``, BLAS and
 DuckDB at that many threads; methods run in random order each round; medians (min-max), ratios
@@ -104,8 +109,15 @@ def child(cores: int, names: list[str], parts_list: list[int], rounds: int) -> d
             methods[f"one P={parts}"] = lambda w=whole: _create(con, "c_one", w)
             methods[f"serial P={parts}"] = lambda ps=panels: [_create(con, f"c_s{k}", s) for k, s in enumerate(ps)]
             methods[f"cursors P={parts}"] = lambda ps=panels: _concurrent(con, ps)
+            joins = fetch_statements(left, right, parts, cut_right)
+            shapes = ((sa[0] // parts,) + sa[1:], (sb[0] // parts,) + sb[1:] if cut_right else sb)
+            methods[f"fetch P={parts}"] = lambda js=joins, sh=shapes: _fetch(con, js, sh)
+            statements[parts] += (joins, shapes)
         # every formulation checked against numpy once, before timing
-        for parts, (whole, panels) in statements.items():
+        for parts, (whole, panels, joins, shapes) in statements.items():
+            _fetch(con, joins, shapes)
+            _check([r for k in range(parts) for r in con.sql(f"SELECT * FROM {_quoted(f'c_f{k}')}").fetchall()],
+                   want, parts, name)
             _create(con, "c_check", whole)
             _check(con.sql(f"SELECT * FROM {_quoted('c_check')}").fetchall(), want, parts, name)
             _concurrent(con, panels)
@@ -129,6 +141,36 @@ def child(cores: int, names: list[str], parts_list: list[int], rounds: int) -> d
     return out
 
 
+def fetch_statements(left: str, right: str, parts: int, cut_right: bool) -> list[str]:
+    """Per panel p, the join of its tiles without a kernel: the left panel's tile and the right
+    operand's (its panel p where the batch label is cut, else its one tile)."""
+    on = "t0.d0 = t1.d0" if cut_right else "TRUE"
+    return [f"SELECT t0.tile AS a, t1.tile AS b FROM {_quoted(left)} AS t0 JOIN {_quoted(right)} AS t1 ON {on} "
+            f"WHERE t0.d0 = {p}" for p in range(parts)]
+
+
+def _fetch(con, joins: list[str], shapes) -> None:
+    """``fetch``: each panel's tiles out as Arrow on a cursor of its own, numpy's product in the
+    thread, its result tile back into a table of its own (``c_f<p>``: key, tile)."""
+    import pyarrow as pa
+
+    sa, sb = shapes
+
+    def one(cur, p: int, select: str) -> None:
+        t = cur.sql(select).to_arrow_table()
+        a = np.frombuffer(t.column("a").chunk(0).buffers()[2], np.float32, int(np.prod(sa))).reshape(sa)
+        b = np.frombuffer(t.column("b").chunk(0).buffers()[2], np.float32, int(np.prod(sb))).reshape(sb)
+        assert t.num_rows == 1 and t.column("a").chunk(0).offset == 0
+        c = np.matmul(a, b)
+        offsets = pa.py_buffer(np.array([0, c.nbytes], np.int64))
+        res = pa.table({"tile": pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(c)])})
+        cur.register("_eds_fetched", res)
+        _create(cur, f"c_f{p}", f"SELECT {p}::BIGINT AS d0, tile::BLOB AS tile FROM _eds_fetched")
+        cur.unregister("_eds_fetched")
+
+    _threads(con, joins, one)
+
+
 def _check(rows, want: np.ndarray, parts: int, name: str) -> None:
     """The result tiles (one per row panel, raw C-order bytes) against numpy's panels."""
     assert len(rows) == parts, (name, parts, len(rows))
@@ -150,19 +192,25 @@ def _quoted(table: str) -> str:
 
 
 def _concurrent(con, panels: list[str]) -> None:
+    _threads(con, panels, lambda cur, k, select: _create(cur, f"c_p{k}", select))
+
+
+def _threads(con, statements: list[str], work) -> None:
+    """``work(cursor, k, statement)`` for every statement at once, each in a thread with a
+    cursor of its own; the first error is raised after all have finished."""
     errors: list[BaseException] = []
 
     def run(k: int, select: str) -> None:
         try:
             cur = con.cursor()
             try:
-                _create(cur, f"c_p{k}", select)
+                work(cur, k, select)
             finally:
                 cur.close()
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=run, args=(k, s)) for k, s in enumerate(panels)]
+    threads = [threading.Thread(target=run, args=(k, s)) for k, s in enumerate(statements)]
     for t in threads:
         t.start()
     for t in threads:
