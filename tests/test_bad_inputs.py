@@ -127,3 +127,23 @@ def test_more_bad_inputs_from_review():
         gg = eds.Graph()
         eds_x = gg.input("x", (1,) * 53)
         gg.map("relu", eds_x)
+
+
+def test_a_tile_cap_below_one_element_says_so(tmp_path, capsys):
+    """tile_bytes=2 with float32 tiles: no plan can keep its tiles under it. It was a TypeError
+    (the message formatted a budget of None), and in a job an "internal error"."""
+    with eds.connect(tile_bytes=2) as db:
+        A = db.store("A", np.ones((4, 4), np.float32), tile=(2, 2))
+        with pytest.raises(EinsumError, match=r"under tile_bytes = 2 B .*one element takes up to 4 B.*larger tile_bytes"):
+            db.einsum("ij->ji", A)
+    from eindecomp_sql.cli import main as cli_main
+
+    np.save(tmp_path / "x.npy", np.ones((4, 4), np.float32))
+    job = tmp_path / "job.toml"
+    for value, match in (('"2B"', "larger tile_bytes"), ("1.5", "tile_bytes 1.5: write a positive whole number")):
+        job.write_text(f'database = "t.duckdb"\ntile_bytes = {value}\n[inputs]\nx = {{ file = "x.npy" }}\n'
+                       '[steps.h]\nspec = "ij->ji"\noperands = ["x"]\n')
+        with pytest.raises(SystemExit) as e:
+            cli_main(["run", str(job)])
+        err = capsys.readouterr().err
+        assert e.value.code == 1 and match in err and "internal error" not in err, err

@@ -110,3 +110,25 @@ def test_half_element_rows_are_exact_floats(half):
         back = con.execute("SELECT i, j, value, typeof(value) FROM einsum_elements('ij->ij', 'h1_rows')").fetchall()
         assert {r[3] for r in back} == {"FLOAT"} and len(back) == a.size
         assert {v == np.float32(a[i, j]) for i, j, v, _ in back} == {True}
+
+
+def test_a_connection_switched_to_another_database_is_refused_not_served_its_tables():
+    """The plan reads names on the session's own cursor; after ``USE other`` the caller's query
+    would resolve the same names elsewhere (a 3x3 table's shape with another table's rows)."""
+    db = eds.connect()
+    con = db.connection
+    con.execute("CREATE TABLE E(i INT, j INT, value DOUBLE)")
+    con.execute("INSERT INTO E VALUES (0, 0, 1.0), (2, 2, 1.0)")
+    con.execute("ATTACH ':memory:' AS other")
+    con.execute("CREATE TABLE other.E(i INT, j INT, value DOUBLE)")
+    con.execute("INSERT INTO other.E VALUES (0, 0, 100.0), (0, 1, 200.0)")
+    db.store("A", np.arange(6.0).reshape(2, 3))
+    con.execute("USE other")
+    for q in ("SELECT * FROM einsum_elements('ij->ij', 'E')", "SELECT * FROM einsum('ij->ji', 'A')",
+              "SELECT * FROM einsum_topk('ij->ij', 1, 'A')"):
+        with pytest.raises(Exception, match=r"default schema is other\.main .*USE \"memory\"\.\"main\""):
+            con.execute(q).fetchall()
+    con.execute('USE "memory"."main"')
+    rows = con.execute("SELECT i, j, value FROM einsum_elements('ij->ij', 'E') ORDER BY i, j").fetchall()
+    assert len(rows) == 9 and rows[0] == (0, 0, 1.0) and rows[-1] == (2, 2, 1.0)
+    db.close()

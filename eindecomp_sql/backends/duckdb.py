@@ -17,7 +17,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from ..compile import DuckDBCompiler, create_table_as, drop_table
-from ..compile.compiler import on_device
+from ..compile.compiler import ident, on_device
 from ..plan.kernel_spec import device_only_results, host_reason, inputs_read_by_name
 from ..compile.sql import table
 from ..errors import EinsumError, ExecutionError
@@ -269,12 +269,20 @@ class DuckDBBackend:
         from eindecomp_sql.udfs.topk import register_topk
 
         text = duckdb.sqltype("VARCHAR")
+        # names are resolved on our cursor, whose default is the session's database and schema
+        home = tuple(self._run("SELECT current_database(), current_schema()")[0])
 
-        def udf(spec, names, mode, join, agg, k):
+        def udf(spec, names, mode, join, agg, k, where):
+            if where is not None and tuple(where) != home:
+                raise EinsumError(
+                    f"einsum(): this connection's default schema is {'.'.join(map(str, where))} (after USE), but "
+                    f"einsum() reads stored tensors and tables from the session's {'.'.join(home)}; run "
+                    f"USE {'.'.join(ident(n).sql(dialect='duckdb') for n in home)} first")
             return einsum_sql(spec, list(names) if names is not None else [], mode, join, agg, k)
 
         # NULLs reach the planner (a NULL spec or k gets our message, not a NULL query text)
-        self.con.create_function("eds_einsum_sql", udf, [text, duckdb.list_type(text), text, text, text, text], text,
+        self.con.create_function("eds_einsum_sql", udf, [text, duckdb.list_type(text), text, text, text, text,
+                                                         duckdb.list_type(text)], text,
                                  side_effects=True, null_handling="special")
         register_pack(self.con)
         register_topk(self.con)

@@ -129,7 +129,7 @@ def _value_dtype(table_name: str, column: str, sql_type: str) -> str:
                           f"DOUBLE in a view (CREATE VIEW ... AS SELECT ..., {_q(column)}::DOUBLE AS value FROM ...)")
     if sql_type not in DTYPE_OF:
         raise EinsumError(f"einsum(): table {table_name!r}: value column {column!r} is {sql_type}; a value must be "
-                          f"one of {', '.join(SQL_TYPES.values())}")
+                          f"one of {', '.join(DTYPE_OF)}")
     return check_dtype(DTYPE_OF[sql_type], f"einsum(): table {table_name!r}, column {column!r}")
 
 

@@ -204,7 +204,7 @@ def parse_job(text: str, path, *, database=None, memory=None, workers=None, tile
 
     mem = setting("memory", memory, parse_memory)
     nworkers = setting("workers", workers, lambda w: 1 if w is None else check_count(w, "workers"))
-    tbytes = setting("tile_bytes", tile_bytes, lambda t: None if t is None else parse_memory(t))
+    tbytes = setting("tile_bytes", tile_bytes, lambda t: None if t is None else parse_memory(t, "tile_bytes"))
 
     raw_inputs = doc.get("inputs", {})
     if not isinstance(raw_inputs, dict):

@@ -384,14 +384,15 @@ def plan_share(memory: int | None) -> int | None:
     return None if memory is None else int(memory * BUDGET_SHARE)
 
 
-def parse_memory(memory) -> int | None:
+def parse_memory(memory, what: str = "memory budget") -> int | None:
     """``"2GB"``, ``"512MiB"``, ``1 << 30`` -> bytes; None -> no budget. A budget is a positive,
-    finite number of bytes: anything else is an EinsumError, never a ValueError or OverflowError."""
+    finite, whole number of bytes: anything else is an EinsumError naming ``what``, never a
+    ValueError or OverflowError."""
     from ..errors import EinsumError
 
     if memory is None:
         return None
-    bad = EinsumError(f"memory budget {memory!r}: write a positive number of bytes or a size such as '2GB' "
+    bad = EinsumError(f"{what} {memory!r}: write a positive whole number of bytes or a size such as '2GB' "
                       "or '512MiB'")
     if isinstance(memory, bool):
         raise bad
@@ -410,5 +411,7 @@ def parse_memory(memory) -> int | None:
     units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
     if unit not in units or not math.isfinite(num) or num * units[unit] < 1 or not math.isfinite(num * units[unit]):
+        raise bad
+    if units[unit] == 1 and num != int(num):  # 1.5 bytes: a typo, not a size
         raise bad
     return int(num * units[unit])

@@ -40,6 +40,7 @@ from ..errors import EinsumError
 from ..graph import EinsumNode, ValueInfo
 from .cost import (DEFAULT_COSTS, CostModel, Costs, max_batches, nbytes, needed_batches, retile_max_batches,
                    retile_peak, step_costs, step_peak)
+from .steps import format_bytes
 from .tiling import Chunking, ceil_div, moves_whole_rows, pieces_of, tile_of
 
 STRATEGIES = ("eindecomp", "data-parallel", "model-parallel", "square-tiles")
@@ -188,12 +189,18 @@ class _Problem:
         if stored is not None and stored not in out and self._fits(node, stored):
             out.append(stored)
         if not out:
+            if self.budget is None:  # only the tile cap can refuse every candidate
+                item = max(np.dtype(self.dtypes[v]).itemsize for v in {node.result.name, *(o.value for o in node.operands)})
+                raise EinsumError(
+                    f"no chunking of node {node.describe()} -> {node.result.name} keeps the tiles it makes under "
+                    f"tile_bytes = {format_bytes(self.tile_bytes)} with at most {cap} tile tuples per step (one element "
+                    f"takes up to {item} B); give a larger tile_bytes")
             smallest = min(self._best_peak(node, dict(zip(labels, c)))
                            for c in _bounded_products([opts[lab] for lab in labels], 1, cap))
             raise EinsumError(
                 f"no chunking of node {node.describe()} -> {node.result.name} fits the memory budget of "
-                f"{self.budget / 1e6:.1f} MB: the smallest projected peak with at most {cap} tile tuples per step is "
-                f"{smallest / 1e6:.1f} MB{'' if self.tile_bytes is None else f' (tiles capped at {self.tile_bytes / 1e6:.1f} MB)'}"
+                f"{format_bytes(self.budget)}: the smallest projected peak with at most {cap} tile tuples per step is "
+                f"{format_bytes(smallest)}{'' if self.tile_bytes is None else f' (tiles capped at {format_bytes(self.tile_bytes)})'}"
                 "; give more memory"
             )
         return out

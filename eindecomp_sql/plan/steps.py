@@ -522,8 +522,8 @@ class Plan:
             peak = s.peak(self.model)
             if peak > budget:
                 raise EinsumError(
-                    f"step {k} ({s.describe()}) would need {peak / 1e6:.1f} MB, over the memory "
-                    f"budget of {budget / 1e6:.1f} MB; give more memory or let the optimizer cut finer"
+                    f"step {k} ({s.describe()}) would need {format_bytes(peak)}, over the memory "
+                    f"budget of {format_bytes(budget)}; give more memory or let the optimizer cut finer"
                 )
 
     def explain(self) -> str:
