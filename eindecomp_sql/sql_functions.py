@@ -31,6 +31,7 @@ from .compile.sql_interface import (
 from .errors import EinsumError
 from .notation.checks import check_name
 from .plan import TiledValue
+from .plan.steps import format_bytes
 
 MODES = ("tiles", "elements", "topk")
 _COUNT = re.compile(r"^\s*\+?\d+\s*$")
@@ -126,6 +127,15 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
             f"{p} = {op.describe() if not isinstance(op, TiledValue) else f'stored tensor {op.name!r}'}, "
             f"shape {op.shape}" for p, op in enumerate(operands))
         raise EinsumError(f"{e}\n    operands: {named}") from None
+    batched = [(k, s) for k, s in enumerate(plan.steps) if s.batches > 1]
+    if batched:
+        # a step over the budget runs as several statements, each committed before the next,
+        # which is what keeps it within the budget; one query would hold all of it at once
+        k, s = batched[0]
+        raise EinsumError(
+            f"einsum(): under the session's memory budget of {format_bytes(session.memory or 0)} the plan runs step {k} "
+            f"({s.describe()}) as {s.batches} statements, but a SQL table function is one query; call "
+            "db.einsum(...) from Python, which runs them one after another, or connect with a larger memory=")
     result = plan.result
     if mode == "topk":
         if not result.shape:

@@ -132,3 +132,23 @@ def test_a_connection_switched_to_another_database_is_refused_not_served_its_tab
     rows = con.execute("SELECT i, j, value FROM einsum_elements('ij->ij', 'E') ORDER BY i, j").fetchall()
     assert len(rows) == 9 and rows[0] == (0, 0, 1.0) and rows[-1] == (2, 2, 1.0)
     db.close()
+
+
+def test_a_plan_the_budget_splits_into_statements_is_refused_by_the_one_query_interface():
+    """Under memory= a step over the budget runs as several statements (db.einsum does); a SQL
+    table function is one query, which ran out of DuckDB's memory with a raw error."""
+    a = np.random.default_rng(5).standard_normal((2048, 2048))
+    with eds.connect(memory="256MB") as db:
+        db.store("A", a)
+        db.store("B", a)
+        assert db.plan("ij,jk->ik", "A", "B").steps and any(s.batches > 1 for s in db.plan("ij,jk->ik", "A", "B").steps)
+        for q in ("SELECT count(*) FROM einsum_topk('ij,jk->ik', 2, 'A', 'B')",
+                  "SELECT count(*) FROM einsum_elements('ij,jk->ik', 'A', 'B')"):
+            with pytest.raises(Exception, match=r"EinsumError: .*as \d+ statements, but a SQL table function is one "
+                                                r"query; call db\.einsum"):
+                db.connection.execute(q).fetchall()
+        small = a[:64, :64].copy()
+        db.store("S", small)
+        got = db.connection.execute("SELECT i, k, value FROM einsum_elements('ij,jk->ik', 'S', 'S')").fetchall()
+        want = small @ small
+        assert len(got) == want.size and all(abs(v - want[i, k]) < 1e-9 for i, k, v in got)
