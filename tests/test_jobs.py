@@ -433,3 +433,30 @@ def test_files_the_package_exported_are_job_inputs_and_databases_must_be_duckdb(
     assert run_main(capsys, "run", tmp_path / "job2.toml", "--json")[0] == 0  # resumes: all done
     code, out, err = run_main(capsys, "store", tmp_path / "h.parquet", "B", tmp_path / "x.npy")
     assert code == 1 and "is not a DuckDB database file" in err, err
+
+
+def test_a_result_committed_before_a_kill_is_recorded_done_on_resume_so_a_later_replacement_is_found(tmp_path):
+    """Killed between its commit and its 'done' row, a step's result is kept on resume; its row
+    stayed 'pending' without the result's md5 for good, so replacing it by hand (same shape,
+    other bytes) later went unnoticed and the job counted it done."""
+    rng = np.random.default_rng(8)
+    np.save(tmp_path / "x.npy", rng.standard_normal((64, 32)).astype(np.float32))
+    np.save(tmp_path / "w.npy", rng.standard_normal((32, 48)).astype(np.float32))
+    (tmp_path / "job.toml").write_text('database = "t.duckdb"\n[inputs]\nx = { file = "x.npy" }\nw = { file = "w.npy" }\n'
+                                       '[steps.h]\nspec = "bi,io->bo"\noperands = ["x", "w"]\n'
+                                       '[steps.g]\nspec = "bo->o"\noperands = ["h"]\n')
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    killed = subprocess.run([sys.executable, str(driver), "at", "committed", "h", "run", "job.toml", "-q"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    rc, out, err = finish(cli("run", "job.toml", "--json", cwd=tmp_path))
+    assert rc == 0, err
+    assert [e["name"] for e in json.loads(out)["steps"] if e["skipped"]] == ["x", "w", "h"]
+    with eds.connect(str(tmp_path / "t.duckdb")) as db:
+        rows = dict(db.connection.execute("SELECT name, state || ' ' || (content_md5 IS NOT NULL) FROM eds_jobs").fetchall())
+        assert rows["h"] == "done true", rows
+        h = db.tensor("h")
+        db.store("h", np.zeros(h.shape, np.float32), tile=h.tile, keys=h.value.keys, replace=True)
+    rc, out, err = finish(cli("run", "job.toml", cwd=tmp_path))
+    assert rc == 1 and "stored tensor 'h' was replaced since the job wrote it" in err, err

@@ -116,6 +116,7 @@ class Part:
     file_stat: dict | None = None
     status: str = "todo"  # 'done' | 'todo' | 'changed' | 'conflict' | 'blocked'
     why: str = ""
+    committed_not_done: bool = False  # done, but its row still 'pending' (killed between (3) and (4))
 
     @property
     def tiles(self) -> int:
@@ -438,6 +439,7 @@ def _status(db, p: Part, row: dict | None) -> None:
                                       "differ from what the job recorded)")
     else:
         p.status = "done"
+        p.committed_not_done = row["state"] != "done"
 
 
 def changes(old: dict, new: dict) -> str:
@@ -526,6 +528,9 @@ class Runner:
         n = len(parts)
         for k, p in enumerate(parts, 1):
             if p.status == "done":
+                if p.committed_not_done:  # (4) for a run killed after (3): record its md5 now, so a
+                    # result replaced by hand from here on is found changed, as for any done part
+                    self._write(p, "done", md5=content_md5(self.db, self.db.tensor(p.name)))
                 self.reporter.skipped(p, k, n)
                 self.entries.append(entry(p, True, 0.0))
                 continue
