@@ -331,26 +331,31 @@ def run(job_file, database, memory, workers, force, as_json, quiet):
     from .jobs import runner
 
     t0 = time.perf_counter()
-    job = _load(job_file, database, memory, workers)
-    if not job.database.exists():
-        runner.plan_job(job, None)  # a job that cannot be planned creates no database file
-    stream = sys.stderr if as_json else sys.stdout
-    reporter = runner.Reporter() if quiet else _BarReporter() if _terminal() and not as_json else _LineReporter(stream)
-    with _connect(job.database, create=True, tile_bytes=job.tile_bytes, memory=job.memory) as db:
-        prep = runner.prepare(job, db)
-        blocked = [p for p in prep.parts if p.status == "blocked"]
-        if prep.problems() and (not force or blocked):
-            raise runner.refusal(prep)
-        r = runner.Runner(db, prep, reporter)
-        try:
-            entries = r.run()
-        except BaseException as e:
-            if as_json:
-                click.echo(json.dumps(_summary(job, r.entries, t0, error=one_line(e) if not isinstance(
-                    e, KeyboardInterrupt) else "interrupted"), indent=1))
-            raise
-        finally:
-            r.close()
+    job, r = None, None
+    try:
+        job = _load(job_file, database, memory, workers)
+        if not job.database.exists():
+            runner.plan_job(job, None)  # a job that cannot be planned creates no database file
+        stream = sys.stderr if as_json else sys.stdout
+        reporter = runner.Reporter() if quiet else _BarReporter() if _terminal() and not as_json else _LineReporter(stream)
+        with _connect(job.database, create=True, tile_bytes=job.tile_bytes, memory=job.memory) as db:
+            prep = runner.prepare(job, db)
+            blocked = [p for p in prep.parts if p.status == "blocked"]
+            if prep.problems() and (not force or blocked):
+                raise runner.refusal(prep)
+            r = runner.Runner(db, prep, reporter)
+            try:
+                entries = r.run()
+            finally:
+                r.close()
+    except BaseException as e:
+        # a failed run still prints its summary (docs/cli.md), also when nothing ran: a job that
+        # cannot be read, planned or is refused
+        if as_json and not isinstance(e, (SystemExit, click.exceptions.Exit)):
+            click.echo(json.dumps(_summary(job, r.entries if r is not None else [], t0, error=one_line(e) if not
+                                           isinstance(e, KeyboardInterrupt) else "interrupted", path=job_file),
+                                  indent=1))
+        raise
     summary = _summary(job, entries, t0)
     if as_json:
         click.echo(json.dumps(summary, indent=1))
@@ -359,8 +364,10 @@ def run(job_file, database, memory, workers, force, as_json, quiet):
               f"{summary['seconds']:.2f} s", file=stream, flush=True)
 
 
-def _summary(job, entries, t0, error=None) -> dict:
-    return {"job": str(job.path), "database": str(job.database), "ok": error is None,
+def _summary(job, entries, t0, error=None, path=None) -> dict:
+    """The JSON summary of a run (``job`` None: the job file could not be read, ``path`` names it)."""
+    return {"job": str(job.path if job is not None else path),
+            "database": str(job.database) if job is not None else None, "ok": error is None,
             **({"error": error} if error is not None else {}),
             "seconds": round(time.perf_counter() - t0, 4), "ran": sum(not e["skipped"] for e in entries),
             "skipped": sum(e["skipped"] for e in entries), "steps": entries,

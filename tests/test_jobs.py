@@ -460,3 +460,17 @@ def test_a_result_committed_before_a_kill_is_recorded_done_on_resume_so_a_later_
         db.store("h", np.zeros(h.shape, np.float32), tile=h.tile, keys=h.value.keys, replace=True)
     rc, out, err = finish(cli("run", "job.toml", cwd=tmp_path))
     assert rc == 1 and "stored tensor 'h' was replaced since the job wrote it" in err, err
+
+
+def test_run_json_prints_a_failed_summary_also_when_nothing_ran(tmp_path, capsys):
+    """docs/cli.md: a failed run prints its summary with "ok": false and "error"; a job refused or
+    failing to plan before any step ran printed nothing on stdout."""
+    np.save(tmp_path / "x.npy", np.ones((4, 3)))
+    cases = {"unplannable.toml": BASE + '[steps.h]\nspec = "ij,jk->ik"\noperands = ["x", "x"]\n',
+             "unreadable.toml": 'database = "t.duckdb"\n[inputs\n'}
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        rc, out, err = run_main(capsys, "run", tmp_path / name, "--json")
+        summary = json.loads(out)
+        assert rc == 1 and summary["ok"] is False and summary["steps"] == [] and summary["ran"] == 0, (name, out)
+        assert summary["error"] in err and summary["job"].endswith(name), (summary, err)
