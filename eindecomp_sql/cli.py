@@ -40,7 +40,14 @@ def one_line(e: BaseException) -> str:
     if len(lines) == 3 and lines[2].strip() == "^":
         col = len(lines[2]) - len(lines[2].lstrip()) - 4
         return f"{lines[0]} (at character {col + 1} of {lines[1].strip()!r})"
-    return " ".join(x.strip() for x in lines if x.strip()) or type(e).__name__
+    text = " ".join(x.strip() for x in lines if x.strip()) or type(e).__name__
+    # the library's advice names its keyword arguments; here they are the commands' options
+    for api, option in _OPTION_ADVICE:
+        text = text.replace(api, option)
+    return text
+
+
+_OPTION_ADVICE = (("pass replace=True", "pass --replace"), ("pass dtype='bfloat16'", "pass --dtype bfloat16"))
 
 
 def main(argv=None) -> None:

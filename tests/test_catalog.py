@@ -3,6 +3,7 @@
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
 import eindecomp_sql as eds
 from helpers import DTYPES, random_array
@@ -111,3 +112,36 @@ def test_a_read_only_database_without_a_catalog_lists_no_tensors(tmp_path):
     duckdb.connect(str(path)).close()  # a DuckDB file this package never wrote to
     with eds.connect(path, read_only=True) as db:
         assert db.tensors() == []
+
+
+def test_replace_overwrites_stored_tensors_only_never_a_users_table_or_view(tmp_path, capsys):
+    """store(..., replace=True) and einsum(..., out=, replace=True) onto a plain table dropped the
+    user's table; onto a view they failed with DuckDB's own error half-way."""
+    a = np.arange(6.0).reshape(2, 3)
+    path = tmp_path / "t.duckdb"
+    with eds.connect(str(path)) as db:
+        db.connection.execute("CREATE TABLE plain_t(x INT)")
+        db.connection.execute("INSERT INTO plain_t VALUES (7)")
+        db.connection.execute("CREATE VIEW plain_v AS SELECT 1 AS y")
+        db.store("A", a)
+        for name in ("plain_t", "PLAIN_V"):
+            for call in (lambda: db.store(name, a, replace=True),
+                         lambda: db.einsum("ij->ji", "A", out=name, replace=True)):
+                with pytest.raises(eds.EinsumError, match="is a table or view of the database that is not a stored tensor"):
+                    call()
+        assert db.connection.execute("SELECT * FROM plain_t").fetchall() == [(7,)]
+        assert db.connection.execute("SELECT * FROM plain_v").fetchall() == [(1,)]
+        assert sorted(db.tensors()) == ["A"]
+        db.store("A", a + 1, replace=True)  # a stored tensor is still replaced
+        assert np.array_equal(db.tensor("A").to_numpy(), a + 1)
+    from eindecomp_sql.cli import main as cli_main
+
+    np.save(tmp_path / "x.npy", a)
+    errs = []
+    for args in (["store", path, "plain_t", tmp_path / "x.npy", "--replace"], ["store", path, "A", tmp_path / "x.npy"]):
+        with pytest.raises(SystemExit) as e:
+            cli_main([str(x) for x in args])
+        errs.append(capsys.readouterr().err)
+        assert e.value.code == 1 and errs[-1].count("\n") == 1, errs[-1]
+    assert "'plain_t' is a table or view of the database that is not a stored tensor" in errs[0], errs[0]
+    assert "pass --replace to overwrite it" in errs[1] and "replace=True" not in errs[1], errs[1]

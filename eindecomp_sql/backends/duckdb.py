@@ -450,10 +450,15 @@ class DuckDBBackend:
         return self._Tx(self._run) if needed else contextlib.nullcontext()
 
     def _check_target(self, table: str, replace: bool) -> bool:
-        """Refuse an existing table unless ``replace``; whether it exists."""
+        """Refuse an existing table unless ``replace``, and a table or view that is not a stored
+        tensor even then (``replace`` overwrites tensors: a user's own table is not ours to drop,
+        and a view made DuckDB refuse mid-write); whether it exists."""
         exists = self.table_exists(table)
         if exists and not replace:
             raise EinsumError(f"table {table!r} already exists; pass replace=True to overwrite it")
+        if exists and self.lookup(table) is None:
+            raise EinsumError(f"{table!r} is a table or view of the database that is not a stored tensor; replace "
+                              "overwrites stored tensors only: choose another name, or drop it first")
         return exists
 
     # -- data in and out --------------------------------------------------------------------
