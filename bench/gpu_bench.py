@@ -154,12 +154,73 @@ def ffn(db, torch, b: int, d: int, f: int, runs: int, cuda: bool) -> dict:
             "bytes_sent_returned": moved, "working_set": x.nbytes * 2 + w1.nbytes + w2.nbytes + b * f * 2}
 
 
+def transfers(nbytes: int = 1 << 30, chunk: int = 64 << 20, reps: int = 3) -> dict:
+    """Host <-> device rates for one float32 buffer of ``nbytes`` (best of ``reps``, GB/s), to
+    decide issue 11's "transfers from pinned staging buffers" by measurement: pageable memory
+    (what the kernels hand CuPy today: DuckDB's Arrow buffers are ordinary memory), already pinned
+    memory, the host copy into pinned memory, and staging through two pinned buffers of ``chunk``
+    bytes on a stream of its own, the DMA of one chunk overlapping the host copy of the next,
+    that copy on 1 and on 4 threads (numpy's copy releases the GIL). The driver stages pageable
+    transfers itself, so staging of ours pays only if it copies faster than the driver does."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import cupy as cp
+
+    a = np.random.default_rng(0).standard_normal(nbytes // 4, dtype=np.float32)
+    d = cp.empty(a.shape, a.dtype)
+    back = np.empty_like(a)
+    pinned = np.frombuffer(cp.cuda.alloc_pinned_memory(a.nbytes), a.dtype, a.size)
+    np.copyto(pinned, a)
+
+    def rate(f) -> float:
+        best = float("inf")
+        for _ in range(reps):
+            cp.cuda.Device().synchronize()
+            t = time.perf_counter()
+            f()
+            cp.cuda.Device().synchronize()
+            best = min(best, time.perf_counter() - t)
+        return round(a.nbytes / best / 1e9, 2)
+
+    n = chunk // 4
+    bufs = [np.frombuffer(cp.cuda.alloc_pinned_memory(chunk), np.float32, n) for _ in range(2)]
+    stream = cp.cuda.Stream(non_blocking=True)
+
+    def staged(pool, threads: int) -> None:
+        done = [None, None]  # the event after the last DMA out of each staging buffer
+        for k, lo in enumerate(range(0, a.size, n)):
+            hi, buf = min(lo + n, a.size), bufs[k % 2]
+            if done[k % 2] is not None:
+                done[k % 2].synchronize()  # the buffer's previous chunk has left it
+            cuts = np.linspace(lo, hi, threads + 1).astype(np.int64)
+            list(pool.map(lambda r: np.copyto(buf[r[0] - lo:r[1] - lo], a[r[0]:r[1]]), zip(cuts[:-1], cuts[1:])))
+            d[lo:hi].set(buf[:hi - lo], stream=stream)
+            done[k % 2] = stream.record()
+        stream.synchronize()
+
+    out = {"bytes": a.nbytes, "chunk": chunk,
+           "h2d pageable GB/s": rate(lambda: d.set(a)),
+           "h2d from pinned GB/s": rate(lambda: d.set(pinned)),
+           "host copy into pinned GB/s": rate(lambda: np.copyto(pinned, a)),
+           "d2h to pageable GB/s": rate(lambda: d.get(out=back)),
+           "d2h to pinned GB/s": rate(lambda: d.get(out=pinned))}
+    for threads in (1, 4):
+        with ThreadPoolExecutor(threads) as pool:
+            out[f"h2d staged, {threads} copy thread(s) GB/s"] = rate(lambda: staged(pool, threads))
+    assert np.array_equal(d.get(), a), "the staged upload is wrong"
+    return out
+
+
 def markdown(out: dict) -> str:
     from eindecomp_sql.plan.steps import format_bytes
 
     lines = [f"Device: {out['device']}; host {out['host']}; {out['versions']}", "",
              "| work | ours median s (min-max) | torch median s | our throughput / torch's | bar | max diff vs torch |",
              "|---|---|---|---|---|---|"]
+    if "transfers" in out:
+        x = out["transfers"]
+        lines[0:0] = [f"Transfers of {x['bytes'] / 2**30:.0f} GiB (best of 3): " + ", ".join(
+            f"{k[:-5]} {v} GB/s" for k, v in x.items() if k.endswith("GB/s")), ""]
     g = out.get("gemm")
     if g:
         lines.append(f"| GEMM {g['n']}² float32, TF32, stored -> table, operands sent | "
@@ -195,7 +256,7 @@ def main() -> None:
     ap.add_argument("--namespace", default="cupy", help="the cuda kernels' namespace (simcupy: a dry run)")
     ap.add_argument("--small", action="store_true", help="small sizes (a dry run of the script)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--only", default="gemm,ffn")
+    ap.add_argument("--only", default="transfers,gemm,ffn")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     try:
@@ -217,6 +278,8 @@ def main() -> None:
                        f"cupy {getattr(devices.namespace('cuda'), '__version__', '-')}",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     only = set(args.only.split(","))
+    if "transfers" in only and cuda:  # rates of a real device only: the stand-in has no DMA
+        out["transfers"] = transfers()
     if "gemm" in only:
         out["gemm"] = gemm(db, torch, 512 if args.small else 16384, args.reps, cuda)
     if "ffn" in only:
