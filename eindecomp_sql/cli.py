@@ -41,9 +41,12 @@ def one_line(e: BaseException) -> str:
         col = len(lines[2]) - len(lines[2].lstrip()) - 4
         return f"{lines[0]} (at character {col + 1} of {lines[1].strip()!r})"
     text = " ".join(x.strip() for x in lines if x.strip()) or type(e).__name__
-    # the library's advice names its keyword arguments; here they are the commands' options
-    for api, option in _OPTION_ADVICE:
-        text = text.replace(api, option)
+    from .jobs.spec import JobError
+
+    if not isinstance(e, JobError):  # a job's errors name its file's keys (dtype = "bfloat16")
+        # the library's advice names its keyword arguments; here they are the commands' options
+        for api, option in _OPTION_ADVICE:
+            text = text.replace(api, option)
     return text
 
 
