@@ -303,12 +303,13 @@ class Session:
         values, inputs = [], {}
         for k, x in enumerate(operands):
             where = what[k] if what is not None else f"operand {k}"
-            if isinstance(x, str):
+            fresh = isinstance(x, str)
+            if fresh:
                 x = self.tensor(x)
             if isinstance(x, Tensor):
                 if x.session is not self and (self.backend.con is None or x.session.backend.con is not self.backend.con):
                     raise EinsumError(f"{where} is a tensor of another session")
-                v = x._live_value()
+                v = x._live_value(fresh)
                 values.append(v)
                 inputs[v.name] = v.name
                 continue

@@ -70,14 +70,28 @@ class Tensor:
         if fin is not None:
             fin()  # drops the temporary table now (a finalizer runs once)
 
-    def _live_value(self):
+    def _live_value(self, fresh: bool = False):
         """The value, if its table is still this tensor's: a temporary result that left its
-        ``with`` block was dropped, and its table name may since hold another result."""
+        ``with`` block was dropped, and its table name may since hold another result; a stored
+        tensor may have been dropped or replaced by another of a different shape, dtype or tile
+        since this handle was made (its bytes read with the old shape would be garbage).
+        ``fresh``: the handle was just read from the catalog (nothing to check again)."""
         fin = self.__dict__.get("_finalizer")
         if fin is not None and not fin.alive:
             raise EinsumError(f"this temporary result ({self.value.name!r}) was dropped when it left its with "
                               "block; compute it again, or pass out= to keep a result")
-        return self.value
+        if self.is_temporary or fresh:
+            return self.value
+        v = self.value
+        now = self.session.backend.lookup(v.name)
+        if now is None:
+            raise EinsumError(f"stored tensor {v.name!r} no longer exists (dropped since this handle was made)")
+        if (now.shape, now.dtype, now.tile, now.keys) != (v.shape, v.dtype, v.tile, v.keys):
+            raise EinsumError(
+                f"stored tensor {v.name!r} was replaced since this handle was made: it is now {now.shape} {now.dtype} "
+                f"in tiles {now.tile} (this handle: {v.shape} {v.dtype} in tiles {v.tile}); take a new handle with "
+                f"db.tensor({v.name!r})")
+        return v
 
     def to_arrow(self, form: str = "tiles") -> pa.Table:
         """The tensor as an Arrow table, described in its schema metadata (``eindecomp_sql.*``

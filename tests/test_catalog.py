@@ -145,3 +145,25 @@ def test_replace_overwrites_stored_tensors_only_never_a_users_table_or_view(tmp_
         assert e.value.code == 1 and errs[-1].count("\n") == 1, errs[-1]
     assert "'plain_t' is a table or view of the database that is not a stored tensor" in errs[0], errs[0]
     assert "pass --replace to overwrite it" in errs[1] and "replace=True" not in errs[1], errs[1]
+
+
+def test_a_handle_on_a_tensor_replaced_or_dropped_since_is_refused_not_read_with_its_old_shape():
+    """A Tensor handle kept its shape, dtype and tile while the table was replaced: int64 bytes
+    read as float64, or a (3, 4) layout over a (4, 3) table, with no error."""
+    with eds.connect() as db:
+        A = db.store("A", np.arange(16.0).reshape(4, 4), tile=(2, 2))
+        db.store("A", np.arange(16).reshape(4, 4) * 10, tile=(2, 2), replace=True)  # same bytes per tile
+        g = eds.Graph()
+        x = g.input("x", (4, 4), "float64")
+        g.map("neg", x)
+        for use in (A.to_numpy, A.to_arrow, lambda: db.einsum("ij->i", A), lambda: g.run(db, x=A)):
+            with pytest.raises(eds.EinsumError, match=r"'A' was replaced since this handle was made: it is now "
+                                                      r"\(4, 4\) int64 .*db\.tensor\('A'\)"):
+                use()
+        fresh = db.tensor("A")
+        assert np.array_equal(fresh.to_numpy(), np.arange(16).reshape(4, 4) * 10)
+        same = db.store("A", np.ones((4, 4), np.int64), tile=(2, 2), replace=True)  # same layout: reads the new bytes
+        assert np.array_equal(fresh.to_numpy(), np.ones((4, 4))) and np.array_equal(same.to_numpy(), fresh.to_numpy())
+        db.drop("A")
+        with pytest.raises(eds.EinsumError, match="'A' no longer exists"):
+            fresh.to_numpy()
