@@ -256,6 +256,7 @@ class Session:
         # session (SELECT ... FROM einsum(...)) from DuckDB's threads
         # files stream into DuckDB (a batch of tiles at a time, or read by DuckDB itself); the
         # other backends take whole tables
+        _check_replace(replace)  # before reading: replace="no" is truthy
         incoming = io.read_source(
             source, f"store({name!r})",
             io.Wanted(tile, keys, shape, dtype, index, value, tile_bytes=self.store_tile_bytes,
@@ -382,6 +383,7 @@ class Session:
         spec, operands = self._spec_args(spec, operands)
         if out is not None:
             check_name(out, "output name")
+        _check_replace(replace)
         with self._call():
             values, inputs = self._resolve(operands)
             p = self._plan(spec, values, join, agg)
@@ -403,8 +405,7 @@ class Session:
     # -- graphs -----------------------------------------------------------------------------
     def run_graph_plan(self, gplan, inputs: dict, out=None, replace: bool = False, progress=None):
         """Run a ``GraphPlan`` (see ``GraphPlan.run``)."""
-        if not isinstance(replace, bool):
-            raise EinsumError(f"replace must be True or False, got {replace!r}")
+        _check_replace(replace)
         outputs = [v.name for v in gplan.outputs]
         if out is None:
             targets = {}
@@ -520,6 +521,13 @@ def _pick_device(device, allow_tf32, backend: str) -> str:
     if device == "auto" and backend == "duckdb" and devices.available("cuda"):
         return "cuda"
     return "cpu"
+
+
+def _check_replace(replace) -> None:
+    # numpy's bools are bools to a user; "no" or 0 is not a choice made (any truthy value
+    # would overwrite a table)
+    if not isinstance(replace, (bool, np.bool_)):
+        raise EinsumError(f"replace must be True or False, got {replace!r}")
 
 
 def connect(database=None, *, tile_bytes: int | None = None, workers: int | None = None, memory=None,

@@ -421,3 +421,38 @@ def test_arrays_are_readable_for_the_run_only(registry, monkeypatch):
             for name in s.values():
                 with pytest.raises(duckdb.Error):  # no such table, or its object released
                     db.backend._work.execute(f'SELECT * FROM "{name}"').fetchall()
+
+
+def test_a_users_connection_takes_a_new_session_after_close_and_refuses_a_second_at_once():
+    """A session on a connection it does not own leaves the connection open; its functions
+    stayed registered there, so a new session on it failed with DuckDB's own error."""
+    import duckdb
+
+    con = duckdb.connect()
+    db = eds.connect(con)
+    db.store("A", np.arange(4.0).reshape(2, 2))
+    with pytest.raises(eds.EinsumError, match="already has an eindecomp_sql session open on it"):
+        eds.connect(con)
+    assert con.sql("SELECT count(*) FROM einsum('ij->i', 'A')").fetchall() == [(1,)]  # the first one unharmed
+    db.close()
+    with pytest.raises(duckdb.CatalogException):  # nothing of the closed session's left to call
+        con.sql("SELECT * FROM einsum('ij->i', 'A')").fetchall()
+    with eds.connect(con) as again:
+        np.testing.assert_array_equal(again.einsum("ij->i", "A").to_numpy(), [1.0, 5.0])
+        assert con.sql("SELECT count(*) FROM einsum('ij->i', 'A')").fetchall() == [(1,)]
+    con.close()
+
+
+def test_replace_must_be_a_bool_everywhere():
+    """replace="no" is truthy: store overwrote the tensor with it, einsum raised a KeyError."""
+    with eds.connect() as db:
+        db.store("A", np.arange(4.0))
+        for call in (lambda: db.store("A", np.zeros(2), replace="no"),
+                     lambda: db.einsum("i->", "A", out="S", replace="no"),
+                     lambda: db.einsum("i->", "A", out="S", replace=1)):
+            with pytest.raises(eds.EinsumError, match="replace must be True or False"):
+                call()
+        np.testing.assert_array_equal(db.tensor("A").to_numpy(), np.arange(4.0))
+        assert db.tensors() == ["A"]
+        db.store("A", np.zeros(2), replace=np.True_)
+        np.testing.assert_array_equal(db.tensor("A").to_numpy(), np.zeros(2))

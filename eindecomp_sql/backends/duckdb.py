@@ -61,6 +61,39 @@ COSTS = CostModel("duckdb", join=1.0, group=0.7, agg=6.0, retile=3.0, statement=
 _RUNS = itertools.count()
 
 
+class _Registrar:
+    """The connection, recording the UDFs and TEMP macros registered on it, so that a session on
+    a connection it does not own can remove them when it closes (a second session on the same
+    connection could not register its own: DuckDB refuses a function name twice)."""
+
+    MACROS = ("einsum", "einsum_elements", "einsum_topk")
+
+    def __init__(self, con):
+        self._con = con
+        self.names: list[str] = []
+
+    def create_function(self, name, *args, **kw):
+        self._con.create_function(name, *args, **kw)
+        self.names.append(name)
+
+    def __getattr__(self, attr):
+        return getattr(self._con, attr)
+
+    def remove_all(self) -> None:
+        ours = "eds_einsum_sql" in self.names  # the macros were made over it, by us
+        for name in reversed(self.names):
+            try:
+                self._con.remove_function(name)
+            except (duckdb.Error, ValueError):
+                pass
+        self.names.clear()
+        for macro in self.MACROS if ours else ():  # over the functions just removed
+            try:
+                self._con.execute(f"DROP MACRO TABLE IF EXISTS temp.main.{macro}").fetchall()
+            except duckdb.Error:
+                pass
+
+
 class DuckDBBackend:
     name = "duckdb"
     cost_model = COSTS  # what plans cost here: the session plans under it
@@ -84,6 +117,7 @@ class DuckDBBackend:
             self.owns_connection = True
         self._closed = True  # until set up: close() then only closes what we opened
         self._work = None
+        self._functions = None  # what we register on the connection (_Registrar)
         self.budget: int | None = None  # the session's memory budget (set_memory)
         self.part_bytes: int | None = None  # tiles per stored part (None: parts.PART_BYTES)
         self._memory_limit: int | None = None  # what we last SET DuckDB's memory_limit to
@@ -105,7 +139,8 @@ class DuckDBBackend:
 
                 self.kernels.device_cache = DeviceCache(device_memory if device_memory is not None
                                                         else default_budget(device))
-            register_kernels(self.con, self.kernels)
+            self._functions = _Registrar(self.con)
+            register_kernels(self._functions, self.kernels)
             # Our own statements run on a cursor of the user's connection (the same database,
             # the UDFs registered above): a result the user is still fetching on
             # ``db.connection`` then never blocks a store, an einsum or a read, and interrupting
@@ -125,6 +160,12 @@ class DuckDBBackend:
                 self._work.close()
             if self.owns_connection:
                 self.con.close()
+            elif self._functions is not None:
+                self._functions.remove_all()
+            if isinstance(e, duckdb.NotImplementedException) and "already created" in str(e):
+                raise EinsumError("this DuckDB connection already has an eindecomp_sql session open on it (its "
+                                  "functions are registered on the connection): use that session, or close it "
+                                  "first") from None
             if isinstance(e, duckdb.ConnectionException):
                 raise EinsumError(f"cannot use this DuckDB connection: {e}") from e
             if isinstance(e, duckdb.CatalogException) and "already exists" in str(e):
@@ -281,11 +322,11 @@ class DuckDBBackend:
             return einsum_sql(spec, list(names) if names is not None else [], mode, join, agg, k)
 
         # NULLs reach the planner (a NULL spec or k gets our message, not a NULL query text)
-        self.con.create_function("eds_einsum_sql", udf, [text, duckdb.list_type(text), text, text, text, text,
+        self._functions.create_function("eds_einsum_sql", udf, [text, duckdb.list_type(text), text, text, text, text,
                                                          duckdb.list_type(text)], text,
                                  side_effects=True, null_handling="special")
-        register_pack(self.con)
-        register_topk(self.con)
+        register_pack(self._functions)
+        register_topk(self._functions)
         for macro, mode, k_param, k_arg in (("einsum", "tiles", "", "NULL"),
                                             ("einsum_elements", "elements", "", "NULL"),
                                             ("einsum_topk", "topk", "k, ", "CAST(k AS VARCHAR)")):
@@ -845,6 +886,8 @@ class DuckDBBackend:
             self._work.close()
             if self.owns_connection:
                 self.con.close()
+            else:  # the user's connection outlives us: another session may register them again
+                self._functions.remove_all()
             if self._temp_dir is not None:
                 shutil.rmtree(self._temp_dir, ignore_errors=True)
         allocator.detach()
