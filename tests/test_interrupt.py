@@ -296,3 +296,43 @@ def test_a_ctrl_c_after_the_commit_leaves_no_temporary_result(monkeypatch):
         tables = db.backend._run("SELECT table_name FROM duckdb_tables() ORDER BY 1")
         assert [t for (t,) in tables] == ["A", "eds_catalog", "eds_parts"] and db.tensors() == ["A"]
         np.testing.assert_array_equal(db.einsum("ij,jk->ik", A, A).to_numpy(), np.full((4, 4), 4.0))
+
+
+CTRL_C_IO = r"""
+import signal; signal.signal(signal.SIGINT, signal.default_int_handler)
+import os, threading, time, numpy as np, eindecomp_sql as eds
+db = eds.connect(memory="64MB")
+a = np.random.default_rng(0).standard_normal((3000, 3000)).astype("float32")
+Z = db.store("Z", a)
+calls = {"store": lambda: db.store("Z2", a, replace=True), "to_numpy": Z.to_numpy, "to_arrow": Z.to_arrow}
+for name, f in calls.items():
+    t0 = time.time(); f(); full = time.time() - t0
+    for i in range(8):  # a real SIGINT at 8 points of the call
+        timer = threading.Timer(full * (i + 0.5) / 8, lambda: os.kill(os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            try:
+                f(); got = "finished"
+            except KeyboardInterrupt:
+                got = "KeyboardInterrupt"
+            except BaseException as e:
+                got = "OTHER " + type(e).__name__ + ": " + str(e).splitlines()[0][:120]
+            timer.join(); time.sleep(0.05)
+        except KeyboardInterrupt:  # landed after the call returned
+            pass
+        print(name, got, flush=True)
+print("after", sorted(db.tensors()), bool((Z.to_numpy() == a).all()), flush=True)  # the session still works
+"""
+
+
+def test_ctrl_c_during_store_and_reads_is_a_keyboard_interrupt(tmp_path):
+    """DuckDB's "Query interrupted" surfaced from store (inside our EinsumError, a ValueError a
+    caller may catch) and from reads as a RuntimeError: only plans were run interruptibly."""
+    script = tmp_path / "ctrl_c_io.py"
+    script.write_text(CTRL_C_IO)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert not [x for x in lines if " OTHER " in f" {x} "], r.stdout
+    assert len([x for x in lines if x.split()[0] in ("store", "to_numpy", "to_arrow")]) == 24, r.stdout
+    assert lines[-1] in ("after ['Z'] True", "after ['Z', 'Z2'] True"), r.stdout

@@ -381,9 +381,12 @@ class DuckDBBackend:
             self._run(self.compiler.drop_table_sql(table_name))
 
     def drop(self, name: str) -> None:
-        with self.lock, self._transaction():
-            self._drop_stored(name)
-            self._run("DELETE FROM eds_catalog WHERE lower(name) = lower(?)", [name])
+        try:
+            with self.lock, self._transaction():
+                self._drop_stored(name)
+                self._run("DELETE FROM eds_catalog WHERE lower(name) = lower(?)", [name])
+        except duckdb.Error as e:  # a database opened read-only, say: the transaction rolled back
+            raise EinsumError(f"drop({name!r}): DuckDB could not drop it: {e}") from e
 
     # -- parted tensors (backends/parts.py) -------------------------------------------------
     def _parts_of(self, name: str) -> list[str]:
@@ -512,38 +515,44 @@ class DuckDBBackend:
         itself. Key columns, then ``tile``."""
         with self.lock:
             exists = self._check_target(value.name, replace)
-            rows = parted.rows_per_part(value, self.part_bytes)
-            file_rows = getattr(tiles, "select_rows", None)  # a file DuckDB reads itself (io.ParquetRows)
-            if rows is not None:
-                if file_rows is not None:
-                    sources = (file_rows(lo, lo + rows) for lo in range(0, tiles.rows, rows))
-                elif isinstance(tiles, pa.RecordBatchReader):
-                    sources = parted.split_reader(tiles, rows)
-                else:
-                    sources = parted.split_reader(pa.RecordBatchReader.from_batches(tiles.schema, tiles.to_batches()),
-                                                  rows)
-                try:
-                    self._store_parts(value, sources, exists)
-                except duckdb.Error as e:
-                    raise EinsumError(f"store({value.name!r}): DuckDB could not store the tiles: {e}") from None
-                return
-            old_parts = exists and bool(self._parts_of(value.name))
-            view = "_eds_load"
-            query = file_rows() if file_rows is not None else None
-            if query is None:
-                self._work.register(view, tiles)
+            # Ctrl-C interrupts the statement and the transaction rolls back: KeyboardInterrupt,
+            # not DuckDB's "Query interrupted" inside our error (a ValueError a caller may catch)
+            run_interruptible(lambda: self._store_tiles(value, tiles, replace, exists), self._work.interrupt,
+                              self.kernels)
+
+    def _store_tiles(self, value: TiledValue, tiles, replace: bool, exists: bool) -> None:
+        rows = parted.rows_per_part(value, self.part_bytes)
+        file_rows = getattr(tiles, "select_rows", None)  # a file DuckDB reads itself (io.ParquetRows)
+        if rows is not None:
+            if file_rows is not None:
+                sources = (file_rows(lo, lo + rows) for lo in range(0, tiles.rows, rows))
+            elif isinstance(tiles, pa.RecordBatchReader):
+                sources = parted.split_reader(tiles, rows)
+            else:
+                sources = parted.split_reader(pa.RecordBatchReader.from_batches(tiles.schema, tiles.to_batches()),
+                                              rows)
             try:
-                with self._transaction():
-                    if old_parts:  # a parted tensor's view cannot be replaced by a table
-                        self._drop_stored(value.name)
-                    select = query if query is not None else exp.select("*").from_(table(view))
-                    self._run(create_table_as(value.name, select, replace=replace).sql(dialect="duckdb"))
-                    self._write_catalog(value.name, value)
+                self._store_parts(value, sources, exists)
             except duckdb.Error as e:
                 raise EinsumError(f"store({value.name!r}): DuckDB could not store the tiles: {e}") from None
-            finally:
-                if query is None:
-                    self._work.unregister(view)
+            return
+        old_parts = exists and bool(self._parts_of(value.name))
+        view = "_eds_load"
+        query = file_rows() if file_rows is not None else None
+        if query is None:
+            self._work.register(view, tiles)
+        try:
+            with self._transaction():
+                if old_parts:  # a parted tensor's view cannot be replaced by a table
+                    self._drop_stored(value.name)
+                select = query if query is not None else exp.select("*").from_(table(view))
+                self._run(create_table_as(value.name, select, replace=replace).sql(dialect="duckdb"))
+                self._write_catalog(value.name, value)
+        except duckdb.Error as e:
+            raise EinsumError(f"store({value.name!r}): DuckDB could not store the tiles: {e}") from None
+        finally:
+            if query is None:
+                self._work.unregister(view)
 
     def read_tiles(self, value: TiledValue) -> pa.Table:
         from ..compile import select_value
@@ -551,7 +560,9 @@ class DuckDBBackend:
         with self.lock:
             self._check_open()
             try:
-                return self._work.sql(select_value(value, value.name).sql(dialect="duckdb")).to_arrow_table()
+                return run_interruptible(
+                    lambda: self._work.sql(select_value(value, value.name).sql(dialect="duckdb")).to_arrow_table(),
+                    self._work.interrupt, self.kernels)
             except duckdb.CatalogException:
                 raise EinsumError(f"tensor {value.name!r} no longer exists in this database (dropped, or "
                                   "replaced by another session)") from None
