@@ -288,3 +288,28 @@ def test_inputs_named_like_run_arguments_go_in_a_dict(db):
     np.testing.assert_allclose(g.run(db, inputs={"out": a, "progress": b, "w": c}).to_numpy(), want)
     with pytest.raises(EinsumError, match=r"input\(s\) \['w'\] given both"):
         g.plan(outputs=y).run(db, inputs={"out": a, "progress": b, "w": c}, w=c)
+
+
+def test_graph_arguments_numpy_users_write_and_bad_ones():
+    """Numpy integer axes and axis=None reduce as numpy does; bad sessions, axes and value names
+    are EinsumErrors (they were AttributeError, TypeError, KeyError); GraphPlan has run_peak."""
+    a = np.random.default_rng(2).standard_normal((3, 4, 5))
+    g = eds.Graph()
+    x = g.input("x", a.shape, "float64")
+    outs = {"i64": g.reduce(x, np.int64(1)), "none": g.reduce(x, None, agg="max"), "pair": g.reduce(x, (0, -1))}
+    plan = g.plan(outputs=list(outs.values()))
+    assert plan.run_peak() == plan.plan.run_peak() > 0
+    with eds.connect() as db:
+        got = plan.run(db, x=a)
+        np.testing.assert_allclose(got[outs["i64"].name].to_numpy(), a.sum(axis=1))
+        np.testing.assert_allclose(got[outs["none"].name].to_numpy(), a.max())
+        np.testing.assert_allclose(got[outs["pair"].name].to_numpy(), a.sum(axis=(0, -1)))
+    for bad, match in ((1.0, "axis must be an integer"), ("0", "axis must be an integer"),
+                       ((1, -2), "duplicate value in axis"), (3, "out of range")):
+        with pytest.raises(EinsumError, match=match):
+            g.reduce(x, bad)
+    with pytest.raises(EinsumError, match="no value named 'nope'"):
+        g.value("nope")
+    for run in (lambda: plan.run(None, x=a), lambda: plan.run("my.duckdb", x=a), lambda: g.run(None, x=a)):
+        with pytest.raises(EinsumError, match="db must be a session from eds.connect"):
+            run()

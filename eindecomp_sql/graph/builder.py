@@ -150,12 +150,20 @@ class Graph:
         return self.einsum(f"{s}->{s}", x, join=fn, name=name)
 
     def reduce(self, x, axis, agg: str = "sum", name: str | None = None) -> GraphValue:
-        """Aggregate ``x`` over ``axis`` (an int or a tuple of ints) with sum, max, min or prod."""
+        """Aggregate ``x`` over ``axis`` (an int or a tuple of ints; None: every axis, as in
+        numpy) with sum, max, min or prod."""
         v = self._value(x, "reduce")
-        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        if axis is None:
+            axis = tuple(range(len(v.shape)))
+        try:  # an integer (numpy's too) or a tuple of them, as numpy takes
+            axes = (operator.index(axis),) if not isinstance(axis, (tuple, list)) else tuple(map(operator.index, axis))
+        except TypeError:
+            raise EinsumError(f"reduce: axis must be an integer or a tuple of integers, got {axis!r}") from None
         axes = tuple(a % len(v.shape) if -len(v.shape) <= a < len(v.shape) else None for a in axes)
         if None in axes:
             raise EinsumError(f"reduce: axis {axis} out of range for shape {v.shape}")
+        if len(set(axes)) != len(axes):
+            raise EinsumError(f"reduce: duplicate value in axis {axis} (for shape {v.shape})")
         s = _pick_labels([(lab,) for lab in self._labels_of(v)])
         out = "".join(c for k, c in enumerate(s) if k not in axes)
         return self.einsum(f"{s}->{out}", x, agg=agg, name=name)
@@ -208,7 +216,10 @@ class Graph:
 
     def value(self, name: str) -> ValueInfo:
         """The shape-level description of value ``name``."""
-        return self._values[name]
+        try:
+            return self._values[name]
+        except (KeyError, TypeError):
+            raise EinsumError(f"the graph has no value named {name!r}") from None
 
     def select(self, outputs=None) -> tuple[tuple[ValueInfo, ...], bool]:
         """The values a plan returns and whether it returns one (a Tensor) or several (a dict).
@@ -280,10 +291,10 @@ class Graph:
         options and engine cost model, and run: ``g.plan(outputs=..., inputs=<the stored
         ones>).run(db, ...)`` in one call. Inputs as keywords, or as a dict ``inputs=`` (for
         inputs named like this method's own arguments)."""
-        from ..plan.graph_plan import merge_inputs, plan_graph
+        from ..plan.graph_plan import check_session, merge_inputs, plan_graph
 
         inputs = merge_inputs(inputs, named)
-
+        check_session(db, "g.run")
         stored = {}
         for name, x in inputs.items():
             if isinstance(x, str):

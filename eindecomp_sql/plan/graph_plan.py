@@ -213,6 +213,11 @@ class GraphPlan:
                 return v.tile
         return None
 
+    def run_peak(self, arrays=(), returned=(), engine_limit: int | None = None) -> int:
+        """The whole run's projected peak memory in bytes: ``Plan.run_peak`` of the plan's steps
+        (the README's ``plan.run_peak()`` on what ``g.plan()`` returns)."""
+        return self.plan.run_peak(arrays=arrays, returned=returned, engine_limit=engine_limit)
+
     # -- running ---------------------------------------------------------------------------
     def run(self, db, out=None, replace: bool = False, progress=None, *, inputs=None, **named):
         """Run on session ``db``: exactly the steps ``explain()`` lists. Inputs by name: numpy
@@ -225,6 +230,7 @@ class GraphPlan:
         Returns one ``Tensor`` when the plan was made with ``outputs`` None or one value, a
         dict name -> Tensor when it was made with a list or tuple (even of one). ``inputs``: the
         inputs as a dict instead (for inputs named like this method's own arguments)."""
+        check_session(db, "plan.run")
         inputs = merge_inputs(inputs, named)
         known = {v.name for v in self.inputs} | set(self.unused_inputs)
         missing = [v.name for v in self.inputs if v.name not in inputs]
@@ -234,6 +240,14 @@ class GraphPlan:
         used = {v.name for v in self.inputs}
         return db.run_graph_plan(self, {k: x for k, x in inputs.items() if k in used}, out=out, replace=replace,
                                  progress=progress)
+
+
+def check_session(db, where: str) -> None:
+    """``db`` must be a session (``eds.connect(...)``), not a path or None."""
+    from ..session import Session
+
+    if not isinstance(db, Session):
+        raise EinsumError(f"{where}: db must be a session from eds.connect(...), got {type(db).__name__} {db!r:.60}")
 
 
 def merge_inputs(given, named: dict) -> dict:
