@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import eindecomp_sql as eds
+from eindecomp_sql import EinsumError
 from helpers import DTYPES, assert_close, einsum_case, random_array
 from reference import reference
 
@@ -276,3 +277,18 @@ def test_float16_reductions_accumulate_in_float32_as_numpy_does(db, tile):
     with np.errstate(all="ignore"):
         want = np.multiply.reduce(a / d, axis=1)
     np.testing.assert_array_equal(db.einsum("ij,ij->i", A, D, join="div", agg="prod").to_numpy(), want)
+
+
+def test_join_expressions_that_python_cannot_evaluate_sensibly_are_einsum_errors():
+    """A 5,000-term expression raised RecursionError from ast.parse; 10**10**10 never returned
+    (Python computes the exact integer); numpy's own OverflowError for an int8 operand times 1000
+    read KeyError('__import__') (the expression ran without builtins)."""
+    a, b = np.ones((2, 3)), np.ones((3, 2))
+    for join, match in (("+".join(["x"] * 5000), "nested too deeply"), ("+".join(["x"] * 300), "more than 200"),
+                        ("x * 10**10**10", r"constant 10 \*\* 10000000000 is too large")):
+        with pytest.raises(EinsumError, match=match):
+            eds.einsum("ij,jk->ik", a, b, join=join)
+    with pytest.raises(EinsumError, match="Python integer 1000 out of bounds for int8"):
+        eds.einsum("ij->ij", np.ones((2, 3), np.int8), join="x*1000")
+    np.testing.assert_allclose(eds.einsum("ij,jk->ik", a, b, join="x * 2**70 + " + "+".join(["y"] * 150)),
+                               np.full((2, 2), 3 * (2.0**70 + 150)))

@@ -70,12 +70,56 @@ def operand_index(name: str) -> int | None:
     return None
 
 
+MAX_EXPR_DEPTH = 200  # nested operations in a join expression (Python's compiler recurses on them)
+MAX_CONST_EXPONENT = 4096  # a constant raised to more is computed exactly by Python: it may never end
+
+
+def _depth(tree: ast.AST) -> int:
+    deepest, todo = 0, [(tree, 1)]
+    while todo:  # iterative: the point is not to recurse on a tree too deep for Python
+        node, d = todo.pop()
+        deepest = max(deepest, d)
+        todo.extend((child, d + 1) for child in ast.iter_child_nodes(node))
+    return deepest
+
+
+def _constant(node):
+    """The value of a constant subexpression (None if it reads an operand or calls a
+    function), refusing a constant power Python would compute for ever (``10**10**10``)."""
+    if isinstance(node, ast.Constant):
+        return node.value if isinstance(node.value, (int, float)) else None
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _constant(node.operand)
+        return None if v is None else (-v if isinstance(node.op, ast.USub) else v)
+    if isinstance(node, ast.BinOp):
+        a, b = _constant(node.left), _constant(node.right)
+        if a is None or b is None:
+            return None
+        if isinstance(node.op, ast.Pow) and isinstance(a, int) and isinstance(b, int) and abs(a) > 1 \
+                and abs(b) > MAX_CONST_EXPONENT:
+            raise EinsumError(f"join expression: the constant {a} ** {b} is too large to compute"
+                              f"\n{caret(ast.unparse(node), 0)}")
+        try:
+            return eval(compile(ast.Expression(node), "<constant>", "eval"), {"__builtins__": {}})  # noqa: S307
+        except Exception:  # noqa: BLE001 - 1 / 0 and the like: left for the probe to report
+            return None
+    return None
+
+
 def _check_expr(text: str, arity: int) -> None:
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError as e:
         pos = max((e.offset or 1) - 1, 0)
         raise EinsumError(f"join expression: {e.msg}\n{caret(text, pos)}") from None
+    except (RecursionError, MemoryError):
+        raise EinsumError(f"join expression: nested too deeply for Python to parse ({len(text)} characters)") from None
+    if _depth(tree) > MAX_EXPR_DEPTH:
+        raise EinsumError(f"join expression: nested more than {MAX_EXPR_DEPTH} operations deep ({len(text)} "
+                          "characters); write it shorter, or pass a Python callable")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp):
+            _constant(node)
     allowed = (
         ast.Expression, ast.BinOp, ast.UnaryOp, ast.Compare, ast.IfExp, ast.Call, ast.Name,
         ast.Constant, ast.Load, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.Mod,

@@ -135,7 +135,10 @@ def _compile_expr(text: str) -> Callable:
     tree = _Vectorize().visit(ast.parse(text, mode="eval"))
     ast.fix_missing_locations(tree)
     code = compile(tree, "<join expression>", "eval")
-    namespace = {"__builtins__": {}, **_EXPR_NAMESPACE}
+    # no builtins a name could reach (parse_join admits operands and EXPR_FUNCTIONS only), but
+    # __import__: numpy's C code imports through the running frame's builtins when it raises
+    # (an int8 operand times 1000), and without it its OverflowError became KeyError('__import__')
+    namespace = {"__builtins__": {"__import__": __import__}, **_EXPR_NAMESPACE}
     return lambda *xs: eval(code, namespace, {"_x": xs})  # noqa: S307 - AST validated by parse_join
 
 
