@@ -1133,7 +1133,7 @@ def _atomic_write(path, write, what: str, sync: bool = False) -> pathlib.Path:
     ``COPY ... TO`` (none fsyncs): the rename alone already makes the write atomic against a
     crash of this process, and the fsync waits for the disk (1 GiB: +0.35-0.8 s here, more than
     the whole export takes into the page cache)."""
-    given = pathlib.Path(os.fspath(path))
+    given = pathlib.Path(file_path(path, "to_parquet"))
     target = pathlib.Path(os.path.realpath(given)) if given.is_symlink() else given
     tmp = target.with_name(f".eds-{secrets.token_hex(6)}.tmp")
 
@@ -1179,6 +1179,18 @@ def tile_batches(backend, value):
         yield batches
 
 
+def file_path(path, where: str) -> str:
+    """``path`` (a str or an os.PathLike) as a str; anything else is an EinsumError naming ``where``."""
+    try:
+        p = os.fspath(path)
+    except TypeError:
+        raise EinsumError(f"{where}: a path must be a str or a pathlib.Path, got {type(path).__name__} "
+                          f"{path!r:.60}") from None
+    if not isinstance(p, str):  # bytes
+        raise EinsumError(f"{where}: a path must be a str or a pathlib.Path, got {type(path).__name__}")
+    return p
+
+
 def export_tensor(value, batches, path, form: str = "tiles", sync: bool = False) -> pathlib.Path:
     """Write stored tensor ``value`` (a TiledValue) to ``path`` by its suffix, from ``batches``:
     a context manager giving an iterator of tile batches (key columns + tile, any order).
@@ -1186,7 +1198,7 @@ def export_tensor(value, batches, path, form: str = "tiles", sync: bool = False)
     / ``.feather``: the tile table or element rows (``form``) with the metadata. Streamed: one
     batch of tiles at a time is in memory; written atomically (``sync``: and durably, see
     ``_atomic_write``)."""
-    p = os.fspath(path)
+    p = file_path(path, "export")
     suffix = _suffix(p)
     where = f"export({p!r})"
     if form not in ("tiles", "elements"):

@@ -58,6 +58,12 @@ def _calls():
         "tensor bad name": lambda db, T: db.tensor("a\n"),
         "drop unknown": lambda db, T: db.drop("Nope"),
         "replace not bool-like target": lambda db, T: db.einsum("ij->", T, out=""),
+        # from a new user's hunt (2026-11-26): TypeError, or a truthy string overwriting T
+        "to_parquet to a number": lambda db, T: T.to_parquet(3),
+        "export to None": lambda db, T: T.export(None),
+        "store replace='no'": lambda db, T: db.store("T", np.zeros(2), replace="no"),
+        "einsum replace='no'": lambda db, T: db.einsum("ij->", T, out="T", replace="no"),
+        "graph value unknown": lambda db, T: eds.Graph().value("nope"),
     }
     return cases
 
