@@ -313,3 +313,20 @@ def test_graph_arguments_numpy_users_write_and_bad_ones():
     for run in (lambda: plan.run(None, x=a), lambda: plan.run("my.duckdb", x=a), lambda: g.run(None, x=a)):
         with pytest.raises(EinsumError, match="db must be a session from eds.connect"):
             run()
+
+
+def test_a_value_two_nodes_read_cut_alike_is_retiled_once():
+    """square-tiles re-tiled h for relu(h) and again for the product that reads h: a statement
+    and its bytes twice, and a baseline's cost inflated in explain()."""
+    g = Graph()
+    x, w = g.input("x", (37, 53), "float64"), g.input("w", (53, 29), "float64")
+    h = g.einsum("ij,jk->ik", x, w)
+    t = g.einsum("ik,ik->i", g.map("relu", h), h)
+    p = g.plan(workers=4, fuse=False, strategy="square-tiles", outputs=[t])
+    retiles = [s for s in p.plan.steps if isinstance(s, RetileStep)]
+    assert len({(s.source.name, s.target.tile) for s in retiles}) == len(retiles) == 1, p.explain(sql=False)
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((37, 53)), rng.standard_normal((53, 29))
+    with eds.connect() as db:
+        hh = a @ b
+        np.testing.assert_allclose(p.run(db, x=a, w=b)[t.name].to_numpy(), (np.maximum(hh, 0) * hh).sum(axis=1))

@@ -29,6 +29,7 @@ def insert_retiles(d: Draft) -> Draft:
     values = d.values()
     steps = list(d.steps)
     fresh = (f"_eds_retile{k}" for k in itertools.count(1))
+    made: dict[tuple[str, tuple[int, ...]], TiledValue] = {}  # one re-tiled copy per value and tiling
     for node in d.nodes:
         chunking = d.choice.chunking(node)
         chunk = chunking.tile_of
@@ -40,8 +41,12 @@ def insert_retiles(d: Draft) -> Draft:
             for ax, lab in zip(kept_axes, op.labels):
                 want[ax] = chunk[lab]
             if tuple(want) != v.tile:
-                target = TiledValue(next(fresh), v.shape, v.dtype, tuple(want), v.keys)
-                steps.append(RetileStep(v, target))
+                # two nodes reading a value cut alike share its copy (a baseline re-tiled a
+                # value used twice twice: a statement and its bytes for nothing)
+                target = made.get((v.name, tuple(want)))
+                if target is None:
+                    target = made[v.name, tuple(want)] = TiledValue(next(fresh), v.shape, v.dtype, tuple(want), v.keys)
+                    steps.append(RetileStep(v, target))
                 v = target
             step_inputs.append(v)
         res = node.result
