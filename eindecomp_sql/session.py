@@ -88,6 +88,9 @@ class Session:
         # the engine's own parallelism where it has one (Spark's default parallelism), else 1;
         # tiles no bigger than the engine moves well (Spark: rows through the JVM)
         self.workers = workers if workers is not None else getattr(self.backend, "default_workers", 1)
+        # bumped whenever this session may have changed the catalog: a Tensor handle checked at
+        # the current count is still what the catalog says (Tensor._live_value)
+        self.catalog_epoch = 0
         self.tile_bytes = tile_bytes if tile_bytes is not None else min(
             DEFAULT_TILE_BYTES, getattr(self.backend, "max_tile_bytes", DEFAULT_TILE_BYTES))
         if tile_bytes is None and self.device != "cpu" and device_memory is not None:
@@ -181,8 +184,12 @@ class Session:
         """Run ``plan`` and hand back a Tensor per output. A temporary result's table lives as
         long as its Tensor, so when the call ends in an exception (a Ctrl-C landing after the
         commit, before the Tensors exist) no Tensor will drop it: it is dropped here."""
+        kept = any(not t.temporary for t in targets.values())
         try:
-            self.backend.execute(plan, inputs, targets, replace=replace, progress=reporter(progress))
+            try:
+                self.backend.execute(plan, inputs, targets, replace=replace, progress=reporter(progress))
+            finally:
+                self.catalog_epoch += kept  # a stored output may replace a tensor (failed: no harm)
             return {v.name: self._tensor(v, targets[v.name].table, targets[v.name].temporary) for v in plan.outputs}
         except BaseException:
             for t in targets.values():
@@ -202,6 +209,8 @@ class Session:
         t = Tensor(self, value, temporary)
         if temporary:
             object.__setattr__(t, "_finalizer", weakref.finalize(t, self._release, value.name))
+        else:  # made from what the catalog says now
+            object.__setattr__(t, "_epoch", self.catalog_epoch)
         return t
 
     @property
@@ -265,7 +274,10 @@ class Session:
         stored = TiledValue(name, incoming.shape, incoming.dtype, incoming.tile, incoming.keys)
         try:
             with self._call():
-                self.backend.store_tiles(stored, incoming.tiles, replace=replace)
+                try:
+                    self.backend.store_tiles(stored, incoming.tiles, replace=replace)
+                finally:
+                    self.catalog_epoch += 1
         except Exception as e:
             # a check (or a read) that failed inside the stream reaches us through the engine's
             # error: raise the check's own
@@ -294,7 +306,10 @@ class Session:
         """Drop stored tensor ``name``: its table and its catalog entry."""
         with self._call():
             self.tensor(name)
-            self.backend.drop(name)
+            try:
+                self.backend.drop(name)
+            finally:
+                self.catalog_epoch += 1
 
     # -- einsum -----------------------------------------------------------------------------
     def _resolve(self, operands, what=None) -> tuple[list[TiledValue], dict[str, str | np.ndarray]]:

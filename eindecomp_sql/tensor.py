@@ -75,7 +75,9 @@ class Tensor:
         ``with`` block was dropped, and its table name may since hold another result; a stored
         tensor may have been dropped or replaced by another of a different shape, dtype or tile
         since this handle was made (its bytes read with the old shape would be garbage).
-        ``fresh``: the handle was just read from the catalog (nothing to check again)."""
+        ``fresh``: the handle was just read from the catalog (nothing to check again). The
+        catalog is asked again only after this session changed it (``catalog_epoch``): a
+        change made by another session on the same database is not seen until then."""
         fin = self.__dict__.get("_finalizer")
         if fin is not None and not fin.alive:
             raise EinsumError(f"this temporary result ({self.value.name!r}) was dropped when it left its with "
@@ -83,6 +85,9 @@ class Tensor:
         if self.is_temporary or fresh:
             return self.value
         v = self.value
+        epoch = getattr(self.session, "catalog_epoch", None)
+        if epoch is not None and self.__dict__.get("_epoch") == epoch:
+            return v  # checked since this session last changed the catalog
         now = self.session.backend.lookup(v.name)
         if now is None:
             raise EinsumError(f"stored tensor {v.name!r} no longer exists (dropped since this handle was made)")
@@ -91,6 +96,7 @@ class Tensor:
                 f"stored tensor {v.name!r} was replaced since this handle was made: it is now {now.shape} {now.dtype} "
                 f"in tiles {now.tile} (this handle: {v.shape} {v.dtype} in tiles {v.tile}); take a new handle with "
                 f"db.tensor({v.name!r})")
+        object.__setattr__(self, "_epoch", epoch)
         return v
 
     def to_arrow(self, form: str = "tiles") -> pa.Table:
