@@ -135,6 +135,9 @@ def _exact_cast(a: np.ndarray, dtype, where: str, origin: tuple[int, ...] | None
         b = a.astype(dtype)
     if dtype.kind in "biu":
         bad = b.astype(a.dtype) != a
+        if a.dtype.kind in "iu" and dtype.kind in "iu" and a.dtype.kind != dtype.kind:
+            # uint64 -> int64 wraps 2**64 - 1 to -1 and back again: the round trip alone misses it
+            bad |= (b < 0) != (a < 0)
     else:  # float / complex narrowing: rounding is expected, overflow to inf is not
         bad = np.isinf(b) & ~np.isinf(a)
     if np.any(bad):
@@ -218,7 +221,14 @@ def as_table(x, where: str, con=None) -> pa.Table | None:
     if mod.startswith("pandas") and name == "DataFrame":
         try:
             # the frame's index is not a column: reset_index() makes it one
-            return pa.Table.from_pandas(x, preserve_index=False)
+            table = pa.Table.from_pandas(x, preserve_index=False)
+            for k, dt in enumerate(x.dtypes):
+                # pandas reads NaN in a numpy float column as missing, and from_pandas makes it
+                # null, which store refuses; a NaN there is a value (as in the array), so keep it
+                if isinstance(dt, np.dtype) and dt.kind in "fc" and table.column(k).null_count:
+                    table = table.set_column(k, table.field(k),
+                                             pa.array(x.iloc[:, k].to_numpy(), type=table.field(k).type))
+            return table
         except (pa.ArrowException, TypeError, ValueError) as e:
             raise EinsumError(f"{where}: this DataFrame has columns Arrow cannot hold ({e}); keep integer "
                               "index columns and one numeric value column") from None
@@ -304,7 +314,8 @@ def read_metadata(raw: dict | None, where: str) -> dict:
             out[field] = json.loads(v)
         except ValueError:
             raise EinsumError(f"{where}: schema metadata {k!r} is not JSON: {v[:80]!r}") from None
-        if field in _META_TYPES and not isinstance(out[field], _META_TYPES[field]):
+        if field in _META_TYPES and (not isinstance(out[field], _META_TYPES[field])
+                                     or isinstance(out[field], bool)):  # JSON true is no int here
             raise EinsumError(f"{where}: schema metadata {k!r} should be a {_META_TYPES[field].__name__}, "
                               f"got {out[field]!r}")
     if not out:
@@ -389,6 +400,25 @@ def _type_word(t: pa.DataType) -> str:
     return str(t)
 
 
+def _check_columns(schema: pa.Schema, tiled: bool, where: str) -> None:
+    """Each column name once (a join's two ``i`` columns made a KeyError), and a tiled source's
+    ``tile`` column present and holding bytes (strings were stored as VARCHAR, a tensor no
+    kernel can read)."""
+    names = schema.names
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise EinsumError(f"{where}: column name(s) {', '.join(map(repr, dup))} appear more than once (a join's "
+                          "columns, say); select or rename them first (SELECT a.i AS i, b.i AS j, ...)")
+    if not tiled:
+        return
+    if TILE not in names:
+        raise EinsumError(f"{where}: the eindecomp_sql metadata says tiled form, but there is no {TILE!r} column")
+    t = schema.field(TILE).type
+    if not (_is_binary(t) or pa.types.is_fixed_size_binary(t)):
+        raise EinsumError(f"{where}: column {TILE!r} holds {_type_word(t)}; a tile is raw bytes (binary, "
+                          "large_binary, binary_view or fixed_size_binary: cast it, or decode a dictionary first)")
+
+
 # -- element form --------------------------------------------------------------------------
 def _element_columns(table: pa.Table, want: Wanted, where: str) -> tuple[list[str], str]:
     """Which columns are the indices and which is the value. The rules (``Session.store``):
@@ -446,6 +476,13 @@ def _from_elements(table: pa.Table, meta: dict, want: Wanted, where: str) -> Inc
     """Element rows scattered into a dense array, then cut into tiles. The dense array (and the
     columns) are whole in memory here; building tiles group by group is the streaming issue's."""
     index, value = _element_columns(table, want, where)
+    named = meta.get("keys")
+    if (want.index is None and isinstance(named, list) and len(named) == len(index)
+            and sorted(str(k).lower() for k in named) == sorted(c.lower() for c in index)):
+        # the metadata names the dimensions: a table whose columns were reordered (select,
+        # a join) keeps them, as the tiled form does, instead of transposing the tensor
+        by_name = {c.lower(): c for c in index}
+        index = [by_name[str(k).lower()] for k in named]
     vcol = _no_nulls(table, value, where)
     if _kind(vcol.type) == "other":
         raise EinsumError(f"{where}: value column {value!r} holds {_type_word(vcol.type)}, not numbers; cast it "
@@ -939,6 +976,7 @@ def _from_ipc(p: str, want: Wanted, where: str, stream: bool) -> Incoming:
     meta = read_metadata(schema.metadata, where)
     tiled = meta.get("layout") == "tiles" or (
         TILE in schema.names and _is_binary(schema.field(TILE).type) and want.value is None)
+    _check_columns(schema, tiled, where)
     if tiled and stream:
         t = _describe_tiled(schema.names, meta, want, where)
         if not t.recut:
@@ -1018,6 +1056,7 @@ def _from_parquet(p: str, want: Wanted, where: str, con, stream: bool) -> Incomi
         meta = read_metadata(_parquet_meta(cur, p), where)
         tiled = meta.get("layout") == "tiles" or (
             TILE in schema.names and _is_binary(schema.field(TILE).type) and want.value is None)
+        _check_columns(schema, tiled, where)
         t = _describe_tiled(schema.names, meta, want, where) if tiled else None
         if t is None or t.recut:
             table = _float16_back(rel.to_arrow_table(), p).replace_schema_metadata(_parquet_meta(cur, p))
@@ -1076,7 +1115,9 @@ def _parquet_select(p: str, t: _Tiled, where: str, lo: int | None = None, hi: in
     col = {k: exp.Column(this=exp.to_identifier(k, quoted=True)) for k in t.keys}
     tile_col = exp.Column(this=exp.to_identifier(TILE, quoted=True))
     itemsize = np.dtype(t.dtype).itemsize
-    extents = [fn("least", lit(s), exp.Sub(this=lit(n), expression=exp.Mul(this=col[k], expression=lit(s))))
+    # the byte count in BIGINT: DuckDB multiplies a TINYINT key column in TINYINT (8 * 16 overflowed)
+    wide = {k: exp.cast(c, "BIGINT") for k, c in col.items()}
+    extents = [fn("least", lit(s), exp.Sub(this=lit(n), expression=exp.Mul(this=wide[k], expression=lit(s))))
                for k, s, n in zip(t.keys, t.tile, t.shape)]
     want = lit(itemsize)
     for e in extents:
@@ -1114,6 +1155,7 @@ def _from_table(table: pa.Table, want: Wanted, where: str) -> Incoming:
     meta = read_metadata(table.schema.metadata, where)
     tiled = meta.get("layout") == "tiles" or (
         TILE in table.column_names and _is_binary(table.schema.field(TILE).type) and want.value is None)
+    _check_columns(table.schema, tiled, where)
     if tiled:
         return _from_tiles(table, meta, want, where)
     return _from_elements(_drop_pandas_index(table), meta, want, where)

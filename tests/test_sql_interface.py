@@ -152,3 +152,27 @@ def test_a_plan_the_budget_splits_into_statements_is_refused_by_the_one_query_in
         got = db.connection.execute("SELECT i, k, value FROM einsum_elements('ij,jk->ik', 'S', 'S')").fetchall()
         want = small @ small
         assert len(got) == want.size and all(abs(v - want[i, k]) < 1e-9 for i, k, v in got)
+
+
+def test_a_kernel_spec_written_in_sql_cannot_run_code_through_its_join_expression(tmp_path):
+    """The kernels evaluate a spec's join expression; a spec is text any statement on the
+    connection can write, and it reached eval without the notation's checks (with __import__
+    there since the probe needs it, any Python ran)."""
+    import json
+
+    db = eds.connect()
+    db.store("a", np.ones((4, 4)))
+    db.store("b", np.ones((4, 4)))
+    con = db.connection
+    q = con.execute("SELECT eds_einsum_sql('ij,jk->ik', ['a', 'b'], 'tiles', 'x + y', NULL, NULL, "
+                    "[current_database(), current_schema()])").fetchone()[0]
+    assert '"expr":"x + y"' in q
+    marker = tmp_path / "ran"
+    for payload in (f"__import__('os').system('touch {marker}') * 0 + x + y",
+                    f"[c for c in ().__class__.__base__.__subclasses__()] and x + y",
+                    "x * 10**10**10"):
+        with pytest.raises(Exception, match="EinsumError: join expression"):
+            con.execute(q.replace('"expr":"x + y"', '"expr":' + json.dumps(payload).replace("'", "''"))).fetchall()
+        assert not marker.exists()
+    assert con.execute(q).fetchall()  # the spec as written still runs
+    db.close()

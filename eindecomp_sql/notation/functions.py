@@ -71,7 +71,7 @@ def operand_index(name: str) -> int | None:
 
 
 MAX_EXPR_DEPTH = 200  # nested operations in a join expression (Python's compiler recurses on them)
-MAX_CONST_EXPONENT = 4096  # a constant raised to more is computed exactly by Python: it may never end
+MAX_CONST_BITS = 1 << 16  # a constant integer power beyond this many bits is refused, not computed
 
 
 def _depth(tree: ast.AST) -> int:
@@ -84,24 +84,26 @@ def _depth(tree: ast.AST) -> int:
 
 
 def _constant(node):
-    """The value of a constant subexpression (None if it reads an operand or calls a
-    function), refusing a constant power Python would compute for ever (``10**10**10``)."""
+    """The value of a constant subexpression of an expression already checked against the
+    allowed nodes (None where it reads an operand or calls a function), refusing an integer
+    power whose result would exceed ``MAX_CONST_BITS`` before Python computes it
+    (``10**10**10``, ``(10**4000)**4000``: exact integers, for ever)."""
     if isinstance(node, ast.Constant):
         return node.value if isinstance(node.value, (int, float)) else None
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         v = _constant(node.operand)
         return None if v is None else (-v if isinstance(node.op, ast.USub) else v)
-    if isinstance(node, ast.BinOp):
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.Mod)):
         a, b = _constant(node.left), _constant(node.right)
         if a is None or b is None:
             return None
         if isinstance(node.op, ast.Pow) and isinstance(a, int) and isinstance(b, int) and abs(a) > 1 \
-                and abs(b) > MAX_CONST_EXPONENT:
-            raise EinsumError(f"join expression: the constant {a} ** {b} is too large to compute"
-                              f"\n{caret(ast.unparse(node), 0)}")
+                and b > 0 and (abs(a).bit_length() - 1) * b > MAX_CONST_BITS:
+            raise EinsumError(f"join expression: the constant {ast.unparse(node)} is too large to compute "
+                              f"(over {MAX_CONST_BITS} bits)")
         try:
             return eval(compile(ast.Expression(node), "<constant>", "eval"), {"__builtins__": {}})  # noqa: S307
-        except Exception:  # noqa: BLE001 - 1 / 0 and the like: left for the probe to report
+        except Exception:  # noqa: BLE001 - 1 / 0, a float overflow: left for the probe to report
             return None
     return None
 
@@ -117,9 +119,6 @@ def _check_expr(text: str, arity: int) -> None:
     if _depth(tree) > MAX_EXPR_DEPTH:
         raise EinsumError(f"join expression: nested more than {MAX_EXPR_DEPTH} operations deep ({len(text)} "
                           "characters); write it shorter, or pass a Python callable")
-    for node in ast.walk(tree):
-        if isinstance(node, ast.BinOp):
-            _constant(node)
     allowed = (
         ast.Expression, ast.BinOp, ast.UnaryOp, ast.Compare, ast.IfExp, ast.Call, ast.Name,
         ast.Constant, ast.Load, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.Mod,
@@ -162,6 +161,19 @@ def _check_expr(text: str, arity: int) -> None:
                     f"join expression uses operand {node.id!r} but the einsum has {arity} operand(s)"
                     f"\n{caret(text, node.col_offset)}"
                 )
+    # only now, with every node known to be allowed, are constant parts looked at
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp):
+            _constant(node)
+
+
+def check_expression(text: str, arity: int | None = None) -> None:
+    """Refuse a join expression that is not the notation's (``_check_expr``); ``arity`` None
+    admits any operand. Whatever evaluates an expression calls this first: a kernel spec is
+    text that any SQL on the connection may write, so the evaluator cannot trust its caller."""
+    if not isinstance(text, str):
+        raise EinsumError(f"join expression must be a string, got {type(text).__name__}")
+    _check_expr(text, arity if arity is not None else 1 << 30)
 
 
 def parse_join(join: str | Callable | JoinFunction | None, arity: int) -> JoinFunction:

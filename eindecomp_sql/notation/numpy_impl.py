@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import EinsumError
 from .checks import check_dtype, is_bfloat16, narrow_bfloat16, promote
-from .functions import Aggregation, JoinFunction, operand_index, parse_join  # noqa: F401
+from .functions import Aggregation, JoinFunction, check_expression, operand_index, parse_join  # noqa: F401
 
 AGG_UFUNC = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 
@@ -132,6 +132,9 @@ class _Vectorize(ast.NodeTransformer):
 
 @lru_cache(maxsize=256)
 def _compile_expr(text: str) -> Callable:
+    # checked here, where it is evaluated, whoever hands it in: the SQL path's kernels get it
+    # from a kernel spec, JSON that any statement on the connection can write
+    check_expression(text)
     tree = _Vectorize().visit(ast.parse(text, mode="eval"))
     ast.fix_missing_locations(tree)
     code = compile(tree, "<join expression>", "eval")
