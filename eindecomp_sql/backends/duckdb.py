@@ -428,7 +428,7 @@ class DuckDBBackend:
             except duckdb.Error:  # best effort: it holds nothing anyone reads
                 pass
 
-    def _store_parts(self, value: TiledValue, sources, replacing: bool) -> None:
+    def _store_parts(self, value: TiledValue, sources, replacing: bool, watch: Watch | None = None) -> None:
         """Store each of ``sources`` (RecordBatchReaders, or SELECTs DuckDB runs) as a part
         table, each created and committed by its own statement, then the view, the part list
         and the catalog row in one transaction (with the old tensor's removal when ``replacing``
@@ -440,6 +440,8 @@ class DuckDBBackend:
         view = "_eds_load"
         try:
             for source in sources:
+                if watch is not None and watch.stopping():  # Ctrl-C between parts
+                    raise Cancelled("the store was stopped")
                 made.append(next(names))
                 if isinstance(source, exp.Expression):
                     self._run(create_table_as(made[-1], source).sql(dialect="duckdb"))
@@ -454,6 +456,8 @@ class DuckDBBackend:
                     self._drop_stored(value.name)
                 self._list_parts(value.name, made)
                 self._write_catalog(value.name, value)
+                if watch is not None and not watch.commit():  # roll back: the old tensor stands
+                    raise Cancelled("the store was stopped before it committed")
         except BaseException:
             for p in made:
                 try:
@@ -515,12 +519,14 @@ class DuckDBBackend:
         itself. Key columns, then ``tile``."""
         with self.lock:
             exists = self._check_target(value.name, replace)
-            # Ctrl-C interrupts the statement and the transaction rolls back: KeyboardInterrupt,
-            # not DuckDB's "Query interrupted" inside our error (a ValueError a caller may catch)
-            run_interruptible(lambda: self._store_tiles(value, tiles, replace, exists), self._work.interrupt,
-                              self.kernels)
+            # Ctrl-C interrupts the running statement, and one between statements is seen at
+            # the commit point (watch.commit): either way nothing commits and the caller gets
+            # KeyboardInterrupt, not DuckDB's "Query interrupted" inside our error (a ValueError)
+            watch = Watch(None, [], self.kernels)
+            run_interruptible(lambda: self._store_tiles(value, tiles, replace, exists, watch), self._work.interrupt,
+                              self.kernels, watch)
 
-    def _store_tiles(self, value: TiledValue, tiles, replace: bool, exists: bool) -> None:
+    def _store_tiles(self, value: TiledValue, tiles, replace: bool, exists: bool, watch: Watch) -> None:
         rows = parted.rows_per_part(value, self.part_bytes)
         file_rows = getattr(tiles, "select_rows", None)  # a file DuckDB reads itself (io.ParquetRows)
         if rows is not None:
@@ -532,7 +538,7 @@ class DuckDBBackend:
                 sources = parted.split_reader(pa.RecordBatchReader.from_batches(tiles.schema, tiles.to_batches()),
                                               rows)
             try:
-                self._store_parts(value, sources, exists)
+                self._store_parts(value, sources, exists, watch)
             except duckdb.Error as e:
                 raise EinsumError(f"store({value.name!r}): DuckDB could not store the tiles: {e}") from None
             return
@@ -548,6 +554,8 @@ class DuckDBBackend:
                 select = query if query is not None else exp.select("*").from_(table(view))
                 self._run(create_table_as(value.name, select, replace=replace).sql(dialect="duckdb"))
                 self._write_catalog(value.name, value)
+                if not watch.commit():  # Ctrl-C after the statement: roll back, the old tensor stands
+                    raise Cancelled("the store was stopped before it committed")
         except duckdb.Error as e:
             raise EinsumError(f"store({value.name!r}): DuckDB could not store the tiles: {e}") from None
         finally:
