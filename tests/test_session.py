@@ -434,10 +434,13 @@ def test_a_users_connection_takes_a_new_session_after_close_and_refuses_a_second
     with pytest.raises(eds.EinsumError, match="already has an eindecomp_sql session open on it"):
         eds.connect(con)
     assert con.sql("SELECT count(*) FROM einsum('ij->i', 'A')").fetchall() == [(1,)]  # the first one unharmed
-    db.close()
-    with pytest.raises(duckdb.CatalogException):  # nothing of the closed session's left to call
+    pending = con.execute("SELECT * FROM range(5)")
+    pending.fetchone()
+    db.close()  # runs nothing on the user's connection: the result being fetched is intact
+    assert pending.fetchall() == [(1,), (2,), (3,), (4,)]
+    with pytest.raises(duckdb.Error, match="this session is closed"):
         con.sql("SELECT * FROM einsum('ij->i', 'A')").fetchall()
-    with eds.connect(con) as again:
+    with eds.connect(con) as again:  # takes over the closed session's functions
         np.testing.assert_array_equal(again.einsum("ij->i", "A").to_numpy(), [1.0, 5.0])
         assert con.sql("SELECT count(*) FROM einsum('ij->i', 'A')").fetchall() == [(1,)]
     con.close()

@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 import threading
+import weakref
 from typing import Callable
 
 import duckdb
@@ -61,10 +62,16 @@ COSTS = CostModel("duckdb", join=1.0, group=0.7, agg=6.0, retile=3.0, statement=
 _RUNS = itertools.count()
 
 
+# id(connection) -> (a weak reference to the backend that registered its UDFs, their names), for connections we do
+# not own: a new session there replaces a closed one's functions (DuckDB refuses a name twice)
+_OWNERS: dict[int, tuple] = {}
+
+
 class _Registrar:
-    """The connection, recording the UDFs and TEMP macros registered on it, so that a session on
-    a connection it does not own can remove them when it closes (a second session on the same
-    connection could not register its own: DuckDB refuses a function name twice)."""
+    """The connection, recording the UDFs and TEMP macros registered on it. A session on a
+    connection it does not own leaves them there when it closes (removing them would run
+    statements on the user's connection, discarding a result being fetched, and refuses while
+    one is); the next session on that connection removes them first (``_take_over``)."""
 
     MACROS = ("einsum", "einsum_elements", "einsum_topk")
 
@@ -79,19 +86,42 @@ class _Registrar:
     def __getattr__(self, attr):
         return getattr(self._con, attr)
 
-    def remove_all(self) -> None:
+    def remove_all(self, strict: bool = False) -> None:
+        """Remove what was registered (``strict``: a failure is raised, else ignored)."""
         ours = "eds_einsum_sql" in self.names  # the macros were made over it, by us
-        for name in reversed(self.names):
-            try:
-                self._con.remove_function(name)
-            except (duckdb.Error, ValueError):
-                pass
-        self.names.clear()
-        for macro in self.MACROS if ours else ():  # over the functions just removed
-            try:
+        try:
+            for name in reversed(self.names):
+                try:
+                    self._con.remove_function(name)
+                except ValueError:  # not registered (any more)
+                    pass
+            for macro in self.MACROS if ours else ():  # over the functions just removed
                 self._con.execute(f"DROP MACRO TABLE IF EXISTS temp.main.{macro}").fetchall()
-            except duckdb.Error:
-                pass
+            self.names.clear()
+        except duckdb.Error:
+            if strict:
+                raise
+
+
+def _take_over(con) -> None:
+    """Before a session registers its UDFs on a connection it does not own: refuse if another
+    session there is open; remove a closed (or collected) one's functions."""
+    entry = _OWNERS.get(id(con))
+    if entry is None:
+        return
+    ref, names = entry
+    owner = ref()
+    if owner is not None and not owner.closed:
+        raise EinsumError("this DuckDB connection already has an eindecomp_sql session open on it (its functions "
+                          "are registered on the connection): use that session, or close it first")
+    leftover = _Registrar(con)
+    leftover.names = list(names)  # (a connection that only reuses a dead one's id has none of them)
+    try:
+        leftover.remove_all(strict=True)
+    except duckdb.Error as e:
+        raise EinsumError(f"cannot use this DuckDB connection: the functions of a closed eindecomp_sql session "
+                          f"on it cannot be removed ({e}); finish fetching any result on it first") from None
+    del _OWNERS[id(con)]
 
 
 class DuckDBBackend:
@@ -140,6 +170,10 @@ class DuckDBBackend:
                 self.kernels.device_cache = DeviceCache(device_memory if device_memory is not None
                                                         else default_budget(device))
             self._functions = _Registrar(self.con)
+            if not self.owns_connection:
+                _take_over(self.con)
+                # the names list, not the registrar: the registry must not keep the connection alive
+                _OWNERS[id(self.con)] = (weakref.ref(self), self._functions.names)
             register_kernels(self._functions, self.kernels)
             # Our own statements run on a cursor of the user's connection (the same database,
             # the UDFs registered above): a result the user is still fetching on
@@ -160,8 +194,8 @@ class DuckDBBackend:
                 self._work.close()
             if self.owns_connection:
                 self.con.close()
-            elif self._functions is not None:
-                self._functions.remove_all()
+            elif self._functions is not None and not isinstance(e, EinsumError):
+                self._functions.remove_all()  # what this failed session registered
             if isinstance(e, duckdb.NotImplementedException) and "already created" in str(e):
                 raise EinsumError("this DuckDB connection already has an eindecomp_sql session open on it (its "
                                   "functions are registered on the connection): use that session, or close it "
@@ -905,8 +939,8 @@ class DuckDBBackend:
             self._work.close()
             if self.owns_connection:
                 self.con.close()
-            else:  # the user's connection outlives us: another session may register them again
-                self._functions.remove_all()
+            # on the user's connection our functions stay until the next session there takes
+            # over (_take_over): removing them here would run statements on it
             if self._temp_dir is not None:
                 shutil.rmtree(self._temp_dir, ignore_errors=True)
         allocator.detach()
