@@ -453,3 +453,99 @@ def test_a_0d_tensor_round_trips_through_element_form():
         assert db.store("S2", t).to_numpy() == np.array(3.5)
         with pytest.raises(EinsumError, match="0-d"):
             db.store("S3", pa.table({"value": [1.0, 2.0]}))
+
+
+def test_a_cast_to_the_signed_type_of_the_same_width_is_checked_like_any_narrowing(tmp_path):
+    """same_kind lets uint64 -> int64 wrap 2**64 - 1 to -1, and the round trip back restores it:
+    the check that catches 300 -> int8 let it through, silently, from every source."""
+    with eds.connect() as db:
+        cases = [(pa.table({"i": [0, 1], "value": pa.array([2**64 - 1, 5], pa.uint64())}), "int64", 18446744073709551615),
+                 (pa.table({"i": [0, 1], "value": pa.array([200, 5], pa.uint8())}), "int8", 200),
+                 (np.array([4294967295, 7], np.uint32), "int32", 4294967295)]
+        np.save(tmp_path / "u16.npy", np.array([65535, 1], np.uint16))
+        cases.append((str(tmp_path / "u16.npy"), "int16", 65535))
+        for k, (source, dtype, bad) in enumerate(cases):
+            with pytest.raises(eds.EinsumError, match=rf"value {bad} at \(0,\) does not fit dtype={dtype}"):
+                db.store(f"S{k}", source, dtype=dtype)
+        assert db.tensors() == []
+        np.testing.assert_array_equal(db.store("ok", np.array([7, 5], np.uint64), dtype="int64").to_numpy(), [7, 5])
+
+
+def test_an_element_table_with_its_metadata_keeps_its_dimensions_when_columns_are_reordered():
+    """Index columns were taken in column order while the keys came from the metadata: a
+    select() that put 'col' first stored the tensor transposed, silently."""
+    a = np.arange(12.0).reshape(3, 4)
+    with eds.connect() as db:
+        e = db.store("A", a, keys=("row", "col")).to_arrow("elements")
+        back = db.store("B", e.select(["col", "value", "row"]))
+        assert back.keys == ("row", "col")
+        np.testing.assert_array_equal(back.to_numpy(), a)
+        plain = pa.table({"c": e.column("col"), "r": e.column("row"), "value": e.column("value")})
+        np.testing.assert_array_equal(db.store("C", plain).to_numpy(), a.T)  # no metadata: columns in order
+
+
+def test_tile_columns_that_do_not_hold_bytes_and_repeated_column_names_are_refused(tmp_path):
+    """A string 'tile' column was stored as VARCHAR (a tensor nothing could read); a missing,
+    dictionary or integer one, or a name twice (a DuckDB join's two 'i' columns), raised raw
+    KeyError / ArrowNotImplementedError."""
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with eds.connect() as db:
+        t = db.store("A", a, tile=(1, 4)).to_arrow()
+        meta = t.schema.metadata
+        k = t.schema.get_field_index("tile")
+        variants = {
+            "strings": t.set_column(k, "tile", pa.array(["x" * 16] * t.num_rows, pa.string())),
+            "no 'tile' column": t.drop_columns(["tile"]),
+            "dictionary": t.set_column(k, "tile", t.column("tile").dictionary_encode()),
+            "int64": t.set_column(k, "tile", pa.array(range(t.num_rows), pa.int64())),
+            "appear more than once": pa.Table.from_arrays(list(t.columns) + [t.column("tile")],
+                                                          names=t.column_names + ["tile"]),
+        }
+        for what, bad in variants.items():
+            bad = bad.replace_schema_metadata(meta)
+            for source in (bad, tmp_path / f"{what}.parquet"):
+                if isinstance(source, pathlib.Path):
+                    if what in ("dictionary", "appear more than once"):
+                        continue  # Parquet keeps neither
+                    pq.write_table(bad, source)
+                with pytest.raises(eds.EinsumError, match="tile|more than once"):
+                    db.store("S", source)
+                assert db.tensors() == ["A"], what
+        con = db.connection
+        rel = con.sql("SELECT a.i, b.i, a.i * b.i AS value FROM range(2) a(i), range(3) b(i)")
+        with pytest.raises(eds.EinsumError, match="'i' appear more than once"):
+            db.store("P", rel)
+        fixed = t.set_column(k, pa.field("tile", pa.binary(16)), t.column("tile").cast(pa.binary(16)))
+        np.testing.assert_array_equal(db.store("F", fixed.replace_schema_metadata(meta)).to_numpy(), a)
+
+
+def test_tiled_parquet_with_narrow_integer_keys_stores(tmp_path):
+    """DuckDB multiplied a TINYINT key column in TINYINT while checking tile bytes: 8 * 16 overflowed."""
+    a = np.random.default_rng(1).standard_normal((128, 64)).astype(np.float32)
+    with eds.connect() as db:
+        t = db.store("A", a, tile=(128, 64)).to_arrow()
+        for key_type in (pa.int8(), pa.uint8(), pa.int16()):
+            narrow = t.set_column(0, pa.field("d0", key_type), t.column("d0").cast(key_type))
+            narrow = narrow.set_column(1, pa.field("d1", key_type), narrow.column("d1").cast(key_type))
+            pq.write_table(narrow.replace_schema_metadata(t.schema.metadata), tmp_path / "n.parquet")
+            np.testing.assert_array_equal(db.store("N", tmp_path / "n.parquet", replace=True).to_numpy(), a)
+
+
+def test_a_dataframe_keeps_nan_values_and_metadata_true_is_no_version():
+    """pandas reads NaN in a float column as missing, so from_pandas made it null and store
+    refused the frame; a JSON true passed for format_version 1."""
+    import pandas as pd  # a test extra (pyproject)
+    a = np.array([[1.0, np.nan], [-0.0, 4.0]])
+    with eds.connect() as db:
+        df = db.store("A", a).to_arrow("elements").to_pandas()
+        got = db.store("C", df).to_numpy()
+        np.testing.assert_array_equal(got, a)
+        assert np.signbit(got[1, 0])
+        nullable = pd.DataFrame({"i": [0, 1], "value": pd.array([1.0, None], dtype="Float64")})
+        with pytest.raises(eds.EinsumError, match="null"):  # pandas' own missing value stays missing
+            db.store("D", nullable)
+        t = db.tensor("A").to_arrow()
+        meta = dict(t.schema.metadata)
+        meta[b"eindecomp_sql.format_version"] = b"true"
+        with pytest.raises(eds.EinsumError, match="format_version"):
+            db.store("E", t.replace_schema_metadata(meta))
