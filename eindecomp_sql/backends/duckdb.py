@@ -332,7 +332,14 @@ class DuckDBBackend:
     def _run(self, sql: str, params: list | None = None) -> list:
         """Execute on our cursor and drain (an unfinished result blocks a DuckDB connection)."""
         self._check_open()
-        return self._work.execute(sql, params).fetchall() if params is not None else self._work.execute(sql).fetchall()
+        try:
+            return self._work.execute(sql, params).fetchall() if params is not None else self._work.execute(sql).fetchall()
+        except RuntimeError as e:
+            # duckdb-python's own Ctrl-C check, on the main thread outside a plan (a catalog
+            # read): it stops the query and says so as a RuntimeError; the user pressed Ctrl-C
+            if "Query interrupted" in str(e):
+                raise KeyboardInterrupt from e
+            raise
 
     # -- SQL interface ----------------------------------------------------------------------
     def register_sql_interface(self, einsum_sql: Callable[..., str]) -> None:
