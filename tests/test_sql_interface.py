@@ -176,3 +176,22 @@ def test_a_kernel_spec_written_in_sql_cannot_run_code_through_its_join_expressio
         assert not marker.exists()
     assert con.execute(q).fetchall()  # the spec as written still runs
     db.close()
+
+
+def test_a_temp_table_of_the_callers_with_a_tensors_name_does_not_stand_in_for_it():
+    """The query named tables bare, so the caller's TEMP table 'a' was read in the stored
+    tensor's planned shape (its bytes, the tensor's layout)."""
+    with eds.connect() as db:
+        a = np.arange(4.0).reshape(2, 2)
+        db.store("a", a)
+        e = db.connection.execute
+        e("CREATE TEMP TABLE a AS SELECT d0, d1, tile FROM main.a")
+        e("UPDATE temp.a SET tile = (SELECT tile FROM main.a LIMIT 1) || ''")  # other bytes, same lengths
+        e("UPDATE temp.a SET tile = repeat('\\x00'::BLOB, 32)")
+        rows = e("SELECT i, value FROM einsum_elements('ij->i', 'a') ORDER BY i").fetchall()
+        assert rows == [(0, 1.0), (1, 5.0)], rows
+        e("CREATE TABLE E(i INT, value DOUBLE)")
+        e("INSERT INTO E VALUES (0, 2.0), (1, 3.0)")
+        e("CREATE TEMP TABLE E(i INT, value DOUBLE)")
+        e("INSERT INTO temp.E VALUES (0, 100.0), (1, 100.0)")
+        assert e("SELECT i, value FROM einsum_elements('i->i', 'E') ORDER BY i").fetchall() == [(0, 2.0), (1, 3.0)]

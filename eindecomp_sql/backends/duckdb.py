@@ -352,7 +352,7 @@ class DuckDBBackend:
 
         text = duckdb.sqltype("VARCHAR")
         # names are resolved on our cursor, whose default is the session's database and schema
-        home = tuple(self._run("SELECT current_database(), current_schema()")[0])
+        home = self.home = tuple(self._run("SELECT current_database(), current_schema()")[0])
 
         def udf(spec, names, mode, join, agg, k, where):
             if where is not None and tuple(where) != home:

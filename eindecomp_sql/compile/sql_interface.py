@@ -512,11 +512,13 @@ def topk_query(result: TiledValue, k: int, source: exp.Expression, fused: bool =
 
 @lru_cache(maxsize=256)
 def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mode: str, k: int | None,
-                    compiler: SQLCompiler | None = None) -> str:
+                    compiler: SQLCompiler | None = None, home: tuple[str, str] | None = None) -> str:
     """The whole answer of a SQL table function as SQL (DuckDB's, or ``compiler``'s): the plan
     as one query, preceded by the tiling of every table operand it reads (``tables``: CTE name
     and operand), then cut to elements or to the top ``k`` per row by ``mode`` (tiles, elements,
-    topk).
+    topk). ``home``: the (database, schema) the operands were read in: every table the query
+    names is qualified with it, so a TEMP table of the caller's with a tensor's name does not
+    stand in for it (the plan was made from the tensor's shape).
 
     Cached: plans and operands are frozen, so a query repeated over unchanged tables pays for
     building and printing it once."""
@@ -534,4 +536,17 @@ def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mo
         query = c.elements_query(result, result.keys, source=query)
     elif mode == "topk":
         query = topk_query(result, k, query, fused=fused is not None, compiler=c)
+    if home is not None:
+        query = qualified(query, home)
     return c.sql(query)
+
+
+def qualified(query: exp.Expression, home: tuple[str, str]) -> exp.Expression:
+    """``query`` with every table it reads by bare name (not a CTE, not a table function)
+    qualified as ``home``'s database and schema."""
+    ctes = {cte.alias_or_name.lower() for cte in query.find_all(exp.CTE)}
+    for t in query.find_all(exp.Table):
+        if isinstance(t.this, exp.Identifier) and not t.args.get("db") and t.name.lower() not in ctes:
+            t.set("db", ident(home[1]))
+            t.set("catalog", ident(home[0]))
+    return query
