@@ -167,7 +167,17 @@ def _from_array(a: np.ndarray, want: Wanted, where: str) -> Incoming:
 def read_source(source, where: str, want: Wanted, con=None, stream: bool = False) -> Incoming:
     """What ``source`` holds, as tiles to store. ``con`` (a DuckDB connection) reads Parquet.
     ``stream``: the backend takes a stream of tiles (DuckDB): files are read batch by batch as
-    they are stored (see ``Incoming``), never whole."""
+    they are stored (see ``Incoming``), never whole. Every error names ``where``."""
+    try:
+        return _read_source(source, where, want, con, stream)
+    except EinsumError as e:
+        if str(e).startswith(where):
+            raise
+        # the shared checks (check_keys, check_tile) do not know which store they serve
+        raise EinsumError(f"{where}: {e}") from None
+
+
+def _read_source(source, where: str, want: Wanted, con=None, stream: bool = False) -> Incoming:
     want = Wanted(want.tile, want.keys, _shape_arg(want.shape, where),
                   None if want.dtype is None else check_dtype(want.dtype, where),
                   _names_arg(want.index, "index", where), want.value, want.tile_bytes, want.square)
@@ -532,8 +542,8 @@ def _from_elements(table: pa.Table, meta: dict, want: Wanted, where: str) -> Inc
     return _from_array(dense, Wanted(tile, keys, tile_bytes=want.tile_bytes, square=want.square), where)
 
 
-def _check_unique(idx: np.ndarray, shape: tuple[int, ...], names: list[str], where: str) -> None:
-    """Each element at most once: duplicates are named, with their rows."""
+def _check_unique(idx: np.ndarray, shape: tuple[int, ...], names: list[str], where: str, tiles: bool = False) -> None:
+    """Each element (``tiles``: each tile key) at most once: duplicates are named, with their rows."""
     if idx.shape[1] < 2:
         return
     flat = np.ravel_multi_index(tuple(idx), shape) if all(shape) else np.zeros(idx.shape[1], np.int64)
@@ -545,6 +555,9 @@ def _check_unique(idx: np.ndarray, shape: tuple[int, ...], names: list[str], whe
     rows = order[first:first + 2]
     dup_at = flat[order][1:][same]
     at = ", ".join(f"{c}={int(v)}" for c, v in zip(names, idx[:, rows[0]]))
+    if tiles:
+        raise EinsumError(f"{where}: tile key ({at}) appears more than once (rows {int(rows[0])} and {int(rows[1])}); "
+                          "a tiled table holds each tile of the grid exactly once")
     raise EinsumError(f"{where}: index ({at}) appears more than once (rows {int(rows[0])} and {int(rows[1])}); "
                       f"{len(np.unique(dup_at))} index tuple(s) are duplicated in all. A table in element form "
                       "holds each element once: aggregate duplicates first (GROUP BY the index columns)")
@@ -641,7 +654,7 @@ def _check_tile_keys(t: _Tiled, kcols: list[np.ndarray], rows: int, where: str) 
     if rows != expect:
         raise EinsumError(f"{where}: {rows} tile rows, but shape {t.shape} in tiles of {t.tile} has {expect}")
     idx = np.stack(kcols) if kcols else np.zeros((0, rows), np.int64)
-    _check_unique(idx, t.grid, list(t.keys), where)
+    _check_unique(idx, t.grid, list(t.keys), where, tiles=True)
 
 
 def _from_tiles(table: pa.Table, meta: dict, want: Wanted, where: str) -> Incoming:

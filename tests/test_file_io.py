@@ -342,7 +342,7 @@ def _tiled(db, tmp_path):
 @pytest.mark.parametrize("damage, match", [
     ("short_tile", r"the tile at \(d0=2, d1=1\) holds 8 bytes; a float64 tile there takes 32"),
     ("null_tile", "null"),
-    ("dup_key", r"index \(d0=0, d1=0\) appears more than once"),
+    ("dup_key", r"tile key \(d0=0, d1=0\) appears more than once"),
     ("missing_row", "5 tile rows, but shape"),
     ("key_range", "key column 'd1' holds 7"),
 ])
