@@ -104,7 +104,7 @@ def check_keys(keys, ndim: int) -> tuple[str, ...]:
     except TypeError:
         raise EinsumError(f"keys must be a tuple of {ndim} column name(s), got {keys!r}") from None
     keys = tuple(check_name(k, "key column name") for k in keys)
-    if len(keys) != ndim or len(set(keys)) != len(keys) or TILE in keys:
+    if len(keys) != ndim or len(set(keys)) != len(keys) or TILE in (k.lower() for k in keys):
         raise EinsumError(f"keys {keys} must name each of the {ndim} dimension(s) once (not 'tile')")
     if len({k.lower() for k in keys}) != len(keys):
         raise EinsumError(f"keys {keys}: DuckDB's column names ignore case, so these name one column twice")

@@ -64,6 +64,7 @@ def _calls():
         "store replace='no'": lambda db, T: db.store("T", np.zeros(2), replace="no"),
         "einsum replace='no'": lambda db, T: db.einsum("ij->", T, out="T", replace="no"),
         "graph value unknown": lambda db, T: eds.Graph().value("nope"),
+        "key named Tile": lambda db, T: db.store("K", A, keys=("Tile", "x")),  # DuckDB and Spark ignore case
     }
     return cases
 

@@ -443,3 +443,48 @@ def test_a_stored_tensors_tiles_reach_several_tasks(sdb, spark):
         assert sum(parts) == int(np.prod(T.value.grid))
         busy = sum(1 for n in parts if n)
         assert busy >= (2 if T.value.nbytes >= 2 * (4 << 20) else 1), (shape, tile, parts)
+
+
+def test_what_a_new_user_found_on_spark(spark, tmp_path):
+    """(1) A folder or file of the user's named like a new tensor was moved away and deleted
+    (without replace=True); (2) a callable join ran with the state it read on its first run
+    (the cached pickle); (3) key columns named 'piece' or 's' broke the retile by rows; (4) an
+    error in Spark's Python worker lost its message; (5) a tensor named _x was not listed."""
+    root = tmp_path / "db"
+    (root / "mydata").mkdir(parents=True)
+    (root / "mydata" / "important.csv").write_text("precious\n")
+    (root / "notes").write_text("my notes\n")
+    db = eds.connect(root, backend="spark", spark=spark)
+    try:
+        for call in (lambda: db.store("mydata", np.ones((2, 3))),
+                     lambda: db.store("mydata", np.ones((2, 3)), replace=True),
+                     lambda: db.einsum("ij->ji", np.ones((2, 3)), out="notes", replace=True)):
+            with pytest.raises(EinsumError, match="exists and is not a stored tensor"):
+                call()
+        assert (root / "mydata" / "important.csv").read_text() == "precious\n"
+        assert (root / "notes").read_text() == "my notes\n"
+
+        params = {"scale": 1.0}
+
+        def scaled(x, y):
+            return x * y * params["scale"]
+
+        a, b = np.arange(12.0).reshape(3, 4), np.ones((4, 2))
+        np.testing.assert_allclose(db.einsum("ij,jk->ik", a, b, join=scaled).to_numpy(), a @ b)
+        params["scale"] = 10.0
+        np.testing.assert_allclose(db.einsum("ij,jk->ik", a, b, join=scaled).to_numpy(), 10 * (a @ b))
+
+        rng = np.random.default_rng(3)
+        x, w = rng.standard_normal((64, 48)), rng.standard_normal((48, 40))
+        for keys in (("i", "piece"), ("i", "s")):
+            X = db.store("X", x, tile=(63, 48), keys=keys, replace=True)
+            np.testing.assert_allclose(db.einsum("ij,jk->ik", X, w).to_numpy(), x @ w, rtol=1e-10, atol=1e-10)
+
+        ints = np.array([[2, 3], [4, 5]], np.int32)
+        with pytest.raises(EinsumError, match="Integers to negative integer powers are not allowed"):
+            db.einsum("ij,jk->ik", ints, -ints, join="pow").to_numpy()
+
+        db.store("_x", np.ones(3))
+        assert "_x" in db.tensors()
+    finally:
+        db.close()

@@ -49,6 +49,7 @@ from ..compile.spark import SparkCompiler, inlined_steps, shuffle_bytes, spark_c
 from ..errors import EinsumError, ExecutionError
 from ..plan import Plan, TiledValue
 from ..plan.cost import CostModel
+from ..plan.kernel_spec import fresh_pickles
 from ..plan.steps import output_tiles, step_target
 from ..udfs.pool import THREADS
 from ..udfs.tiles import array_from_tiles, tiles_from_array
@@ -148,10 +149,20 @@ def _broadcast_limit() -> int:
 
 
 def _spark_error(e: BaseException) -> str:
-    """A Spark failure's message, without the JVM stack: its first lines."""
+    """A Spark failure's message, without the JVM stack: its first lines, and where a Python
+    worker's traceback is quoted, its last line (the exception itself, which the first lines
+    never reach)."""
     text = str(e).strip()
     lines = [ln for ln in text.splitlines() if ln.strip()]
-    return "\n".join(lines[:6])
+    head = lines[:6]
+    if any("Traceback (most recent call last)" in ln for ln in head):
+        # the worker's exception: the last line of the traceback that is no frame or code line
+        cause = next((ln.strip() for ln in reversed(lines) if not ln.startswith((" ", "\t"))
+                      and ("Error" in ln or "Exception" in ln) and "Traceback" not in ln
+                      and not ln.lstrip().startswith("at ")), None)
+        if cause is not None and cause not in head:
+            head.append(cause)
+    return "\n".join(head)
 
 
 class SparkBackend:
@@ -274,8 +285,14 @@ class SparkBackend:
         return (value, path) if value is not None else None
 
     def _check_target(self, name: str, replace: bool) -> None:
-        if self._find(name) is not None and not replace:
+        found = self._find(name) is not None
+        if found and not replace:
             raise EinsumError(f"table {name!r} already exists; pass replace=True to overwrite it")
+        if not found and os.path.lexists(self._dir(name)):
+            # a file or folder of the user's under the database directory: never ours to move
+            # away and delete (replace overwrites stored tensors only, as on DuckDB)
+            raise EinsumError(f"{self._dir(name)!r} exists and is not a stored tensor; choose another name, or "
+                              "move it out of the database directory")
 
     def _install(self, written: str, value: TiledValue) -> None:
         """Move a written tensor directory into the catalog (replacing one of that name): one
@@ -329,8 +346,9 @@ class SparkBackend:
     def names(self) -> list[str]:
         with self.lock:
             self._check_open()
+            # a tensor may be named _x: skip only our own folders (_eds_...) and hidden ones
             found = (self._read_meta(os.path.join(self.root, d)) for d in sorted(os.listdir(self.root))
-                     if not d.startswith(("_", ".")))
+                     if not d.startswith(("_eds_", ".")))
             return sorted(v.name for v in found if v is not None)
 
     def table_exists(self, name: str) -> bool:
@@ -411,6 +429,11 @@ class SparkBackend:
         into the catalog only once every step has run."""
         compiler = self.compiler
         compiled = compiler.compile_plan(plan)  # a callable join that cannot be pickled: EinsumError
+        if any('"callable":' in c.text for c in compiled):
+            # the cached SQL holds the callable's first pickle, a snapshot of the state it
+            # reads; the workers must run it as it is now, as DuckDB's in-process kernels do
+            with fresh_pickles():
+                compiled = compiler.compile_plan_uncached(plan)
         with self.lock:
             self._check_open()
             for t in outputs.values():

@@ -66,9 +66,9 @@ class SparkCompiler(SQLCompiler):
         less than the kernels' retile (docs/DESIGN.md "Spark")::
 
             SELECT _eds_n0 AS key0, key1, ..., CONCAT(COALESCE(TRY_ELEMENT_AT(s, 1).t, ''), ...) AS tile
-            FROM (SELECT _eds_n0, key1, ..., ARRAY_SORT(COLLECT_LIST(STRUCT(_eds_r AS r, piece AS t))) AS s
+            FROM (SELECT _eds_n0, key1, ..., ARRAY_SORT(COLLECT_LIST(STRUCT(_eds_r AS r, _eds_piece AS t))) AS _eds_s
                   FROM (SELECT _eds_n0, key1, ..., key0 - _eds_n0 * T DIV S AS _eds_r,
-                               SUBSTRING(tile, offset + 1, length) AS piece
+                               SUBSTRING(tile, offset + 1, length) AS _eds_piece
                         FROM (SELECT *, EXPLODE(SEQUENCE(first target, last target)) AS _eds_n0 FROM source))
                   GROUP BY _eds_n0, key1, ...)
 
@@ -130,20 +130,20 @@ class SparkCompiler(SQLCompiler):
         rest = [k.copy() for k in keys[1:]]
         pieces = exp.select(target.copy(), *rest,
                             alias(exp.Sub(this=k0.copy(), expression=div(times(target, T), S)), name("_eds_r")),
-                            alias(piece, name("piece"))).from_(subquery(cuts, "cuts"))
+                            alias(piece, name("_eds_piece"))).from_(subquery(cuts, "cuts"))
         if where:
             pieces.set("where", exp.Where(this=exp.and_(*where)))
         if split:
             tiles = pieces
-            tile = ucol("piece")
+            tile = ucol("_eds_piece")
         else:
             most = min(-(-T // S) + (0 if merge else 1), -(-n0 // S))  # source tiles a target can meet
-            listed = call("ARRAY_SORT", self.list_aggregate(this=struct(r=ucol("_eds_r"), t=ucol("piece"))))
-            tiles = exp.select(target.copy(), *[k.copy() for k in rest], alias(listed, name("s")))
+            listed = call("ARRAY_SORT", self.list_aggregate(this=struct(r=ucol("_eds_r"), t=ucol("_eds_piece"))))
+            tiles = exp.select(target.copy(), *[k.copy() for k in rest], alias(listed, name("_eds_s")))
             tiles = tiles.from_(subquery(pieces, "pieces"))
             tiles.set("group", exp.Group(expressions=[target.copy(), *[k.copy() for k in rest]]))
             empty = cast(exp.Literal.string(""), "BLOB")
-            tile = call("CONCAT", *[exp.Coalesce(this=exp.Dot(this=call("TRY_ELEMENT_AT", ucol("s"), num(p + 1)),
+            tile = call("CONCAT", *[exp.Coalesce(this=exp.Dot(this=call("TRY_ELEMENT_AT", ucol("_eds_s"), num(p + 1)),
                                                               expression=name("t")), expressions=[empty.copy()])
                                     for p in range(most)])
         out = exp.select(alias(target.copy(), ident(t.keys[0])),

@@ -30,12 +30,14 @@ True
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
 import math
 import os
 import pickle
+import threading
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
@@ -174,6 +176,22 @@ def live_token(fn: Callable) -> str:
     return token
 
 
+_fresh = threading.local()  # pickle_callable ignores its cache inside fresh_pickles()
+_fresh.active = False
+
+
+@contextlib.contextmanager
+def fresh_pickles():
+    """Within: callables are pickled anew. A pickle is a snapshot of what the function reads
+    (globals, closures): the Spark workers must see their state at this run, not the first."""
+    before = getattr(_fresh, "active", False)
+    _fresh.active = True
+    try:
+        yield
+    finally:
+        _fresh.active = before
+
+
 def pickle_callable(fn: Callable) -> str:
     """``fn`` as base64 text of its cloudpickle, cached while ``fn`` lives.
 
@@ -182,7 +200,7 @@ def pickle_callable(fn: Callable) -> str:
     """
     key = id(fn)
     entry = _pickled.get(key)
-    if entry is not None and entry[0]() is fn:
+    if entry is not None and entry[0]() is fn and not _fresh.active:
         return entry[1]
     import cloudpickle
 
