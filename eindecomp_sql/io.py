@@ -433,7 +433,9 @@ def _check_columns(schema: pa.Schema, tiled: bool, where: str) -> None:
 def _element_columns(table: pa.Table, want: Wanted, where: str) -> tuple[list[str], str]:
     """Which columns are the indices and which is the value. The rules (``Session.store``):
     ``value=`` names the value column, else a column named ``value``, else the one column that
-    is not integer; ``index=`` names the index columns, else every other column, in order."""
+    is not integer; ``index=`` names the index columns, else every other column, in order (in
+    the order of the metadata's keys, for a table this package wrote, unless ``shape=`` is
+    given: ``_from_elements``)."""
     cols = table.column_names
     index = [_find(table, c, where, "index column") for c in want.index] if want.index is not None else None
     if index is not None and len({c.lower() for c in index}) != len(index):
@@ -487,7 +489,7 @@ def _from_elements(table: pa.Table, meta: dict, want: Wanted, where: str) -> Inc
     columns) are whole in memory here; building tiles group by group is the streaming issue's."""
     index, value = _element_columns(table, want, where)
     named = meta.get("keys")
-    if (want.index is None and isinstance(named, list) and len(named) == len(index)
+    if (want.index is None and want.shape is None and isinstance(named, list) and len(named) == len(index)
             and sorted(str(k).lower() for k in named) == sorted(c.lower() for c in index)):
         # the metadata names the dimensions: a table whose columns were reordered (select,
         # a join) keeps them, as the tiled form does, instead of transposing the tensor
@@ -633,7 +635,8 @@ def _check_tile_rows(t: _Tiled, table, where: str, row0: int = 0) -> tuple[list[
     kcols = [_index_array(table, k, where) for k in t.keys]
     _check_key_range(t, kcols, where, row0)
     tcol = _no_nulls(table, TILE, where)
-    if pa.types.is_binary_view(tcol.type):  # no length kernel for views in pyarrow (26)
+    if pa.types.is_binary_view(tcol.type) or pa.types.is_fixed_size_binary(tcol.type):
+        # no length kernel for views in pyarrow (26); Spark's tile reader takes offsets
         tcol = tcol.cast(pa.large_binary())
     itemsize = np.dtype(t.dtype).itemsize
     ext = [np.minimum(s, n - col * s) for col, s, n in zip(kcols, t.tile, t.shape)]

@@ -242,7 +242,8 @@ class Session:
             integer index columns, one per dimension, and one numeric value column. The value
             column is ``value=``, else a column named ``value``, else the only column that is
             not an integer; the index columns are ``index=`` (names, in dimension order), else
-            every other column in order (all must be integers). The shape is ``shape=``, else
+            every other column in order (all must be integers; for a table carrying this
+            package's metadata, in the order of its keys unless ``shape=`` is given). The shape is ``shape=``, else
             the table's metadata, else the largest index + 1 in each dimension. Duplicate,
             negative and out-of-range indices are refused.
 

@@ -482,6 +482,12 @@ def test_an_element_table_with_its_metadata_keeps_its_dimensions_when_columns_ar
         np.testing.assert_array_equal(back.to_numpy(), a)
         plain = pa.table({"c": e.column("col"), "r": e.column("row"), "value": e.column("value")})
         np.testing.assert_array_equal(db.store("C", plain).to_numpy(), a.T)  # no metadata: columns in order
+        swapped = e.select(["col", "row", "value"])  # shape= is given in column order: it keeps that
+        np.testing.assert_array_equal(db.store("D", swapped, shape=(4, 3)).to_numpy(), a.T)
+    with eds.connect() as db:  # errors of the shared checks name the store
+        for kw in (dict(keys=("d0", "d0")), dict(tile=(0, 3))):
+            with pytest.raises(eds.EinsumError, match=r"^store\('X'\): "):
+                db.store("X", a, **kw)
 
 
 def test_tile_columns_that_do_not_hold_bytes_and_repeated_column_names_are_refused(tmp_path):

@@ -345,3 +345,31 @@ def test_ctrl_c_during_store_and_reads_is_a_keyboard_interrupt(tmp_path):
     # a Ctrl-C early in the store rolls it back (it committed anyway once, after the signal)
     assert "store 0 KeyboardInterrupt old" in lines, r.stdout
     assert lines[-1] == "after ['Z', 'Z2'] True", r.stdout
+
+
+SIGALRM_DURING_READS = r"""
+import signal, numpy as np, eindecomp_sql as eds
+def on_alarm(*a): raise TimeoutError("deadline")
+signal.signal(signal.SIGALRM, on_alarm)
+db = eds.connect()
+for k in range(200): db.store(f"t{k}", np.ones(2))
+seen = set()
+for trial in range(8):
+    signal.setitimer(signal.ITIMER_REAL, 0.03)
+    try:
+        while True: db.tensors()
+    except BaseException as e:
+        seen.add(type(e).__name__)
+print(sorted(seen))
+"""
+
+
+def test_another_signal_handlers_error_during_a_read_is_not_called_ctrl_c(tmp_path):
+    """duckdb-python reports any signal handler's error during a statement as RuntimeError
+    ('Query interrupted'); a first fix called them all KeyboardInterrupt (a SIGALRM deadline, a
+    SIGTERM handler's SystemExit): only a Ctrl-C our watch saw may say so."""
+    script = tmp_path / "alarm.py"
+    script.write_text(SIGALRM_DURING_READS)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert "KeyboardInterrupt" not in r.stdout and r.stdout.strip() != "[]", r.stdout

@@ -311,3 +311,31 @@ def test_a_device_spec_names_its_values_and_says_tf32_only_when_asked():
     for bad in ({"values": ["a"]}, {"result": 3}, {"tf32": "yes"}):
         with pytest.raises(EinsumError, match="kernel spec"):
             ks.from_json(json.dumps({**body, **bad}))
+
+
+def test_a_callable_pickled_twice_on_another_thread():
+    """fresh_pickles' flag is per thread; pickle_callable read it bare, so the second pickle of
+    a cached callable on any thread but the importing one raised AttributeError (a graph with
+    two nodes sharing a callable, planned on a worker thread)."""
+    import threading
+
+    from eindecomp_sql.plan.kernel_spec import fresh_pickles, pickle_callable
+
+    def f(x, y):
+        return x * y
+
+    out = []
+
+    def work():
+        try:
+            first = pickle_callable(f)
+            out.append(pickle_callable(f) == first)
+            with fresh_pickles():
+                out.append(isinstance(pickle_callable(f), str))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            out.append(e)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert out == [True, True], out

@@ -486,5 +486,14 @@ def test_what_a_new_user_found_on_spark(spark, tmp_path):
 
         db.store("_x", np.ones(3))
         assert "_x" in db.tensors()
+
+        import pyarrow as pa  # (6) fixed-size binary tiles: the tile reader wants offsets
+
+        f = np.arange(12, dtype=np.float32).reshape(3, 4)
+        with eds.connect() as duck:
+            t = duck.store("F", f, tile=(1, 4)).to_arrow()
+        k = t.schema.get_field_index("tile")
+        fixed = t.set_column(k, pa.field("tile", pa.binary(16)), t.column("tile").cast(pa.binary(16)))
+        np.testing.assert_array_equal(db.store("F", fixed.replace_schema_metadata(t.schema.metadata)).to_numpy(), f)
     finally:
         db.close()

@@ -332,14 +332,7 @@ class DuckDBBackend:
     def _run(self, sql: str, params: list | None = None) -> list:
         """Execute on our cursor and drain (an unfinished result blocks a DuckDB connection)."""
         self._check_open()
-        try:
-            return self._work.execute(sql, params).fetchall() if params is not None else self._work.execute(sql).fetchall()
-        except RuntimeError as e:
-            # duckdb-python's own Ctrl-C check, on the main thread outside a plan (a catalog
-            # read): it stops the query and says so as a RuntimeError; the user pressed Ctrl-C
-            if "Query interrupted" in str(e):
-                raise KeyboardInterrupt from e
-            raise
+        return self._work.execute(sql, params).fetchall() if params is not None else self._work.execute(sql).fetchall()
 
     # -- SQL interface ----------------------------------------------------------------------
     def register_sql_interface(self, einsum_sql: Callable[..., str]) -> None:
@@ -392,7 +385,11 @@ class DuckDBBackend:
     def names(self) -> list[str]:
         with self.lock:
             try:
-                return [r[0] for r in self._run("SELECT name FROM eds_catalog ORDER BY name")]
+                # interruptibly: duckdb-python's own check turns a Ctrl-C into RuntimeError('Query
+                # interrupted'), as it does any signal handler's error, so only our watch can
+                # tell a Ctrl-C (KeyboardInterrupt) from the others
+                return run_interruptible(lambda: [r[0] for r in self._run("SELECT name FROM eds_catalog ORDER BY name")],
+                                         self._work.interrupt, self.kernels)
             except duckdb.CatalogException:  # a database opened read-only that never had a catalog
                 return []
 

@@ -176,8 +176,7 @@ def live_token(fn: Callable) -> str:
     return token
 
 
-_fresh = threading.local()  # pickle_callable ignores its cache inside fresh_pickles()
-_fresh.active = False
+_fresh = threading.local()  # .active: pickle_callable ignores its cache inside fresh_pickles()
 
 
 @contextlib.contextmanager
@@ -200,7 +199,7 @@ def pickle_callable(fn: Callable) -> str:
     """
     key = id(fn)
     entry = _pickled.get(key)
-    if entry is not None and entry[0]() is fn and not _fresh.active:
+    if entry is not None and entry[0]() is fn and not getattr(_fresh, "active", False):  # per thread
         return entry[1]
     import cloudpickle
 
