@@ -62,7 +62,8 @@ COSTS = CostModel("duckdb", join=1.0, group=0.7, agg=6.0, retile=3.0, statement=
 _RUNS = itertools.count()
 
 
-# id(connection) -> (a weak reference to the backend that registered its UDFs, their names), for connections we do
+# id(connection) -> (weak references to the backend that registered its UDFs and to the
+# connection, their names), for connections we do
 # not own: a new session there replaces a closed one's functions (DuckDB refuses a name twice)
 _OWNERS: dict[int, tuple] = {}
 
@@ -93,8 +94,10 @@ class _Registrar:
             for name in reversed(self.names):
                 try:
                     self._con.remove_function(name)
-                except ValueError:  # not registered (any more)
-                    pass
+                except (ValueError, duckdb.InvalidInputException) as e:
+                    if "No function by the name" not in str(e) and not isinstance(e, ValueError):
+                        raise
+                    # not registered (any more)
             for macro in self.MACROS if ours else ():  # over the functions just removed
                 self._con.execute(f"DROP MACRO TABLE IF EXISTS temp.main.{macro}").fetchall()
             self.names.clear()
@@ -103,13 +106,23 @@ class _Registrar:
                 raise
 
 
+def _forget_connection(ref) -> None:
+    """A connection was collected: its entry goes (unless a newer connection took its id)."""
+    for key, entry in list(_OWNERS.items()):
+        if entry[1] is ref:
+            del _OWNERS[key]
+
+
 def _take_over(con) -> None:
     """Before a session registers its UDFs on a connection it does not own: refuse if another
     session there is open; remove a closed (or collected) one's functions."""
     entry = _OWNERS.get(id(con))
     if entry is None:
         return
-    ref, names = entry
+    ref, con_ref, names = entry
+    if con_ref() is not con:  # another connection, since collected, had this id: nothing of ours here
+        del _OWNERS[id(con)]
+        return
     owner = ref()
     if owner is not None and not owner.closed:
         raise EinsumError("this DuckDB connection already has an eindecomp_sql session open on it (its functions "
@@ -173,7 +186,8 @@ class DuckDBBackend:
             if not self.owns_connection:
                 _take_over(self.con)
                 # the names list, not the registrar: the registry must not keep the connection alive
-                _OWNERS[id(self.con)] = (weakref.ref(self), self._functions.names)
+                _OWNERS[id(self.con)] = (weakref.ref(self), weakref.ref(self.con, _forget_connection),
+                                         self._functions.names)
             register_kernels(self._functions, self.kernels)
             # Our own statements run on a cursor of the user's connection (the same database,
             # the UDFs registered above): a result the user is still fetching on
