@@ -121,7 +121,12 @@ class Session:
         self._free_names: list[str] = []
         self._depth = 0
         try:
-            self.backend.register_sql_interface(self._einsum_sql)
+            # through a holder that close() empties: the UDF lives in the connection (C++), where
+            # a reference to the session, which holds the connection, is a cycle no collector
+            # sees (a connection the user passed in stayed alive after both were closed and
+            # dropped). While the session is open it stays alive for the SQL interface's sake.
+            self._sql_target = _Holder(self)
+            self.backend.register_sql_interface(self._sql_target.einsum_sql)
         except BaseException:
             self.backend.close()
             raise
@@ -493,6 +498,9 @@ class Session:
                     pass
             self._garbage.clear()
             self.backend.close()
+            holder = self.__dict__.get("_sql_target")
+            if holder is not None:
+                holder.session = None  # the connection's UDF no longer keeps this session alive
         _open_sessions.discard(self)
 
     def __enter__(self):
@@ -537,6 +545,19 @@ def _pick_device(device, allow_tf32, backend: str) -> str:
     if device == "auto" and backend == "duckdb" and devices.available("cuda"):
         return "cuda"
     return "cpu"
+
+
+class _Holder:
+    """The session the SQL interface's UDF serves, until the session closes."""
+
+    def __init__(self, session):
+        self.session = session
+
+    def einsum_sql(self, *args, **kw):
+        session = self.session
+        if session is None:
+            raise EinsumError("this session is closed")
+        return session._einsum_sql(*args, **kw)
 
 
 def _check_replace(replace) -> None:

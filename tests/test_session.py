@@ -459,3 +459,26 @@ def test_replace_must_be_a_bool_everywhere():
         assert db.tensors() == ["A"]
         db.store("A", np.zeros(2), replace=np.True_)
         np.testing.assert_array_equal(db.tensor("A").to_numpy(), np.zeros(2))
+
+
+def test_a_closed_session_lets_the_users_connection_go_and_an_open_one_serves_sql():
+    """The SQL interface's UDF, held by the connection in C++, referenced the session, which
+    holds the connection: a cycle no collector sees, so the connection (its whole database)
+    outlived both. Closing the session now breaks it; an open session, handle dropped or not,
+    still serves SELECT * FROM einsum(...)."""
+    import weakref
+
+    import duckdb
+
+    con = duckdb.connect()
+    gone = weakref.ref(con)
+    db = eds.connect(con)
+    db.store("A", np.ones(2))
+    db.close()
+    del db, con
+    gc.collect()
+    assert gone() is None
+    con = duckdb.connect()
+    eds.connect(con).store("B", np.arange(3.0))  # the session is never named again
+    gc.collect()
+    assert con.sql("SELECT * FROM einsum_elements('i->', 'B')").fetchall() == [(3.0,)]
