@@ -445,6 +445,16 @@ def test_a_stored_tensors_tiles_reach_several_tasks(sdb, spark):
         assert busy >= (2 if T.value.nbytes >= 2 * (4 << 20) else 1), (shape, tile, parts)
 
 
+def test_a_refused_connect_leaves_no_folder_it_made(tmp_path):
+    with pytest.raises(EinsumError, match="spark= must be a pyspark.sql.SparkSession"):
+        eds.connect(tmp_path / "new", backend="spark", spark="x")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(EinsumError):
+        eds.connect(tmp_path / "mine", backend="spark", spark="x")
+    assert (tmp_path / "mine").is_dir()  # a folder it did not make stays
+
+
 def test_what_a_new_user_found_on_spark(spark, tmp_path):
     """(1) A folder or file of the user's named like a new tensor was moved away and deleted
     (without replace=True); (2) a callable join ran with the state it read on its first run

@@ -200,6 +200,7 @@ class SparkBackend:
             if read_only and not os.path.isdir(self.root):
                 raise EinsumError(f"no database directory {self.root!r} to open read-only")
             if not read_only:
+                self._made_root = not os.path.exists(self.root)  # a refused connect removes it again
                 os.makedirs(self.root, exist_ok=True)
         else:
             raise EinsumError(f"database must be None or a directory path for the Spark backend, got "
@@ -539,6 +540,11 @@ class SparkBackend:
     def _remove_root(self) -> None:
         if getattr(self, "_owns_root", False):
             shutil.rmtree(self.root, ignore_errors=True)
+        elif getattr(self, "_made_root", False):
+            try:
+                os.rmdir(self.root)  # only as we made it: empty
+            except OSError:
+                pass
 
     def close(self) -> None:
         with self.lock:
