@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import os
 import threading
 
 import numpy as np
@@ -27,7 +28,11 @@ ORDERS = ("C", "F", "A", "K")
 def default_session() -> Session:
     """The in-memory session ``eds.einsum`` runs on: opened once (a connection costs ~30 ms),
     closed at exit."""
-    global _default
+    global _default, _default_lock
+    if _default is not None and _default._pid != os.getpid():
+        # a forked child: the parent's session (and maybe its lock, held by a parent thread)
+        # is not this process's; the child opens its own, and leaves the parent's alone
+        _default, _default_lock = None, threading.Lock()
     with _default_lock:
         if _default is None:
             _default = Session()
@@ -37,7 +42,7 @@ def default_session() -> Session:
 
 def _close_default() -> None:
     global _default
-    if _default is not None:
+    if _default is not None and _default._pid == os.getpid():  # a fork's child leaves the parent's
         _default.close()
         _default = None
 

@@ -12,6 +12,7 @@ import collections.abc
 import dataclasses
 import contextlib
 import itertools
+import os
 import weakref
 
 import numpy as np
@@ -54,6 +55,7 @@ class Session:
         # The plans' knobs: largest tile a plan creates, join tasks per step, memory budget.
         # One worker by default: kernels already use every core inside a call (docs/DESIGN.md).
         # Checked before the connection opens, so bad options leave nothing open.
+        self._pid = os.getpid()
         if tile_bytes is not None:
             tile_bytes = check_count(tile_bytes, "tile_bytes")
         if workers is not None:
@@ -132,10 +134,18 @@ class Session:
             raise
         _open_sessions.add(self)
 
+    _pid = None  # set in __init__: the process the session belongs to
+
     @contextlib.contextmanager
     def _call(self):
         """Hold the session for one call: the lock, a check that it is open, and the drop of
         temporary results collected since the last call."""
+        if os.getpid() != self._pid:
+            # a forked child: DuckDB's threads, our locks' holders and the file's lock are the
+            # parent's (a child waited for ever on a lock a parent thread held, or wrote into
+            # a file the parent also writes: lost data, a corrupt file once)
+            raise EinsumError(f"this session was opened in process {self._pid}, not this one (a fork): open a "
+                              "session of this process with eds.connect()")
         with self._lock:
             if self.backend.closed:
                 raise EinsumError("this session is closed; open another with eds.connect()")
@@ -489,7 +499,11 @@ class Session:
         return einsum_sql(self, spec, names, mode, join, agg, k)
 
     def close(self) -> None:
-        """Close the session (and its connection, if the session opened it). Idempotent."""
+        """Close the session (and its connection, if the session opened it). Idempotent. In a
+        forked child it does nothing: the connection is the parent's (closing a file database
+        here would write to the parent's file)."""
+        if os.getpid() != self._pid:
+            return
         with self._lock:
             if not self.backend.closed:
                 try:
@@ -519,6 +533,8 @@ _open_sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
 @atexit.register
 def _close_open_sessions() -> None:
     for s in list(_open_sessions):
+        if s._pid != os.getpid():  # a forked child exits: the parent's sessions are not its to close
+            continue
         try:
             s.close()
         except Exception:  # noqa: BLE001 - best effort at exit

@@ -116,12 +116,14 @@ class Tensor:
         """
         from .io import elements_table, tensor_metadata
 
-        v = self._live_value()
         if form == "tiles":
-            table = self.session.backend.read_tiles(v)
+            with self.session._call():  # the check and the read with no replace between them
+                v = self._live_value()
+                table = self.session.backend.read_tiles(v)
         elif form == "elements":
             # the whole tensor is in memory here, and its index columns next to it
-            table = elements_table(self.to_numpy(), v.keys)
+            dense, v = self.to_numpy(), self.value  # (to_numpy checked the handle)
+            table = elements_table(dense, v.keys)
         else:
             raise EinsumError(f"to_arrow(form={form!r}): form is 'tiles' or 'elements'")
         return table.replace_schema_metadata(tensor_metadata(v.shape, v.dtype, v.tile, v.keys, form, v.name))
@@ -168,13 +170,16 @@ class Tensor:
         """
         from .io import export_tensor, tile_batches
 
-        v = self._live_value()
-        return export_tensor(v, lambda: tile_batches(self.session.backend, v), path, form, sync)
+        with self.session._call():  # the check and the reads with no replace between them
+            v = self._live_value()
+            return export_tensor(v, lambda: tile_batches(self.session.backend, v), path, form, sync)
 
     def to_numpy(self) -> np.ndarray:
         """The whole tensor as a numpy array (native byte order)."""
-        v = self._live_value()
-        return array_from_tiles(self.session.backend.read_tiles(v), v.shape, v.tile, v.dtype, v.keys)
+        with self.session._call():  # the check and the read with no replace between them (a thread
+            v = self._live_value()  # replacing the tensor made int64 bytes read as float64)
+            tiles = self.session.backend.read_tiles(v)
+        return array_from_tiles(tiles, v.shape, v.tile, v.dtype, v.keys)
 
     def __array__(self, dtype=None, copy=None):
         a = self.to_numpy()

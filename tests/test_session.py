@@ -3,9 +3,11 @@ connect(), clear errors for closed sessions, dropped tensors and files DuckDB ca
 
 import contextlib
 import gc
+import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -482,3 +484,121 @@ def test_a_closed_session_lets_the_users_connection_go_and_an_open_one_serves_sq
     eds.connect(con).store("B", np.arange(3.0))  # the session is never named again
     gc.collect()
     assert con.sql("SELECT * FROM einsum_elements('i->', 'B')").fetchall() == [(3.0,)]
+
+
+FORKED = r"""
+import os, threading, time, numpy as np, eindecomp_sql as eds
+a = np.random.default_rng(0).standard_normal((400, 300))
+want = a @ a.T
+print("parent", np.allclose(eds.einsum("ij,kj->ik", a, a), want), flush=True)  # the kernel pool is up
+db = eds.connect(os.environ["EDS_DB"]); db.store("A", a)
+stop = threading.Event()
+def busy():  # a parent thread inside session calls while the parent forks
+    while not stop.is_set():
+        eds.einsum("ij,kj->ik", a[:8], a[:8], join="add", agg="max")
+threading.Thread(target=busy, daemon=True).start(); time.sleep(0.2)
+for attempt in range(3):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ok = np.allclose(eds.einsum("ij,kj->ik", a, a), want)  # a default session of its own
+            try:
+                db.store("C", a)
+                inherited = "used"
+            except eds.EinsumError as e:
+                inherited = "refused" if "opened in process" in str(e) else repr(e)
+            with eds.connect() as mine:
+                ok = ok and np.allclose(mine.einsum("ij,kj->ik", a, a).to_numpy(), want)
+            print("child", ok, inherited, flush=True)
+        finally:
+            os._exit(0)
+    for _ in range(300):
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9); os.waitpid(pid, 0); print("child hung", flush=True)
+stop.set(); time.sleep(0.2)
+db.close()
+with eds.connect(os.environ["EDS_DB"], read_only=True) as again:
+    print("file", again.tensors(), np.allclose(again.tensor("A").to_numpy(), a), flush=True)
+"""
+
+
+def test_a_forked_child_gets_sessions_of_its_own_and_leaves_the_parents_alone(tmp_path):
+    """A child forked after the kernel pool ran waited for ever on its first kernel call (the
+    pool's threads are the parent's), a child forked while a parent thread held a session's
+    lock waited for ever on it, and a child writing through the parent's file session lost
+    its writes or corrupted the file."""
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED)
+    env = dict(os.environ, EDS_DB=str(tmp_path / "t.duckdb"), OPENBLAS_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "parent True" and lines.count("child True refused") == 3, r.stdout
+    assert lines[-1] == "file ['A'] True", r.stdout
+
+
+def test_to_numpy_while_another_thread_replaces_the_tensor_is_old_new_or_refused():
+    """The handle was checked, then the tiles read, with a replace between: int64 bytes read
+    as float64 in 133 of 1,838 reads."""
+    f, i = np.full((128, 128), 1.5), np.full((128, 128), 7, np.int64)
+    with eds.connect() as db:
+        A = db.store("A", f)
+        stop = threading.Event()
+
+        def replace():
+            k = 0
+            while not stop.is_set():
+                k += 1
+                db.store("A", i if k % 2 else f, replace=True)
+
+        t = threading.Thread(target=replace)
+        t.start()
+        wrong = []
+        try:
+            for _ in range(300):
+                try:
+                    got = A.to_numpy()
+                except eds.EinsumError as e:
+                    assert "was replaced since this handle was made" in str(e)
+                    A = db.tensor("A")
+                    continue
+                if not ((got == 1.5).all() or (got == 7).all()):
+                    wrong.append(got.flat[0])
+        finally:
+            stop.set()
+            t.join()
+        assert not wrong, wrong[:5]
+
+
+def test_closing_while_a_query_runs_on_the_connection_leaves_the_session_whole(tmp_path):
+    """close() marked the session closed and then failed on DuckDB's busy connection: the file
+    stayed open for good and could not be closed through the API."""
+    path = str(tmp_path / "t.duckdb")
+    db = eds.connect(path)
+    db.store("A", np.random.default_rng(0).standard_normal((1024, 1024)))
+    done = threading.Event()
+
+    def query():
+        db.connection.sql("SELECT sum(value) FROM einsum_elements('ij,jk->ik', 'A', 'A')").fetchall()
+        done.set()
+
+    t = threading.Thread(target=query)
+    t.start()
+    refused = False
+    while not done.is_set():
+        try:
+            db.close()
+            break
+        except eds.EinsumError as e:
+            assert "cannot close the session now" in str(e)
+            refused = True
+            assert not db.backend.closed and db.tensors() == ["A"]  # whole, usable
+            time.sleep(0.01)
+    t.join()
+    db.close()
+    with eds.connect(path) as again:
+        assert again.tensors() == ["A"]
+    assert refused or done.is_set()

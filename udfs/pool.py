@@ -163,6 +163,19 @@ def _get_pool() -> ThreadPoolExecutor:
     return _pool
 
 
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's threads: the pool's workers, and whoever held
+    its locks, are gone. Start afresh (the parent's executor would take tasks no thread runs:
+    a child's first kernel call waited for ever)."""
+    global _pool, _lock, _active, _wide, _limit
+    _pool = None
+    _lock = threading.Condition()
+    _active, _wide, _limit = 0, False, None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _enter() -> None:
     """First kernel call in flight: BLAS to one thread (restored when the last one leaves),
     so user code outside queries keeps its own BLAS threads."""

@@ -948,15 +948,25 @@ class DuckDBBackend:
         with self.lock:
             if self._closed:
                 return
+            if self.owns_connection:
+                # first: a query another thread runs on db.connection makes DuckDB refuse, and
+                # the session must then stay whole, to be closed again (it was marked closed
+                # with its connection open, and the file could not be opened again)
+                try:
+                    self.con.close()
+                except duckdb.Error as e:
+                    raise EinsumError(f"cannot close the session now: {e} (a query on db.connection is still "
+                                      "running; close the session once it ends)") from None
             self._closed = True
             if self.kernels.device_cache is not None:  # the device memory goes back with the session
                 self.kernels.device_cache.clear()
                 from eindecomp_sql.udfs.devices import release_memory
 
                 release_memory(self.device)
-            self._work.close()
-            if self.owns_connection:
-                self.con.close()
+            try:
+                self._work.close()
+            except duckdb.Error:  # its connection is closed already
+                pass
             # on the user's connection our functions stay until the next session there takes
             # over (_take_over): removing them here would run statements on it
             if self._temp_dir is not None:
