@@ -40,6 +40,16 @@ def default_session() -> Session:
         return _default
 
 
+def _forget_default_in_child() -> None:
+    # a forked child: the parent's default session is not this process's, and a parent thread
+    # may have held the lock at the fork (opening the session): a child waited on it for ever
+    global _default, _default_lock
+    _default, _default_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_default_in_child)
+
+
 def _close_default() -> None:
     global _default
     if _default is not None and _default._pid == os.getpid():  # a fork's child leaves the parent's

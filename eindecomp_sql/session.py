@@ -186,6 +186,8 @@ class Session:
 
     def _release(self, table: str) -> None:
         """A temporary result's Tensor was collected (or closed): drop its table."""
+        if os.getpid() != self._pid:  # a forked child's copy: the parent's connection is not its own
+            return
         self._garbage.append(table)
         # drop now if no call is in progress (a finalizer can run inside one, on any thread)
         if self._lock.acquire(blocking=False):

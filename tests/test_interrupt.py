@@ -375,3 +375,34 @@ def test_another_signal_handlers_error_during_a_read_is_not_called_ctrl_c(tmp_pa
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr
     assert "KeyboardInterrupt" not in r.stdout and r.stdout.strip() != "[]", r.stdout
+
+
+NO_PROGRESS = r"""
+import signal; signal.signal(signal.SIGINT, signal.default_int_handler)
+import os, threading, time, numpy as np, eindecomp_sql as eds
+db = eds.connect()
+A = db.store("A", np.random.default_rng(0).standard_normal((3000, 3000)), tile=(125, 125))
+db.einsum("i->", np.ones(3))  # a plan before: the watchdog now waits without a timeout
+def slow(x, y):  # 576 tiles at 50 ms: ~15 s on 2 cores
+    time.sleep(0.05)
+    return x * y
+threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+t = time.time()
+try:
+    db.einsum("ij,ij->ij", A, A, join=slow, out="C")
+    print("finished", round(time.time() - t, 2), flush=True)
+except KeyboardInterrupt:
+    print("interrupted", round(time.time() - t, 2), sorted(db.tensors()), flush=True)
+"""
+
+
+def test_one_ctrl_c_stops_a_plan_run_without_progress(tmp_path):
+    """The watchdog took its plan generation before its untimed wait, so the one Ctrl-C a plan
+    without progress= got was read under the previous plan's generation and dropped: the plan
+    ran to its end (progress= made the wait timed, which hid it from the other tests)."""
+    script = tmp_path / "no_progress.py"
+    script.write_text(NO_PROGRESS)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    words = r.stdout.split()
+    assert words[0] == "interrupted" and float(words[1]) < 6.0 and "['A']" in r.stdout, r.stdout

@@ -490,7 +490,9 @@ FORKED = r"""
 import os, threading, time, numpy as np, eindecomp_sql as eds
 a = np.random.default_rng(0).standard_normal((400, 300))
 want = a @ a.T
-print("parent", np.allclose(eds.einsum("ij,kj->ik", a, a), want), flush=True)  # the kernel pool is up
+# a max-plus product runs on the kernel pool (a float product is one BLAS call): the pool is up
+print("parent", np.allclose(eds.einsum("ij,kj->ik", a, a, join="add", agg="max"),
+                            (a[:, None, :] + a[None, :, :]).max(-1)), flush=True)
 db = eds.connect(os.environ["EDS_DB"]); db.store("A", a)
 stop = threading.Event()
 def busy():  # a parent thread inside session calls while the parent forks
@@ -502,6 +504,8 @@ for attempt in range(3):
     if pid == 0:
         try:
             ok = np.allclose(eds.einsum("ij,kj->ik", a, a), want)  # a default session of its own
+            ok = ok and np.allclose(eds.einsum("ij,kj->ik", a[:50], a[:50], join="add", agg="max"),
+                                    (a[:50, None, :] + a[None, :50, :]).max(-1))  # a kernel pool of its own
             try:
                 db.store("C", a)
                 inherited = "used"
@@ -579,26 +583,27 @@ def test_closing_while_a_query_runs_on_the_connection_leaves_the_session_whole(t
     path = str(tmp_path / "t.duckdb")
     db = eds.connect(path)
     db.store("A", np.random.default_rng(0).standard_normal((1024, 1024)))
-    done = threading.Event()
+    running, done = threading.Event(), threading.Event()
+
+    def slow(x):  # the query is inside DuckDB while this runs
+        running.set()
+        time.sleep(0.5)
+        return x
+
+    db.connection.create_function("slow_marker", slow, ["BIGINT"], "BIGINT")
 
     def query():
-        db.connection.sql("SELECT sum(value) FROM einsum_elements('ij,jk->ik', 'A', 'A')").fetchall()
+        db.connection.sql("SELECT slow_marker(42)").fetchall()
         done.set()
 
     t = threading.Thread(target=query)
     t.start()
-    refused = False
-    while not done.is_set():
-        try:
-            db.close()
-            break
-        except eds.EinsumError as e:
-            assert "cannot close the session now" in str(e)
-            refused = True
-            assert not db.backend.closed and db.tensors() == ["A"]  # whole, usable
-            time.sleep(0.01)
+    assert running.wait(30)
+    with pytest.raises(eds.EinsumError, match="cannot close the session now"):
+        db.close()
+    assert not db.backend.closed and db.tensors() == ["A"]  # whole and usable
     t.join()
+    assert done.is_set()
     db.close()
     with eds.connect(path) as again:
         assert again.tensors() == ["A"]
-    assert refused or done.is_set()

@@ -168,6 +168,11 @@ def _after_fork_in_child() -> None:
     its locks, are gone. Start afresh (the parent's executor would take tasks no thread runs:
     a child's first kernel call waited for ever)."""
     global _pool, _lock, _active, _wide, _limit
+    if _limit is not None:  # a parent thread's kernel call had BLAS at one thread: not the child's
+        try:
+            _limit.restore_original_limits()
+        except Exception:  # noqa: BLE001 - best effort: BLAS's own state after a fork
+            pass
     _pool = None
     _lock = threading.Condition()
     _active, _wide, _limit = 0, False, None

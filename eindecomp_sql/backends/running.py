@@ -196,9 +196,13 @@ class _Watchdog:
         while True:
             # not holding the job while waiting: a finished plan's objects (its progress
             # callback, DuckDB results it refers to) must go when the plan goes
-            gen = self.generation
             ticking = getattr(self.job, "watch", None) is not None
             ready, _, _ = select.select([self.reader], [], [], TICK_SECONDS if ticking else None)
+            # the generation when the byte is read, not when the wait began: a plan armed
+            # during an untimed wait (any plan without progress=) had its one Ctrl-C read under
+            # the previous plan's generation and dropped; it stopped only when it ended. A
+            # byte written during an earlier plan is drained by its disarm before the next arms.
+            gen = self.generation
             try:
                 data = self.reader.recv(64) if ready else b""
             except (BlockingIOError, InterruptedError):  # drained by disarm meanwhile
