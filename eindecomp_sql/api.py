@@ -28,12 +28,8 @@ ORDERS = ("C", "F", "A", "K")
 def default_session() -> Session:
     """The in-memory session ``eds.einsum`` runs on: opened once (a connection costs ~30 ms),
     closed at exit."""
-    global _default, _default_lock
-    if _default is not None and _default._pid != os.getpid():
-        # a forked child: the parent's session (and maybe its lock, held by a parent thread)
-        # is not this process's; the child opens its own, and leaves the parent's alone
-        _default, _default_lock = None, threading.Lock()
-    with _default_lock:
+    global _default
+    with _default_lock:  # (a forked child starts without the parent's: _forget_default_in_child)
         if _default is None:
             _default = Session()
             atexit.register(_close_default)
@@ -52,7 +48,7 @@ os.register_at_fork(after_in_child=_forget_default_in_child)
 
 def _close_default() -> None:
     global _default
-    if _default is not None and _default._pid == os.getpid():  # a fork's child leaves the parent's
+    if _default is not None:
         _default.close()
         _default = None
 

@@ -534,9 +534,7 @@ _open_sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
 
 @atexit.register
 def _close_open_sessions() -> None:
-    for s in list(_open_sessions):
-        if s._pid != os.getpid():  # a forked child exits: the parent's sessions are not its to close
-            continue
+    for s in list(_open_sessions):  # (in a forked child, the parent's close as no-ops)
         try:
             s.close()
         except Exception:  # noqa: BLE001 - best effort at exit

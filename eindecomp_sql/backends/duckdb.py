@@ -68,13 +68,19 @@ _RUNS = itertools.count()
 _OWNERS: dict[int, tuple] = {}
 
 
+# the SQL interface's table macros: name, mode, and the k parameter einsum_topk adds
+_SQL_MACROS = (("einsum", "tiles", "", "NULL"),
+               ("einsum_elements", "elements", "", "NULL"),
+               ("einsum_topk", "topk", "k, ", "CAST(k AS VARCHAR)"))
+
+
 class _Registrar:
     """The connection, recording the UDFs and TEMP macros registered on it. A session on a
     connection it does not own leaves them there when it closes (removing them would run
     statements on the user's connection, discarding a result being fetched, and refuses while
     one is); the next session on that connection removes them first (``_take_over``)."""
 
-    MACROS = ("einsum", "einsum_elements", "einsum_topk")
+    MACROS = tuple(m[0] for m in _SQL_MACROS)
 
     def __init__(self, con):
         self._con = con
@@ -375,9 +381,7 @@ class DuckDBBackend:
                                  side_effects=True, null_handling="special")
         register_pack(self._functions)
         register_topk(self._functions)
-        for macro, mode, k_param, k_arg in (("einsum", "tiles", "", "NULL"),
-                                            ("einsum_elements", "elements", "", "NULL"),
-                                            ("einsum_topk", "topk", "k, ", "CAST(k AS VARCHAR)")):
+        for macro, mode, k_param, k_arg in _SQL_MACROS:
             # TEMP macros live on the connection that creates them: the user's, not our cursor
             self.con.execute(template("macros").format(macro=macro, mode=exp.Literal.string(mode).sql(dialect="duckdb"),
                                                        k_param=k_param, k_arg=k_arg))
