@@ -62,6 +62,10 @@ class Watch:
         # asked once, just before the backend commits: False means roll back; after True, a
         # Ctrl-C no longer stops the plan (it came too late: the result is the caller's)
         self.commit: Callable[[], bool] = lambda: not self.stopping()
+        # the callback's error on the plan's own thread (end of a step): the plan stops by
+        # raising it; recorded so that the watchdog does not stop the plan a second time
+        # (its interrupt would reach the rollback)
+        self.fail: Callable[[BaseException], None] = lambda error: None
         self.kernels = kernels
         self.start = time.perf_counter()
         self.current = 0
@@ -70,6 +74,14 @@ class Watch:
     def begin(self, k: int) -> None:
         self.current = k
         self._base = self.kernels.finished()
+
+    def step_done(self) -> None:
+        """The current step finished (called on the plan's thread): report it."""
+        try:
+            self.poll(finished=True)
+        except BaseException as error:
+            self.fail(error)
+            raise
 
     def poll(self, finished: bool = False) -> None:
         if self.report is None or not self.steps:
@@ -86,7 +98,8 @@ class _Job:
     """One plan the watchdog looks after: how to stop it, whether Ctrl-C came, its progress."""
 
     def __init__(self, stop: Callable[[], None], watch: Watch | None):
-        self.stop = stop
+        self._stop = stop
+        self._stopped = False
         self.watch = watch if watch is not None and watch.report is not None else None
         self.hit = threading.Event()
         self.failed: list[BaseException] = []  # a progress callback's error
@@ -100,6 +113,22 @@ class _Job:
 
     def stopping(self) -> bool:
         return self.hit.is_set() or bool(self.failed)
+
+    def stop(self) -> None:
+        """Interrupt the plan, once: a second Ctrl-C (or a callback error after a Ctrl-C) while
+        the stopped plan rolls back would interrupt the ROLLBACK itself."""
+        with self.gate:
+            if self._stopped:
+                return
+            self._stopped = True
+        self._stop()
+
+    def fail(self, error: BaseException) -> None:
+        """The progress callback raised on the plan's own thread, which stops by raising it."""
+        with self.gate:
+            if not self.committed:
+                self._stopped = True  # nothing to interrupt: the plan is on its way out
+                self.failed.append(error)
 
     def commit(self) -> bool:
         """The backend is about to commit: True if it may (nothing stopped the plan), and from
@@ -223,9 +252,12 @@ class _Watchdog:
                 return
         error = job.poll()  # outside the lock (see the class docstring)
         if error is not None:
-            with self.lock, job.gate:
-                if self.job is job and gen == self.generation and not job.committed:
-                    job.failed.append(error)
+            with self.lock:
+                with job.gate:
+                    stops = self.job is job and gen == self.generation and not job.committed and not job.stopping()
+                    if stops:
+                        job.failed.append(error)
+                if stops:
                     job.stop()
 
 
@@ -272,6 +304,7 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
     if watch is not None:
         watch.stopping = job.stopping
         watch.commit = job.commit  # the backend asks before it commits
+        watch.fail = job.fail
     if catch:
         dog = _watchdog()
         signal.signal(signal.SIGINT, lambda signum, frame: job.on_sigint())  # the watchdog stops
@@ -328,9 +361,12 @@ class _Ticker:
         while not self._stop.wait(TICK_SECONDS):
             error = self.job.poll()
             if error is not None:
-                with self._lock, self.job.gate:
-                    if not self._stop.is_set() and not self.job.committed:
-                        self.job.failed.append(error)
+                with self._lock:
+                    with self.job.gate:
+                        stops = not self._stop.is_set() and not self.job.committed and not self.job.stopping()
+                        if stops:
+                            self.job.failed.append(error)
+                    if stops:
                         self.job.stop()
 
     def end(self) -> None:
