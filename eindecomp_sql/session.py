@@ -19,6 +19,7 @@ import numpy as np
 
 from .arrays import as_array
 from .backends import Target, create_backend
+from .backends.running import CtrlCMark
 from .errors import EinsumError
 from .notation.checks import can_cast, check_name
 from .notation.sublist import sublist_spec
@@ -150,11 +151,19 @@ class Session:
             if self.backend.closed:
                 raise EinsumError("this session is closed; open another with eds.connect()")
             self._depth += 1
+            mark = CtrlCMark() if self._depth == 1 else None
             try:
                 if self._depth == 1:
                     self._collect()
                 yield
+            except RuntimeError as error:
+                translated = mark.translate(error) if mark is not None else error
+                if translated is error:
+                    raise
+                raise translated from None
             finally:
+                if mark is not None:
+                    mark.remove()
                 self._depth -= 1
 
     @staticmethod

@@ -485,3 +485,47 @@ def test_a_plan_is_interrupted_once(monkeypatch):
     assert job.poll() is None  # the watchdog no longer calls the callback
     job.stop()
     assert stops == []  # the plan's thread is already on its way out: nothing to interrupt
+
+
+def test_a_ctrl_c_in_a_calls_quick_statements_is_the_handlers_own_exception(monkeypatch):
+    """A Ctrl-C landing in one of a call's unwatched statements (here a store's existence check,
+    made slow) came out as duckdb-python's RuntimeError('Query interrupted'): CI met it under
+    load. Now the SIGINT handler's own exception comes out; another signal's stays DuckDB's."""
+    import threading
+
+    class Stop(Exception):
+        pass
+
+    a = np.arange(12.0).reshape(3, 4)
+    with eds.connect() as db:
+        backend = db.backend
+        quick = backend.table_exists
+
+        def slow_check(name):
+            # ~0.5 s: duckdb-python looks at signals between a statement's tasks, and this
+            # aggregate's tasks are long, so the statement runs its course and then raises
+            backend._run("SELECT sum(range) FROM range(400000000)")
+            return quick(name)
+
+        db.store("W", a)  # the first store imports modules: a Ctrl-C there is Python's own
+        t0 = time.perf_counter()
+        backend._run("SELECT sum(range) FROM range(400000000)")
+        early = (time.perf_counter() - t0) / 10  # well inside the statement, on any machine
+
+        monkeypatch.setattr(backend, "table_exists", slow_check)
+        for handler, signum, expected in [(signal.default_int_handler, signal.SIGINT, KeyboardInterrupt),
+                                          (lambda s, f: (_ for _ in ()).throw(Stop()), signal.SIGINT, Stop),
+                                          (lambda s, f: (_ for _ in ()).throw(Stop()), signal.SIGALRM, RuntimeError)]:
+            previous = signal.signal(signum, handler)
+            timer = threading.Timer(early, lambda: os.kill(os.getpid(), signum))
+            timer.start()
+            try:
+                with pytest.raises(expected):
+                    db.store("Z", a)
+            finally:
+                timer.join()
+                signal.signal(signum, previous)
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # ours is gone
+        monkeypatch.undo()
+        assert db.tensors() == ["W"]
+        np.testing.assert_array_equal(db.store("Z", a).to_numpy(), a)

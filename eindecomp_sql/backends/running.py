@@ -281,6 +281,49 @@ def _forget_watchdog() -> None:  # a forked child has the socket but not the thr
 os.register_at_fork(after_in_child=_forget_watchdog)
 
 
+class CtrlCMark:
+    """For one session call on the main thread: whether a SIGINT came. duckdb-python checks
+    signals while a statement runs and, when a handler raises, interrupts the statement and
+    raises RuntimeError('Query interrupted'), the handler's own exception lost. Plans, stores
+    and reads run watched (``run_interruptible``), but a call's quick statements around them
+    (catalog lookups, existence checks) do not: watching each costs ~0.05 ms. A Ctrl-C that
+    landed in one (CI met it under load: a ``store``'s first checks) came out as that
+    RuntimeError. This wraps the caller's SIGINT handler for the whole call (~3 us), so such a
+    RuntimeError is known for a Ctrl-C's and the SIGINT handler's own exception raised instead
+    (KeyboardInterrupt); another signal's handler's error stays what DuckDB made of it."""
+
+    def __init__(self):
+        self.raised: BaseException | None = None
+        self._previous = None
+        if threading.current_thread() is not threading.main_thread():
+            return
+        previous = signal.getsignal(signal.SIGINT)
+        if not callable(previous):  # ignored, or a C handler: nothing to wrap
+            return
+
+        def mark(signum, frame):
+            try:
+                return previous(signum, frame)
+            except BaseException as error:  # what DuckDB is about to lose
+                self.raised = error
+                raise
+
+        self._previous, self._mark = previous, mark
+        signal.signal(signal.SIGINT, mark)
+
+    def remove(self) -> None:
+        if self._previous is not None and signal.getsignal(signal.SIGINT) is self._mark:
+            signal.signal(signal.SIGINT, self._previous)
+        self._previous = None
+
+    def translate(self, error: BaseException) -> BaseException:
+        """What the call should raise for ``error``: the SIGINT handler's own exception (Python's
+        default: KeyboardInterrupt) where DuckDB replaced it."""
+        if self.raised is not None and isinstance(error, RuntimeError) and str(error) == "Query interrupted":
+            return self.raised
+        return error
+
+
 def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None], kernels: pool.KernelState,
                       watch: Watch | None = None) -> object:
     """``work()`` on this thread; Ctrl-C interrupts it cleanly, progress is polled. A progress
