@@ -313,9 +313,9 @@ for name, f in calls.items():
         if name == "store":
             db.store("Z2", zeros, replace=True)
         timer = threading.Timer(full * (i + 0.5) / 8, lambda: os.kill(os.getpid(), signal.SIGINT))
-        timer.start()
         try:
             try:
+                timer.start()  # inside: a short delay can fire before start() returns
                 f(); got = "finished"
             except KeyboardInterrupt:
                 got = "KeyboardInterrupt"
