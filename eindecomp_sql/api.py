@@ -72,8 +72,11 @@ def _cast_error(what: str, frm: np.dtype, to: np.dtype, casting: str) -> EinsumE
         return repr(d.name) if is_bfloat16(d) else f"{d.str!r} ({d.name})"
 
     numpy_too = "" if is_bfloat16(frm) or is_bfloat16(to) else " (numpy's einsum refuses this too)"
+    rules = ("no", "equiv", "safe", "same_kind", "unsafe")
+    looser = [c for c in rules[rules.index(casting) + 1:] if can_cast(frm, to, c)] if casting in rules else []
+    advice = f"; pass casting={looser[0]!r} to allow it" if looser else ""
     return EinsumError(f"{what}: cannot cast from dtype {word(frm)} to {word(to)} according to the rule "
-                       f"{casting!r}{numpy_too}; pass casting='same_kind' or 'unsafe' to allow it")
+                       f"{casting!r}{numpy_too}{advice}")
 
 
 def _computation_dtype(dtype, raw: list[np.dtype], out, casting: str) -> np.dtype:
@@ -138,8 +141,11 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
         Compute in this dtype: every operand is cast to it first, under ``casting``; a cast the
         rule forbids is an ``EinsumError`` where numpy raises. Without it, the operands'
         promoted dtype, with ``out``'s when given (numpy's: bools summed into an int ``out``
-        count). As in numpy, a lone operand whose labels all reach the output (a copy, a
-        transpose, a diagonal) keeps its dtype: numpy returns a view there and ignores it.
+        count); that is ``mul``/``sum`` only: another join/agg computes as numpy's ufuncs do,
+        from the operands alone, and ``out`` receives the result (int8 ``add``/``max`` wraps
+        into an int64 ``out``, as ``np.add(a, b, out=...)`` does; pass ``dtype`` to widen).
+        As in numpy, a lone operand whose labels all reach the output (a copy, a transpose, a
+        diagonal) keeps its dtype: numpy returns a view there and ignores it.
     order : {'K', 'C', 'F', 'A'}
         Memory layout of the returned array ('K' and 'C': C order; 'F': Fortran; 'A': Fortran
         when every array operand is Fortran-contiguous). Ignored with ``out``.

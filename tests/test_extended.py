@@ -3,7 +3,7 @@ with edge tiles (padding with zeros would be wrong for max, min and prod)."""
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eindecomp_sql as eds
@@ -292,3 +292,24 @@ def test_join_expressions_that_python_cannot_evaluate_sensibly_are_einsum_errors
         eds.einsum("ij->ij", np.ones((2, 3), np.int8), join="x*1000")
     np.testing.assert_allclose(eds.einsum("ij,jk->ik", a, b, join="x * 2**70 + " + "+".join(["y"] * 150)),
                                np.full((2, 2), 3 * (2.0**70 + 150)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["int8", "uint8", "int16", "uint64", "int64"]), st.sampled_from(["max", "min"]),
+       st.sampled_from(["i,,j->i", "ij,jk,kl->il", "i,ij,j->", "a,b,c,ab->c"]), st.integers(0, 2**32 - 1))
+def test_add_join_over_integers_wraps_as_numpys_left_fold(dtype, agg, spec, seed):
+    """A many-operand add/max (or min) over integers was regrouped into max_j(y + z_j) + x, which
+    holds only while nothing wraps: int8 x = 100, y = 0, z = [0, 100] gave -56 where numpy's
+    max(100 + 0 + 0, 100 + 0 + 100) is 100 (a new user's fuzzing). Values near the dtype's
+    ends, so sums wrap."""
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(dtype)
+    parsed = [part for part in spec.split("->")[0].split(",")]
+    size = {lab: int(rng.integers(1, 4)) for lab in set("".join(parsed))}
+    arrays = [rng.integers(info.min // 2, info.max // 2, size=tuple(size[c] for c in part), dtype=dtype, endpoint=True)
+              for part in parsed]
+    with np.errstate(over="ignore"):
+        want = reference(spec, *arrays, join="add", agg=agg)
+    got = eds.einsum(spec, *arrays, join="add", agg=agg)
+    np.testing.assert_array_equal(got, want)
+    assert np.asarray(got).dtype == np.asarray(want).dtype

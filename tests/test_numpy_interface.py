@@ -273,3 +273,25 @@ def test_optimize_path_orders_the_products(backend):
     a, b, c = rng.random((4, 5)), rng.random((5, 6)), rng.random((6, 3))
     for optimize in (["einsum_path", (1, 2), (0, 1)], "optimal", True, False):
         np.testing.assert_allclose(eds.einsum("ij,jk,kl->il", a, b, c, optimize=optimize), a @ b @ c)
+
+
+def test_a_refused_cast_suggests_a_rule_that_would_allow_it():
+    """The advice named 'same_kind' to a caller who had passed it (a new user's report)."""
+    a = np.ones(3)
+    for casting in ("safe", "same_kind"):
+        with pytest.raises(eds.EinsumError, match=r"rule '%s'.*pass casting='unsafe'" % casting):
+            eds.einsum("i->", a, out=np.zeros((), np.int8), casting=casting)
+    with pytest.raises(eds.EinsumError, match=r"rule 'no'.*pass casting='safe'"):
+        eds.einsum("i->", np.ones(3, np.int8), out=np.zeros((), np.int16), casting="no")
+
+
+def test_out_does_not_widen_another_join_as_numpys_ufuncs_do_not():
+    """mul/sum computes in out's dtype (np.einsum's rule); another join/agg is agg.reduce(join(
+    operands)) with numpy's ufuncs, which compute from the operands and cast into out."""
+    a = np.array([100, 100], np.int8)
+    out = np.zeros((), np.int64)
+    with np.errstate(over="ignore"):
+        want = np.maximum.reduce(np.add(a, a))
+    assert eds.einsum("i,i->", a, a, join="add", agg="max", out=out) is out and out == want == -56
+    assert eds.einsum("i,i->", a, a, join="add", agg="max", dtype=np.int64) == 200
+    assert eds.einsum("i,i->", a, a, out=np.zeros((), np.int64)) == 20000  # np.einsum's: in out's dtype

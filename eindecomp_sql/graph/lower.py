@@ -110,8 +110,16 @@ def _order_matters(join: JoinFunction, dtypes: list[str]) -> bool:
     float16 + float64 is exact (``,aaab,,->b`` over float16, float64, bool, float64 with
     add/max was off by float16's half step). Such an einsum stays one node, joined in numpy's
     order; max and min are exact, and a product summed computes every step in the promoted
-    dtype (``lower_einsum``), so only ``add`` is kept whole."""
-    return join.name == "add" and len(set(dtypes)) > 1
+    dtype (``lower_einsum``), so only ``add`` is kept whole.
+
+    So is an ``add`` over integers: the regrouped plan takes ``max_j(y + z_j)`` and adds ``x``
+    after, which holds only while nothing wraps (int8 ``100 + max(0, 100)`` is -56 where
+    numpy's ``max(100 + 0 + 0, 100 + 0 + 100)`` is 100; found by a new user's fuzzing). A float
+    ``add`` is still regrouped, as a float sum is: it rounds in another order, as
+    ``np.einsum(optimize=True)`` does, and keeps min-plus chains at a product's cost."""
+    if join.name != "add":
+        return False
+    return len(set(dtypes)) > 1 or any(str(d).startswith(("int", "uint")) for d in dtypes)
 
 
 def lower_einsum(
