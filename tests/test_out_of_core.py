@@ -338,3 +338,24 @@ def test_every_plan_of_the_graph_benchmark_stays_within_its_projected_run_peak(w
             # second fresh process decides
             got = min(got, run_peak_bench.measure(workload, strategy), key=lambda r: r["measured"])
         assert 0.5 * got["run_peak"] <= got["measured"] <= got["run_peak"] + run_peak_bench.OVERHEAD, got
+
+
+def test_a_temporary_result_bigger_than_duckdbs_limit_reads_back(tmp_path):
+    """A temporary result (never written as parts) of 64 MiB under memory="100MB" (DuckDB's
+    64 MiB) could not be read back: DuckDB pins a table's blobs whole, and raised its own
+    out-of-memory error from to_numpy, to_arrow and export (a new user's report: the README's
+    own example). Reads make room for the table; DuckDB's limit is back after."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((4096, 4096), dtype=np.float32)
+    b = rng.standard_normal((4096, 4096), dtype=np.float32)
+    with eds.connect(memory="100MB") as db:
+        C = db.einsum("ij,jk->ik", a, b)
+        limit = db.backend._memory_limit
+        want = a @ b
+        np.testing.assert_allclose(C.to_numpy(), want, rtol=2e-3, atol=2e-3)
+        assert db.backend._memory_limit == limit
+        got = C.to_arrow()
+        assert sum(len(t) for t in got.column("tile").to_pylist()) == want.nbytes
+        C.export(tmp_path / "c.npy")
+        np.testing.assert_allclose(np.load(tmp_path / "c.npy"), want, rtol=2e-3, atol=2e-3)
+        assert db.backend._memory_limit == limit == 64 << 20

@@ -344,6 +344,30 @@ class DuckDBBackend:
             if not self._closed:
                 self._set_memory_limit(self._idle_limit())
 
+    @contextlib.contextmanager
+    def _reading(self, value: TiledValue):
+        """Room for DuckDB to read ``value``'s table: a scan pins every blob of a row group
+        (backends/parts.py), so a table read whole needs its bytes pinned at once. A temporary
+        result (never written as parts) of 64 MiB under ``memory="100MB"`` (DuckDB's 64 MiB)
+        was written while its plan ran and then could not be read back: DuckDB's own out-of-
+        memory error (a new user's report, the README's own example). The read's array needs
+        those bytes anyway; a tensor stored as parts needs one part's, and gets no more (a
+        larger limit would let DuckDB cache more of a big file)."""
+        if self.budget is None:
+            yield
+            return
+        need = parted.PART_BYTES if self._parts_of(value.name) else value.nbytes
+        limit = self._idle_limit() + need + MIN_ENGINE_BYTES // 4
+        if limit <= (self._memory_limit or 0):
+            yield
+            return
+        self._set_memory_limit(limit)
+        try:
+            yield
+        finally:
+            if not self._closed:
+                self._set_memory_limit(self._idle_limit())
+
     def _set_large_buffers(self, on: bool, force: bool = False) -> None:
         if force or on != self._large_buffers:
             self._run(f"SET arrow_large_buffer_size = {'true' if on else 'false'}")
@@ -635,12 +659,15 @@ class DuckDBBackend:
         with self.lock:
             self._check_open()
             try:
-                return run_interruptible(
-                    lambda: self._work.sql(select_value(value, value.name).sql(dialect="duckdb")).to_arrow_table(),
-                    self._work.interrupt, self.kernels)
+                with self._reading(value):
+                    return run_interruptible(
+                        lambda: self._work.sql(select_value(value, value.name).sql(dialect="duckdb")).to_arrow_table(),
+                        self._work.interrupt, self.kernels)
             except duckdb.CatalogException:
                 raise EinsumError(f"tensor {value.name!r} no longer exists in this database (dropped, or "
                                   "replaced by another session)") from None
+            except duckdb.Error as e:  # out of memory, say: ours, not DuckDB's raw error
+                raise EinsumError(f"reading tensor {value.name!r} failed: {e}") from None
 
     @contextlib.contextmanager
     def tile_batches(self, value: TiledValue, batch_bytes: int = 64 << 20):
@@ -663,17 +690,18 @@ class DuckDBBackend:
         rows = max(1, min(batch_bytes // largest, 2048))
         with self.lock:
             self._check_open()
-            try:
-                reader = self._work.sql(select_value(value, value.name).sql(dialect="duckdb")).to_arrow_reader(rows)
-            except duckdb.CatalogException:
-                raise EinsumError(f"tensor {value.name!r} no longer exists in this database (dropped, or "
-                                  "replaced by another session)") from None
-            except duckdb.Error as e:
-                raise EinsumError(f"reading tensor {value.name!r} failed: {e}") from None
-            try:
-                yield batches(reader)
-            finally:
-                reader.close()
+            with self._reading(value):
+                try:
+                    reader = self._work.sql(select_value(value, value.name).sql(dialect="duckdb")).to_arrow_reader(rows)
+                except duckdb.CatalogException:
+                    raise EinsumError(f"tensor {value.name!r} no longer exists in this database (dropped, or "
+                                      "replaced by another session)") from None
+                except duckdb.Error as e:
+                    raise EinsumError(f"reading tensor {value.name!r} failed: {e}") from None
+                try:
+                    yield batches(reader)
+                finally:
+                    reader.close()
 
     def _check_open(self) -> None:
         if self._closed:
