@@ -7,7 +7,6 @@ import contextlib
 import itertools
 import os
 import shutil
-import tempfile
 import threading
 import weakref
 from typing import Callable
@@ -27,7 +26,7 @@ from ..plan.cost import BUDGET_SHARE, CostModel, plan_share
 from ..plan.steps import EinsumStep, ProgramStep, format_bytes, output_tiles, step_reads, step_target
 from ..sql_templates import template
 from ..udfs.tiles import array_from_tiles, null_tiles, tiles_from_array
-from . import allocator, parts as parted
+from . import allocator, parts as parted, spill
 from ..udfs.pool import RUN_TOKEN, THREADS, Cancelled, KernelState
 from .base import Target
 from .running import Watch, run_interruptible
@@ -208,6 +207,9 @@ class DuckDBBackend:
                 self._run(parted.PARTS_SCHEMA)
                 if self.owns_connection and database not in (None, ":memory:"):
                     self._sweep_parts()
+                # DuckDB's spill files of killed processes (this database's or any other's in
+                # the same folder: only a dead process's, by the pid in their names)
+                spill.sweep_files(self._run("SELECT current_setting('temp_directory')")[0][0])
         except BaseException as e:
             self._closed = True
             if self._work is not None:
@@ -255,7 +257,8 @@ class DuckDBBackend:
             self.part_bytes = min(parted.PART_BYTES, max(budget // BUDGET_PARTS, 1))
             if self._temp_dir is None and self._run("SELECT current_setting('temp_directory')")[0][0] == ".tmp":
                 # DuckDB's default for a database in memory is .tmp in the working directory
-                self._temp_dir = tempfile.mkdtemp(prefix="eindecomp_sql-spill-")
+                spill.sweep_folders()  # what killed sessions left
+                self._temp_dir = spill.new_folder()
                 quoted = self._temp_dir.replace("'", "''")  # our own path, quoted as a literal
                 self._run(f"SET temp_directory = '{quoted}'")
             self._set_memory_limit(self._idle_limit())
