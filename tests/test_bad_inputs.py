@@ -98,6 +98,8 @@ def test_bad_input_is_an_einsum_error_and_changes_nothing(sweep_db, case):
     lambda: eds.connect(123),
     lambda: eds.connect(memory="1e400GB"),
     lambda: eds.connect(memory=float("nan")),
+    lambda: eds.connect(memory="1 2 GB"),  # was read as 12 GB
+    lambda: eds.connect(memory=10**30),  # was DuckDB's ParserException
     lambda: eds.connect(workers="x"),
     lambda: eds.connect(tile_bytes=0),
     lambda: eds.einsum(["ij"], A),

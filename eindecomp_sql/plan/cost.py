@@ -41,6 +41,7 @@ runs as several statements, each over a range of keys of one output label (``bat
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -399,9 +400,11 @@ def parse_memory(memory, what: str = "memory budget") -> int | None:
     if isinstance(memory, (int, float, np.integer, np.floating)):
         num, unit = float(memory), ""
     elif isinstance(memory, str):
-        text = memory.strip().replace(" ", "")
-        num_text = text.rstrip("BbKkMmGgTtIi")
-        unit = text[len(num_text):].upper()
+        # a space between the number and its unit, none inside either: "1 2 GB" was read as 12 GB
+        m = re.fullmatch(r"\s*([^\s]+?)\s*([A-Za-z]*)\s*", memory)
+        if m is None:
+            raise bad
+        num_text, unit = m.group(1), m.group(2).upper()
         try:
             num = float(num_text)
         except ValueError:
@@ -414,4 +417,6 @@ def parse_memory(memory, what: str = "memory budget") -> int | None:
         raise bad
     if units[unit] == 1 and num != int(num):  # 1.5 bytes: a typo, not a size
         raise bad
+    if num * units[unit] > 2**63 - 1:  # DuckDB's parser refuses more (its own ParserException)
+        raise EinsumError(f"{what} {memory!r} is larger than any machine's memory (at most 2**63 - 1 bytes)")
     return int(num * units[unit])
