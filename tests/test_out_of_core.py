@@ -359,3 +359,15 @@ def test_a_temporary_result_bigger_than_duckdbs_limit_reads_back(tmp_path):
         C.export(tmp_path / "c.npy")
         np.testing.assert_allclose(np.load(tmp_path / "c.npy"), want, rtol=2e-3, atol=2e-3)
         assert db.backend._memory_limit == limit == 64 << 20
+
+
+def test_a_refusal_says_what_does_not_fit_when_the_step_does():
+    """A whole-tensor sum of a stored 8192² float32 under 2 GB was refused with "the smallest
+    projected peak is 537 MB" against a 1.2 GB plan budget, and no why (a new user's report):
+    the step fits, the re-tile of the stored input to one tile does not."""
+    with eds.connect(memory="2GB") as db:
+        A = db.store("A", np.zeros((8192, 8192), np.float32))
+        with pytest.raises(eds.EinsumError, match=r"the step itself fits .*but it reads stored 'A' \(tiles "
+                                                  r"\(2048, 2048\)\) in tiles \(8192, 8192\).*store 'A' with "
+                                                  r"tile=\(8192, 8192\)"):
+            db.plan("ij->", A)

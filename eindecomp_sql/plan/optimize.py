@@ -195,13 +195,21 @@ class _Problem:
                     f"no chunking of node {node.describe()} -> {node.result.name} keeps the tiles it makes under "
                     f"tile_bytes = {format_bytes(self.tile_bytes)} with at most {cap} tile tuples per step (one element "
                     f"takes up to {item} B); give a larger tile_bytes")
-            smallest = min(self._best_peak(node, dict(zip(labels, c)))
-                           for c in _bounded_products([opts[lab] for lab in labels], 1, cap))
+            smallest, pieces = min(((self._best_peak(node, p), p) for p in
+                                    (dict(zip(labels, c)) for c in _bounded_products([opts[lab] for lab in labels], 1, cap))),
+                                   key=lambda t: t[0])
+            capped = '' if self.tile_bytes is None else f' (tiles capped at {format_bytes(self.tile_bytes)})'
+            head = (f"no chunking of node {node.describe()} -> {node.result.name} fits the memory budget of "
+                    f"{format_bytes(self.budget)}: ")
+            if smallest <= self.budget:  # the step fits; what it reads or makes does not (a new user's
+                # report: "the smallest projected peak is 537 MB" against a budget of 1.2 GB, and no why)
+                why, advice = self._why_not(node, pieces)
+                raise EinsumError(head + f"the step itself fits ({format_bytes(smallest)} at "
+                                  f"{' '.join(f'{lab}:{pieces[lab]}' for lab in labels)}), but {why}{capped}; "
+                                  f"{advice}")
             raise EinsumError(
-                f"no chunking of node {node.describe()} -> {node.result.name} fits the memory budget of "
-                f"{format_bytes(self.budget)}: the smallest projected peak with at most {cap} tile tuples per step is "
-                f"{format_bytes(smallest)}{'' if self.tile_bytes is None else f' (tiles capped at {format_bytes(self.tile_bytes)})'}"
-                "; give more memory"
+                head + f"the smallest projected peak with at most {cap} tile tuples per step is "
+                f"{format_bytes(smallest)}{capped}; give more memory"
             )
         return out
 
@@ -224,6 +232,18 @@ class _Problem:
 
     def _best_peak(self, node: EinsumNode, pieces: dict[str, int]) -> int:
         return step_peak(node, pieces, self.dtypes, max_batches(node, pieces), self.model)
+
+    def _why_not(self, node: EinsumNode, pieces: dict[str, int]) -> tuple[str, str]:
+        """What refuses a chunking whose step fits the budget (``_fits``' other checks), and
+        what to do about it."""
+        for k, op in enumerate(node.operands):
+            have, need = self.fixed.get(op.value), self.required(node, k, pieces)
+            if have is not None and have != need and self.retile(op.value, need).retile >= FORBIDDEN:
+                return (f"it reads stored {op.value!r} (tiles {have}) in tiles {need}, and that re-tile does not fit",
+                        f"store {op.value!r} with tile={need}, or give more memory")
+        if self.tile_bytes is not None and nbytes(self.out_tile(node, pieces), node.result.dtype) > self.tile_bytes:
+            return "the tiles it makes exceed tile_bytes", "give a larger tile_bytes, or more memory"
+        return "every chunking that fits needs more tile tuples per step than a step may have", "give more memory"
 
     def _fits(self, node: EinsumNode, pieces: dict[str, int]) -> bool:
         if self.budget is not None and step_peak(node, pieces, self.dtypes, max_batches(node, pieces),
