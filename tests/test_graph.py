@@ -330,3 +330,18 @@ def test_a_value_two_nodes_read_cut_alike_is_retiled_once():
     with eds.connect() as db:
         hh = a @ b
         np.testing.assert_allclose(p.run(db, x=a, w=b)[t.name].to_numpy(), (np.maximum(hh, 0) * hh).sum(axis=1))
+
+
+def test_a_graph_run_keeps_the_tiles_it_makes_under_tile_bytes():
+    """Graph.run (and jobs) took a baseline's chunking after fusion without looking at the
+    session's tile cap: a 2048² float32 GEMM under tile_bytes=4 MiB made 16 MB tiles (a new
+    user's report). Every tile the plan creates stays under the cap."""
+    a = np.random.default_rng(0).standard_normal((2048, 2048), dtype=np.float32)
+    with eds.connect(tile_bytes=4 << 20) as db:
+        A = db.store("a", a)
+        g = eds.Graph()
+        x = g.input("a", (2048, 2048), dtype="float32")
+        g.einsum("ij,jk->ik", x, x)
+        r = g.run(db, a=A)
+        assert np.prod(r.tile) * 4 <= 4 << 20
+        np.testing.assert_allclose(r.to_numpy(), a @ a, rtol=1e-3, atol=1e-2)

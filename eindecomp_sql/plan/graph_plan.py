@@ -25,7 +25,7 @@ from .tiling import tile_of
 from .draft import FUSE_MODES, Draft, Options
 from .optimize import STRATEGIES, Choice
 from .pipeline import PASSES, run_passes
-from .steps import EinsumStep, Plan, ProgramStep, RetileStep, TiledValue, describe_costs, format_bytes
+from .steps import EinsumStep, Plan, ProgramStep, RetileStep, TiledValue, describe_costs, format_bytes, step_target
 from .tiling import check_tile
 
 
@@ -321,6 +321,17 @@ def _fixed_tiles(graph, inputs) -> dict[str, tuple[tuple[int, ...], tuple[str, .
 # callable join by the identity of the callable (JoinFunction.func_id). The cache key holds the
 # nodes, so it keeps every such callable alive, and an id cannot be reused while a plan made
 # with it is cached.
+def _within_cap(plan: Plan, tile_bytes: int | None) -> bool:
+    """Whether every tile ``plan`` creates (each step's result) is within ``tile_bytes``."""
+    if tile_bytes is None:
+        return True
+    for step in plan.steps:
+        v = step_target(step)
+        if nbytes(v.tile, v.dtype) > tile_bytes:
+            return False
+    return True
+
+
 @lru_cache(maxsize=128)
 def _plan_cached(nodes: tuple[EinsumNode, ...], inputs: tuple[ValueInfo, ...], picked: tuple[ValueInfo, ...],
                  single: bool, unused: tuple[str, ...], workers: int, budget: int | None, strategy: str,
@@ -338,7 +349,10 @@ def _plan_cached(nodes: tuple[EinsumNode, ...], inputs: tuple[ValueInfo, ...], p
     others: dict[str, Draft] = {}
     for s in STRATEGIES[1:]:  # the fixed strategies' costs, and whether their steps fit the budget
         other = made if s == strategy else run_passes(draft(s), PASSES[:-1])
-        fits = budget is None or other.plan().peak_bytes <= budget
+        # the budget, and the tile cap: a baseline's chunking ignores tile_bytes, and a graph of
+        # 2048² float32 GEMMs under tile_bytes=4MiB took data-parallel's 16 MB tiles (a new
+        # user's report; tiles a plan creates stay under the cap, stored ones may be larger)
+        fits = (budget is None or other.plan().peak_bytes <= budget) and _within_cap(other.plan(), tile_bytes)
         baselines[s] = other.plan().costs if fits else None
         if fits:
             others[s] = other
