@@ -57,8 +57,14 @@ def main(argv=None) -> None:
     """The ``eindecomp-sql`` entry point: run a command, exit with its status."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("EDS_DEBUG", "") not in ("", "0")
+    from .backends.running import CtrlCMark
     from .errors import EinsumError
 
+    global _MARK
+    # a Ctrl-C inside a statement run outside a session call (a job's md5 of a result, say)
+    # reached us as duckdb-python's RuntimeError('Query interrupted'): "internal error", exit
+    # 1, where the docs promise "interrupted", 130 (a new user's random SIGINTs, 3 of 16)
+    _MARK = CtrlCMark()
     try:
         rv = cli.main(args=args, prog_name="eindecomp-sql", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
@@ -82,12 +88,26 @@ def main(argv=None) -> None:
         _err(f"error: {one_line(e)}")
         code = EXIT_FAILED
     except Exception as e:  # noqa: BLE001 - a bug of ours: still one line, the traceback on request
-        if debug:
-            traceback.print_exc()
-        _err(f"internal error: {type(e).__name__}: {one_line(e)}"
-             + ("" if debug else " (run with --debug for the traceback)"))
-        code = EXIT_FAILED
+        if _interrupted(e):
+            _err("interrupted")
+            code = EXIT_INTERRUPTED
+        else:
+            if debug:
+                traceback.print_exc()
+            _err(f"internal error: {type(e).__name__}: {one_line(e)}"
+                 + ("" if debug else " (run with --debug for the traceback)"))
+            code = EXIT_FAILED
+    finally:
+        _MARK.remove()
     sys.exit(code)
+
+
+_MARK = None  # main()'s CtrlCMark: whether a Ctrl-C came during the command
+
+
+def _interrupted(e: BaseException) -> bool:
+    """Whether ``e`` is a Ctrl-C: KeyboardInterrupt, or the RuntimeError DuckDB made of one."""
+    return isinstance(e, KeyboardInterrupt) or (_MARK is not None and isinstance(_MARK.translate(e), KeyboardInterrupt))
 
 
 def _err(text: str) -> None:
@@ -363,7 +383,7 @@ def run(job_file, database, memory, workers, force, as_json, quiet):
         # cannot be read, planned or is refused
         if as_json and not isinstance(e, (SystemExit, click.exceptions.Exit)):
             click.echo(json.dumps(_summary(job, r.entries if r is not None else [], t0, error=one_line(e) if not
-                                           isinstance(e, KeyboardInterrupt) else "interrupted", path=job_file),
+                                           _interrupted(e) else "interrupted", path=job_file),
                                   indent=1))
         raise
     summary = _summary(job, entries, t0)

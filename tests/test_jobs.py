@@ -474,3 +474,36 @@ def test_run_json_prints_a_failed_summary_also_when_nothing_ran(tmp_path, capsys
         summary = json.loads(out)
         assert rc == 1 and summary["ok"] is False and summary["steps"] == [] and summary["ran"] == 0, (name, out)
         assert summary["error"] in err and summary["job"].endswith(name), (summary, err)
+
+
+CTRL_C_IN_MD5 = textwrap.dedent("""
+    import os, signal, sys, threading
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    import numpy as np
+    from eindecomp_sql.jobs import runner
+    from eindecomp_sql.cli import main
+    np.save("x.npy", np.arange(12.0).reshape(3, 4))
+    md5 = runner.content_md5
+
+    def slow_md5(db, t):  # the md5 of a finished step, made long enough to be interrupted in
+        cur = db.connection.cursor()
+        cur.execute("SELECT sum(range) FROM range(2000000000)").fetchall()
+        return md5(db, t)
+
+    runner.content_md5 = slow_md5
+    threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    main(["run", "j.toml", "--json"])
+""")
+
+
+def test_a_ctrl_c_in_a_jobs_own_statements_is_interrupted_not_an_internal_error(tmp_path):
+    """A Ctrl-C landing in the md5 a job takes of a finished step came out as "internal error:
+    RuntimeError: Query interrupted", exit 1 (a new user's random SIGINTs, 3 of 16); the docs
+    promise "interrupted", exit 130, and the summary says so."""
+    (tmp_path / "j.toml").write_text('database = "t.duckdb"\n[inputs]\nx = { file = "x.npy" }\n'
+                                     '[steps.h]\nspec = "ij->i"\noperands = ["x"]\n')
+    (tmp_path / "c.py").write_text(CTRL_C_IN_MD5)
+    r = subprocess.run([sys.executable, "c.py"], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 130 and r.stderr.strip().endswith("\neindecomp-sql: interrupted"), (r.returncode, r.stderr)
+    assert "internal error" not in r.stderr
+    assert json.loads(r.stdout)["error"] == "interrupted"
