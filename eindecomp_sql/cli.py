@@ -15,6 +15,7 @@ interrupted. The engine loads only when a command needs it, so ``--help`` is qui
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 import sys
@@ -100,6 +101,20 @@ def main(argv=None) -> None:
     finally:
         _MARK.remove()
     sys.exit(code)
+
+
+def _json_value(x):
+    """A result's values as strict JSON (RFC 8259 has no NaN or infinity: Python wrote ``NaN``
+    and ``Infinity``, which JavaScript's and other strict parsers refuse; a new user's report):
+    non-finite floats as the strings "NaN", "Infinity", "-Infinity"; complex numbers as
+    [real, imaginary] pairs (they were null)."""
+    if isinstance(x, list):
+        return [_json_value(v) for v in x]
+    if isinstance(x, complex):
+        return [_json_value(x.real), _json_value(x.imag)]
+    if isinstance(x, float) and not math.isfinite(x):
+        return "NaN" if x != x else "Infinity" if x > 0 else "-Infinity"
+    return x
 
 
 _MARK = None  # main()'s CtrlCMark: whether a Ctrl-C came during the command
@@ -285,7 +300,7 @@ def einsum(database, spec, operands, out, join, agg, memory, workers, replace, a
             a = db.einsum_numpy(spec, *operands, join=join, agg=agg, progress=progress)
             if as_json:
                 click.echo(json.dumps({"shape": list(a.shape), "dtype": a.dtype.name, "seconds": time.perf_counter() - t0,
-                                       "value": a.tolist() if a.dtype.kind != "c" else None}))
+                                       "value": _json_value(a.tolist())}, allow_nan=False))
             else:
                 click.echo(np.array2string(a, threshold=200))
             return

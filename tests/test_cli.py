@@ -191,3 +191,18 @@ def test_a_locked_database_is_one_line_exit_1(tmp_path):
     finally:
         holder.communicate("", timeout=60)
     assert holder.returncode == 0
+
+
+def test_einsum_json_is_strict_json_for_non_finite_and_complex_values(capsys, tmp_path):
+    """--json wrote NaN and Infinity (not JSON: strict parsers refuse them) and null for complex
+    results (a new user's report)."""
+    db = tmp_path / "j.duckdb"
+    np.save(tmp_path / "n.npy", np.array([[1, np.nan], [np.inf, -np.inf]], np.float32))
+    np.save(tmp_path / "c.npy", np.array([1 + 2j, 3 - 4j], np.complex64))
+    assert run_main(capsys, "store", db, "N", tmp_path / "n.npy")[0] == 0
+    assert run_main(capsys, "store", db, "C", tmp_path / "c.npy")[0] == 0
+    code, out, _ = run_main(capsys, "einsum", db, "ij->ji", "N", "--json")
+    strict = json.loads(out, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+    assert code == 0 and strict["value"] == [[1.0, "Infinity"], ["NaN", "-Infinity"]]
+    code, out, _ = run_main(capsys, "einsum", db, "i->i", "C", "--json")
+    assert code == 0 and json.loads(out)["value"] == [[1.0, 2.0], [3.0, -4.0]]
