@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .arrays import as_array
+from .backends import spill
 from .errors import EinsumError
 from .notation.checks import can_cast, check_dtype, check_name, is_bfloat16
 from .plan import DEFAULT_TILE_BYTES, auto_tile, check_tile, tiling
@@ -1193,7 +1194,11 @@ def _atomic_write(path, write, what: str, sync: bool = False) -> pathlib.Path:
     the whole export takes into the page cache)."""
     given = pathlib.Path(file_path(path, "to_parquet"))
     target = pathlib.Path(os.path.realpath(given)) if given.is_symlink() else given
-    tmp = target.with_name(f".eds-{secrets.token_hex(6)}.tmp")
+    # named for this process: an export killed mid-write (SIGKILL, SIGTERM) left its partial
+    # file beside the target for good (a new user's report); the next export to the folder
+    # removes those whose process has ended
+    tmp = target.with_name(f".eds-{os.getpid()}-{secrets.token_hex(6)}.tmp")
+    spill.sweep_named(str(target.parent), _PARTIAL)
 
     def cleanup():
         try:
@@ -1220,6 +1225,9 @@ def _atomic_write(path, write, what: str, sync: bool = False) -> pathlib.Path:
         cleanup()
         raise
     return given
+
+
+_PARTIAL = re.compile(r"\.eds-(\d+)-[0-9a-f]{12}\.tmp")
 
 
 def _fsync_path(path) -> None:

@@ -532,3 +532,40 @@ def test_exports_keep_permissions_follow_symlinks_and_take_long_names(tmp_path):
         assert np.array_equal(np.load(long), t.to_numpy())
         t.export(tmp_path / "x.parquet")
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+EXPORTING = """
+import sys, numpy as np, eindecomp_sql as eds
+db = eds.connect(sys.argv[1])
+A = db.store("A", np.random.default_rng(0).standard_normal((3072, 3072), dtype=np.float32))
+while True:
+    A.export(sys.argv[2], form="elements")
+"""
+
+
+def test_a_killed_exports_partial_file_goes_at_the_next_export(tmp_path):
+    """A killed export (SIGKILL, SIGTERM) left its hidden partial file beside the target for good
+    (17 MB, a new user's report). The next export to the folder removes the partial files of
+    processes that have ended; a running process's (this one's) stays."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "x.py").write_text(EXPORTING)
+    child = subprocess.Popen([sys.executable, "x.py", "d.duckdb", "out.parquet"], cwd=tmp_path)
+    try:
+        deadline = time.time() + 120
+        while not list(tmp_path.glob(".eds-*.tmp")) and time.time() < deadline:
+            time.sleep(0.02)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    left = list(tmp_path.glob(f".eds-{child.pid}-*.tmp"))
+    assert left, "the child left nothing: the test tests nothing"
+    live = tmp_path / f".eds-{os.getpid()}-{'0' * 12}.tmp"
+    live.write_bytes(b"x")
+    with eds.connect() as db:
+        db.store("B", np.arange(6.0).reshape(2, 3)).export(tmp_path / "b.npy")
+    assert not any(p.exists() for p in left) and live.exists()
+    np.testing.assert_array_equal(np.load(tmp_path / "b.npy"), np.arange(6.0).reshape(2, 3))

@@ -24,7 +24,8 @@ _DUCKDB_FILE = re.compile(r"duckdb_temp_(\d+)_")
 _OUR_FOLDER = re.compile(re.escape(FOLDER_PREFIX) + r"(\d+)-")
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """Whether process ``pid`` is running (this one is)."""
     if pid == os.getpid():
         return True
     try:
@@ -46,7 +47,27 @@ def sweep_files(directory: str) -> int:
         return 0
     for name in names:
         m = _DUCKDB_FILE.match(name)
-        if m is None or _running(int(m.group(1))):
+        if m is None or running(int(m.group(1))):
+            continue
+        try:
+            os.remove(os.path.join(directory, name))
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def sweep_named(directory: str, pattern: re.Pattern) -> int:
+    """Remove the files of ``directory`` whose name ``pattern`` matches with a pid (its first
+    group) no longer running; how many."""
+    removed = 0
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    for name in names:
+        m = pattern.fullmatch(name)
+        if m is None or running(int(m.group(1))):
             continue
         try:
             os.remove(os.path.join(directory, name))
@@ -67,7 +88,7 @@ def sweep_folders(parent: str | None = None) -> int:
         return 0
     for name in names:
         m = _OUR_FOLDER.match(name)
-        if m is None or _running(int(m.group(1))):
+        if m is None or running(int(m.group(1))):
             continue
         shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
         removed += 1
