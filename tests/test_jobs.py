@@ -507,3 +507,15 @@ def test_a_ctrl_c_in_a_jobs_own_statements_is_interrupted_not_an_internal_error(
     assert r.returncode == 130 and r.stderr.strip().endswith("\neindecomp-sql: interrupted"), (r.returncode, r.stderr)
     assert "internal error" not in r.stderr
     assert json.loads(r.stdout)["error"] == "interrupted"
+
+
+def test_an_empty_input_is_refused_once_named_and_explained(capsys, tmp_path, monkeypatch):
+    """A job input with a dimension of size 0 was refused as "input 'Z': input 'Z': every
+    dimension must be >= 1" (a new user's report): named once, and the message says why (jobs
+    plan one graph, which has no empty dimensions) and what takes them."""
+    monkeypatch.chdir(tmp_path)
+    np.save(tmp_path / "z.npy", np.zeros((0, 3)))
+    (tmp_path / "j.toml").write_text('database = "t.duckdb"\n[inputs]\nZ = { file = "z.npy" }\n'
+                                     '[steps.h]\nspec = "ij->i"\noperands = ["Z"]\n')
+    code, _, err = run_main(capsys, "run", "j.toml")
+    assert code == 1 and err.count("input 'Z'") == 1 and "no empty dimensions" in err, err

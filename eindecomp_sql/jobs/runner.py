@@ -222,7 +222,12 @@ def build_graph(job: Job, shapes: dict):
         try:
             g.input(i.name, shape, dtype)
         except EinsumError as e:
-            raise job.error(_one_line(e), "inputs", i.name, input=i.name) from None
+            # the graph's message names the input too: once is enough ("input 'Z': input 'Z': ...")
+            msg = _one_line(e).removeprefix(f"input {i.name!r}: ")
+            if min(shape, default=1) < 1:
+                msg += " (jobs plan their steps as one graph, which has no empty dimensions yet; " \
+                       "eindecomp-sql einsum and the Python API take them)"
+            raise job.error(msg, "inputs", i.name, input=i.name) from None
         if i.tile is not None:
             from ..plan.tiling import check_tile
 
