@@ -238,6 +238,8 @@ BAD = [
     (BASE + '[steps.h]\nspec = "ij,kj->ik"\noperands = ["x", "x"]\nagg = "mean"\n', 7, "unknown agg 'mean'"),
     (BASE + '[steps.h]\nspec = "ij,kj->ik"\noperands = ["x", "x"]\njoin = "frob(x)"\n', 7,
      "join expression: unknown function 'frob'"),
+    (BASE + '[steps.h]\nspec = "ij,kj->ik"\noperands = ["x", "x"]\njoin = "frobnicate"\n', 7,
+     "unknown join 'frobnicate'"),  # was given the spec's line (6)
     (BASE + '[steps.h]\nspec = "ij->ij"\noperands = ["g"]\n[steps.g]\nspec = "ij,ij->ij"\noperands = ["h", "x"]\n',
      4, "the steps form a cycle: h -> g -> h"),
     (BASE + '[steps.X]\nspec = "ij->ij"\noperands = ["x"]\n', 4, "step 'X': writes over input 'x'"),

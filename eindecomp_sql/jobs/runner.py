@@ -245,7 +245,8 @@ def build_graph(job: Job, shapes: dict):
         except EinsumError as e:
             ops = ", ".join(f"{op} {tuple(values[op][0])}" for op in s.operands)
             msg = _one_line(e)
-            key = "join" if msg.startswith("join") else "agg" if "agg" in msg.split(":")[0] else "spec"
+            head = msg.split(":")[0]  # "join expression", "unknown join 'frobnicate'", "unknown agg ..."
+            key = "join" if "join" in head and s.join is not None else "agg" if "agg" in head else "spec"
             raise job.error(f"{msg} (spec {s.spec!r} over {ops})", "steps", name, key, step=name) from None
         for n in g.nodes[before:]:
             owner[n.result.name] = name
