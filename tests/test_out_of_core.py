@@ -371,3 +371,20 @@ def test_a_refusal_says_what_does_not_fit_when_the_step_does():
                                                   r"\(2048, 2048\)\) in tiles \(8192, 8192\).*store 'A' with "
                                                   r"tile=\(8192, 8192\)"):
             db.plan("ij->", A)
+
+
+def test_a_plan_duckdb_runs_out_of_memory_in_says_its_projection_missed(monkeypatch):
+    """An admitted plan that DuckDB still runs out of memory in (a retile in batches on a file
+    database under 200 MB, a new user's report; docs/DESIGN.md, Known limits) said only
+    DuckDB's advice (SET memory_limit): it says the projection missed, what it was, and what to
+    do. Forced here by giving DuckDB less than the plan needs."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((4096, 4096), dtype=np.float32)
+    with eds.connect(memory="4GB", tile_bytes=1 << 30) as db:
+        A = db.store("A", a, tile=(4096, 4096))
+        monkeypatch.setattr(db.backend, "engine_limit", lambda plan: 64 << 20)
+        with pytest.raises(eds.EinsumError, match=r"failed \[under the memory budget of 4\.00 GB this step was "
+                                                  r"projected to peak at .* a projection that missed \(nothing was "
+                                                  r"written\); give a larger memory= .*Out of Memory"):
+            db.einsum("ij,jk->ik", A, A, out="C")
+        assert "C" not in db.tensors()

@@ -939,7 +939,16 @@ class DuckDBBackend:
                             elif not atomic:
                                 made.append(tables[c.value])
                     except duckdb.Error as e:
-                        raise ExecutionError(f"step {k} ({plan.steps[k].describe()}) failed: {e}") from e
+                        hint = ""
+                        if isinstance(e, duckdb.OutOfMemoryException) and self.budget is not None:
+                            # the plan was admitted: its projection missed what DuckDB held
+                            # (docs/DESIGN.md, Known limits); say so, and what to do, not only
+                            # DuckDB's advice about SET memory_limit
+                            hint = (f" [under the memory budget of {format_bytes(self.budget)} this step was projected "
+                                    f"to peak at {format_bytes(plan.peak_of(plan.steps[k]))}, with DuckDB's memory_limit "
+                                    f"at {format_bytes(self._memory_limit or 0)}, and DuckDB needed more: a projection "
+                                    "that missed (nothing was written); give a larger memory= or a smaller tile_bytes]")
+                        raise ExecutionError(f"step {k} ({plan.steps[k].describe()}) failed{hint}: {e}") from e
                     finally:
                         if self.kernels.device_cache is not None:  # the step's pins end with its statements
                             self.kernels.device_cache.unpin_all()
