@@ -399,7 +399,8 @@ class Session:
         # the engine's own SQL where it prints another dialect (Spark's, with its shuffle bytes)
         listing = getattr(self.backend, "sql_listing", sql_listing)
         split = getattr(self.backend, "memory_split", lambda plan: None)(p)
-        return (p.explain() + ("\n" + split if split else "") + "\n\n"
+        limit = getattr(self.backend, "engine_limit", lambda plan: None)(p)
+        return (p.explain(engine_limit=limit) + ("\n" + split if split else "") + "\n\n"
                 + listing(p, {RESULT: out} if out is not None else None))
 
     def einsum(self, spec: str, *operands, join=None, agg=None, out: str | None = None, replace: bool = False,

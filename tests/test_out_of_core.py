@@ -388,3 +388,18 @@ def test_a_plan_duckdb_runs_out_of_memory_in_says_its_projection_missed(monkeypa
                                                   r"written\); give a larger memory= .*Out of Memory"):
             db.einsum("ij,jk->ik", A, A, out="C")
         assert "C" not in db.tensors()
+
+
+def test_explain_counts_the_whole_run_under_the_sessions_budget():
+    """explain() said "whole run 1.61 GB" for an 8192² GEMM under 256 MB that peaked at 378 MB
+    (a new user's report): DuckDB's share is capped at its memory_limit, as run_peak() counts it
+    when given the session's engine limit."""
+    import re
+
+    with eds.connect(memory="256MB") as db:
+        A = db.store("A", np.zeros((8192, 8192), np.float32))
+        text = db.explain("ij,jk->ik", A, A, out="C")
+        plan = db.plan("ij,jk->ik", A, A)
+        whole = re.search(r"whole run ([0-9.]+ [KMG]B)", text).group(1)
+        assert whole == eds.plan.steps.format_bytes(plan.run_peak(engine_limit=db.backend.engine_limit(plan)))
+        assert plan.run_peak(engine_limit=db.backend.engine_limit(plan)) < 256e6 < plan.run_peak()
