@@ -99,7 +99,11 @@ def main(argv=None) -> None:
                  + ("" if debug else " (run with --debug for the traceback)"))
             code = EXIT_FAILED
     finally:
-        _MARK.remove()
+        try:
+            _MARK.remove()
+        except KeyboardInterrupt:  # a Ctrl-C just then: still ours to report
+            _err("interrupted")
+            code = EXIT_INTERRUPTED
     sys.exit(code)
 
 

@@ -29,7 +29,6 @@ import mmap
 import os
 import pathlib
 import re
-import secrets
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
@@ -1197,8 +1196,8 @@ def _atomic_write(path, write, what: str, sync: bool = False) -> pathlib.Path:
     # named for this process: an export killed mid-write (SIGKILL, SIGTERM) left its partial
     # file beside the target for good (a new user's report); the next export to the folder
     # removes those whose process has ended
-    tmp = target.with_name(f".eds-{os.getpid()}-{secrets.token_hex(6)}.tmp")
-    spill.sweep_named(str(target.parent), _PARTIAL)
+    tmp = target.with_name(spill.partial_name())
+    spill.quietly(spill.sweep_named, str(target.parent), spill.PARTIAL)
 
     def cleanup():
         try:
@@ -1225,9 +1224,6 @@ def _atomic_write(path, write, what: str, sync: bool = False) -> pathlib.Path:
         cleanup()
         raise
     return given
-
-
-_PARTIAL = re.compile(r"\.eds-(\d+)-[0-9a-f]{12}\.tmp")
 
 
 def _fsync_path(path) -> None:

@@ -150,8 +150,11 @@ class Session:
         with self._lock:
             if self.backend.closed:
                 raise EinsumError("this session is closed; open another with eds.connect()")
+            # the depth goes up and down next to the try, with nothing between that runs Python
+            # code (a Ctrl-C handler runs at such points): a Ctrl-C inside the mark's removal
+            # once left the depth at 1 for good (no later call dropped temporary results)
+            mark = CtrlCMark() if self._depth == 0 else None
             self._depth += 1
-            mark = CtrlCMark() if self._depth == 1 else None
             try:
                 if self._depth == 1:
                     self._collect()
@@ -162,9 +165,9 @@ class Session:
                     raise
                 raise translated from None
             finally:
+                self._depth -= 1
                 if mark is not None:
                     mark.remove()
-                self._depth -= 1
 
     @staticmethod
     def _check_overwrites(plan: Plan, inputs: dict, outputs: dict, replace: bool) -> None:

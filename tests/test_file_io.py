@@ -561,9 +561,11 @@ def test_a_killed_exports_partial_file_goes_at_the_next_export(tmp_path):
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
-    left = list(tmp_path.glob(f".eds-{child.pid}-*.tmp"))
+    from eindecomp_sql.backends import spill
+
+    left = list(tmp_path.glob(f".eds-{spill.HOST}-{child.pid}-*.tmp"))
     assert left, "the child left nothing: the test tests nothing"
-    live = tmp_path / f".eds-{os.getpid()}-{'0' * 12}.tmp"
+    live = tmp_path / f".eds-{spill.HOST}-{os.getpid()}-{'0' * 12}.tmp"
     live.write_bytes(b"x")
     with eds.connect() as db:
         db.store("B", np.arange(6.0).reshape(2, 3)).export(tmp_path / "b.npy")

@@ -529,3 +529,31 @@ def test_a_ctrl_c_in_a_calls_quick_statements_is_the_handlers_own_exception(monk
         monkeypatch.undo()
         assert db.tensors() == ["W"]
         np.testing.assert_array_equal(db.store("Z", a).to_numpy(), a)
+
+
+def test_a_ctrl_c_while_a_call_ends_leaves_the_session_whole(monkeypatch):
+    """A Ctrl-C landing while a session call restored the SIGINT handler skipped the call's
+    depth count (a review): the session's depth stayed 1, so no later call dropped its
+    temporary results again. The depth now goes down first."""
+    from eindecomp_sql.backends import running
+
+    remove = running.CtrlCMark.remove
+    once = []
+
+    def interrupted_remove(self):
+        if not once:
+            once.append(1)
+            signal.raise_signal(signal.SIGINT)
+        remove(self)
+
+    with eds.connect() as db:
+        monkeypatch.setattr(running.CtrlCMark, "remove", interrupted_remove)
+        with pytest.raises(KeyboardInterrupt):
+            db.tensors()
+        monkeypatch.undo()
+        assert db._depth == 0
+        for _ in range(3):
+            db.einsum("i->", np.arange(4.0))  # temporary results, dropped by the next call
+        db.tensors()
+        left = db.connection.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary").fetchall()[0][0]
+        assert left <= 1

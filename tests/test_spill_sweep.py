@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -63,7 +62,7 @@ def test_a_killed_file_sessions_spill_files_go_at_the_next_open(tmp_path):
 
 def test_a_killed_memory_sessions_spill_folder_goes_at_the_next_budget(tmp_path):
     folder, pid = _kill_once_spilling(tmp_path, "memory")
-    assert Path(folder).name.startswith(f"{spill.FOLDER_PREFIX}{pid}-") and os.path.isdir(folder)
+    assert Path(folder).name.startswith(f"{spill.FOLDER_PREFIX}{spill.HOST}-{pid}-") and os.path.isdir(folder)
     live = spill.new_folder()  # this process's own: kept
     try:
         with eds.connect(memory="200MB") as db:
@@ -87,4 +86,34 @@ def test_only_dead_processes_files_are_swept(tmp_path):
     assert spill.sweep_files(str(tmp_path)) == 2
     assert sorted(os.listdir(tmp_path)) == sorted([names[0], names[1], "mine.txt"])
     assert spill.sweep_files(str(tmp_path / "missing")) == 0
-    assert spill.sweep_folders(tempfile.gettempdir()) >= 0
+
+
+def test_a_sweep_never_fails_and_never_touches_what_it_cannot_know(tmp_path):
+    """A pid too large for os.kill raised OverflowError from connect and export (a review); a
+    folder the user chose (maybe shared between hosts, where a pid means nothing) and another
+    host's names are left alone."""
+    huge = str(2**40)
+    (tmp_path / f"duckdb_temp_{huge}_0.tmp").write_bytes(b"x")
+    assert spill.sweep_files(str(tmp_path)) == 0
+    other_host = tmp_path / f"{spill.FOLDER_PREFIX}00000000-1-abc"
+    other_host.mkdir()
+    ours_huge = tmp_path / f"{spill.FOLDER_PREFIX}{spill.HOST}-{huge}-abc"
+    ours_huge.mkdir()
+    assert spill.sweep_folders(str(tmp_path)) == 0 and other_host.is_dir() and ours_huge.is_dir()
+    (tmp_path / f".eds-{spill.HOST}-{huge}-{'a' * 12}.tmp").write_bytes(b"x")
+    with eds.connect() as db:
+        db.store("B", np.arange(3.0)).export(tmp_path / "b.npy")  # sweeps the folder: no error
+    # a temp_directory the user set is not swept, even of a dead pid's files
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                           text=True).stdout.strip()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    dead = shared / f"duckdb_temp_{ended}_0.tmp"
+    dead.write_bytes(b"x")
+    import duckdb
+
+    con = duckdb.connect(str(tmp_path / "u.duckdb"), config={"temp_directory": str(shared)})
+    with eds.connect(con) as db:
+        assert db.tensors() == []
+    con.close()
+    assert dead.exists()

@@ -207,9 +207,12 @@ class DuckDBBackend:
                 self._run(parted.PARTS_SCHEMA)
                 if self.owns_connection and database not in (None, ":memory:"):
                     self._sweep_parts()
-                # DuckDB's spill files of killed processes (this database's or any other's in
-                # the same folder: only a dead process's, by the pid in their names)
-                spill.sweep_files(self._run("SELECT current_setting('temp_directory')")[0][0])
+                    # DuckDB's spill files of killed processes, in the folder beside this file
+                    # (DuckDB's default), which its lock on the file keeps to us; never a
+                    # folder the user chose (it may be shared between hosts or databases)
+                    folder = self._run("SELECT current_setting('temp_directory')")[0][0]
+                    if os.path.abspath(folder) == os.path.abspath(f"{database}.tmp"):
+                        spill.quietly(spill.sweep_files, folder)
         except BaseException as e:
             self._closed = True
             if self._work is not None:
@@ -257,7 +260,7 @@ class DuckDBBackend:
             self.part_bytes = min(parted.PART_BYTES, max(budget // BUDGET_PARTS, 1))
             if self._temp_dir is None and self._run("SELECT current_setting('temp_directory')")[0][0] == ".tmp":
                 # DuckDB's default for a database in memory is .tmp in the working directory
-                spill.sweep_folders()  # what killed sessions left
+                spill.quietly(spill.sweep_folders)  # what killed sessions of this host left
                 self._temp_dir = spill.new_folder()
                 quoted = self._temp_dir.replace("'", "''")  # our own path, quoted as a literal
                 self._run(f"SET temp_directory = '{quoted}'")
