@@ -557,3 +557,42 @@ def test_a_ctrl_c_while_a_call_ends_leaves_the_session_whole(monkeypatch):
         db.tensors()
         left = db.connection.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary").fetchall()[0][0]
         assert left <= 1
+
+
+def test_a_late_interrupt_in_a_stopped_plans_cleanup_leaves_no_table_behind():
+    """The stop's interrupt can land after the kernels already failed the statement: on the
+    failure path's SET of the Arrow buffer size it skipped every drop after it, and a scratch
+    table stayed (a review). The drops come first now, and each survives an interrupt."""
+    import duckdb
+
+    with eds.connect(tile_bytes=1 << 20, memory="300MB") as db:
+        backend = db.backend
+        A = db.store("A", np.random.default_rng(0).standard_normal((1500, 1500)), tile=(1500, 100))
+
+        def ours():
+            return sorted(r[0] for r in backend._run("SELECT table_name FROM duckdb_tables() WHERE "
+                                                     "table_name NOT LIKE 'eds%'"))
+
+        before = ours()
+        run, state, hit = backend._run, {"failing": False}, []
+
+        def late(sql, params=None):
+            if state["failing"] and (sql.startswith("SET arrow_large_buffer_size") or sql.startswith("DROP")):
+                state["failing"] = False
+                hit.append(sql)
+                raise duckdb.InterruptException("INTERRUPT Error: Interrupted!")  # the stop, arriving now
+            return run(sql, params)
+
+        def stop(p):
+            if p.step == 1 and p.tiles_done == p.tiles:
+                state["failing"] = True
+                raise RuntimeError("stop")
+
+        backend._run = late
+        try:
+            with pytest.raises(RuntimeError, match="stop"):
+                db.einsum("ij,jk,kl->il", A, A, A, out="C", progress=stop)
+        finally:
+            backend._run = run
+        assert hit, "no cleanup statement met the interrupt: the test tests nothing"
+        assert ours() == before and db.tensors() == ["A"]

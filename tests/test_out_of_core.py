@@ -403,3 +403,25 @@ def test_explain_counts_the_whole_run_under_the_sessions_budget():
         whole = re.search(r"whole run ([0-9.]+ [KMG]B)", text).group(1)
         assert whole == eds.plan.steps.format_bytes(plan.run_peak(engine_limit=db.backend.engine_limit(plan)))
         assert plan.run_peak(engine_limit=db.backend.engine_limit(plan)) < 256e6 < plan.run_peak()
+
+
+def test_a_read_inside_a_plan_leaves_the_plans_memory_limit():
+    """A read (a progress callback's, on the plan's thread) restored DuckDB's limit to the idle
+    one, not the plan's: the rest of the plan ran over its budget (a review). Both blocks now
+    put back the limit they found, in DuckDB too."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((2048, 2048), dtype=np.float32)
+    with eds.connect(memory="400MB") as db:
+        A = db.store("A", a)
+        plan = db.plan("ij,jk->ik", A, A)
+        idle = db.backend._memory_limit
+
+        def duckdbs():
+            return db.connection.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+
+        with db.backend.lock, db.backend._engine_memory(plan):
+            during, setting = db.backend._memory_limit, duckdbs()
+            assert during != idle
+            np.testing.assert_array_equal(A.to_numpy(), a)  # raises the limit for the read, then back
+            assert db.backend._memory_limit == during and duckdbs() == setting
+        assert db.backend._memory_limit == idle

@@ -343,12 +343,21 @@ class DuckDBBackend:
         if limit is None:
             yield
             return
+        found = self._memory_limit
         self._set_memory_limit(limit)
         try:
             yield
         finally:
             if not self._closed:
-                self._set_memory_limit(self._idle_limit())
+                self._restore_memory_limit(found)
+
+    def _restore_memory_limit(self, found: int | None) -> None:
+        """Back to the limit a block found (a read inside a plan's progress callback, a plan
+        inside another's: the outer one's), surviving a late interrupt."""
+        limit = found if found is not None else self._idle_limit()
+        if limit != self._memory_limit:
+            self._cleanup(f"SET memory_limit = '{int(limit)}B'")
+            self._memory_limit = limit
 
     @contextlib.contextmanager
     def _reading(self, value: TiledValue):
@@ -367,12 +376,13 @@ class DuckDBBackend:
         if limit <= (self._memory_limit or 0):
             yield
             return
+        found = self._memory_limit
         self._set_memory_limit(limit)
         try:
             yield
         finally:
             if not self._closed:
-                self._set_memory_limit(self._idle_limit())
+                self._restore_memory_limit(found)
 
     def _set_large_buffers(self, on: bool, force: bool = False) -> None:
         if force or on != self._large_buffers:
@@ -985,13 +995,16 @@ class DuckDBBackend:
                         # statement: roll back rather than commit what the caller is told was stopped
                         raise Cancelled("the plan was stopped before it committed")
         except BaseException:
-            if big:
-                self._set_large_buffers(True, force=True)
+            # the drops first, each surviving a late interrupt (a review: an interrupt landing
+            # on the SET below skipped them, leaving scratch tables and parts behind)
             for v in readers:
                 self._cleanup(exp.Drop(tables=[table(v)], kind="VIEW", exists=True).sql(dialect="duckdb"))
             for t in scratch + made + [p for names in parts.values() for p in names]:
                 # TEMP tables are not rolled back in every case, parts were committed: be sure
                 self._cleanup(self.compiler.drop_table_sql(t))
+            if big:
+                self._cleanup("SET arrow_large_buffer_size = true")
+                self._large_buffers = True
             raise
         # back to the safe default for whatever the connection runs next (a user's query)
         if big:
