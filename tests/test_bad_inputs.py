@@ -156,3 +156,12 @@ def test_a_tile_cap_below_one_element_says_so(tmp_path, capsys):
             cli_main(["run", str(job)])
         err = capsys.readouterr().err
         assert e.value.code == 1 and match in err and "internal error" not in err, err
+
+
+def test_the_largest_budget_duckdb_takes_is_taken():
+    """2**63 - 1 was refused as more than 2**63 - 1 (float rounding; a review)."""
+    from eindecomp_sql.plan.cost import parse_memory
+
+    assert parse_memory(2**63 - 1) == 2**63 - 1
+    with pytest.raises(EinsumError, match="larger than any machine"):
+        parse_memory(2**63)

@@ -224,7 +224,7 @@ def build_graph(job: Job, shapes: dict):
         except EinsumError as e:
             # the graph's message names the input too: once is enough ("input 'Z': input 'Z': ...")
             msg = _one_line(e).removeprefix(f"input {i.name!r}: ")
-            if min(shape, default=1) < 1:
+            if min(shape, default=1) < 1 and "dimension" in msg:
                 msg += " (jobs plan their steps as one graph, which has no empty dimensions yet; " \
                        "eindecomp-sql einsum and the Python API take them)"
             raise job.error(msg, "inputs", i.name, input=i.name) from None

@@ -417,6 +417,7 @@ def parse_memory(memory, what: str = "memory budget") -> int | None:
         raise bad
     if units[unit] == 1 and num != int(num):  # 1.5 bytes: a typo, not a size
         raise bad
-    if num * units[unit] > 2**63 - 1:  # DuckDB's parser refuses more (its own ParserException)
+    size = int(memory) if isinstance(memory, (int, np.integer)) else int(num * units[unit])
+    if size > 2**63 - 1:  # DuckDB's parser refuses more (its own ParserException)
         raise EinsumError(f"{what} {memory!r} is larger than any machine's memory (at most 2**63 - 1 bytes)")
-    return int(num * units[unit])
+    return size

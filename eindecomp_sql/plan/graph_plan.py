@@ -120,7 +120,7 @@ class GraphPlan:
         ]
         for strat, bc in self.baselines.items():
             if bc is None:
-                lines.append(f"  {strat:15s} over the memory budget")
+                lines.append(f"  {strat:15s} over the memory budget or the tile cap (tile_bytes)")
             else:
                 ratio = bc.total / c.total if c.total else 1.0
                 lines.append(f"  {strat:15s} {bc.total:15,.0f}  ({ratio:.2f}x this plan)")

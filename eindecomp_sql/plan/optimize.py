@@ -241,7 +241,11 @@ class _Problem:
             if have is not None and have != need and self.retile(op.value, need).retile >= FORBIDDEN:
                 return (f"it reads stored {op.value!r} (tiles {have}) in tiles {need}, and that re-tile does not fit",
                         f"store {op.value!r} with tile={need}, or give more memory")
-        if self.tile_bytes is not None and nbytes(self.out_tile(node, pieces), node.result.dtype) > self.tile_bytes:
+        if self.tile_bytes is not None and (
+                nbytes(self.out_tile(node, pieces), node.result.dtype) > self.tile_bytes
+                or any(self.required(node, k, pieces) != self.fixed.get(op.value)
+                       and nbytes(self.required(node, k, pieces), self.dtypes[op.value]) > self.tile_bytes
+                       for k, op in enumerate(node.operands))):
             return "the tiles it makes exceed tile_bytes", "give a larger tile_bytes, or more memory"
         return "every chunking that fits needs more tile tuples per step than a step may have", "give more memory"
 
