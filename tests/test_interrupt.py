@@ -596,3 +596,67 @@ def test_a_late_interrupt_in_a_stopped_plans_cleanup_leaves_no_table_behind():
             backend._run = run
         assert hit, "no cleanup statement met the interrupt: the test tests nothing"
         assert ours() == before and db.tensors() == ["A"]
+
+
+def test_a_stop_between_a_steps_statements_is_seen_before_the_next(monkeypatch):
+    """A plan is interrupted once, and DuckDB drops an interrupt that meets no statement: a stop
+    arriving between a step's batches must be seen before the next batch runs (a review), not
+    only before the next step or at the commit."""
+    from eindecomp_sql.backends import running
+
+    state = {"after": None}
+
+    def stopping(self):
+        if state["after"] is not None and not self.failed:  # the stop, come between two batches
+            self.failed.append(RuntimeError("stopped between batches"))
+        return self.hit.is_set() or bool(self.failed)
+
+    a = np.random.default_rng(2).standard_normal((2048, 1024), dtype=np.float32)
+    with eds.connect(memory="100MB", tile_bytes=1 << 20) as db:
+        A = db.store("A", a, tile=(128, 1024))
+        plan = db.plan("ij,kj->ik", A, A)
+        assert plan.steps[-1].batches >= 4, "no batches: the test tests nothing"
+        ran = []
+        run = db.backend._run
+
+        def watched(sql, params=None):
+            out = run(sql, params)
+            ran.append(sql)
+            if state["after"] is None and '"C"' in sql and sql.lstrip().upper().startswith("CREATE"):
+                state["after"] = len(ran)  # the last step's first batch has run
+            return out
+
+        monkeypatch.setattr(db.backend, "_run", watched)
+        monkeypatch.setattr(running._Job, "stopping", stopping)
+        with pytest.raises(RuntimeError, match="stopped between batches"):
+            db.einsum("ij,kj->ik", A, A, out="C", progress=lambda p: None)
+        monkeypatch.undo()
+        assert state["after"] is not None, "the last step never ran: the test tests nothing"
+        assert not [s for s in ran[state["after"]:] if s.lstrip().upper().startswith("INSERT")]
+        assert db.tensors() == ["A"]
+
+
+def test_a_ctrl_c_during_an_unwatched_rollback_still_rolls_back():
+    """A Ctrl-C through Python's handler during a ROLLBACK outside a watched run (a drop's) came
+    as RuntimeError('Query interrupted'), not a DuckDB error, so the rollback was not tried
+    again and the transaction stayed aborted (a review). It is tried again, then raised."""
+    with eds.connect() as db:
+        db.store("A", np.arange(3.0))
+        backend = db.backend
+        run, once = backend._run, []
+
+        def interrupted(sql, params=None):
+            if sql == "ROLLBACK" and not once:
+                once.append(1)
+                raise RuntimeError("Query interrupted")
+            return run(sql, params)
+
+        backend._run = interrupted
+        try:
+            with pytest.raises(RuntimeError, match="Query interrupted"):
+                with backend._transaction():
+                    run("CREATE TABLE t AS SELECT 1 AS x")
+                    raise ValueError("the block failed")
+        finally:
+            backend._run = run
+        assert once and db.tensors() == ["A"] and not backend.table_exists("t")

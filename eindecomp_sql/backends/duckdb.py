@@ -396,14 +396,21 @@ class DuckDBBackend:
         transaction then stays aborted: every later statement of the session failed ("Current
         transaction is aborted"; measured: 166 of 300 ROLLBACKs under repeated interrupts). An
         interrupt is spent on the statement it stops, so the statement is tried again."""
+        stopped = None
         for attempt in range(4):
             try:
                 self._run(sql)
-                return
+                break
             except duckdb.InterruptException:
                 continue
+            except RuntimeError as e:  # a Ctrl-C through Python's handler, outside a watched run:
+                if str(e) != "Query interrupted":  # the statement is done first, then it is raised
+                    raise
+                stopped = e
             except duckdb.Error:
-                return
+                break
+        if stopped is not None:
+            raise stopped
 
     def _run(self, sql: str, params: list | None = None) -> list:
         """Execute on our cursor and drain (an unfinished result blocks a DuckDB connection)."""
@@ -929,15 +936,20 @@ class DuckDBBackend:
                             large = peak >= LARGE_BUFFER_BYTES
                             self._set_large_buffers(large, force=large or not big)
                             big = True
+                        def going_on(text):  # a stop between statements met none (stop-once)
+                            if watch.stopping():
+                                raise Cancelled("the plan was stopped")
+                            return text
+
                         if returned:
-                            got = [self._work.sql(bind(text, tables)).to_arrow_table() for text in c.batches]
+                            got = [self._work.sql(bind(going_on(text), tables)).to_arrow_table() for text in c.batches]
                             rows[c.value] = got[0] if len(got) == 1 else pa.concat_tables(got)
                         elif c.value in parts_of:
                             mine = parts[c.value] = []
                             for name, text in zip(parted.new_part_names(len(c.batches)), c.batches):
                                 mine.append(name)
                                 self._run(f"CREATE {'' if c.value in outputs else 'TEMP '}TABLE "
-                                          f"{table(name).sql(dialect='duckdb')} AS {bind(text, tables)}")
+                                          f"{table(name).sql(dialect='duckdb')} AS {bind(going_on(text), tables)}")
                             if k + 1 < len(compiled):  # later steps read it by a TEMP view
                                 readers.append(f"_eds_pv{k}")
                                 self._run(parted.view_sql(readers[-1], mine, temporary=True))
@@ -946,7 +958,7 @@ class DuckDBBackend:
                             # the first batch creates the table, the next ones append to it
                             self._run(bind(c.create[target.temporary, replace], tables))
                             for text in c.inserts:
-                                self._run(bind(text, tables))
+                                self._run(bind(going_on(text), tables))
                             if target is _SCRATCH:
                                 scratch.append(tables[c.value])
                             elif not atomic:
