@@ -131,7 +131,8 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
         ``Ellipsis`` for ``...``).
     *operands : array_like
         Arrays (anything numpy reads as numbers: lists, scalars, numeric pyarrow Arrays),
-        stored ``Tensor``s of the default session, or their names. Any byte order (converted
+        stored ``Tensor``s of the default session (``eds.einsum``'s own, private: a session's
+        tensors go to ``db.einsum``, which refuses another session's), or their names. Any byte order (converted
         to native). Tables, data frames, DuckDB relations and sparse matrices are refused:
         store tables with ``db.store``; call ``.toarray()`` on a sparse matrix.
     out : numpy.ndarray, optional

@@ -441,8 +441,11 @@ class Session:
 
     def einsum_numpy(self, spec: str, *operands, join=None, agg=None, progress=None, path=None) -> np.ndarray:
         """Run in this database, return numpy; nothing is stored. ``path``: a contraction
-        order for a many-operand product (``graph.lower.contraction_path``), else the planner's."""
+        order for a many-operand product, in any of numpy's ``optimize=`` forms (a name,
+        ``["einsum_path", (1, 2), (0, 1)]``) or the bare steps (``[(1, 2), (0, 1)]``), else the
+        planner's. A path that does not fit the operands is an ``EinsumError``."""
         spec, operands = self._spec_args(spec, operands)
+        path = _contraction_order(path, len(operands))
         with self._call():
             values, inputs = self._resolve(operands)
             p = self._plan(spec, values, join, agg, path=path)
@@ -594,6 +597,16 @@ def _check_replace(replace) -> None:
     # would overwrite a table)
     if not isinstance(replace, (bool, np.bool_)):
         raise EinsumError(f"replace must be True or False, got {replace!r}")
+
+
+def _contraction_order(path, n_operands: int):
+    """``path`` checked and normalised (``graph.lower.contraction_path``); bare steps too. A list
+    raised TypeError (unhashable), a bad position IndexError (a new user's report)."""
+    from .graph.lower import _explicit_path, contraction_path
+
+    if isinstance(path, (list, tuple)) and path and not isinstance(path[0], str):
+        return _explicit_path(path, n_operands)
+    return contraction_path(path, n_operands)
 
 
 def connect(database=None, *, tile_bytes: int | None = None, workers: int | None = None, memory=None,

@@ -153,7 +153,8 @@ class Tensor:
         - ``.parquet``: ``to_arrow(form)`` as Parquet, metadata included;
         - ``.arrow`` / ``.feather``: ``to_arrow(form)`` as an Arrow IPC file (Feather v2).
 
-        ``db.store(name, path)`` reads each back. Streamed: the tiles come from the database a
+        ``db.store(name, path)`` reads each back (a bfloat16 ``.npy``, which numpy writes as raw
+        2-byte voids, with ``dtype='bfloat16'``). Streamed: the tiles come from the database a
         batch at a time and go to the file (a ``.npy`` in runs of side-by-side tiles, each written
         with ``pwritev``), so the tensor is never whole in Python. Atomic: a temporary
         file in the same directory is renamed over ``path`` (a failure or a crash of the process

@@ -165,3 +165,15 @@ def test_the_largest_budget_duckdb_takes_is_taken():
     assert parse_memory(2**63 - 1) == 2**63 - 1
     with pytest.raises(EinsumError, match="larger than any machine"):
         parse_memory(2**63)
+
+
+def test_a_users_table_of_that_name_gets_no_advice_to_replace_it():
+    """store/out= onto a user's table said "already exists; pass replace=True", advice that
+    replace=True then refused (a new user's report): it says what the table is instead."""
+    with eds.connect() as db:
+        db.connection.execute("CREATE TABLE mine AS SELECT 1 AS x")
+        for call in (lambda: db.store("mine", np.ones(3)), lambda: db.einsum("i->i", np.ones(3), out="mine")):
+            with pytest.raises(EinsumError, match="not a stored tensor") as e:
+                call()
+            assert "pass replace=True" not in str(e.value)
+        assert db.connection.execute("SELECT x FROM mine").fetchall() == [(1,)]

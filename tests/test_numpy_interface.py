@@ -295,3 +295,16 @@ def test_out_does_not_widen_another_join_as_numpys_ufuncs_do_not():
     assert eds.einsum("i,i->", a, a, join="add", agg="max", out=out) is out and out == want == -56
     assert eds.einsum("i,i->", a, a, join="add", agg="max", dtype=np.int64) == 200
     assert eds.einsum("i,i->", a, a, out=np.zeros((), np.int64)) == 20000  # np.einsum's: in out's dtype
+
+
+def test_einsum_numpy_takes_a_path_in_every_form_and_refuses_a_bad_one():
+    """path=[(1, 2), (0, 1)] raised TypeError (unhashable list), a position out of range
+    IndexError, numpy's ['einsum_path', ...] a bare ValueError (a new user's report)."""
+    rng = np.random.default_rng(4)
+    a, b, c = rng.standard_normal((2, 3)), rng.standard_normal((3, 4)), rng.standard_normal((4, 5))
+    with eds.connect() as db:
+        for path in ([(1, 2), (0, 1)], ((1, 2), (0, 1)), ["einsum_path", (1, 2), (0, 1)], "greedy", [[0, 1], [0, 1]]):
+            np.testing.assert_allclose(db.einsum_numpy("ij,jk,kl->il", a, b, c, path=path), a @ b @ c)
+        for bad in (((7, 2),), [(0, 1)], "nonsense", [(0, 0), (0, 1)]):
+            with pytest.raises(EinsumError):
+                db.einsum_numpy("ij,jk,kl->il", a, b, c, path=bad)

@@ -109,7 +109,9 @@ class Graph:
         return tuple(lab if len(lab) == 1 else None for lab in node.output)
 
     def input(self, name: str, shape, dtype="float32") -> GraphValue:
-        """A tensor given when the plan runs (an array, a stored Tensor or its name)."""
+        """A tensor given when the plan runs (an array, a stored Tensor or its name). An array is
+        cast to ``dtype`` (float32 by default), as ``np.asarray(x, dtype)`` would, even where that
+        loses digits (int64 above 2**24, float64); a stored Tensor must have it."""
         self._check_new_name(name)
         try:
             # operator.index: ints and numpy ints only; int() would take "12" as (1, 2) and 2.5 as 2
