@@ -337,9 +337,15 @@ class DuckDBBackend:
             self._run(f"SET memory_limit = '{int(limit)}B'")
             self._memory_limit = limit
 
-    @contextlib.contextmanager
     def _engine_memory(self, plan: Plan):
-        limit = self.engine_limit(plan)
+        return self._memory_limit_while(self.engine_limit(plan))
+
+    @contextlib.contextmanager
+    def _memory_limit_while(self, limit: int | None):
+        """DuckDB's ``memory_limit`` at ``limit`` for the block (None: as it is), then back to
+        the limit the block found (a read inside a plan's progress callback, a plan inside
+        another's: the outer one's; the idle one went back before, and the rest of the plan ran
+        over its budget), surviving a late interrupt."""
         if limit is None:
             yield
             return
@@ -349,17 +355,11 @@ class DuckDBBackend:
             yield
         finally:
             if not self._closed:
-                self._restore_memory_limit(found)
+                back = found if found is not None else self._idle_limit()
+                if back != self._memory_limit:
+                    self._cleanup(f"SET memory_limit = '{int(back)}B'")
+                    self._memory_limit = back
 
-    def _restore_memory_limit(self, found: int | None) -> None:
-        """Back to the limit a block found (a read inside a plan's progress callback, a plan
-        inside another's: the outer one's), surviving a late interrupt."""
-        limit = found if found is not None else self._idle_limit()
-        if limit != self._memory_limit:
-            self._cleanup(f"SET memory_limit = '{int(limit)}B'")
-            self._memory_limit = limit
-
-    @contextlib.contextmanager
     def _reading(self, value: TiledValue):
         """Room for DuckDB to read ``value``'s table: a scan pins every blob of a row group
         (backends/parts.py), so a table read whole needs its bytes pinned at once. A temporary
@@ -369,20 +369,10 @@ class DuckDBBackend:
         those bytes anyway; a tensor stored as parts needs one part's, and gets no more (a
         larger limit would let DuckDB cache more of a big file)."""
         if self.budget is None:
-            yield
-            return
+            return self._memory_limit_while(None)
         need = parted.PART_BYTES if self._parts_of(value.name) else value.nbytes
         limit = self._idle_limit() + need + MIN_ENGINE_BYTES // 4
-        if limit <= (self._memory_limit or 0):
-            yield
-            return
-        found = self._memory_limit
-        self._set_memory_limit(limit)
-        try:
-            yield
-        finally:
-            if not self._closed:
-                self._restore_memory_limit(found)
+        return self._memory_limit_while(limit if limit > (self._memory_limit or 0) else None)
 
     def _set_large_buffers(self, on: bool, force: bool = False) -> None:
         if force or on != self._large_buffers:

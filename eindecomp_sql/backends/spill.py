@@ -28,8 +28,8 @@ import tempfile
 # this host, in our names: a pid means nothing on another host sharing the folder
 HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
 FOLDER_PREFIX = "eindecomp_sql-spill-"
-_DUCKDB_FILE = re.compile(r"duckdb_temp_(\d+)_")
-_OUR_FOLDER = re.compile(re.escape(f"{FOLDER_PREFIX}{HOST}-") + r"(\d+)-")
+_DUCKDB_FILE = re.compile(r"duckdb_temp_(\d+)_.*", re.DOTALL)
+_OUR_FOLDER = re.compile(re.escape(f"{FOLDER_PREFIX}{HOST}-") + r"(\d+)-.*", re.DOTALL)
 
 
 def running(pid: int) -> bool:
@@ -45,29 +45,9 @@ def running(pid: int) -> bool:
     return True
 
 
-def sweep_files(directory: str) -> int:
-    """Remove DuckDB's spill files of processes no longer running from ``directory``; how
-    many. Anything unreadable or not DuckDB's is left alone."""
-    removed = 0
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return 0
-    for name in names:
-        m = _DUCKDB_FILE.match(name)
-        if m is None or running(int(m.group(1))):
-            continue
-        try:
-            os.remove(os.path.join(directory, name))
-            removed += 1
-        except OSError:
-            pass
-    return removed
-
-
-def sweep_named(directory: str, pattern: re.Pattern) -> int:
-    """Remove the files of ``directory`` whose name ``pattern`` matches with a pid (its first
-    group) no longer running; how many."""
+def sweep_named(directory: str, pattern: re.Pattern, remove=os.remove) -> int:
+    """Remove (``remove``) the entries of ``directory`` whose name ``pattern`` matches whole
+    with a pid (its first group) no longer running; how many."""
     removed = 0
     try:
         names = os.listdir(directory)
@@ -78,29 +58,23 @@ def sweep_named(directory: str, pattern: re.Pattern) -> int:
         if m is None or running(int(m.group(1))):
             continue
         try:
-            os.remove(os.path.join(directory, name))
+            remove(os.path.join(directory, name))
             removed += 1
         except OSError:
             pass
     return removed
 
 
+def sweep_files(directory: str) -> int:
+    """Remove DuckDB's spill files of processes no longer running from ``directory``; how
+    many. Anything unreadable or not DuckDB's is left alone."""
+    return sweep_named(directory, _DUCKDB_FILE)
+
+
 def sweep_folders(parent: str | None = None) -> int:
     """Remove the private spill folders of sessions whose process is no longer running (from
     the system's temp directory); how many."""
-    parent = parent or tempfile.gettempdir()
-    removed = 0
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return 0
-    for name in names:
-        m = _OUR_FOLDER.match(name)
-        if m is None or running(int(m.group(1))):
-            continue
-        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-        removed += 1
-    return removed
+    return sweep_named(parent or tempfile.gettempdir(), _OUR_FOLDER, remove=shutil.rmtree)
 
 
 def new_folder() -> str:
