@@ -521,3 +521,16 @@ def test_an_empty_input_is_refused_once_named_and_explained(capsys, tmp_path, mo
                                      '[steps.h]\nspec = "ij->i"\noperands = ["Z"]\n')
     code, _, err = run_main(capsys, "run", "j.toml")
     assert code == 1 and err.count("input 'Z'") == 1 and "no empty dimensions" in err, err
+
+
+def test_a_jobs_paths_expand_the_home_folder(tmp_path, monkeypatch):
+    """database = "~/x.duckdb" became <job dir>/~/x.duckdb (a new user's report); files too."""
+    from eindecomp_sql.jobs.spec import parse_job
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    np.save(tmp_path / "home" / "x.npy", np.ones((2, 3)))
+    job = parse_job('database = "~/x.duckdb"\n[inputs]\nx = { file = "~/x.npy" }\n[steps.h]\nspec = "ij->i"\n'
+                    'operands = ["x"]\n', tmp_path / "jobs" / "j.toml")
+    assert job.database == tmp_path / "home" / "x.duckdb"
+    assert job.inputs["x"].file == tmp_path / "home" / "x.npy"

@@ -190,7 +190,8 @@ def parse_job(text: str, path, *, database=None, memory=None, workers=None, tile
             raise err("missing field 'database' (the DuckDB file the job reads and writes)")
         if not isinstance(doc["database"], str) or not doc["database"]:
             raise err(f"database must be a file path (a string), got {doc['database']!r}", "database")
-        db = base / doc["database"]
+        # "~/x.duckdb" is the user's home, as in a shell (it became <job dir>/~/x.duckdb)
+        db = base / os.path.expanduser(doc["database"])
 
     def setting(key, given, check):
         if given is not None:
@@ -284,7 +285,7 @@ def _input(name, spec, base: pathlib.Path, lines: Lines, err) -> InputSpec:
         f = spec["file"]
         if not isinstance(f, str) or not f:
             raise err(f"file must be a path (a string), got {f!r}", *where, "file", input=name)
-        file = base / f
+        file = base / os.path.expanduser(f)
         if file.suffix.lower() not in FILE_SUFFIXES:
             raise err(f"file {f!r}: unknown kind of file; reads {', '.join(FILE_SUFFIXES)}", *where, "file", input=name)
         if not file.is_file():
