@@ -534,3 +534,16 @@ def test_a_jobs_paths_expand_the_home_folder(tmp_path, monkeypatch):
                     'operands = ["x"]\n', tmp_path / "jobs" / "j.toml")
     assert job.database == tmp_path / "home" / "x.duckdb"
     assert job.inputs["x"].file == tmp_path / "home" / "x.npy"
+
+
+def test_a_planning_refusal_names_the_setting_it_is_about(capsys, tmp_path, monkeypatch):
+    """--memory on the command line was blamed on the job file's memory line, and a tile_bytes
+    too small got no line at all (a new user's report)."""
+    monkeypatch.chdir(tmp_path)
+    np.save(tmp_path / "x.npy", np.ones((64, 64)))
+    (tmp_path / "j.toml").write_text('database = "t.duckdb"\nmemory = "1GB"\ntile_bytes = 16\n[inputs]\n'
+                                     'x = { file = "x.npy" }\n[steps.h]\nspec = "ij,jk->ik"\noperands = ["x", "x"]\n')
+    code, _, err = run_main(capsys, "explain", "j.toml")
+    assert code == 1 and err.startswith("eindecomp-sql: error: j.toml:3: cannot plan the job"), err
+    code, _, err = run_main(capsys, "explain", "j.toml", "--memory", "1kB")
+    assert code == 1 and err.startswith("eindecomp-sql: error: j.toml: cannot plan the job"), err

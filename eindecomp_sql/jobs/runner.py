@@ -272,8 +272,11 @@ def plan_job(job: Job, db=None):
                            tile_bytes=job.tile_bytes or DEFAULT_TILE_BYTES, outputs=list(job.order),
                            inputs=fixed, costs=db.backend.cost_model if db is not None else DEFAULT_COSTS)
     except EinsumError as e:
-        raise JobError(f"cannot plan the job: {_one_line(e)}", job.path,
-                       job.line("memory") if "memory" in str(e) else None) from None
+        # the setting the refusal is about, at its line (none where the command line gave it)
+        text = str(e)
+        key = ("tile_bytes" if "larger tile_bytes" in text else "memory" if "memory" in text
+               else "tile_bytes" if "tile_bytes" in text else None)
+        raise JobError(f"cannot plan the job: {_one_line(e)}", job.path, job.line(key) if key else None) from None
     return g, owner, gplan, stored
 
 

@@ -93,8 +93,12 @@ class Job:
     steps: dict[str, StepSpec]
     order: tuple[str, ...]  # the steps in an order where each comes after what it reads
     lines: Lines = field(repr=False, compare=False, default=None)
+    # settings the command line gave (--memory, ...): an error about one names no line of the file
+    overridden: frozenset = field(compare=False, default=frozenset())
 
     def line(self, *path) -> int | None:
+        if len(path) == 1 and path[0] in self.overridden:
+            return None
         return self.lines.line(*path) if self.lines is not None else None
 
     def error(self, message: str, *path, step: str | None = None, input: str | None = None) -> JobError:
@@ -257,7 +261,9 @@ def parse_job(text: str, path, *, database=None, memory=None, workers=None, tile
     for i in inputs.values():
         if i.name not in read:
             raise err("no step reads this input; remove it or use it", "inputs", i.name, input=i.name)
-    return Job(path, db, mem, nworkers, tbytes, inputs, steps, order, lines)
+    given = {"database": database, "memory": memory, "workers": workers, "tile_bytes": tile_bytes}
+    return Job(path, db, mem, nworkers, tbytes, inputs, steps, order, lines,
+               frozenset(k for k, v in given.items() if v is not None))
 
 
 def _no_unknown(table: dict, known, where: tuple, err, what: str, **who) -> None:
