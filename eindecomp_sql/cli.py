@@ -51,7 +51,10 @@ def one_line(e: BaseException) -> str:
     return text
 
 
-_OPTION_ADVICE = (("pass replace=True", "pass --replace"), ("pass dtype='bfloat16'", "pass --dtype bfloat16"))
+_OPTION_ADVICE = (("pass replace=True", "pass --replace"), ("pass dtype='bfloat16'", "pass --dtype bfloat16"),
+                  ("pass value='...'", "pass --value COLUMN"), ("pass index=[...] and value=", "pass --index COL,COL --value "),
+                  ("name the columns with index= and value=", "name the columns with --index and --value"),
+                  ("open it read_only=True from the others", "ls, export and explain open it read-only"))
 
 
 def main(argv=None) -> None:
@@ -221,12 +224,17 @@ def cli():
 @click.option("--dtype", help="Cast the values to this dtype (numpy's same_kind rule).")
 @click.option("--shape", callback=_tile, metavar="AxB", help="Shape of an element-form table (default: the "
                                                              "largest index + 1).")
+@click.option("--index", metavar="COL,COL", callback=lambda ctx, p, v: None if v is None else tuple(v.split(",")),
+              help="The index columns of an element-form table, one per dimension, in order (default: every "
+                   "integer column but the value).")
+@click.option("--value", metavar="COL", help="The value column of an element-form table (default: the one "
+                                            "named 'value', or the only non-index column).")
 @click.option("--replace", is_flag=True, help="Overwrite a stored tensor of the same name.")
 @click.option("--memory", callback=_memory, metavar="SIZE",
               help="Cap on DuckDB's cache while the file streams in (default: 256 MiB, or four of the "
                    "tensor's stored parts if more).")
 @_debug_option
-def store(database, name, file, tile, dtype, shape, replace, memory):
+def store(database, name, file, tile, dtype, shape, index, value, replace, memory):
     """Store FILE (.npy, .parquet in tiled or element form, Arrow IPC .arrow/.feather) in
     DATABASE as tensor NAME. The database file is created if missing."""
     from .jobs import files
@@ -238,7 +246,8 @@ def store(database, name, file, tile, dtype, shape, replace, memory):
     t0 = time.perf_counter()
     with _connect(database, create=True) as db:
         files.cap_cache(db, memory if memory is not None else files.store_cache_limit(db, path, tile, dtype))
-        t = files.store_file(db, name, path, tile=tile, dtype=dtype, shape=shape, replace=replace)
+        t = files.store_file(db, name, path, tile=tile, dtype=dtype, shape=shape, replace=replace, index=index,
+                             value=value)
         click.echo(f"stored {t.name}: shape {_shape(t.shape)} {t.dtype} in tiles {_shape(t.tile)} "
                    f"({_fmt_bytes(t.value.nbytes)}, {time.perf_counter() - t0:.2f} s)")
 

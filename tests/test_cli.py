@@ -206,3 +206,20 @@ def test_einsum_json_is_strict_json_for_non_finite_and_complex_values(capsys, tm
     assert code == 0 and strict["value"] == [[1.0, "Infinity"], ["NaN", "-Infinity"]]
     code, out, _ = run_main(capsys, "einsum", db, "i->i", "C", "--json")
     assert code == 0 and json.loads(out)["value"] == [[1.0, 2.0], [3.0, -4.0]]
+
+
+def test_store_takes_index_and_value_columns_and_its_advice_names_them(capsys, tmp_path):
+    """The CLI's store advice said "pass value='...'" and "pass index=[...] and value=...", Python
+    arguments it had no option for (a new user's report): it has --index and --value now."""
+    db = tmp_path / "d.duckdb"
+    pq.write_table(pa.table({"i": [0, 1, 1], "j": [0, 0, 2], "v": [1, 2, 3]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"i": [0, 1], "j": [1, 0], "w": [1.5, 2.5], "note": ["a", "b"]}), tmp_path / "m.parquet")
+    code, _, err = run_main(capsys, "store", db, "X", tmp_path / "a.parquet")
+    assert code == 1 and "pass --value COLUMN" in err and "value='" not in err, err
+    code, _, err = run_main(capsys, "store", db, "M", tmp_path / "m.parquet")
+    assert code == 1 and "--index COL,COL --value" in err and "index=[" not in err, err
+    assert run_main(capsys, "store", db, "X", tmp_path / "a.parquet", "--value", "v", "--index", "i,j")[0] == 0
+    assert run_main(capsys, "store", db, "M", tmp_path / "m.parquet", "--index", "i,j", "--value", "w")[0] == 0
+    with eds.connect(db) as s:
+        np.testing.assert_array_equal(s.tensor("X").to_numpy(), [[1, 0, 0], [2, 0, 3]])
+        np.testing.assert_array_equal(s.tensor("M").to_numpy(), [[0, 1.5], [2.5, 0]])

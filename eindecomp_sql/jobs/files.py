@@ -81,7 +81,8 @@ def info(path, dtype=None) -> tuple[tuple[int, ...], str]:
     return tuple(got.shape), got.dtype
 
 
-def store_file(db, name: str, path, tile=None, dtype=None, shape=None, replace: bool = False, keys=None):
+def store_file(db, name: str, path, tile=None, dtype=None, shape=None, replace: bool = False, keys=None,
+               index=None, value=None):
     """``db.store(name, path, ...)`` for a tensor file (its kind checked by suffix first);
     ``keys``: the key names to store it under (a job's plan reads its inputs as ``d0, d1, ...``,
     whatever keys a tiled file carries)."""
@@ -90,8 +91,9 @@ def store_file(db, name: str, path, tile=None, dtype=None, shape=None, replace: 
     if not path.is_file():
         raise EinsumError(f"no such file {str(path)!r}")
     kw = {"tile": tile, "replace": replace, "dtype": dtype, "keys": keys}
-    if shape is not None:
-        kw["shape"] = shape
+    for k, v in (("shape", shape), ("index", index), ("value", value)):
+        if v is not None:
+            kw[k] = v
     return db.store(name, str(path), **kw)
 
 
