@@ -547,3 +547,17 @@ def test_a_planning_refusal_names_the_setting_it_is_about(capsys, tmp_path, monk
     assert code == 1 and err.startswith("eindecomp-sql: error: j.toml:3: cannot plan the job"), err
     code, _, err = run_main(capsys, "explain", "j.toml", "--memory", "1kB")
     assert code == 1 and err.startswith("eindecomp-sql: error: j.toml: cannot plan the job"), err
+
+
+def test_a_rename_in_case_only_is_said_as_such(capsys, tmp_path, monkeypatch):
+    """Renaming [steps.h] to [steps.H] was reported as "its plan changed (chunking or tiles:
+    memory, workers, ...)" (a new user's report)."""
+    monkeypatch.chdir(tmp_path)
+    np.save(tmp_path / "x.npy", np.arange(12.0).reshape(3, 4))
+    job = ('database = "t.duckdb"\n[inputs]\nx = { file = "x.npy" }\n[steps.{h}]\nspec = "ij->i"\noperands = ["x"]\n'
+           '[steps.g]\nspec = "i->i"\noperands = ["{h}"]\njoin = "relu"\n')
+    (tmp_path / "j.toml").write_text(job.replace("{h}", "h"))
+    assert run_main(capsys, "run", "j.toml", "-q")[0] == 0
+    (tmp_path / "j.toml").write_text(job.replace("{h}", "H"))
+    code, out, err = run_main(capsys, "explain", "j.toml")
+    assert "renamed, in case only" in out + err and "chunking or tiles" not in out + err, out + err

@@ -470,7 +470,10 @@ def changes(old: dict, new: dict) -> str:
         out.append("result " + ", ".join(f"{k} {r0.get(k)} -> {r1.get(k)}" for k in r1 if r0.get(k) != r1.get(k)))
     defined = any(old.get(k) != new.get(k) for k in ("spec", "operands", "join", "agg"))
     if old.get("plan") != new.get("plan") and not defined:
-        out.append("its plan changed (chunking or tiles: memory, workers, tile_bytes or an input's tiling)")
+        if str(old.get("plan")).lower() == str(new.get("plan")).lower():  # [steps.h] -> [steps.H]
+            out.append("a step or input it reads was renamed, in case only (the plan names values as written)")
+        else:
+            out.append("its plan changed (chunking or tiles: memory, workers, tile_bytes or an input's tiling)")
     oi, ni = old.get("inputs") or {}, new.get("inputs") or {}
     changed = [n for n in ni if n in oi and oi[n] != ni[n]]
     if changed:
