@@ -306,7 +306,9 @@ def einsum(database, spec, operands, out, join, agg, memory, workers, replace, a
     DATABASE."""
     t0 = time.perf_counter()
     progress = True if _terminal() and not as_json else None
-    with _connect(database, memory=memory, workers=workers) as db:
+    # without --out nothing is written: read-only, so a read-only file (or one other readers
+    # have open) serves it too (a new user's report)
+    with _connect(database, read_only=out is None, memory=memory, workers=workers) as db:
         if out is None:
             import numpy as np
 

@@ -223,3 +223,22 @@ def test_store_takes_index_and_value_columns_and_its_advice_names_them(capsys, t
     with eds.connect(db) as s:
         np.testing.assert_array_equal(s.tensor("X").to_numpy(), [[1, 0, 0], [2, 0, 3]])
         np.testing.assert_array_equal(s.tensor("M").to_numpy(), [[0, 1.5], [2.5, 0]])
+
+
+def test_einsum_without_out_runs_beside_other_readers(capsys, tmp_path):
+    """einsum without --out writes nothing, yet opened the file for writing: a read-only file,
+    or one another process reads (DuckDB's lock), refused it (a new user's report)."""
+    db = tmp_path / "r.duckdb"
+    with eds.connect(db) as s:
+        s.store("A", np.arange(12.0).reshape(3, 4))
+    reader = subprocess.Popen([sys.executable, "-c", "import duckdb, sys; c = duckdb.connect(sys.argv[1], "
+                               "read_only=True); print('open', flush=True); sys.stdin.read()", str(db)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "open"
+        code, out, err = run_main(capsys, "einsum", db, "ij->i", "A", "--json")
+        assert code == 0 and json.loads(out)["value"] == [6.0, 22.0, 38.0], err
+        code, _, err = run_main(capsys, "einsum", db, "ij->i", "A", "--out", "B")  # a write still needs the lock
+        assert code == 1 and "lock" in err.lower(), err
+    finally:
+        reader.communicate("")
