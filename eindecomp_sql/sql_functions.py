@@ -37,6 +37,9 @@ MODES = ("tiles", "elements", "topk")
 _COUNT = re.compile(r"^\s*\+?\d+\s*$")
 
 
+
+MAX_OPERANDS = 8  # sql_templates/macros.sql: o0 .. o7, then "join" and agg
+
 def _names(names: list) -> list[str]:
     """The operand names given, in order; a NULL between two names is an error, not skipped."""
     names = list(names or [])
@@ -120,6 +123,11 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
     try:
         plan = session._plan(spec, values, join, agg)
     except EinsumError as e:
+        if len(operands) == MAX_OPERANDS and str(e).startswith(("unknown join", "unknown agg")):
+            # a 9th (10th) name is read as the join (aggregation): "unknown join 'A'" alone
+            # sent a new user looking at the wrong argument
+            raise EinsumError(f"{e} (einsum() takes at most {MAX_OPERANDS} operands: the argument after the "
+                              f"{MAX_OPERANDS}th is the join, the next the aggregation)") from None
         if "operand" not in str(e):
             raise
         # in SQL the operands are names: say which is which

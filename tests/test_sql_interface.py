@@ -195,3 +195,14 @@ def test_a_temp_table_of_the_callers_with_a_tensors_name_does_not_stand_in_for_i
         e("CREATE TEMP TABLE E(i INT, value DOUBLE)")
         e("INSERT INTO temp.E VALUES (0, 100.0), (1, 100.0)")
         assert e("SELECT i, value FROM einsum_elements('i->i', 'E') ORDER BY i").fetchall() == [(0, 2.0), (1, 3.0)]
+
+
+def test_a_ninth_operand_is_said_to_be_one_too_many():
+    """A 9th name is read as the join: "unknown join 'I'" alone sent a new user to the wrong
+    argument; the message says einsum() takes at most 8 operands."""
+    with eds.connect() as db:
+        for n in "ABCDEFGHI":
+            db.store(n, np.ones(2))
+        with pytest.raises(Exception, match=r"unknown join 'I'.*at most 8 operands"):
+            db.connection.execute("SELECT * FROM einsum('a,a,a,a,a,a,a,a,a->a', "
+                                  "'A', 'B', 'C', 'D', 'E', 'F', 'G', 'H', 'I')").fetchall()
