@@ -606,9 +606,10 @@ class DuckDBBackend:
         tensor even then (``replace`` overwrites tensors: a user's own table is not ours to drop,
         and a view made DuckDB refuse mid-write); whether it exists."""
         exists = self.table_exists(table)
-        if exists and not replace and self.lookup(table) is not None:
+        stored = exists and self.lookup(table) is not None
+        if stored and not replace:
             raise EinsumError(f"table {table!r} already exists; pass replace=True to overwrite it")
-        if exists and self.lookup(table) is None:  # (replace=True would be refused: no such advice)
+        if exists and not stored:  # with or without replace (so no advice to pass it)
             raise EinsumError(f"{table!r} is a table or view of the database that is not a stored tensor; replace "
                               "overwrites stored tensors only: choose another name, or drop it first")
         return exists
@@ -905,11 +906,17 @@ class DuckDBBackend:
         parts_of = parts_of or {}
         atomic = _atomic(plan, compiled, outputs) and not parts_of
         big = False  # a step switched the (database-wide) Arrow offset setting
+        def going_on(text=None):
+            """``text``, unless the plan was stopped: a stop that came between statements met
+            none (DuckDB drops such an interrupt, and a plan is interrupted once)."""
+            if watch.stopping():
+                raise Cancelled("the plan was stopped")
+            return text
+
         try:
             with self._transaction(atomic):
                 for k, c in enumerate(compiled):
-                    if watch.stopping():  # stopped between statements: the interrupt met none
-                        raise Cancelled("the plan was stopped")
+                    going_on()
                     watch.begin(k)
                     self.kernels.device_step = k  # where the device cache's evictions look ahead from
                     target = outputs.get(c.value, _SCRATCH)
@@ -926,11 +933,6 @@ class DuckDBBackend:
                             large = peak >= LARGE_BUFFER_BYTES
                             self._set_large_buffers(large, force=large or not big)
                             big = True
-                        def going_on(text):  # a stop between statements met none (stop-once)
-                            if watch.stopping():
-                                raise Cancelled("the plan was stopped")
-                            return text
-
                         if returned:
                             got = [self._work.sql(bind(going_on(text), tables)).to_arrow_table() for text in c.batches]
                             rows[c.value] = got[0] if len(got) == 1 else pa.concat_tables(got)
