@@ -224,7 +224,7 @@ def cli():
 @click.option("--dtype", help="Cast the values to this dtype (numpy's same_kind rule).")
 @click.option("--shape", callback=_tile, metavar="AxB", help="Shape of an element-form table (default: the "
                                                              "largest index + 1).")
-@click.option("--index", metavar="COL,COL", callback=lambda ctx, p, v: None if v is None else tuple(v.split(",")),
+@click.option("--index", metavar="COL,COL", callback=lambda ctx, p, v: None if v is None else tuple(c.strip() for c in v.split(",")),
               help="The index columns of an element-form table, one per dimension, in order (default: every "
                    "integer column but the value).")
 @click.option("--value", metavar="COL", help="The value column of an element-form table (default: the one "
