@@ -61,7 +61,7 @@ def main(argv=None) -> None:
     """The ``eindecomp-sql`` entry point: run a command, exit with its status."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("EDS_DEBUG", "") not in ("", "0")
-    from .backends.running import CtrlCMark
+    from .backends.running import CtrlCMark, settle
     from .errors import EinsumError
 
     global _MARK
@@ -70,6 +70,7 @@ def main(argv=None) -> None:
     # 1, where the docs promise "interrupted", 130 (a new user's random SIGINTs, 3 of 16)
     _MARK = CtrlCMark()
     try:
+        _MARK.install()
         rv = cli.main(args=args, prog_name="eindecomp-sql", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
     except click.exceptions.Exit as e:
@@ -103,7 +104,7 @@ def main(argv=None) -> None:
             code = EXIT_FAILED
     finally:
         try:
-            _MARK.remove()
+            settle(_MARK.remove)
         except KeyboardInterrupt:  # a Ctrl-C just then: still ours to report
             _err("interrupted")
             code = EXIT_INTERRUPTED

@@ -19,7 +19,7 @@ import numpy as np
 
 from .arrays import as_array
 from .backends import Target, create_backend
-from .backends.running import CtrlCMark
+from .backends.running import CtrlCMark, settle
 from .errors import EinsumError
 from .notation.checks import can_cast, check_name
 from .notation.sublist import sublist_spec
@@ -156,7 +156,10 @@ class Session:
             mark = CtrlCMark() if self._depth == 0 else None
             self._depth += 1
             try:
+                if mark is not None:
+                    mark.install()
                 if self._depth == 1:
+                    self.backend.recover()
                     self._collect()
                 yield
             except RuntimeError as error:
@@ -167,7 +170,7 @@ class Session:
             finally:
                 self._depth -= 1
                 if mark is not None:
-                    mark.remove()
+                    settle(mark.remove)
 
     @staticmethod
     def _check_overwrites(plan: Plan, inputs: dict, outputs: dict, replace: bool) -> None:
@@ -187,8 +190,11 @@ class Session:
 
     def _collect(self) -> None:
         while self._garbage:
-            name = self._garbage.popleft()
+            # dropped, then forgotten: a signal handler's error between the two (it may raise
+            # after any call) leaves the name to drop again, not a table no one drops
+            name = self._garbage[0]
             self.backend.drop_table(name)
+            self._garbage.popleft()
             if len(self._free_names) < 64:
                 self._free_names.append(name)
 

@@ -660,3 +660,163 @@ def test_a_ctrl_c_during_an_unwatched_rollback_still_rolls_back():
         finally:
             backend._run = run
         assert once and db.tensors() == ["A"] and not backend.table_exists("t")
+
+
+HANDLER_ERRORS_EVERYWHERE = r"""
+import contextlib, dis, os, signal, socket, sys, threading, time
+import numpy as np
+import eindecomp_sql as eds
+import eindecomp_sql.session as session_module
+from eindecomp_sql.backends import running
+from eindecomp_sql.udfs import pool
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+class Deadline(Exception):
+    pass  # what a signal handler raised: injected below where Python would run one
+
+
+def handler_points(target, files, inject_at=None):
+    # run target() tracing the frames of files' code, at every point where Python runs a
+    # pending signal handler (a frame's first instruction, the one after a call returns, a
+    # loop's jump back); raise Deadline at point inject_at, once. How many points, what raised
+    points, raised, last = [0], [None], {}
+
+    def trace(frame, event, arg):
+        if frame.f_code.co_filename not in files:
+            return None
+        frame.f_trace_opcodes = True
+        if event != "opcode":
+            return trace
+        before = last.get(id(frame))
+        last[id(frame)] = dis.opname[frame.f_code.co_code[frame.f_lasti]]
+        if before is None or before.startswith("CALL") or before == "JUMP_BACKWARD":
+            k = points[0]
+            points[0] += 1
+            if k == inject_at:
+                raise Deadline(k)
+        return trace
+
+    sys.settrace(trace)
+    try:
+        target()
+    except BaseException as e:
+        raised[0] = e
+    finally:
+        sys.settrace(None)
+    return points[0], raised[0]
+
+
+def slow(x, y):
+    time.sleep(0.02)
+    return x * y
+
+
+files = {running.__file__, session_module.__file__, threading.__file__, pool.__file__}
+theirs_r, theirs_w = socket.socketpair()  # a wakeup fd of the caller's (asyncio has one)
+theirs_w.setblocking(False)
+signal.set_wakeup_fd(theirs_w.fileno())
+db = eds.connect()
+db.store("A", np.arange(6.0).reshape(2, 3))
+db.tensors()  # the watchdog is up before counting
+n, raised = handler_points(db.tensors, files)
+assert raised is None and n > 20, n
+for k in range(n):
+    passed, raised = handler_points(db.tensors, files, inject_at=k)
+    # a call may pass a point or two fewer than the first (nothing left to drop)
+    assert isinstance(raised, Deadline) or (raised is None and passed <= k), (k, raised)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, k
+    assert signal.set_wakeup_fd(theirs_w.fileno()) == theirs_w.fileno(), k
+    assert running._dog.job is None, k
+    assert not db.backend.kernels.cancel.is_set(), k
+# the same through a store and a plan: transactions, the kernel pool, temporary tables
+import eindecomp_sql.backends.duckdb as duckdb_backend
+files.add(duckdb_backend.__file__)
+X = np.random.default_rng(0).standard_normal((30, 20))
+db.store("X", X, tile=(10, 10))
+work = lambda: db.einsum("ij,jk->ik", db.tensor("X"), db.store("Y", X.T, replace=True), out="Z", replace=True)
+n2, raised = handler_points(work, files)
+assert raised is None and n2 > 100, n2
+for k in range(n2):
+    passed, raised = handler_points(work, files, inject_at=k)
+    # DuckDB reports an error raised in a kernel it ran on this thread as its own
+    assert isinstance(raised, Deadline) or "Deadline" in str(raised) or (raised is None and passed <= k), (k, raised)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, k
+    assert running._dog.job is None and pool._active == 0 and not pool._wide, k
+    assert set(db.tensors()) <= {"A", "X", "Y", "Z"}, (k, db.tensors())  # the session works
+    if "Z" in db.tensors():
+        np.testing.assert_allclose(db.tensor("Z").to_numpy(), X @ X.T)
+assert not db.backend.open_transaction
+# after it all: a Ctrl-C still stops a plan at once, and another signal's byte that came
+# meanwhile reaches the caller's fd
+theirs_r.setblocking(False)
+with contextlib.suppress(BlockingIOError):
+    while theirs_r.recv(4096):
+        pass
+signal.signal(signal.SIGUSR1, lambda *a: None)
+A = db.store("A", np.random.default_rng(1).standard_normal((200, 200)), tile=(10, 10), replace=True)
+threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGUSR1)).start()
+threading.Timer(0.4, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+t = time.perf_counter()
+try:
+    db.einsum("ij,ij->ij", A, A, join=slow, out="B")  # 400 tiles at 20 ms
+    print("not interrupted")
+except KeyboardInterrupt:
+    took = time.perf_counter() - t
+    assert took < 3.0 and "B" not in db.tensors(), took
+    assert bytes([signal.SIGUSR1]) in theirs_r.recv(4096)
+    print("points", n, n2, flush=True)
+"""
+
+
+def test_a_signal_handlers_error_anywhere_in_a_watched_call_leaves_nothing_behind(tmp_path):
+    """A SIGALRM handler's error (a deadline) can land wherever Python runs handlers: after any
+    call returns, before its result is stored. One that landed as ``set_wakeup_fd`` returned
+    lost the fd it displaced, and the next call's drain passed other signals' bytes to our own
+    socket and read them back for ever (CI hung 240 s). One that landed after our SIGINT handler
+    went in left it installed: every later Ctrl-C was swallowed. One inside a Condition's
+    ``__enter__`` (``Event.clear``; the kernel pool's lock, in a kernel DuckDB ran on the main
+    thread) left its lock held: the next call waited for ever. One as BEGIN returned left the
+    transaction open: the session broke at the next BEGIN. Here the error is raised at each
+    such point of a catalog read, then of a store and a plan (the session, its Ctrl-C mark,
+    the watched statements, the DuckDB backend, and the threading and kernel-pool code they
+    call); after each, the caller's SIGINT handler, its wakeup fd, the watchdog and the kernel
+    pool must be as before and the session must work; at the end a Ctrl-C must still stop a
+    plan. In a subprocess: what this catches is often a hang."""
+    script = tmp_path / "everywhere.py"
+    script.write_text(HANDLER_ERRORS_EVERYWHERE)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("points"), (r.stdout, r.stderr[-3000:])
+
+
+OUR_FD_LEFT_BEHIND = r"""
+import os, signal, threading, time, numpy as np, eindecomp_sql as eds
+from eindecomp_sql.backends import running
+db = eds.connect()
+db.store("A", np.ones(3))
+db.tensors()
+signal.set_wakeup_fd(running._watchdog().writer.fileno())  # as a cut-short teardown once left it
+signal.signal(signal.SIGUSR1, lambda *a: None)
+stop = time.time() + 1.0
+def usr1():
+    while time.time() < stop:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.002)
+threading.Thread(target=usr1).start()
+n = 0
+while time.time() < stop:
+    db.tensors()
+    n += 1
+print("ended", n > 0, flush=True)
+"""
+
+
+def test_another_signals_byte_is_never_passed_to_our_own_socket(tmp_path):
+    """Other signals' bytes go to the fd that listened before a plan (asyncio's). When that fd
+    was our own watchdog's (a plan inside another's work, or a teardown a handler's error cut
+    short), the drain wrote each byte back to the socket it reads: the call never ended."""
+    script = tmp_path / "own_fd.py"
+    script.write_text(OUR_FD_LEFT_BEHIND)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "ended True" in r.stdout, (r.stdout, r.stderr)

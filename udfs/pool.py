@@ -35,6 +35,28 @@ class Cancelled(RuntimeError):
 RUN_TOKEN = "run"
 
 
+class Flag:
+    """A flag that kernels read between tasks and nothing waits on. Not ``threading.Event``: its
+    ``set`` and ``clear`` take a Condition in Python code, and a signal handler's error raised
+    in there (a SIGALRM deadline landing as a plan's teardown clears the cancel flag, on the
+    main thread) left the Condition's lock held: the next ``clear`` waited for ever. One
+    attribute store cannot be cut half-way."""
+
+    __slots__ = ("_on",)
+
+    def __init__(self):
+        self._on = False
+
+    def set(self) -> None:
+        self._on = True
+
+    def clear(self) -> None:
+        self._on = False
+
+    def is_set(self) -> bool:
+        return self._on
+
+
 class KernelState:
     """What one connection's kernels share with its backend: a cancel flag (Ctrl-C during a
     plan, backends/running.py: kernels stop between tasks instead of finishing a call that may
@@ -43,7 +65,7 @@ class KernelState:
     another's, and concurrent plans do not count each other's tiles."""
 
     def __init__(self):
-        self.cancel = threading.Event()
+        self.cancel = Flag()
         self._lock = threading.Lock()
         self._tiles = 0
         self._bytes = 0
@@ -132,7 +154,12 @@ def note_tiles(count: int, nbytes: int) -> None:
 
 
 _controller: ThreadpoolController | None = None
-_lock = threading.Condition()
+# Held with ``with _mutex`` (a C lock: nothing runs between its acquire and the block), waited
+# on through ``_lock``. ``with`` on a Condition runs its ``__enter__`` in Python: a signal
+# handler's error there (a SIGALRM deadline; DuckDB runs kernels on the main thread too) left
+# the lock held and every later kernel call waiting for ever.
+_mutex = threading.Lock()
+_lock = threading.Condition(_mutex)
 _active = 0  # kernel calls in flight with BLAS at one thread
 _wide = False  # a call running BLAS on every core: it runs alone
 _limit = None
@@ -167,25 +194,28 @@ def _after_fork_in_child() -> None:
     """A forked child has none of the parent's threads: the pool's workers, and whoever held
     its locks, are gone. Start afresh (the parent's executor would take tasks no thread runs:
     a child's first kernel call waited for ever)."""
-    global _pool, _lock, _active, _wide, _limit
+    global _pool, _mutex, _lock, _active, _wide, _limit
     if _limit is not None:  # a parent thread's kernel call had BLAS at one thread: not the child's
         try:
             _limit.restore_original_limits()
         except Exception:  # noqa: BLE001 - best effort: BLAS's own state after a fork
             pass
     _pool = None
-    _lock = threading.Condition()
+    _mutex = threading.Lock()
+    _lock = threading.Condition(_mutex)
     _active, _wide, _limit = 0, False, None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _enter() -> None:
+def _enter(token: list) -> None:
     """First kernel call in flight: BLAS to one thread (restored when the last one leaves),
-    so user code outside queries keeps its own BLAS threads."""
+    so user code outside queries keeps its own BLAS threads. ``token`` records that this call
+    counted itself, in the same breath (no call in between): ``_leave`` then undoes exactly
+    that, though a signal handler raise anywhere around."""
     global _active, _limit, _controller
-    with _lock:
+    with _mutex:
         while _wide:
             _lock.wait()
         if _active == 0:
@@ -195,12 +225,16 @@ def _enter() -> None:
             _limit = _controller.limit(limits=1, user_api="blas")
             _hand_back_blas_control()
         _active += 1
+        token.append(True)
 
 
-def _leave() -> None:
+def _leave(token: list) -> None:
     global _active, _limit
-    with _lock:
+    with _mutex:
+        if not token:
+            return
         _active -= 1
+        token.clear()
         if _active == 0 and _limit is not None:
             _hand_back_blas_control()
             _limit.restore_original_limits()
@@ -216,25 +250,29 @@ def run_wide(task: Callable[[], None]) -> bool:
     the 4096² float32 GEMM, one 2-thread call was 9.5% faster than four 1-thread row slices
     (paired rounds). Other calls wait until it is done: they would only compete for the cores."""
     global _wide
-    with _lock:
-        if _active or _wide:
-            return False
-        _wide = True
+    claimed: list = []  # inside the try: a handler's error right after the claim still frees it
     try:
+        with _mutex:
+            if _active or _wide:
+                return False
+            _wide = True
+            claimed.append(True)
         check_cancelled()
         task()
     finally:
-        with _lock:
-            _wide = False
-            _lock.notify_all()
+        if claimed:
+            with _mutex:
+                _wide = False
+                _lock.notify_all()
     return True
 
 
 def run_tasks(tasks: list[Callable[[], None]]) -> None:
     """Run ``tasks`` on the kernel threads and wait; re-raise the first failure."""
     state = current()  # the pool's threads check the caller's flag, not their own
-    _enter()
+    token: list = []
     try:
+        _enter(token)
         check_cancelled(state)
         if len(tasks) == 1:
             tasks[0]()
@@ -242,7 +280,7 @@ def run_tasks(tasks: list[Callable[[], None]]) -> None:
         for f in [_get_pool().submit(_cancellable(t, state)) for t in tasks]:
             f.result()
     finally:
-        _leave()
+        _leave(token)
 
 
 def _cancellable(task: Callable[[], None], state: KernelState | None) -> Callable[[], None]:

@@ -100,6 +100,10 @@ class Backend(Protocol):
     def drop_table(self, name: str) -> None:
         """Drop a temporary result, if it still exists."""
 
+    def recover(self) -> None:
+        """At the start of each session call: undo what an earlier call, cut short by a signal
+        handler's error between two of its statements, left behind (an open transaction)."""
+
     def register_sql_interface(self, einsum_sql: Callable[..., str]) -> None:
         """Offer ``SELECT * FROM einsum(...)`` (backends without SQL do nothing)."""
 

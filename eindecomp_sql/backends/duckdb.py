@@ -170,6 +170,7 @@ class DuckDBBackend:
         self.part_bytes: int | None = None  # tiles per stored part (None: parts.PART_BYTES)
         self._memory_limit: int | None = None  # what we last SET DuckDB's memory_limit to
         self._temp_dir: str | None = None  # our spill folder, for a database in memory
+        self.open_transaction = False  # a BEGIN of ours may be open (``_Tx``, ``recover``)
         # One lock for everything this backend does on its connection: a session is shared
         # between threads, and a DuckDB connection runs one statement at a time.
         self.lock = threading.RLock()
@@ -574,32 +575,52 @@ class DuckDBBackend:
 
     # -- transactions -----------------------------------------------------------------------
     class _Tx:
-        def __init__(self, run, cleanup):
-            self._run = run
-            self._cleanup = cleanup
+        def __init__(self, backend: "DuckDBBackend"):
+            self.backend = backend
             self.own = False
 
         def __enter__(self):
+            b = self.backend
+            # set before BEGIN and cleared after COMMIT or ROLLBACK: never False while a
+            # transaction of ours is open, though a signal handler raise anywhere (see ``recover``)
+            b.open_transaction = True
             try:
-                self._run("BEGIN TRANSACTION")
+                b._run("BEGIN TRANSACTION")
                 self.own = True
             except duckdb.TransactionException:
                 self.own = False  # the caller's transaction holds us
+            except BaseException:  # a handler's error as BEGIN returned: the transaction is ours
+                b._cleanup("ROLLBACK")
+                b.open_transaction = False
+                raise
             return self
 
         def __exit__(self, et, ev, tb):
             if not self.own:
                 return False
             if et is None:
-                self._run("COMMIT")
+                self.backend._run("COMMIT")
             else:
-                self._cleanup("ROLLBACK")
+                self.backend._cleanup("ROLLBACK")
+            self.backend.open_transaction = False
             return False
+
+    def recover(self) -> None:
+        """Roll back a transaction an earlier call left open. Python runs a signal handler after
+        any call returns, and one that raises (a SIGALRM deadline) just as BEGIN returned, or as
+        a failed block's ROLLBACK was about to run, left the cursor in the transaction: every
+        later statement ran inside it, and the session broke at the next BEGIN ("Current
+        transaction is aborted"), or lost what those statements wrote. The session calls this
+        at the start of each call; one attribute read when nothing is open."""
+        if self.open_transaction:
+            with self.lock:
+                self._cleanup("ROLLBACK")  # DuckDB's "no transaction is active" is caught there
+                self.open_transaction = False
 
     def _transaction(self, needed: bool = True):
         """BEGIN ... COMMIT around a block, or nothing where the block is one statement that is
         atomic on its own (``needed`` False: BEGIN and COMMIT cost ~0.7 ms)."""
-        return self._Tx(self._run, self._cleanup) if needed else contextlib.nullcontext()
+        return self._Tx(self) if needed else contextlib.nullcontext()
 
     def _check_target(self, table: str, replace: bool) -> bool:
         """Refuse an existing table unless ``replace``, and a table or view that is not a stored

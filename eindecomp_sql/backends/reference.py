@@ -359,6 +359,9 @@ class ReferenceBackend:
     def set_memory(self, budget: int | None) -> None:
         """Nothing: tensors live in numpy arrays here: the plans' budget is the only bound."""
 
+    def recover(self) -> None:  # nothing a call leaves open between its statements
+        pass
+
     def drop_table(self, name: str) -> None:
         with self.lock:
             self._check_open()

@@ -20,6 +20,7 @@ calls — DuckDB's client thread is not a neutral choice — so DuckDB stays on 
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import signal
@@ -104,6 +105,7 @@ class _Job:
         self.hit = threading.Event()
         self.failed: list[BaseException] = []  # a progress callback's error
         self.old_fd = -1
+        self.displaced: _Job | None = None  # the watchdog's job before this one (``arm``)
         # the commit point: a SIGINT before it stops the plan (``hit``), one after it is
         # ``late``: the plan committed, and the caller's handler runs as if the signal had
         # come just after the call returned (Python's default raises KeyboardInterrupt then)
@@ -186,19 +188,21 @@ class _Watchdog:
         except OSError:
             pass
 
-    def arm(self, job: _Job) -> _Job | None:
-        """Make ``job`` current; returns the job it displaces (a plan run from inside another's
-        progress callback), to be put back by ``disarm``."""
+    def arm(self, job: _Job) -> None:
+        """Make ``job`` current; the job it displaces (a plan run on the main thread from inside
+        another's work: a user's ``__array__`` that runs an einsum) is put back by ``disarm``."""
         with self.lock:
-            previous, self.job = self.job, job
+            job.displaced = self.job  # no call between these two: nothing can run in between
+            self.job = job
             self.generation += 1
-        return previous
 
-    def disarm(self, job: _Job, previous: _Job | None) -> None:
+    def disarm(self, job: _Job) -> None:
         """``job`` is done (the wakeup fd already given back): forget it, and drain what the
-        signal handler wrote meanwhile, passing other signals' bytes on."""
+        signal handler wrote meanwhile, passing other signals' bytes on. Idempotent (the
+        teardown retries it, see ``run_interruptible``)."""
         with self.lock:
-            self.job = previous
+            if self.job is job:
+                self.job = job.displaced
             self.generation += 1
             self.reader.setblocking(False)
             try:
@@ -212,10 +216,13 @@ class _Watchdog:
             finally:
                 self.reader.setblocking(True)
 
-    @staticmethod
-    def _forward(job: _Job, data: bytes) -> None:
+    def _forward(self, job: _Job, data: bytes) -> None:
         others = bytes(b for b in data if b not in (0, signal.SIGINT))
-        if others and job.old_fd != -1:  # other signals: to whoever listened before (asyncio)
+        # other signals: to whoever listened before (asyncio). Never to our own socket: a
+        # plan inside another plan's work finds ours as the fd before it, and a byte passed
+        # to ourselves from the drain in ``disarm`` is read back by it, for ever (CI hung so
+        # once, when a teardown cut short by a SIGALRM handler's error left our fd installed)
+        if others and job.old_fd not in (-1, self.writer.fileno()):
             try:
                 os.write(job.old_fd, others)
             except OSError:
@@ -290,31 +297,38 @@ class CtrlCMark:
     landed in one (CI met it under load: a ``store``'s first checks) came out as that
     RuntimeError. This wraps the caller's SIGINT handler for the whole call (~9 us on one core), so such a
     RuntimeError is known for a Ctrl-C's and the SIGINT handler's own exception raised instead
-    (KeyboardInterrupt); another signal's handler's error stays what DuckDB made of it."""
+    (KeyboardInterrupt); another signal's handler's error stays what DuckDB made of it.
+
+    Nothing is installed by the constructor: ``install`` inside a ``try``, ``settle(mark.remove)``
+    in its ``finally``."""
 
     def __init__(self):
         self.raised: BaseException | None = None
-        self._previous = None
-        if threading.current_thread() is not threading.main_thread():
-            return
-        previous = signal.getsignal(signal.SIGINT)
-        if not callable(previous):  # ignored, or a C handler: nothing to wrap
-            return
+        self._installed: list = []  # the handler ``install`` displaced, kept by C (see below)
 
         def mark(signum, frame):
             try:
-                return previous(signum, frame)
+                return self._installed[0](signum, frame)
             except BaseException as error:  # what DuckDB is about to lose
                 self.raised = error
                 raise
 
-        self._previous, self._mark = previous, mark
-        signal.signal(signal.SIGINT, mark)
+        self._mark = mark
+
+    def install(self) -> None:
+        """Wrap the SIGINT handler; call it inside the ``try`` whose ``finally`` calls ``remove``
+        (see ``settle``). The displaced handler is kept by C code inside the call that installs
+        the mark: a signal handler's error raised as that call returns would otherwise lose it."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if not callable(signal.getsignal(signal.SIGINT)):  # ignored, or a C handler: nothing to wrap
+            return
+        self._installed.extend(map(signal.signal, (signal.SIGINT,), (self._mark,)))
 
     def remove(self) -> None:
-        if self._previous is not None and signal.getsignal(signal.SIGINT) is self._mark:
-            signal.signal(signal.SIGINT, self._previous)
-        self._previous = None
+        """Put the caller's handler back; idempotent."""
+        if self._installed and signal.getsignal(signal.SIGINT) is self._mark:
+            signal.signal(signal.SIGINT, self._installed[0])
 
     def translate(self, error: BaseException) -> BaseException:
         """What the call should raise for ``error``: the SIGINT handler's own exception (Python's
@@ -348,33 +362,47 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
         watch.stopping = job.stopping
         watch.commit = job.commit  # the backend asks before it commits
         watch.fail = job.fail
-    if catch:
-        dog = _watchdog()
-        signal.signal(signal.SIGINT, lambda signum, frame: job.on_sigint())  # the watchdog stops
-        job.old_fd = signal.set_wakeup_fd(dog.writer.fileno(), warn_on_full_buffer=False)
-        displaced = dog.arm(job)
-        if job.watch is not None:
-            dog.wake()  # out of its untimed wait: this plan's progress ticks
-        ticker = None
-    else:  # progress on another thread: a ticker for this plan only
-        ticker = _Ticker(job)
+    dog = _watchdog() if catch else None
+    # progress on another thread: a ticker for this plan only (off the main thread no signal
+    # handler runs, so nothing below can be cut short there)
+    ticker = None if catch else _Ticker(job)
+    # What the setup changes, each kept by C code inside the very call that changes it. Python
+    # runs signal handlers after a call returns and before its result is stored: a SIGALRM
+    # handler's error there lost the fd ``set_wakeup_fd`` had displaced (CI hung on it, see
+    # ``_Watchdog._forward``), or left our SIGINT handler installed, which swallows every
+    # later Ctrl-C. With the setup inside the ``try`` and the teardown retried, whatever was
+    # changed is put back.
+    handlers: list = []
+    fds: list = []
     error = None
     try:
+        if catch:
+            handlers.extend(map(signal.signal, (signal.SIGINT,), (lambda signum, frame: job.on_sigint(),)))
+            fds.extend(map(_set_wakeup_fd, (dog.writer.fileno(),)))
+            job.old_fd = fds[0]
+            dog.arm(job)  # the watchdog stops the plan (our handler above only records)
+            if job.watch is not None:
+                dog.wake()  # out of its untimed wait: this plan's progress ticks
         result = work()
     except BaseException as e:
         if not job.stopping():
             raise
         result, error = None, e  # the stopped statement's error: what stopped it speaks instead
     finally:
-        if ticker is not None:
-            ticker.end()
-        if catch:
-            # the wakeup fd first: after it, nothing more is written for this plan, and what
-            # was written is drained (never read by the next plan)
-            signal.set_wakeup_fd(job.old_fd)
-            dog.disarm(job, displaced)
-            signal.signal(signal.SIGINT, previous)
-        kernels.cancel.clear()
+        # A loop with no call outside its ``try`` (a handler may raise after any call): the
+        # teardown is idempotent and runs to its end; a handler's error is raised after it.
+        late_error, attempts = None, 0
+        while True:
+            try:
+                _teardown(job, dog, ticker, handlers, fds, kernels)
+                break
+            except BaseException as e:  # noqa: BLE001 - raised below, once the teardown ended
+                late_error = late_error or e
+                attempts += 1
+                if attempts > 100:
+                    raise
+        if late_error is not None:
+            raise late_error
     if job.hit.is_set():
         previous(signal.SIGINT, None)  # Python's default raises KeyboardInterrupt here
         # a handler that returns (asyncio's cancels its task; a flag-setter) still gets no result
@@ -384,6 +412,46 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
     if job.failed:
         raise job.failed[0]
     return result
+
+
+def settle(undo: Callable[[], None]) -> None:
+    """Run an idempotent ``undo`` to its end, though a signal handler raise in it (a SIGALRM
+    deadline): retried, and the handler's first error raised after. Calling this is itself a
+    point where a handler may run: write the loop out in a ``finally`` where nothing may be
+    left undone (``run_interruptible``)."""
+    late_error, attempts = None, 0
+    while True:
+        try:
+            undo()
+            break
+        except BaseException as e:  # noqa: BLE001 - raised below, once undone
+            late_error = late_error or e
+            attempts += 1
+            if attempts > 100:
+                raise
+    if late_error is not None:
+        raise late_error
+
+
+# C, not a Python function: a handler could run between a Python wrapper's call and its return
+_set_wakeup_fd = functools.partial(signal.set_wakeup_fd, warn_on_full_buffer=False)
+
+
+def _teardown(job: _Job, dog: _Watchdog | None, ticker: _Ticker | None, handlers: list, fds: list,
+              kernels: pool.KernelState) -> None:
+    """Undo ``run_interruptible``'s setup, what of it was done; idempotent."""
+    if ticker is not None:
+        ticker.end()
+    if fds:
+        job.old_fd = fds[0]
+        # the wakeup fd first: after it, nothing more is written for this plan, and what was
+        # written is drained (never read by the next plan)
+        signal.set_wakeup_fd(fds[0])
+    if dog is not None:
+        dog.disarm(job)
+    if handlers:
+        signal.signal(signal.SIGINT, handlers[0])
+    kernels.cancel.clear()
 
 
 class _Ticker:

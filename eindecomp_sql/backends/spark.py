@@ -376,6 +376,9 @@ class SparkBackend:
     def set_memory(self, budget: int | None) -> None:
         """Nothing: Spark's memory is the cluster's configuration (spark.executor.memory), not a session's."""
 
+    def recover(self) -> None:  # nothing a call leaves open between its statements
+        pass
+
     def drop_table(self, name: str) -> None:
         with self.lock:
             found = self._temporary.pop(name.lower(), None)
