@@ -241,15 +241,16 @@ def test_random_graphs_fused_match_numpy_and_unfused(db, case, data):
             event(f"fused: {'prologue' if s.fused.prologues else ''} {'epilogue' if s.fused.epilogues else ''}"
                   f"{' grouped' if s.grouped else ''}{' batched' if s.batches > 1 else ''}")
     got = {fuse: run_plan(db, p, arrays) for fuse, p in plans.items()}
-    # a group's members reach the kernel in no fixed order (DuckDB's list()), so float partial
-    # sums may add up in another order from one run to the next
-    grouped = any(s.grouped for p in plans.values() for s in p.steps if isinstance(s, EinsumStep))
     for name, w in want.items():
         assert_near(got[False][name], w)
         assert_near(got[True][name], w)
-        # otherwise the same tile arithmetic, fused or not (complex products may differ in the
-        # last bit: BLAS fuses multiply-adds where numpy's multiply does not)
-        if w.dtype.kind == "c" or (grouped and w.dtype.kind == "f"):
+        # otherwise the same tile arithmetic, fused or not: exact for integers and booleans.
+        # Floats may differ in the last bit: a group's members reach the kernel in no fixed
+        # order (DuckDB's list()), so partial sums add up in another order from run to run;
+        # complex products: BLAS fuses multiply-adds where numpy's multiply does not; and a
+        # float32 result once had 2 of 4 elements 1 ulp apart with no group (the optimizer's
+        # chunking, workers=1; in a full-suite run, not reproduced alone in 18 seeds)
+        if w.dtype.kind in "cf":
             assert_near(got[True][name], got[False][name])
         else:
             np.testing.assert_array_equal(got[True][name], got[False][name])
