@@ -709,7 +709,7 @@ def handler_points(target, files, inject_at=None):
 
 
 def slow(x, y):
-    time.sleep(0.02)
+    time.sleep(0.05)
     return x * y
 
 
@@ -760,11 +760,12 @@ threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGUSR1)).start()
 threading.Timer(0.4, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
 t = time.perf_counter()
 try:
-    db.einsum("ij,ij->ij", A, A, join=slow, out="B")  # 400 tiles at 20 ms
+    db.einsum("ij,ij->ij", A, A, join=slow, out="B")  # 400 tiles at 50 ms: ~10 s on 2 cores
     print("not interrupted")
 except KeyboardInterrupt:
     took = time.perf_counter() - t
-    assert took < 3.0 and "B" not in db.tensors(), took
+    assert took < 6.0 and "B" not in db.tensors(), took
+    theirs_r.settimeout(30)  # the timer thread may come late on a loaded machine
     assert bytes([signal.SIGUSR1]) in theirs_r.recv(4096)
     print("points", n, n2, flush=True)
 """
