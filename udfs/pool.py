@@ -162,6 +162,10 @@ _mutex = threading.Lock()
 _lock = threading.Condition(_mutex)
 _active = 0  # kernel calls in flight with BLAS at one thread
 _wide = False  # a call running BLAS on every core: it runs alone
+_wanting: set = set()  # tokens of wide calls waiting for the cores: new calls let them go first
+# waits look again after this long without a notify: a notify a signal handler's error cut
+# short (see ``_mutex``) costs a waiter this, not for ever
+WAKE_SECONDS = 0.05
 _limit = None
 
 
@@ -194,7 +198,7 @@ def _after_fork_in_child() -> None:
     """A forked child has none of the parent's threads: the pool's workers, and whoever held
     its locks, are gone. Start afresh (the parent's executor would take tasks no thread runs:
     a child's first kernel call waited for ever)."""
-    global _pool, _mutex, _lock, _active, _wide, _limit
+    global _pool, _mutex, _lock, _active, _wide, _wanting, _limit
     if _limit is not None:  # a parent thread's kernel call had BLAS at one thread: not the child's
         try:
             _limit.restore_original_limits()
@@ -203,7 +207,7 @@ def _after_fork_in_child() -> None:
     _pool = None
     _mutex = threading.Lock()
     _lock = threading.Condition(_mutex)
-    _active, _wide, _limit = 0, False, None
+    _active, _wide, _wanting, _limit = 0, False, set(), None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -216,8 +220,8 @@ def _enter(token: list) -> None:
     that, though a signal handler raise anywhere around."""
     global _active, _limit, _controller
     with _mutex:
-        while _wide:
-            _lock.wait()
+        while _wide or _wanting:
+            _lock.wait(WAKE_SECONDS)
         if _active == 0:
             if _controller is None:
                 _controller = ThreadpoolController()
@@ -243,28 +247,36 @@ def _leave(token: list) -> None:
         _lock.notify_all()
 
 
-def run_wide(task: Callable[[], None]) -> bool:
-    """Run ``task`` with BLAS at its own thread count, if no other kernel call is in flight
-    (else return False and run nothing). For one big product: OpenBLAS's threads share packed
-    panels of the right operand, where four one-thread slices each pack all of it; measured on
-    the 4096² float32 GEMM, one 2-thread call was 9.5% faster than four 1-thread row slices
-    (paired rounds). Other calls wait until it is done: they would only compete for the cores."""
+def run_wide(task: Callable[[], None]) -> None:
+    """Run ``task`` alone, with BLAS at its own thread count, once no other kernel call is in
+    flight. For one big product: OpenBLAS's threads share packed panels of the right operand,
+    where four one-thread slices each pack all of it; measured on the 4096² float32 GEMM, one
+    2-thread call was 9.5% faster than four 1-thread row slices (paired rounds).
+
+    It waits rather than falling back to slices: a product's bits depend on how it is called
+    (float32, row slices against the whole tile: 1571 of 2000 random 4x4 @ 4x1 differ in the
+    last bit; BLAS at 1 against 2 threads: 224 of 300 random shapes), and whether another
+    call was in flight is DuckDB's scheduling: the same plan on the same inputs gave other
+    bits from run to run (a fusion test saw it). Calls that arrive while one waits go after it."""
     global _wide
+    token = object()
     claimed: list = []  # inside the try: a handler's error right after the claim still frees it
     try:
         with _mutex:
-            if _active or _wide:
-                return False
+            _wanting.add(token)
+            while _active or _wide:
+                _lock.wait(WAKE_SECONDS)
             _wide = True
             claimed.append(True)
+            _wanting.discard(token)
         check_cancelled()
         task()
     finally:
-        if claimed:
-            with _mutex:
+        with _mutex:
+            if claimed:  # first, and no call before it (a handler may raise after any call)
                 _wide = False
-                _lock.notify_all()
-    return True
+            _wanting.discard(token)
+            _lock.notify_all()
 
 
 def run_tasks(tasks: list[Callable[[], None]]) -> None:

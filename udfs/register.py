@@ -67,8 +67,8 @@ def _run(kernel, items: list) -> None:
                 fn(None)
         return
     if kernel.blas and len(items) < 2 * THREADS and THREADS > 1:
-        if run_wide(lambda: [(check_cancelled(), fn(None)) for _, fn, _ in items]):
-            return
+        run_wide(lambda: [(check_cancelled(), fn(None)) for _, fn, _ in items])
+        return
     run_tasks(_tasks_for(kernel, items))
 
 
