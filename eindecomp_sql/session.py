@@ -211,6 +211,7 @@ class Session:
         if self._lock.acquire(blocking=False):
             try:
                 if self._depth == 0 and not self.backend.closed:
+                    self.backend.recover()  # not inside what a cut-short call left open
                     self._collect()
             finally:
                 self._lock.release()

@@ -713,7 +713,7 @@ def slow(x, y):
     return x * y
 
 
-files = {running.__file__, session_module.__file__, threading.__file__, pool.__file__}
+files = {running.__file__, session_module.__file__, threading.__file__, pool.__file__, signal.__file__}
 theirs_r, theirs_w = socket.socketpair()  # a wakeup fd of the caller's (asyncio has one)
 theirs_w.setblocking(False)
 signal.set_wakeup_fd(theirs_w.fileno())
@@ -731,8 +731,12 @@ for k in range(n):
     assert running._dog.job is None, k
     assert not db.backend.kernels.cancel.is_set(), k
 # the same through a store and a plan: transactions, the kernel pool, temporary tables
+from threadpoolctl import threadpool_info
+blas_before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
 import eindecomp_sql.backends.duckdb as duckdb_backend
+import threadpoolctl
 files.add(duckdb_backend.__file__)
+files.add(threadpoolctl.__file__)
 X = np.random.default_rng(0).standard_normal((30, 20))
 db.store("X", X, tile=(10, 10))
 work = lambda: db.einsum("ij,jk->ik", db.tensor("X"), db.store("Y", X.T, replace=True), out="Z", replace=True)
@@ -748,6 +752,10 @@ for k in range(n2):
     if "Z" in db.tensors():
         np.testing.assert_allclose(db.tensor("Z").to_numpy(), X @ X.T)
 assert not db.backend.open_transaction
+# and the process's BLAS threads are its own again once a clean call has run
+from threadpoolctl import threadpool_info
+work()
+assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == blas_before
 # after it all: a Ctrl-C still stops a plan at once, and another signal's byte that came
 # meanwhile reaches the caller's fd
 theirs_r.setblocking(False)
@@ -821,3 +829,33 @@ def test_another_signals_byte_is_never_passed_to_our_own_socket(tmp_path):
     script.write_text(OUR_FD_LEFT_BEHIND)
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "ended True" in r.stdout, (r.stdout, r.stderr)
+
+
+NESTED_FORWARD = r"""
+import os, signal, socket, time
+from eindecomp_sql.backends import running
+from eindecomp_sql.udfs import pool
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGUSR1, lambda *a: None)
+theirs_r, theirs_w = socket.socketpair(); theirs_w.setblocking(False)
+signal.set_wakeup_fd(theirs_w.fileno())  # the caller's (asyncio's)
+k = pool.KernelState()
+def inner_work():
+    os.kill(os.getpid(), signal.SIGUSR1); time.sleep(0.3)  # the watchdog reads it meanwhile
+    return "inner"
+def outer_work():  # a plan run inside another's work (a user's __array__ running an einsum)
+    return running.run_interruptible(inner_work, lambda: None, k)
+print(running.run_interruptible(outer_work, lambda: None, k))
+theirs_r.settimeout(30)
+print(list(theirs_r.recv(100)) == [int(signal.SIGUSR1)])
+"""
+
+
+def test_another_signals_byte_in_a_nested_plan_reaches_the_callers_fd(tmp_path):
+    """A plan inside another plan's work finds our own socket as the fd that listened before
+    it: its other signals' bytes go to the outer plan's previous fd (a review found the guard
+    against feeding our own socket dropped them)."""
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED_FORWARD)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["inner", "True"], (r.stdout, r.stderr)

@@ -12,8 +12,10 @@ its default next to DuckDB's threads fell from ~60-95 to 2-7 GFLOP/s for 256² m
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -154,19 +156,19 @@ def note_tiles(count: int, nbytes: int) -> None:
 
 
 _controller: ThreadpoolController | None = None
-# Held with ``with _mutex`` (a C lock: nothing runs between its acquire and the block), waited
-# on through ``_lock``. ``with`` on a Condition runs its ``__enter__`` in Python: a signal
-# handler's error there (a SIGALRM deadline; DuckDB runs kernels on the main thread too) left
-# the lock held and every later kernel call waiting for ever.
+# Held only as ``with _mutex`` (a C lock: nothing runs between its acquire and the block), and
+# waited for by polling (``POLL_SECONDS``), not through a Condition: its ``__enter__``, ``wait``
+# and ``notify_all`` are Python code, and a signal handler's error inside them (a SIGALRM
+# deadline; DuckDB runs kernels on the main thread too) left the lock held (every later kernel
+# call waited for ever), released twice (stolen from another thread), or a waiter unwoken.
 _mutex = threading.Lock()
-_lock = threading.Condition(_mutex)
+POLL_SECONDS = 0.0005  # a waiter looks again this often (waits last as long as a kernel call)
 _active = 0  # kernel calls in flight with BLAS at one thread
 _wide = False  # a call running BLAS on every core: it runs alone
 _wanting: set = set()  # tokens of wide calls waiting for the cores: new calls let them go first
-# waits look again after this long without a notify: a notify a signal handler's error cut
-# short (see ``_mutex``) costs a waiter this, not for ever
-WAKE_SECONDS = 0.05
-_limit = None
+# our BLAS limit while kernel calls are in flight (threadpoolctl's limiter), kept in a list
+# that C code fills as the limiter is returned (see ``_enter``)
+_limits: list = []
 
 
 # threadpoolctl < 3.8 has no controlling thread (and no way to clear one)
@@ -182,7 +184,7 @@ def _hand_back_blas_control() -> None:
     session used from several threads) the restore did nothing, and the process's BLAS stayed
     at one thread for good (numpy's 4096² product 0.55 -> 1.08 s on 2 cores afterwards); a
     thread that was not the first could not limit BLAS either, so kernel threads would each run
-    BLAS on every core. Our changes are serialized by ``_lock``, so no two threads fight."""
+    BLAS on every core. Our changes are serialized by ``_mutex``, so no two threads fight."""
     if _CLEAR_CONTROL is not None:
         _CLEAR_CONTROL(force=True)
 
@@ -198,16 +200,16 @@ def _after_fork_in_child() -> None:
     """A forked child has none of the parent's threads: the pool's workers, and whoever held
     its locks, are gone. Start afresh (the parent's executor would take tasks no thread runs:
     a child's first kernel call waited for ever)."""
-    global _pool, _mutex, _lock, _active, _wide, _wanting, _limit
-    if _limit is not None:  # a parent thread's kernel call had BLAS at one thread: not the child's
+    global _pool, _mutex, _active, _wide, _wanting
+    if _limits:  # a parent thread's kernel call had BLAS at one thread: not the child's
         try:
-            _limit.restore_original_limits()
+            _limits[0].restore_original_limits()
         except Exception:  # noqa: BLE001 - best effort: BLAS's own state after a fork
             pass
     _pool = None
     _mutex = threading.Lock()
-    _lock = threading.Condition(_mutex)
-    _active, _wide, _wanting, _limit = 0, False, set(), None
+    _limits.clear()
+    _active, _wide, _wanting = 0, False, set()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -218,33 +220,44 @@ def _enter(token: list) -> None:
     so user code outside queries keeps its own BLAS threads. ``token`` records that this call
     counted itself, in the same breath (no call in between): ``_leave`` then undoes exactly
     that, though a signal handler raise anywhere around."""
-    global _active, _limit, _controller
-    with _mutex:
-        while _wide or _wanting:
-            _lock.wait(WAKE_SECONDS)
-        if _active == 0:
-            if _controller is None:
-                _controller = ThreadpoolController()
-            _hand_back_blas_control()  # whoever holds it (a user's limit left in place, say)
-            _limit = _controller.limit(limits=1, user_api="blas")
-            _hand_back_blas_control()
-        _active += 1
-        token.append(True)
+    global _active, _controller
+    while True:
+        with _mutex:
+            if not (_wide or _wanting):
+                if _active == 0:
+                    if _limits:  # a last leave cut short before its restore: do it now
+                        _restore_blas()
+                    if _controller is None:
+                        _controller = ThreadpoolController()
+                    _hand_back_blas_control()  # whoever holds it (a user's limit left in place, say)
+                    # iter(f, sentinel) calls f from C, and extend stores what it returns: a
+                    # handler's error as ``limit`` returns would otherwise lose the limiter
+                    # (BLAS at one thread for good)
+                    limit = functools.partial(_controller.limit, limits=1, user_api="blas")
+                    _limits.extend(itertools.islice(iter(limit, None), 1))
+                    _hand_back_blas_control()
+                _active += 1
+                token.append(True)
+                return
+        time.sleep(POLL_SECONDS)
+
+
+def _restore_blas() -> None:
+    _hand_back_blas_control()
+    _limits[0].restore_original_limits()  # again if cut short after it: restores the same counts
+    _hand_back_blas_control()
+    _limits.clear()
 
 
 def _leave(token: list) -> None:
-    global _active, _limit
+    global _active
     with _mutex:
         if not token:
             return
         _active -= 1
         token.clear()
-        if _active == 0 and _limit is not None:
-            _hand_back_blas_control()
-            _limit.restore_original_limits()
-            _hand_back_blas_control()
-            _limit = None
-        _lock.notify_all()
+        if _active == 0 and _limits:
+            _restore_blas()
 
 
 def run_wide(task: Callable[[], None]) -> None:
@@ -262,13 +275,15 @@ def run_wide(task: Callable[[], None]) -> None:
     token = object()
     claimed: list = []  # inside the try: a handler's error right after the claim still frees it
     try:
-        with _mutex:
-            _wanting.add(token)
-            while _active or _wide:
-                _lock.wait(WAKE_SECONDS)
-            _wide = True
-            claimed.append(True)
-            _wanting.discard(token)
+        while True:
+            with _mutex:
+                _wanting.add(token)
+                if not (_active or _wide):
+                    _wide = True
+                    claimed.append(True)
+                    _wanting.discard(token)
+                    break
+            time.sleep(POLL_SECONDS)
         check_cancelled()
         task()
     finally:
@@ -276,7 +291,6 @@ def run_wide(task: Callable[[], None]) -> None:
             if claimed:  # first, and no call before it (a handler may raise after any call)
                 _wide = False
             _wanting.discard(token)
-            _lock.notify_all()
 
 
 def run_tasks(tasks: list[Callable[[], None]]) -> None:
@@ -292,7 +306,17 @@ def run_tasks(tasks: list[Callable[[], None]]) -> None:
         for f in [_get_pool().submit(_cancellable(t, state)) for t in tasks]:
             f.result()
     finally:
-        _leave(token)
+        # to its end though a signal handler raise at ``_leave``'s first instruction (the count
+        # stayed up: no call ran wide again, BLAS stayed at one thread); the loop makes no call
+        # outside its ``try``, and the handler's error is raised after
+        late_error = None
+        while token:
+            try:
+                _leave(token)
+            except BaseException as e:  # noqa: BLE001 - raised below
+                late_error = late_error or e
+        if late_error is not None:
+            raise late_error
 
 
 def _cancellable(task: Callable[[], None], state: KernelState | None) -> Callable[[], None]:

@@ -583,6 +583,7 @@ class DuckDBBackend:
             b = self.backend
             # set before BEGIN and cleared after COMMIT or ROLLBACK: never False while a
             # transaction of ours is open, though a signal handler raise anywhere (see ``recover``)
+            outer = b.open_transaction
             b.open_transaction = True
             try:
                 b._run("BEGIN TRANSACTION")
@@ -590,8 +591,9 @@ class DuckDBBackend:
             except duckdb.TransactionException:
                 self.own = False  # the caller's transaction holds us
             except BaseException:  # a handler's error as BEGIN returned: the transaction is ours
-                b._cleanup("ROLLBACK")
-                b.open_transaction = False
+                if not outer:  # (not an enclosing one's)
+                    b._cleanup("ROLLBACK")
+                    b.open_transaction = False
                 raise
             return self
 

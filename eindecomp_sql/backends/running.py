@@ -20,6 +20,7 @@ calls — DuckDB's client thread is not a neutral choice — so DuckDB stays on 
 
 from __future__ import annotations
 
+import _signal  # C: ``signal.signal`` is a Python wrapper (see run_interruptible)
 import functools
 import os
 import select
@@ -218,13 +219,18 @@ class _Watchdog:
 
     def _forward(self, job: _Job, data: bytes) -> None:
         others = bytes(b for b in data if b not in (0, signal.SIGINT))
-        # other signals: to whoever listened before (asyncio). Never to our own socket: a
-        # plan inside another plan's work finds ours as the fd before it, and a byte passed
-        # to ourselves from the drain in ``disarm`` is read back by it, for ever (CI hung so
-        # once, when a teardown cut short by a SIGALRM handler's error left our fd installed)
-        if others and job.old_fd not in (-1, self.writer.fileno()):
+        # other signals: to whoever listened before (asyncio). Never to our own socket: a byte
+        # passed to ourselves from the drain in ``disarm`` is read back by it, for ever (CI
+        # hung so once, when a teardown cut short by a SIGALRM handler's error left our fd
+        # installed). A plan inside another plan's work finds ours as the fd before it: the
+        # outer plan's fd is the one
+        fd, outer = job.old_fd, job
+        while fd == self.writer.fileno() and outer.displaced is not None:  # nested: the outer's
+            outer = outer.displaced
+            fd = outer.old_fd
+        if others and fd not in (-1, self.writer.fileno()):
             try:
-                os.write(job.old_fd, others)
+                os.write(fd, others)
             except OSError:
                 pass
 
@@ -323,7 +329,7 @@ class CtrlCMark:
             return
         if not callable(signal.getsignal(signal.SIGINT)):  # ignored, or a C handler: nothing to wrap
             return
-        self._installed.extend(map(signal.signal, (signal.SIGINT,), (self._mark,)))
+        self._installed.extend(map(_signal.signal, (signal.SIGINT,), (self._mark,)))
 
     def remove(self) -> None:
         """Put the caller's handler back; idempotent."""
@@ -366,7 +372,8 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
     # progress on another thread: a ticker for this plan only (off the main thread no signal
     # handler runs, so nothing below can be cut short there)
     ticker = None if catch else _Ticker(job)
-    # What the setup changes, each kept by C code inside the very call that changes it. Python
+    # What the setup changes, each kept by C code inside the very call that changes it
+    # (``_signal.signal``: ``signal.signal`` is Python code that converts the result). Python
     # runs signal handlers after a call returns and before its result is stored: a SIGALRM
     # handler's error there lost the fd ``set_wakeup_fd`` had displaced (CI hung on it, see
     # ``_Watchdog._forward``), or left our SIGINT handler installed, which swallows every
@@ -377,7 +384,7 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
     error = None
     try:
         if catch:
-            handlers.extend(map(signal.signal, (signal.SIGINT,), (lambda signum, frame: job.on_sigint(),)))
+            handlers.extend(map(_signal.signal, (signal.SIGINT,), (lambda signum, frame: job.on_sigint(),)))
             fds.extend(map(_set_wakeup_fd, (dog.writer.fileno(),)))
             job.old_fd = fds[0]
             dog.arm(job)  # the watchdog stops the plan (our handler above only records)
