@@ -437,3 +437,31 @@ def test_one_element_table_used_twice_with_two_shapes():
         for i, k, v in rows:
             got[i, k] = v
         np.testing.assert_allclose(got, want)
+
+
+@pytest.mark.parametrize("setting", ["SET default_order = 'DESC'", "SET GLOBAL default_order = 'DESC'",
+                                     "SET default_null_order = 'NULLS_FIRST'"])
+def test_a_connections_default_order_never_changes_a_result(setting):
+    """DuckDB's default_order turns every ORDER BY without ASC around: the SQL interface's array
+    tables were numbered in reverse (einsum_elements('ij->i', 'I') gave the rows' sums reversed,
+    no error) and top-k broke ties toward the larger index (a new user's report)."""
+    rng = np.random.default_rng(31)
+    a, b = rng.standard_normal((5, 7)), rng.standard_normal((7, 3))
+    with eds.connect(tile_bytes=64) as db:  # tables cut into several tiles that do not divide them
+        con = db.connection
+        con.execute("CREATE TABLE I(id INT, emb DOUBLE[7])")
+        con.executemany("INSERT INTO I VALUES (?, ?)", [(k, a[k].tolist()) for k in range(5)])
+        db.store("B", b, tile=(3, 2))
+        db.store("T", np.array([[1.0, 5.0, 5.0, 0.0], [2.0, 2.0, 7.0, 7.0], [np.nan, 1.0, 3.0, 3.0]]))
+        con.execute(setting)
+        try:
+            np.testing.assert_allclose(elements(con, "SELECT * FROM einsum_elements('ij->i', 'I')", (5,), "float64"),
+                                       a.sum(1))
+            np.testing.assert_allclose(elements(con, "SELECT * FROM einsum_elements('ij,jk->ik', 'I', 'B')", (5, 3),
+                                                "float64"), a @ b)
+            # ties to the smaller index; NaN ranks last; rows in order, then rank
+            assert con.sql("SELECT * FROM einsum_topk('ij->ij', 2, 'T')").fetchall() == [
+                (0, 1, 1, 5.0), (0, 2, 2, 5.0), (1, 1, 2, 7.0), (1, 2, 3, 7.0), (2, 1, 2, 3.0), (2, 2, 3, 3.0)]
+            assert db.tensors() == ["B", "T"]
+        finally:
+            con.execute("RESET GLOBAL default_order" if "GLOBAL" in setting else setting.split("=")[0].replace("SET", "RESET"))

@@ -460,7 +460,7 @@ class DuckDBBackend:
                 # interruptibly: duckdb-python's own check turns a Ctrl-C into RuntimeError('Query
                 # interrupted'), as it does any signal handler's error, so only our watch can
                 # tell a Ctrl-C (KeyboardInterrupt) from the others
-                return run_interruptible(lambda: [r[0] for r in self._run("SELECT name FROM eds_catalog ORDER BY name")],
+                return run_interruptible(lambda: [r[0] for r in self._run("SELECT name FROM eds_catalog ORDER BY name ASC")],
                                          self._work.interrupt, self.kernels)
             except duckdb.CatalogException:  # a database opened read-only that never had a catalog
                 return []
@@ -504,7 +504,7 @@ class DuckDBBackend:
         (or a database written before parts, which has no ``eds_parts``)."""
         try:
             return [r[0] for r in self._run(f"SELECT part FROM {parted.PARTS_TABLE} WHERE lower(name) = lower(?) "
-                                            "ORDER BY k", [name])]
+                                            "ORDER BY k ASC", [name])]
         except duckdb.CatalogException:
             return []
 

@@ -121,10 +121,12 @@ def key_list(cols: list[exp.Expression]) -> exp.Cast:
 
 
 def ordered(e: exp.Expression, desc: bool = False) -> exp.Ordered:
+    # An explicit ASC (desc False, not None): DuckDB's ``SET default_order = 'DESC'`` turns a
+    # bare ORDER BY around, and the SQL interface's array tables came back reversed (wrong
+    # values, no error) and top-k broke ties the other way (a new user's report).
     # nulls_first=False as DuckDB's parser sets it: NULLs sort last, and another dialect
     # that sorts them first gets an explicit NULLS LAST
-    # (desc None, not False: False prints an explicit ASC)
-    return exp.Ordered(this=e, desc=True if desc else None, nulls_first=False)
+    return exp.Ordered(this=e, desc=bool(desc), nulls_first=False)
 
 
 def generate_range(lo: int, hi: int) -> exp.GenerateSeries:

@@ -373,9 +373,9 @@ def pack_rows(op: ArrayTable, tiled: TiledValue, compiler: SQLCompiler | None = 
     With one tile of rows the numbering is skipped: one list of arrays in key order::
 
         SELECT numbered.r // t0 AS key0, CAST(0 AS BIGINT) AS key1,
-               eds_pack_rows_<dtype>(spec, [numbered.r // t0, 0], list(CAST(src.column AS type[]) ORDER BY numbered.r)) AS tile
+               eds_pack_rows_<dtype>(spec, [numbered.r // t0, 0], list(CAST(src.column AS type[]) ORDER BY numbered.r ASC)) AS tile
         FROM table AS src
-        JOIN (SELECT key AS nk, row_number() OVER (ORDER BY key) - 1 AS r FROM table) AS numbered ON numbered.nk = src.key
+        JOIN (SELECT key AS nk, row_number() OVER (ORDER BY key ASC) - 1 AS r FROM table) AS numbered ON numbered.nk = src.key
         GROUP BY numbered.r // t0
     """
     c = compiler or COMPILER
@@ -472,10 +472,10 @@ def topk_query(result: TiledValue, k: int, source: exp.Expression, fused: bool =
         SELECT (_eds_r // stride) % size AS row_label, ..., "rank", _eds_i AS last, CAST(_eds_v AS type) AS "value"
         FROM (
           SELECT cand.r AS _eds_r, cand.i AS _eds_i, cand.v AS _eds_v,
-                 row_number() OVER (PARTITION BY cand.r ORDER BY isnan(cand.v), cand.v + 0.0 DESC, cand.i) AS "rank"
+                 row_number() OVER (PARTITION BY cand.r ORDER BY isnan(cand.v) ASC, cand.v + 0.0 DESC, cand.i ASC) AS "rank"
           FROM (SELECT unnest(eds_topk_<dtype>(spec, [keys], tile)) AS cand FROM source) AS cands
         ) AS ranked
-        WHERE "rank" <= k ORDER BY _eds_r, "rank"
+        WHERE "rank" <= k ORDER BY _eds_r ASC, "rank" ASC
     """
     c = compiler or COMPILER
     keys = list(result.keys)

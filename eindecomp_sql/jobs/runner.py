@@ -332,7 +332,7 @@ def content_md5(db, t) -> str:
 
     tiles = exp.func("md5", col("tile"))
     if t.keys:
-        tiles = exp.Order(this=tiles, expressions=[exp.Ordered(this=col(k)) for k in t.keys])
+        tiles = exp.Order(this=tiles, expressions=[exp.Ordered(this=col(k), desc=False) for k in t.keys])
     # string_agg(md5(tile), '' ORDER BY keys): sqlglot prints it as LISTAGG, DuckDB's alias
     agg = exp.GroupConcat(this=tiles, separator=exp.Literal.string(""))
     query = exp.select(exp.func("md5", agg), exp.func("count", exp.Star())).from_(table(t.name))
