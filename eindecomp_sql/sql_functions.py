@@ -153,4 +153,6 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
             raise EinsumError(f"einsum_topk(): the result is {result.dtype}, which has no order")
     # a plan that reads no input (a label of size 0) needs no tiling of the tables
     read = tuple((v.name, tables[v.name]) for v in plan.inputs if v.name in tables)
-    return interface_query(plan, read, mode, count, session.backend.compiler, getattr(session.backend, "home", None))
+    rewritten = tuple(sorted(v.name for v in plan.inputs if v.name not in tables and v.name.lower() in session.rewritten))
+    return interface_query(plan, read, mode, count, session.backend.compiler, getattr(session.backend, "home", None),
+                           rewritten)

@@ -1,5 +1,6 @@
 """SELECT * FROM einsum(...) and einsum_elements(...) inside DuckDB SQL."""
 
+import duckdb
 import numpy as np
 import pytest
 
@@ -206,3 +207,19 @@ def test_a_ninth_operand_is_said_to_be_one_too_many():
         with pytest.raises(Exception, match=r"unknown join 'I'.*at most 8 operands"):
             db.connection.execute("SELECT * FROM einsum('a,a,a,a,a,a,a,a,a->a', "
                                   "'A', 'B', 'C', 'D', 'E', 'F', 'G', 'H', 'I')").fetchall()
+
+
+def test_a_tensor_replaced_inside_the_callers_transaction_is_refused_not_misread():
+    """The SQL interface plans from the committed catalog; in a transaction the caller opened
+    before a tensor was replaced, the query reads the old tiles: 3x4 float64 bytes were read as
+    the new 4x3 (wrong sums, no error; a new user's report)."""
+    with eds.connect() as db:
+        con = db.connection
+        db.store("B", np.arange(12.0).reshape(3, 4))
+        con.execute("BEGIN")
+        con.sql("SELECT count(*) FROM einsum_elements('ij->ij', 'B')").fetchall()
+        db.store("B", np.full((4, 3), 5.0), replace=True)
+        with pytest.raises(duckdb.Error, match=r"not, in this query's transaction, what it was planned from: 'B' \(float64, shape \(4, 3\)\)"):
+            con.sql("SELECT * FROM einsum_elements('ij->i', 'B')").fetchall()
+        con.execute("ROLLBACK")
+        assert sorted(con.sql("SELECT * FROM einsum_elements('ij->i', 'B')").fetchall()) == [(i, 15.0) for i in range(4)]
