@@ -167,3 +167,22 @@ def test_a_handle_on_a_tensor_replaced_or_dropped_since_is_refused_not_read_with
         db.drop("A")
         with pytest.raises(eds.EinsumError, match="'A' no longer exists"):
             fresh.to_numpy()
+
+
+def test_a_table_of_the_same_name_elsewhere_does_not_block_a_store(tmp_path):
+    """A table named A in another schema, or in an attached database, is not where the bare
+    name A resolves: it blocked db.store("A") as "a table or view of the database that is not
+    a stored tensor" (a new user's report). One in the session's own schema still does."""
+    a = np.random.default_rng(3).standard_normal((3, 4))
+    with eds.connect() as db:
+        con = db.connection
+        con.execute("CREATE SCHEMA s2")
+        con.execute("CREATE TABLE s2.A(i BIGINT, value DOUBLE)")
+        con.execute(f"ATTACH '{tmp_path / 'other.duckdb'}' AS other")
+        con.execute("CREATE TABLE other.main.Q(i BIGINT, value DOUBLE)")
+        np.testing.assert_array_equal(db.store("A", a).to_numpy(), a)
+        np.testing.assert_array_equal(db.store("Q", a).to_numpy(), a)
+        np.testing.assert_allclose(db.einsum("ij->i", db.tensor("Q")).to_numpy(), a.sum(1))
+        con.execute("CREATE TABLE mine(i BIGINT, value DOUBLE)")
+        with pytest.raises(eds.EinsumError, match="not a stored tensor"):
+            db.store("MINE", a)

@@ -30,6 +30,7 @@ from . import allocator, parts as parted, spill
 from ..udfs.pool import RUN_TOKEN, THREADS, Cancelled, KernelState
 from .base import Target
 from .running import Watch, run_interruptible
+from .tables import COUNT_NAMED, WHERE_BARE_NAMES_RESOLVE
 
 
 # a step whose projected peak (the tiles of one UDF call, every column together) reaches this
@@ -474,8 +475,7 @@ class DuckDBBackend:
             return True
         except duckdb.Error:
             pass
-        n = self._run("SELECT (SELECT count(*) FROM duckdb_tables() WHERE lower(table_name) = lower($1)) + "
-                      "(SELECT count(*) FROM duckdb_views() WHERE lower(view_name) = lower($1))", [table_name])
+        n = self._run(COUNT_NAMED.format(where=WHERE_BARE_NAMES_RESOLVE), [table_name])
         return bool(n[0][0])
 
     def _write_catalog(self, table_name: str, value: TiledValue) -> None:

@@ -25,6 +25,16 @@ from ..compile.sql_interface import (
 from ..errors import EinsumError
 
 
+# How many tables and views by the name $1 exist where a bare name resolves: the connection's
+# current database and schema, or the temp catalog. A table of that name in another schema or
+# an attached database is not one (it blocked db.store("A") as "a table or view of the
+# database that is not a stored tensor"; a new user's report).
+WHERE_BARE_NAMES_RESOLVE = ("((database_name = current_database() AND schema_name = current_schema()) "
+                            "OR database_name = 'temp')")
+COUNT_NAMED = ("SELECT (SELECT count(*) FROM duckdb_tables() WHERE lower(table_name) = lower($1) AND {where}) + "
+               "(SELECT count(*) FROM duckdb_views() WHERE lower(view_name) = lower($1) AND {where})")
+
+
 def read_table_operand(con: duckdb.DuckDBPyConnection, name: str) -> TableOperand | None:
     """The table or view ``name`` as an operand, or None if there is none by that name."""
     cur = con.cursor()
@@ -33,9 +43,7 @@ def read_table_operand(con: duckdb.DuckDBPyConnection, name: str) -> TableOperan
             rel = cur.sql(exp.select("*").from_(table(name)).limit(0).sql(dialect=DIALECT))
             columns, types = list(rel.columns), [str(t) for t in rel.types]
         except duckdb.CatalogException as e:
-            exists = cur.execute(
-                "SELECT (SELECT count(*) FROM duckdb_tables() WHERE lower(table_name) = lower($1)) + "
-                "(SELECT count(*) FROM duckdb_views() WHERE lower(view_name) = lower($1))", [name]).fetchone()[0]
+            exists = cur.execute(COUNT_NAMED.format(where=WHERE_BARE_NAMES_RESOLVE), [name]).fetchone()[0]
             if exists:  # a view whose own tables are gone: it exists, it does not bind
                 raise EinsumError(f"einsum(): view {name!r} cannot be read: {e}") from None
             return None

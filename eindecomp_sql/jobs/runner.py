@@ -368,10 +368,10 @@ def read_rows(db, names) -> dict[str, dict]:
 def _plain_table_exists(db, name: str) -> bool:
     cur = db.connection.cursor()
     try:
-        return bool(cur.execute(
-            "SELECT (SELECT count(*) FROM duckdb_tables() WHERE lower(table_name) = lower($1) AND NOT temporary) + "
-            "(SELECT count(*) FROM duckdb_views() WHERE lower(view_name) = lower($1) AND NOT temporary)",
-            [name]).fetchone()[0])
+        from ..backends.tables import COUNT_NAMED
+
+        here = "database_name = current_database() AND schema_name = current_schema() AND NOT temporary"
+        return bool(cur.execute(COUNT_NAMED.format(where=here), [name]).fetchone()[0])
     finally:
         cur.close()
 
