@@ -42,6 +42,7 @@ from .backends import spill
 from .errors import EinsumError
 from .notation.checks import can_cast, check_dtype, check_name, is_bfloat16
 from .plan import DEFAULT_TILE_BYTES, auto_tile, check_tile, tiling
+from .plan.steps import format_bytes
 from .plan.tiling import check_count
 from .udfs.tiles import array_from_tiles, blob_views, tiles_from_array
 
@@ -530,7 +531,7 @@ def _from_elements(table: pa.Table, meta: dict, want: Wanted, where: str) -> Inc
     try:  # before the duplicate check, whose flat indices must fit an int64
         dense = np.zeros(shape, dtype=dtype)
     except (MemoryError, ValueError):
-        raise EinsumError(f"{where}: shape {shape} would take {nbytes / 2**30:.1f} GiB as a dense array") from None
+        raise EinsumError(f"{where}: shape {shape} would take {format_bytes(nbytes)} as a dense array") from None
     _check_unique(idx, shape, index, where)
     if index:
         dense[tuple(idx)] = vals

@@ -89,8 +89,8 @@ def _check_dense(session, op) -> None:
     if limit is not None and nbytes > limit:
         what = "the session's memory budget" if session.memory else "this machine's memory"
         raise EinsumError(
-            f"einsum(): {op.describe()} is read as a dense {op.shape} {op.dtype} tensor of {nbytes / 2**30:.1f} GiB, "
-            f"more than {what} ({limit / 2**30:.1f} GiB); einsum computes on dense tiles (renumber the indices "
+            f"einsum(): {op.describe()} is read as a dense {op.shape} {op.dtype} tensor of {format_bytes(nbytes)}, "
+            f"more than {what} ({format_bytes(limit)}); einsum computes on dense tiles (renumber the indices "
             "densely, or select a part of the table in a view)")
 
 
