@@ -466,3 +466,18 @@ def test_a_connections_default_order_never_changes_a_result(setting):
             assert db.tensors() == ["B", "T"]
         finally:
             con.execute("RESET GLOBAL default_order" if "GLOBAL" in setting else setting.split("=")[0].replace("SET", "RESET"))
+
+
+def test_join_and_agg_names_ignore_case_and_blanks(sdb):
+    """SQL users write 'MAX' and ' exp ': they were refused ("unknown agg 'MAX'", "join
+    expression: unexpected indent"; a new user's report)."""
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((4, 5)), rng.standard_normal((5, 3))
+    sdb.store("A", a)
+    sdb.store("B", b)
+    got = elements(sdb.connection, "SELECT * FROM einsum_elements('ij,jk->ik', 'A', 'B', join := ' ADD ', agg := 'MAX')",
+                   (4, 3), "float64")
+    assert_close(got, (a[:, :, None] + b[None]).max(1))
+    got = elements(sdb.connection, "SELECT * FROM einsum_elements('ij->ij', 'A', join := ' Exp ')", (4, 5), "float64")
+    assert_close(got, np.exp(a))
+    np.testing.assert_allclose(eds.einsum("ij,jk->ik", a, b, join="Add", agg="Min"), (a[:, :, None] + b[None]).min(1))

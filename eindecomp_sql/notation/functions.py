@@ -186,6 +186,11 @@ def parse_join(join: str | Callable | JoinFunction | None, arity: int) -> JoinFu
         return JoinFunction(func=join, func_id=id(join))
     if not isinstance(join, str):
         raise EinsumError(f"join must be a name, an expression string or a callable, got {type(join).__name__}")
+    # names as SQL users write them ('MAX', ' exp '): a name's case and the blanks around any
+    # join mean nothing (an expression's variables are x, y, z, w: its case is kept)
+    join = join.strip()
+    if join.lower() in BINARY_JOINS or join.lower() in UNARY_JOINS:
+        join = join.lower()
     if join in BINARY_JOINS:
         # with one operand mul/add/max/min fold over a single value: the identity
         if join in ("sub", "div", "pow") and arity != 2:
@@ -212,6 +217,8 @@ def parse_agg(agg: str | Aggregation | None) -> Aggregation:
         return agg
     if agg is None:
         agg = "sum"
+    if isinstance(agg, str):
+        agg = agg.strip().lower()  # 'MAX' as SQL users write it
     if agg not in AGGREGATIONS:
         raise EinsumError(f"unknown agg {agg!r}: use one of {', '.join(AGGREGATIONS)}")
     return Aggregation(agg)
