@@ -481,3 +481,19 @@ def test_join_and_agg_names_ignore_case_and_blanks(sdb):
     got = elements(sdb.connection, "SELECT * FROM einsum_elements('ij->ij', 'A', join := ' Exp ')", (4, 5), "float64")
     assert_close(got, np.exp(a))
     np.testing.assert_allclose(eds.einsum("ij,jk->ik", a, b, join="Add", agg="Min"), (a[:, :, None] + b[None]).min(1))
+
+
+def test_a_view_over_einsum_as_an_operand_says_what_to_do():
+    """A view over einsum_elements() is read on a cursor without the TEMP table macros: the
+    error blamed a missing table function ("Did you mean pg_timezone_names?"; a new user's
+    report). It now says to store the view's result first, and that works."""
+    with eds.connect() as db:
+        con = db.connection
+        a = np.random.default_rng(2).standard_normal((3, 3))
+        db.store("A", a)
+        con.execute("CREATE VIEW V AS SELECT * FROM einsum_elements('ij,jk->ik', 'A', 'A')")
+        with pytest.raises(duckdb.Error, match=r"view 'V' is itself over einsum\(\).*store its result first"):
+            con.sql("SELECT * FROM einsum_elements('ik->i', 'V')").fetchall()
+        con.execute("CREATE TABLE W AS SELECT * FROM V")
+        np.testing.assert_allclose(elements(con, "SELECT * FROM einsum_elements('ik->i', 'W')", (3,), "float64"),
+                                   (a @ a).sum(1))

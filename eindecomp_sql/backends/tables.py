@@ -12,6 +12,8 @@ transaction that has not committed yet are not visible from here.
 
 from __future__ import annotations
 
+import re
+
 import duckdb
 from sqlglot import exp
 
@@ -45,6 +47,13 @@ def read_table_operand(con: duckdb.DuckDBPyConnection, name: str) -> TableOperan
         except duckdb.CatalogException as e:
             exists = cur.execute(COUNT_NAMED.format(where=WHERE_BARE_NAMES_RESOLVE), [name]).fetchone()[0]
             if exists:  # a view whose own tables are gone: it exists, it does not bind
+                if re.search(r"Table Function with name einsum\w* does not exist", str(e)):
+                    # the table macros are TEMP, on the caller's connection: the operand is read
+                    # while its einsum is planned, on a cursor of its own, which has none
+                    raise EinsumError(
+                        f"einsum(): view {name!r} is itself over einsum(), which cannot be read while another "
+                        f"einsum is planned; store its result first (CREATE TABLE ... AS SELECT * FROM {name}, "
+                        "or db.einsum(..., out=...))") from None
                 raise EinsumError(f"einsum(): view {name!r} cannot be read: {e}") from None
             return None
         except duckdb.Error as e:
