@@ -7,7 +7,7 @@ array([[1., 1.],
 """
 
 from . import _malloc  # noqa: F401 - one malloc arena, before pyarrow's import makes a second (see there)
-from .errors import EinsumError
+from .errors import EinsumError, EinsumTypeError
 
 # The engine-facing names load on first use: the pure layers (``eindecomp_sql.notation``,
 # ``.graph``, ``.plan``) then import without duckdb, pyarrow or sqlglot (~0.3 s of imports).
@@ -27,5 +27,5 @@ def __getattr__(name: str):
 def __dir__():
     return sorted(list(globals()) + list(_LAZY))
 
-__all__ = ["EinsumError", "Graph", "Session", "Tensor", "connect", "einsum"]
+__all__ = ["EinsumError", "EinsumTypeError", "Graph", "Session", "Tensor", "connect", "einsum"]
 __version__ = "0.1.0"

@@ -10,7 +10,7 @@ import threading
 import numpy as np
 
 from .arrays import native, read_array
-from .errors import EinsumError
+from .errors import EinsumError, EinsumTypeError
 from .graph.lower import contraction_path
 from .notation import parse_spec
 from .notation.checks import can_cast, check_dtype, is_bfloat16, promote
@@ -67,7 +67,7 @@ def _check_order(order) -> str:
     return order.upper()
 
 
-def _cast_error(what: str, frm: np.dtype, to: np.dtype, casting: str) -> EinsumError:
+def _cast_error(what: str, frm: np.dtype, to: np.dtype, casting: str) -> EinsumTypeError:
     def word(d: np.dtype) -> str:  # (bfloat16's str is '<V2': numpy has no code for it)
         return repr(d.name) if is_bfloat16(d) else f"{d.str!r} ({d.name})"
 
@@ -75,7 +75,7 @@ def _cast_error(what: str, frm: np.dtype, to: np.dtype, casting: str) -> EinsumE
     rules = ("no", "equiv", "safe", "same_kind", "unsafe")
     looser = [c for c in rules[rules.index(casting) + 1:] if can_cast(frm, to, c)] if casting in rules else []
     advice = f"; pass casting={looser[0]!r} to allow it" if looser else ""
-    return EinsumError(f"{what}: cannot cast from dtype {word(frm)} to {word(to)} according to the rule "
+    return EinsumTypeError(f"{what}: cannot cast from dtype {word(frm)} to {word(to)} according to the rule "
                        f"{casting!r}{numpy_too}{advice}")
 
 
@@ -215,7 +215,7 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
             arrays.append(a)
     if out is not None:
         if not isinstance(out, np.ndarray):
-            raise EinsumError(f"out must be a numpy array, got {type(out).__name__}")
+            raise EinsumTypeError(f"out must be a numpy array, got {type(out).__name__}")
         if not out.flags.writeable:
             raise EinsumError("out is read-only")
     plain = join in (None, "mul") and agg in (None, "sum")

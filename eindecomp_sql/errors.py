@@ -3,7 +3,8 @@
 Every bad input a user can give (malformed spec, operand count or shape mismatch, unknown
 tensor name, unsupported dtype, bad join/agg, a name that tries SQL injection, an existing
 table without ``replace=True``) raises :class:`EinsumError`. It subclasses :class:`ValueError`
-so ``except ValueError`` keeps working for code written against ``numpy.einsum``.
+so ``except ValueError`` keeps working for code written against ``numpy.einsum``; where numpy
+raises TypeError the error is an :class:`EinsumTypeError`, a TypeError too.
 """
 
 from __future__ import annotations
@@ -11,6 +12,13 @@ from __future__ import annotations
 
 class EinsumError(ValueError):
     """Bad input to eindecomp_sql: the message says what is wrong and where."""
+
+
+class EinsumTypeError(EinsumError, TypeError):
+    """An EinsumError where ``numpy.einsum`` raises TypeError: a casting rule refused (operands,
+    ``dtype=``, ``out=``), not a dtype, a subscript that is not an int, an ``out=`` that is not
+    an array, a path not understood. ``except TypeError`` written for numpy still catches it (a
+    new user's report); it is an EinsumError (a ValueError) as every bad input is."""
 
 
 class ExecutionError(EinsumError):

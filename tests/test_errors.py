@@ -136,3 +136,22 @@ def test_bad_tile(db):
         db.store("t", np.ones((4, 4)), tile=(2,))
     with pytest.raises(EinsumError, match="tile"):
         db.store("t", np.ones((4, 4)), tile=(0, 2))
+
+
+@pytest.mark.parametrize("call", [
+    lambda m, a, b: m.einsum("ij,jk->ik", a, b, dtype=np.float32),  # casting='safe' refuses
+    lambda m, a, b: m.einsum("ij,jk->ik", a, b, out=np.empty((2, 2), np.int32)),
+    lambda m, a, b: m.einsum(a, [0.0, 1.0]),
+    lambda m, a, b: m.einsum("ij,jk->ik", a, b, optimize=3.5),
+    lambda m, a, b: m.einsum("ij,jk->ik", a, b, dtype="nope"),
+    lambda m, a, b: m.einsum("ij,jk->ik", a, b, out=[1]),
+])
+def test_where_numpy_raises_type_error_so_do_we(call):
+    """``except TypeError`` written for np.einsum still catches these (a new user's report);
+    they stay EinsumErrors (ValueErrors), the one family."""
+    a, b = np.ones((2, 3)), np.ones((3, 2))
+    with pytest.raises(TypeError):
+        call(np, a, b)  # numpy's own
+    with pytest.raises(TypeError) as raised:
+        call(eds, a, b)
+    assert isinstance(raised.value, eds.EinsumTypeError) and isinstance(raised.value, ValueError)

@@ -23,7 +23,7 @@ import operator
 
 import opt_einsum
 
-from ..errors import EinsumError
+from ..errors import EinsumError, EinsumTypeError
 from ..notation import Aggregation, EinsumSpec, JoinFunction
 from ..notation.functions import is_semiring
 from ..notation.numpy_impl import result_dtype
@@ -61,7 +61,7 @@ def contraction_path(optimize, n_operands: int):
             # numpy takes any limit; opt_einsum wants a positive int: inf is no limit, <= 0 the least
             name = contraction_path(optimize[0], n_operands)
             return name if math.isinf(limit) and limit > 0 else (name, max(1, int(min(limit, 2**62))))
-    raise EinsumError(f"optimize={optimize!r:.80}: did not understand the path; numpy's forms are True, False, "
+    raise EinsumTypeError(f"optimize={optimize!r:.80}: did not understand the path; numpy's forms are True, False, "
                       "'greedy', 'optimal', ('greedy', memory_limit) or ['einsum_path', (0, 1), ...]")
 
 

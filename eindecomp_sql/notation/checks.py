@@ -15,7 +15,7 @@ import re
 import ml_dtypes  # noqa: F401 - registers "bfloat16" with numpy (np.dtype("bfloat16")); ~4 ms
 import numpy as np
 
-from ..errors import EinsumError
+from ..errors import EinsumError, EinsumTypeError
 
 # Every dtype a tensor may have. Promotion between any two of them stays in the set (uint64
 # with a signed int is float64, complex64 with float64 is complex128; bfloat16: ``promote``).
@@ -134,13 +134,14 @@ def check_name(name, what: str = "tensor name") -> str:
 def check_dtype(dtype, where: str = "") -> str:
     """The numpy name of a supported dtype (one of ``DTYPES``), or an ``EinsumError``.
 
-    Anything numpy cannot read as a dtype is an ``EinsumError`` too, never a ``TypeError``.
+    Anything numpy cannot read as a dtype is an ``EinsumError`` too (an ``EinsumTypeError``, as
+    numpy raises TypeError there).
     """
     prefix = f"{where}: " if where else ""
     try:
         dt = np.dtype(dtype)
     except Exception as e:  # noqa: BLE001 - numpy raises TypeError/ValueError/... for bad dtypes
-        raise EinsumError(f"{prefix}{dtype!r} is not a dtype ({e})") from None
+        raise EinsumTypeError(f"{prefix}{dtype!r} is not a dtype ({e})") from None
     if dt.name not in DTYPES:
         raise EinsumError(f"{prefix}unsupported dtype {dt.name}: eindecomp_sql stores {', '.join(DTYPES)}")
     return dt.name

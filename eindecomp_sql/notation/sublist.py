@@ -15,7 +15,7 @@ from __future__ import annotations
 import numbers
 import string
 
-from ..errors import EinsumError
+from ..errors import EinsumError, EinsumTypeError
 
 _SYMBOLS = string.ascii_uppercase + string.ascii_lowercase
 FORMS = ("a spec string and operands, einsum('ij,jk->ik', a, b), or numpy's sublist form, "
@@ -35,7 +35,7 @@ def _subscripts(sub, where: str) -> str:
             out.append("...")
             continue
         if isinstance(item, bool) or not isinstance(item, numbers.Integral):
-            raise EinsumError(f"einsum: {where} holds {item!r:.40}; each subscript must be an int in [0, 52) "
+            raise EinsumTypeError(f"einsum: {where} holds {item!r:.40}; each subscript must be an int in [0, 52) "
                               f"or Ellipsis (einsum takes {FORMS})")
         k = int(item)
         if not 0 <= k < len(_SYMBOLS):
