@@ -194,11 +194,10 @@ class Session:
 
     def _collect(self) -> None:
         while self._garbage:
-            # dropped, then forgotten: a signal handler's error between the two (it may raise
-            # after any call) leaves the name to drop again, not a table no one drops
-            name = self._garbage[0]
+            # forgotten, then dropped: a drop that keeps failing must not fail every later call
+            # (a signal handler's error between the two leaves a TEMP table to the session's end)
+            name = self._garbage.popleft()
             self.backend.drop_table(name)
-            self._garbage.popleft()
             if len(self._free_names) < 64:
                 self._free_names.append(name)
 
