@@ -138,3 +138,24 @@ def test_a_products_bits_do_not_depend_on_other_kernel_calls_in_flight(tmp_path)
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[-1] == "0", r.stdout
+
+
+def test_kernel_calls_nested_on_one_thread_do_not_wait_for_themselves():
+    """A wide call waits until no other kernel call is in flight, and a call waits while a wide
+    one runs: nested on one thread, each would wait for the other for ever."""
+    import threading
+
+    from eindecomp_sql.udfs import pool
+
+    done = []
+
+    def nested():
+        pool.run_tasks([lambda: pool.run_wide(lambda: done.append("wide in tasks"))])
+        pool.run_wide(lambda: pool.run_tasks([lambda: done.append("tasks in wide")] * 3))
+        pool.run_tasks([lambda: pool.run_tasks([lambda: done.append("tasks in tasks")])] * 2)
+
+    t = threading.Thread(target=nested, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive() and done.count("tasks in wide") == 3 and done.count("tasks in tasks") == 2, done
+    assert pool._active == 0 and not pool._wide and not pool._wanting

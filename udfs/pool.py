@@ -166,6 +166,8 @@ POLL_SECONDS = 0.0005  # a waiter looks again this often (waits last as long as 
 _active = 0  # kernel calls in flight with BLAS at one thread
 _wide = False  # a call running BLAS on every core: it runs alone
 _wanting: set = set()  # tokens of wide calls waiting for the cores: new calls let them go first
+_inside = threading.local()  # .call: this thread runs a kernel call's work (run_tasks, run_wide)
+_WORKER_PREFIX = "eds-kernel"
 # our BLAS limit while kernel calls are in flight (threadpoolctl's limiter), kept in a list
 # that C code fills as the limiter is returned (see ``_enter``)
 _limits: list = []
@@ -192,7 +194,7 @@ def _hand_back_blas_control() -> None:
 def _get_pool() -> ThreadPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="eds-kernel")
+        _pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix=_WORKER_PREFIX)
     return _pool
 
 
@@ -272,6 +274,9 @@ def run_wide(task: Callable[[], None]) -> None:
     call was in flight is DuckDB's scheduling: the same plan on the same inputs gave other
     bits from run to run (a fusion test saw it). Calls that arrive while one waits go after it."""
     global _wide
+    if getattr(_inside, "call", False) or threading.current_thread().name.startswith(_WORKER_PREFIX):
+        task()  # inside a kernel call already: waiting for the cores would wait for ourselves
+        return
     token = object()
     claimed: list = []  # inside the try: a handler's error right after the claim still frees it
     try:
@@ -285,8 +290,10 @@ def run_wide(task: Callable[[], None]) -> None:
                     break
             time.sleep(POLL_SECONDS)
         check_cancelled()
+        _inside.call = True
         task()
     finally:
+        _inside.call = False
         with _mutex:
             if claimed:  # first, and no call before it (a handler may raise after any call)
                 _wide = False
@@ -297,8 +304,11 @@ def run_tasks(tasks: list[Callable[[], None]]) -> None:
     """Run ``tasks`` on the kernel threads and wait; re-raise the first failure."""
     state = current()  # the pool's threads check the caller's flag, not their own
     token: list = []
+    outer = getattr(_inside, "call", False)
     try:
-        _enter(token)
+        if not outer:  # nested in a kernel call of this thread's, which holds the cores already
+            _enter(token)
+        _inside.call = True
         check_cancelled(state)
         if len(tasks) == 1:
             tasks[0]()
@@ -306,6 +316,7 @@ def run_tasks(tasks: list[Callable[[], None]]) -> None:
         for f in [_get_pool().submit(_cancellable(t, state)) for t in tasks]:
             f.result()
     finally:
+        _inside.call = outer
         # to its end though a signal handler raise at ``_leave``'s first instruction (the count
         # stayed up: no call ran wide again, BLAS stayed at one thread); the loop makes no call
         # outside its ``try``, and the handler's error is raised after
