@@ -31,8 +31,8 @@ from ..errors import EinsumError
 # current database and schema, or the temp catalog. A table of that name in another schema or
 # an attached database is not one (it blocked db.store("A") as "a table or view of the
 # database that is not a stored tensor"; a new user's report).
-WHERE_BARE_NAMES_RESOLVE = ("((database_name = current_database() AND schema_name = current_schema()) "
-                            "OR database_name = 'temp')")
+WHERE_CURRENT_SCHEMA = "(database_name = current_database() AND schema_name = current_schema())"
+WHERE_BARE_NAMES_RESOLVE = f"({WHERE_CURRENT_SCHEMA} OR database_name = 'temp')"
 COUNT_NAMED = ("SELECT (SELECT count(*) FROM duckdb_tables() WHERE lower(table_name) = lower($1) AND {where}) + "
                "(SELECT count(*) FROM duckdb_views() WHERE lower(view_name) = lower($1) AND {where})")
 

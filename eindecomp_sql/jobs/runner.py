@@ -368,9 +368,9 @@ def read_rows(db, names) -> dict[str, dict]:
 def _plain_table_exists(db, name: str) -> bool:
     cur = db.connection.cursor()
     try:
-        from ..backends.tables import COUNT_NAMED
+        from ..backends.tables import COUNT_NAMED, WHERE_CURRENT_SCHEMA
 
-        here = "database_name = current_database() AND schema_name = current_schema() AND NOT temporary"
+        here = f"{WHERE_CURRENT_SCHEMA} AND NOT temporary"
         return bool(cur.execute(COUNT_NAMED.format(where=here), [name]).fetchone()[0])
     finally:
         cur.close()
