@@ -117,7 +117,9 @@ def ffn(db, torch, b: int, d: int, f: int, runs: int, cuda: bool) -> dict:
     store_s = time.perf_counter() - t
     plan = plan_graph(g, workers=db.workers, memory=db.plan_budget, tile_bytes=db.tile_bytes,
                       inputs={"w1": W1s, "w2": W2s}, costs=db.backend.cost_model)
-    assert plan.retiles == 0, plan.explain(sql=False)
+    # the weights stored as the plan reads them; a capped budget may still retile a value the run
+    # computes (counted in the result)
+    retiles = plan.retiles
     ours, moved = [], []
     state = db.backend.kernels
     for r in range(runs):
@@ -148,7 +150,7 @@ def ffn(db, torch, b: int, d: int, f: int, runs: int, cuda: bool) -> dict:
     later = statistics.median(ours[1:]) if len(ours) > 1 else ours[0]
     cache = db.backend.kernels.device_cache
     return {"b": b, "d": d, "f": f, "store_s": store_s, "plan": plan.explain(sql=False).splitlines()[0],
-            "ours_s": ours, "torch_s": theirs,
+            "retiles": retiles, "ours_s": ours, "torch_s": theirs,
             "max_rel_diff_vs_torch": err, "throughput_ratio_runs_2_on": statistics.median(theirs[1:]) / later,
             "cache_budget": cache.budget, "cache_peak": cache.peak, "cache_hits": cache.hits,
             "bytes_sent_returned": moved, "working_set": x.nbytes * 2 + w1.nbytes + w2.nbytes + b * f * 2}
@@ -278,23 +280,29 @@ def main() -> None:
                        f"cupy {getattr(devices.namespace('cuda'), '__version__', '-')}",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     only = set(args.only.split(","))
+
+    def done(key: str, value: dict) -> None:
+        # written after each part: a time cap that cuts the run short keeps the parts before it
+        out[key] = value
+        print(f"{key}: {json.dumps(value)}", flush=True)
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump(out, fh, indent=1)
+
     if "transfers" in only and cuda:  # rates of a real device only: the stand-in has no DMA
-        out["transfers"] = transfers()
+        done("transfers", transfers())
     if "gemm" in only:
-        out["gemm"] = gemm(db, torch, 512 if args.small else 16384, args.reps, cuda)
+        done("gemm", gemm(db, torch, 512 if args.small else 16384, args.reps, cuda))
     if "ffn" in only:
         shape = (64, 128, 256) if args.small else (8192, 8192, 28672)
-        out["ffn"] = ffn(db, torch, *shape, runs=5, cuda=cuda)
+        done("ffn", ffn(db, torch, *shape, runs=5, cuda=cuda))
         db.close()
         # the same with the device's tile cache at half the FFN's working set
         half = out["ffn"]["working_set"] // 2
         db = eds.connect(device="cuda", allow_tf32=True, device_memory=half)
-        out["ffn_half"] = ffn(db, torch, *shape, runs=5, cuda=cuda)
+        done("ffn_half", ffn(db, torch, *shape, runs=5, cuda=cuda))
     db.close()
     print(markdown(out))
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(out, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #   bench/gpu_check.sh fetch     # here, with the network: wheels the GPU machine lacks, into .whl/
 #   bench/gpu_check.sh run       # there (CUDA, CuPy, PyTorch, numpy, pyarrow installed; no network)
 #   bench/gpu_check.sh cpu       # there too: issue 9's benchmarks on the machine's 16 CPU cores
+#   bench/gpu_check.sh all       # there: both, shortened, in one command under 600 s
 #
 # `run` installs the carried wheels (duckdb, sqlglot) and this checkout into /tmp/site, then
 #   1. runs tests/test_device_kernels.py with the kernels on the real GPU (CuPy; a fresh machine
@@ -36,31 +37,46 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site . \
     > "$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
 export PYTHONPATH=/tmp/site
-if [ "$mode" = cpu ]; then
+cpu_checks() {
     set +e
-    (nproc; lscpu | grep -E 'Model name|^CPU\(s\)'; free -g | head -2) | tee "$out/cpu.txt"
+    (nproc; lscpu | grep -E 'Model name|^CPU\(s\)'; free -g | head -2) | tee -a "$out/machine.txt"
     # (a script's own folder, bench/, heads sys.path, not the checkout: no -P needed here; at most
     # 8 files come back from $OUT: scaling's tables are in its .md files, the probes' JSON beside
-    # them, and the tails below go to stdout). The caps sum to 520 s, within a 600 s command
-    # with the install; each line reports its exit status (124: its cap cut it short)
-    timeout 180 python3 bench/scaling.py --cores 2,all --rounds 3 --out "$out/scaling" 2>&1 | tail -3
+    # them, and the tails below go to stdout). Each line reports its exit status (124: its cap cut
+    # it short)
+    timeout ${SCALING_CAP:-180} python3 bench/scaling.py --cores ${SCALING_CORES:-2,all} --rounds 3 --out "$out/scaling" 2>&1 | tail -3
     echo "scaling exit: ${PIPESTATUS[0]}"
-    timeout 130 python3 bench/scaling.py --cores all --big --only gemm_6000_f64,gemm_8192_f32 --rounds 3 \
-        --out "$out/scaling_big" 2>&1 | tail -3
-    echo "scaling --big exit: ${PIPESTATUS[0]}"
-    timeout 130 python3 bench/cursor_probe.py --cores all --parts 4,16 --only gemm_4096,gemm_8192,bij_bjk --rounds 3 \
-        --out "$out/cursor_probe.json" 2>&1 | tail -14
+    if [ "$mode" = cpu ]; then
+        timeout 130 python3 bench/scaling.py --cores all --big --only gemm_6000_f64,gemm_8192_f32 --rounds 3 \
+            --out "$out/scaling_big" 2>&1 | tail -3
+        echo "scaling --big exit: ${PIPESTATUS[0]}"
+    fi
+    timeout ${CURSOR_CAP:-130} python3 bench/cursor_probe.py --cores all --parts 4,16 --only gemm_4096,gemm_8192,bij_bjk \
+        --rounds 3 --out "$out/cursor_probe.json" 2>&1 | tail -14
     echo "cursor_probe exit: ${PIPESTATUS[0]}"
-    timeout 80 python3 bench/graph_bars.py --pair --rounds 5 --out "$out/graph_bars.json" 2>&1 | tail -8
-    echo "graph_bars exit: ${PIPESTATUS[0]}"
-    exit 0
-fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
-python3 -c "import cupy, ml_dtypes, numpy; print('cupy', cupy.__version__, 'devices', cupy.cuda.runtime.getDeviceCount(), 'numpy', numpy.__version__)" | tee -a "$out/gpu.txt"
-set +e
-# -P: the checkout's own eindecomp_sql/ (no udfs/ inside) must not shadow the installed package
-EDS_TEST_DEVICE_NAMESPACE=cupy EDS_EXAMPLES=${EDS_EXAMPLES:-25} timeout 300 python3 -P -m pytest -p no:cacheprovider \
-    -q -x --rootdir=. -c pyproject.toml tests/test_device_kernels.py 2>&1 | tee "$out/tests.log" | tail -25
-echo "tests exit: ${PIPESTATUS[0]}"
-timeout 300 python3 bench/gpu_bench.py --out "$out/gpu_bench.json" 2>&1 | tee "$out/bench.log" | tail -20
-echo "bench exit: ${PIPESTATUS[0]}"
+    if [ "$mode" = cpu ]; then
+        timeout 80 python3 bench/graph_bars.py --pair --rounds 5 --out "$out/graph_bars.json" 2>&1 | tail -8
+        echo "graph_bars exit: ${PIPESTATUS[0]}"
+    fi
+}
+gpu_checks() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$out/machine.txt"
+    python3 -c "import cupy, ml_dtypes, numpy; print('cupy', cupy.__version__, 'devices', cupy.cuda.runtime.getDeviceCount(), 'numpy', numpy.__version__)" | tee -a "$out/machine.txt"
+    set +e
+    # -P: the checkout's own eindecomp_sql/ (no udfs/ inside) must not shadow the installed package
+    EDS_TEST_DEVICE_NAMESPACE=cupy EDS_EXAMPLES=${EDS_EXAMPLES:-25} timeout ${TESTS_CAP:-300} python3 -P -m pytest \
+        -p no:cacheprovider -q -x --rootdir=. -c pyproject.toml tests/test_device_kernels.py 2>&1 | tee "$out/tests.log" | tail -25
+    echo "tests exit: ${PIPESTATUS[0]}"
+    timeout ${BENCH_CAP:-300} python3 bench/gpu_bench.py --out "$out/gpu_bench.json" 2>&1 | tee "$out/bench.log" | tail -20
+    echo "bench exit: ${PIPESTATUS[0]}"
+}
+case "$mode" in
+    run) gpu_checks ;;
+    cpu) cpu_checks ;;
+    # a lease of 15 minutes in one command under 600 s: the GPU's checks, then the 16-core ones
+    # (all cores only, no big GEMMs, no graph bars), each under a shorter cap
+    all) export EDS_EXAMPLES=${EDS_EXAMPLES:-8} SCALING_CORES=${SCALING_CORES:-all} TESTS_CAP=${TESTS_CAP:-100} \
+             BENCH_CAP=${BENCH_CAP:-210} SCALING_CAP=${SCALING_CAP:-130} CURSOR_CAP=${CURSOR_CAP:-90}
+         gpu_checks; cpu_checks ;;
+    *) echo "usage: $0 fetch|run|cpu|all" >&2; exit 2 ;;
+esac

@@ -81,7 +81,10 @@ def child(n: int, names: list[str], rounds: int) -> dict:
     facts = {"affinity": sorted(os.sched_getaffinity(0)), "kernel_threads": pool.THREADS,
              "duckdb_threads": con.execute("SELECT current_setting('threads')").fetchall()[0][0],
              "blas_threads": [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"],
-             "duckdb": duckdb.__version__, "loadavg_start": os.getloadavg()[0]}
+             "duckdb": duckdb.__version__, "loadavg_start": os.getloadavg()[0],
+             # where eds's kernels run: "auto" sends big steps to a GPU where one is found (on the
+             # GPU machine, CUDA_VISIBLE_DEVICES= keeps them on the cores being measured)
+             "eds_device": default_session().device}
     out = {}
     for name in names:
         spec, shapes, dtype = CASES[name]
@@ -234,7 +237,8 @@ def markdown(results: dict, command: str) -> str:
            "Per child: " + "; ".join(f"{label[c]}: cores {runs[str(c)]['facts']['affinity']}, kernel threads "
                                      f"{runs[str(c)]['facts']['kernel_threads']}, DuckDB threads "
                                      f"{runs[str(c)]['facts']['duckdb_threads']}, BLAS threads "
-                                     f"{runs[str(c)]['facts']['blas_threads']}, load average "
+                                     f"{runs[str(c)]['facts']['blas_threads']}, eds kernels on "
+                                     f"{runs[str(c)]['facts'].get('eds_device', 'cpu')}, load average "
                                      f"{runs[str(c)]['facts']['loadavg_start']:.2f} at the start, "
                                      f"{runs[str(c)]['facts']['loadavg_end']:.2f} at the end" for c in counts)
            + " (load averages include this run's own work).", "",
