@@ -48,6 +48,60 @@ def test_dp_equals_exhaustive_optimum(name, workers):
     assert choice.costs.total == pytest.approx(best)
 
 
+def _epilogue_graphs():
+    out = {}
+    g = Graph()  # an FFN: relu between two products
+    x, w1, w2 = g.input("x", (16, 8)), g.input("w1", (8, 32)), g.input("w2", (32, 8))
+    g.einsum("bo,oi->bi", g.map("relu", g.einsum("bi,io->bo", x, w1)), w2)
+    out["ffn"] = g
+    g = Graph()  # a chain of epilogues, one with a broadcast operand of its own
+    a, b, bias = g.input("a", (16, 8)), g.input("b", (8, 24)), g.input("bias", (24,))
+    g.map("exp", g.add(g.map("relu", g.einsum("ij,jk->ik", a, b)), bias))
+    out["epilogues"] = g
+    return {**out, "diamond": _small_graphs()["diamond"]}
+
+
+@pytest.mark.parametrize("name", ["ffn", "epilogues", "diamond"])
+@pytest.mark.parametrize("workers", [1, 2, 4])
+@pytest.mark.parametrize("tile_bytes", [None, 256, 1024])
+def test_dp_equals_exhaustive_when_element_wise_nodes_fuse(name, workers, tile_bytes):
+    """With fusion on, an element-wise node costs nothing of its own where its producer cuts
+    its operand as it reads it (it will run as that step's epilogue): the DP's discount and a
+    full evaluation's must agree, and the optimum must be the exhaustive one."""
+    g = _epilogue_graphs()[name]
+    inputs = {v.name: v for v in g.inputs}
+    keep = frozenset({g.nodes[-1].result.name})
+    choice = optimize(g.nodes, inputs, {}, workers=workers, tile_bytes=tile_bytes, fuse_into=keep)
+    best, _ = exhaustive(g.nodes, inputs, {}, workers=workers, tile_bytes=tile_bytes, fuse_into=keep)
+    assert choice.costs.total == pytest.approx(best)
+
+
+def test_element_wise_nodes_are_priced_as_fused_only_where_they_can_fuse():
+    g = _epilogue_graphs()["ffn"]
+    prob = _Problem(g.nodes, {v.name: v for v in g.inputs}, {}, 1, None, None, fuse_into=frozenset({"v3"}))
+    assert prob.epilogue == {"v2": 0}  # relu over v1; neither product is element-wise
+    # an output, or a value read twice, stays a step of its own
+    assert _Problem(g.nodes, {v.name: v for v in g.inputs}, {}, 1, None, None,
+                    fuse_into=frozenset({"v1", "v3"})).epilogue == {}
+    d = _small_graphs()["diamond"]  # h read by the relu and by the final product
+    assert _Problem(d.nodes, {v.name: v for v in d.inputs}, {}, 1, None, None, fuse_into=frozenset()).epilogue == {}
+    assert _Problem(g.nodes, {v.name: v for v in g.inputs}, {}, 1, None, None).epilogue == {}  # fusion off
+
+
+def test_a_tile_cap_no_longer_costs_an_ffn_its_fused_relu():
+    """Under a tile cap an FFN's first product must cut o finer than the second would; priced
+    as a step of its own, relu took the second's tiling and a retile in front (4 steps). Priced
+    as the epilogue it can be, it takes the first's and fuses (3 steps, cheaper)."""
+    from eindecomp_sql.plan.graph_plan import plan_graph
+    from graphs import ffn
+
+    g, ref = ffn(2048, 1024, 4096, "float32")
+    plan = plan_graph(g, workers=1, tile_bytes=4 << 20, memory=64 << 20)
+    assert len(plan.fused) == 1 and len(plan.plan.steps) == 3, plan.explain(sql=False)
+    unaware = plan_graph(g, workers=1, tile_bytes=4 << 20, memory=64 << 20, fuse="elementwise")
+    assert plan.plan.costs.total <= unaware.plan.costs.total
+
+
 @settings(max_examples=25)
 @given(sizes=st.lists(st.sampled_from([2, 4, 8, 16, 24]), min_size=4, max_size=4), workers=st.sampled_from([1, 2, 4]))
 def test_dp_equals_exhaustive_on_random_chains(sizes, workers):
@@ -130,9 +184,10 @@ def test_budget_splits_steps_into_batches_and_still_computes(db):
     np.testing.assert_allclose(got, np.maximum(xs["x"] @ xs["w"], 0))
 
 
-def _greedy_problem(make, workers):
+def _greedy_problem(make, workers, fuse=False):
     g, _ = make()
-    prob = _Problem(g.nodes, {v.name: v for v in g.inputs}, {}, workers, None)
+    prob = _Problem(g.nodes, {v.name: v for v in g.inputs}, {}, workers, None,
+                    fuse_into=frozenset({g.nodes[-1].result.name}) if fuse else None)
     cuts = prob.cut_values()
     options = {c: prob.cut_options(c) for c in cuts}
     assert math.prod(len(o) for o in options.values()) > EXACT_CUT_LIMIT  # the greedy path
@@ -152,10 +207,12 @@ def test_greedy_ends_at_a_local_optimum(make, workers):
 
 
 @settings(max_examples=30)
-@given(data=st.data(), workers=st.sampled_from([2, 4]))
-def test_dp_totals_match_a_full_evaluation(data, workers):
+@given(data=st.data(), workers=st.sampled_from([2, 4]), fuse=st.booleans())
+def test_dp_totals_match_a_full_evaluation(data, workers, fuse):
     # the per-tree memo and the root lookups must add up to the plain sum over nodes and edges
-    prob, cuts, options = _greedy_problem(llama_block, workers)
+    # (and, with fusion on, the epilogues' discounts)
+    prob, cuts, options = _greedy_problem(llama_block, workers, fuse)
+    assert bool(prob.epilogue) == fuse
     fix = {c: data.draw(st.sampled_from(options[c])) for c in cuts}
     total, pieces = prob.solve(fix)
     if pieces is not None:

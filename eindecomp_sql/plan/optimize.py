@@ -71,7 +71,7 @@ class Choice:
 
 class _Problem:
     def __init__(self, nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ...]], workers, budget,
-                 tile_bytes=None, model: CostModel = DEFAULT_COSTS):  # noqa: PLR0913
+                 tile_bytes=None, model: CostModel = DEFAULT_COSTS, fuse_into: frozenset | None = None):  # noqa: PLR0913
         self.tile_bytes = tile_bytes
         self.model = model
         self.nodes = list(nodes)
@@ -89,8 +89,38 @@ class _Problem:
                 self.consumers.setdefault(op.value, []).append((n, k))
         self.bytes = {name: nbytes(v.shape, v.dtype) for name, v in self.values.items()}
         self.dtypes = {name: v.dtype for name, v in self.values.items()}
+        # fuse_into: the plan's outputs when element-wise nodes fuse (None: they do not)
+        self.epilogue = {} if fuse_into is None else self._epilogues(fuse_into)
         self._cands: dict[str, list[dict[str, int]]] | None = None
         self._tables: dict | None = None  # built on the first DP (see _build)
+
+    def _epilogues(self, keep: frozenset) -> dict[str, int]:
+        """Element-wise nodes the fuse pass can run as an epilogue of the step producing their
+        operand k (node name -> k) when that step cuts the operand as the node reads it: the
+        conditions of ``passes/fuse.py`` that the chunking does not decide. Without this the
+        optimizer priced such a node as a step of its own whatever its tiling, and under a tile
+        cap it took a tiling that needed a retile in front of the node and so never fused
+        (an FFN's relu under a device budget: 4 steps where 1 fused one would do)."""
+        found = {}
+        for n in self.nodes:
+            if n.reduced or any(len(set(op.labels)) != len(op.labels) for op in n.operands):
+                continue
+            for k, op in enumerate(n.operands):
+                u = op.value
+                if (u in self.producer and u not in keep and not op.dropped
+                        and len(op.labels) == len(n.output) and set(op.labels) == set(n.output)
+                        and [o.value for o in n.operands].count(u) == 1
+                        and [c for c, _ in self.consumers.get(u, [])] == [n]):
+                    found[n.result.name] = k
+                    break
+        return found
+
+    def epilogue_saving(self, node: EinsumNode, pieces: dict[str, int]) -> Costs:
+        """What fusing ``node`` into its producer's step saves: its own read of the operand
+        and its statements (its other operands are still joined, inside the fused step)."""
+        k = self.epilogue[node.result.name]
+        return Costs(join=-self.bytes[node.operands[k].value], model=self.model,
+                     statements=-self.statements(node, pieces))
 
     @property
     def cands(self) -> dict[str, list[dict[str, int]]]:
@@ -313,6 +343,8 @@ class _Problem:
                 need = self.required(n, k, p)
                 if made[op.value] != need:
                     total = total + self.retile(op.value, need)
+                elif self.epilogue.get(n.result.name) == k:
+                    total = total + self.epilogue_saving(n, p)
             made[n.result.name] = self.out_tile(n, p)
         return total
 
@@ -373,6 +405,9 @@ class _Problem:
             tile = ceil_div(size, pieces)  # tile_of, per candidate and label
             t = _Tables()
             t.cost = self._node_costs(n, pieces, col)
+            t.saving = None
+            if name in self.epilogue:  # subtracted where the producer cuts the operand as read
+                t.saving = np.array([self.epilogue_saving(n, p).total for p in cands], dtype=np.float64)
             t.made = intern_rows(name, tile[:, [col[lab] for lab in n.output]])[0]
             t.needs, t.retile = [], []
             for k, op in enumerate(n.operands):
@@ -446,6 +481,8 @@ class _Problem:
                 best, arg, mn, mnarg = state[u]
                 at = t.at[k]  # the producer's row for each needed tiling (or its inf slot)
                 same = best[at]
+                if t.saving is not None and self.epilogue[node.result.name] == k:
+                    same = same + t.saving  # fused as an epilogue: no step of its own
                 other = t.retile[k] + mn
                 take = same <= other
                 rows += np.where(take, same, other)
@@ -530,7 +567,7 @@ class _Tables:
     makes that tiling), ``groups`` (candidate indices per output tiling, one row per tiling,
     padded with the inf slot), ``pos`` (tiling id -> row of ``groups``)."""
 
-    __slots__ = ("cost", "cost_ext", "made", "needs", "retile", "at", "groups", "rows", "pos")
+    __slots__ = ("cost", "cost_ext", "made", "needs", "retile", "at", "groups", "rows", "pos", "saving")
 
 
 def _bounded_products(options: list[list[int]], lo: int, hi: int):
@@ -568,9 +605,12 @@ def _pick(name: str, ci: int, picks: dict, chosen: dict[str, int]) -> None:
 
 
 def optimize(nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ...]], workers: int = 1,
-             budget: int | None = None, tile_bytes: int | None = None, model: CostModel = DEFAULT_COSTS) -> Choice:
-    """EinDecomp: the cheapest chunking of every node under the cost model."""
-    prob = _Problem(nodes, inputs, fixed, workers, budget, tile_bytes, model)
+             budget: int | None = None, tile_bytes: int | None = None, model: CostModel = DEFAULT_COSTS,
+             fuse_into: frozenset | None = None) -> Choice:
+    """EinDecomp: the cheapest chunking of every node under the cost model. ``fuse_into``: the
+    plan's outputs, when element-wise nodes fuse into the steps producing their operands (an
+    epilogue then costs what it saves only under a chunking that lets it fuse)."""
+    prob = _Problem(nodes, inputs, fixed, workers, budget, tile_bytes, model, fuse_into)
     cuts = prob.cut_values()
     options = {c: prob.cut_options(c) for c in cuts}
     combos = math.prod(len(o) for o in options.values()) if cuts else 1
@@ -649,9 +689,9 @@ def _greedy(prob: _Problem, cuts, options, work: int = GREEDY_WORK):
 
 def exhaustive(nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ...]], workers: int = 1,
                budget: int | None = None, tile_bytes: int | None = None,
-               model: CostModel = DEFAULT_COSTS) -> tuple[float, Choice]:
+               model: CostModel = DEFAULT_COSTS, fuse_into: frozenset | None = None) -> tuple[float, Choice]:
     """The true optimum by enumerating every candidate of every node (tests only: exponential)."""
-    prob = _Problem(nodes, inputs, fixed, workers, budget, tile_bytes, model)
+    prob = _Problem(nodes, inputs, fixed, workers, budget, tile_bytes, model, fuse_into)
     names = [n.result.name for n in prob.nodes]
     free_multi = [v for v in prob.inputs if v not in prob.fixed and len(prob.consumers.get(v, [])) > 1]
     free_opts = [prob.cut_options(v) for v in free_multi]
