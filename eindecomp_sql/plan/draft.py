@@ -36,6 +36,9 @@ class Options:
     # element-wise nodes run inside the einsum steps next to them (passes/fuse.py), and steps over
     # single tiles as programs (passes/program.py); "elementwise": only the first; False: neither
     fuse: bool | str = True
+    # the optimizer prices an element-wise node as the epilogue it can be (plan/optimize.py);
+    # graph_plan also plans without, and keeps the cheaper: the fuse pass may still refuse
+    price_epilogues: bool = True
 
 
 @dataclass(frozen=True)

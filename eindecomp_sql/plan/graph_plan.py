@@ -14,7 +14,7 @@ True
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from types import MappingProxyType
 
@@ -24,6 +24,7 @@ from .cost import DEFAULT_COSTS, CostModel, Costs, nbytes, parse_memory
 from .tiling import tile_of
 from .draft import FUSE_MODES, Draft, Options
 from .optimize import STRATEGIES, Choice
+from .passes.fuse import _elementwise
 from .pipeline import PASSES, run_passes
 from .steps import EinsumStep, Plan, ProgramStep, RetileStep, TiledValue, describe_costs, format_bytes, step_target
 from .tiling import check_tile
@@ -67,7 +68,8 @@ class GraphPlan:
     def costs(self) -> Costs:
         """The cost model's terms (join, grouped, aggregation, retile bytes) of the steps this
         plan runs: a fused step counts the tiles it reads, not the intermediates it never
-        stores (before fusion this is the optimizer's own total, ``choice.costs``)."""
+        stores (before fusion this is the optimizer's own total, ``choice.costs``, which counts
+        the element-wise nodes it priced as epilogues as fused)."""
         return self.plan.costs
 
     @property
@@ -345,6 +347,15 @@ def _plan_cached(nodes: tuple[EinsumNode, ...], inputs: tuple[ValueInfo, ...], p
                      Options(workers, budget, tile_bytes, strat, costs, fuse=fuse))
 
     made = run_passes(draft(strategy))
+    if strategy == "eindecomp" and fuse and any(_elementwise(n) for n in nodes):
+        # The optimizer priced element-wise nodes as the epilogues they can be; the fuse pass
+        # may still refuse one (over the budget at its most batches, dearer once a grouped
+        # step replicates its other operands, too many operands), and then the plan paid for
+        # a tiling that bought nothing. Planned without that pricing too, the cheaper is kept.
+        first = draft(strategy)
+        plain = run_passes(replace(first, options=replace(first.options, price_epilogues=False)))
+        if plain.plan().costs.total < made.plan().costs.total:
+            made = plain
     baselines: dict[str, Costs | None] = {}
     others: dict[str, Draft] = {}
     for s in STRATEGIES[1:]:  # the fixed strategies' costs, and whether their steps fit the budget

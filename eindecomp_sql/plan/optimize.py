@@ -407,7 +407,10 @@ class _Problem:
             t.cost = self._node_costs(n, pieces, col)
             t.saving = None
             if name in self.epilogue:  # subtracted where the producer cuts the operand as read
-                t.saving = np.array([self.epilogue_saving(n, p).total for p in cands], dtype=np.float64)
+                if self.budget is None:  # one statement whatever the pieces: one saving for all
+                    t.saving = np.full(len(cands), self.epilogue_saving(n, cands[0]).total)
+                else:
+                    t.saving = np.array([self.epilogue_saving(n, p).total for p in cands], dtype=np.float64)
             t.made = intern_rows(name, tile[:, [col[lab] for lab in n.output]])[0]
             t.needs, t.retile = [], []
             for k, op in enumerate(n.operands):

@@ -30,7 +30,7 @@ def choose_chunking(d: Draft) -> Draft:
     fixed = {name: v.tile for name, v in known.items() if v.tile is not None}
     if o.strategy == "eindecomp":
         choice = optimize(d.nodes, values, fixed, workers=o.workers, budget=o.budget, tile_bytes=o.tile_bytes,
-                          model=o.costs, fuse_into=frozenset(d.outputs) if o.fuse else None)
+                          model=o.costs, fuse_into=frozenset(d.outputs) if o.fuse and o.price_epilogues else None)
     elif o.strategy in STRATEGIES:
         choice = baseline(o.strategy, d.nodes, values, fixed, workers=o.workers, model=o.costs)
     else:
