@@ -56,6 +56,12 @@ class EinsumNode:
     def reduced(self) -> tuple[str, ...]:
         return tuple(lab for lab in self.labels if lab not in self.output)
 
+    @property
+    def elementwise(self) -> bool:
+        """Reduces nothing, and no operand takes a diagonal (labels distinct in every operand):
+        what fuses into the step next to it (``plan/passes/fuse.py``)."""
+        return not self.reduced and all(len(set(op.labels)) == len(op.labels) for op in self.operands)
+
     def describe(self) -> str:
         """The node as the spec it computes, in its own labels: ``bo,oi->bi``, plus the join
         when it is not ``mul`` and the aggregation when the node reduces a label and it is not

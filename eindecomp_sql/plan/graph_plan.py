@@ -24,7 +24,6 @@ from .cost import DEFAULT_COSTS, CostModel, Costs, nbytes, parse_memory
 from .tiling import tile_of
 from .draft import FUSE_MODES, Draft, Options
 from .optimize import STRATEGIES, Choice
-from .passes.fuse import _elementwise
 from .pipeline import PASSES, run_passes
 from .steps import EinsumStep, Plan, ProgramStep, RetileStep, TiledValue, describe_costs, format_bytes, step_target
 from .tiling import check_tile
@@ -346,13 +345,14 @@ def _plan_cached(nodes: tuple[EinsumNode, ...], inputs: tuple[ValueInfo, ...], p
         return Draft(nodes, values, tuple(v.name for v in picked),
                      Options(workers, budget, tile_bytes, strat, costs, fuse=fuse))
 
-    made = run_passes(draft(strategy))
-    if strategy == "eindecomp" and fuse and any(_elementwise(n) for n in nodes):
+    first = draft(strategy)
+    made = run_passes(first)
+    if made.choice.priced:
         # The optimizer priced element-wise nodes as the epilogues they can be; the fuse pass
         # may still refuse one (over the budget at its most batches, dearer once a grouped
         # step replicates its other operands, too many operands), and then the plan paid for
-        # a tiling that bought nothing. Planned without that pricing too, the cheaper is kept.
-        first = draft(strategy)
+        # a tiling that bought nothing. Planned without that pricing too, the cheaper is kept
+        # (a chunking that priced none is the unpriced optimum already).
         plain = run_passes(replace(first, options=replace(first.options, price_epilogues=False)))
         if plain.plan().costs.total < made.plan().costs.total:
             made = plain

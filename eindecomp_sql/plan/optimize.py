@@ -63,6 +63,9 @@ class Choice:
     pieces: dict[str, dict[str, int]]  # node result name -> label -> pieces
     input_tiles: dict[str, tuple[int, ...]]  # free graph inputs -> tile shape
     costs: Costs = field(default_factory=Costs)
+    # element-wise nodes priced as epilogues in this chunking (their producer cuts their operand
+    # as they read it): the fuse pass may still refuse them (graph_plan then compares)
+    priced: tuple[str, ...] = ()
 
     def chunking(self, node) -> Chunking:
         """The chunking chosen for ``node`` (what the planner cuts by)."""
@@ -103,7 +106,7 @@ class _Problem:
         (an FFN's relu under a device budget: 4 steps where 3, the relu fused, would do)."""
         found = {}
         for n in self.nodes:
-            if n.reduced or any(len(set(op.labels)) != len(op.labels) for op in n.operands):
+            if not n.elementwise:
                 continue
             for k, op in enumerate(n.operands):
                 u = op.value
@@ -114,6 +117,17 @@ class _Problem:
                     found[n.result.name] = k
                     break
         return found
+
+    def priced(self, pieces: dict[str, dict[str, int]]) -> tuple[str, ...]:
+        """The nodes ``epilogue_saving`` applies to under ``pieces`` (their operand is always a
+        value a node produces, so its tiling is that node's output tile)."""
+        out = []
+        for name, k in self.epilogue.items():
+            node = self.producer[name]
+            u = node.operands[k].value
+            if self.out_tile(self.producer[u], pieces[u]) == self.required(node, k, pieces[name]):
+                out.append(name)
+        return tuple(out)
 
     def epilogue_saving(self, node: EinsumNode, pieces: dict[str, int]) -> Costs:
         """What fusing ``node`` into its producer's step saves: its own read of the operand
@@ -631,7 +645,7 @@ def optimize(nodes, inputs: dict[str, ValueInfo], fixed: dict[str, tuple[int, ..
         # every chunking needs a retile the budget forbids (priced FORBIDDEN, not excluded)
         raise EinsumError("no chunking fits the memory budget: every one needs a re-tile over it; give more memory")
     tiles = prob.free_input_tiles(pieces, fix)
-    return Choice(pieces, tiles, prob.evaluate(pieces, tiles))
+    return Choice(pieces, tiles, prob.evaluate(pieces, tiles), prob.priced(pieces))
 
 
 def _greedy(prob: _Problem, cuts, options, work: int = GREEDY_WORK):

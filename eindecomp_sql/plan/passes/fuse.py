@@ -73,11 +73,6 @@ def _program(step: EinsumStep) -> Fusion:
     return step.fused if step.fused is not None else Fusion(step.node)
 
 
-def _elementwise(node: EinsumNode) -> bool:
-    """Reduces nothing, and no operand takes a diagonal (labels distinct in every operand)."""
-    return not node.reduced and all(len(set(op.labels)) == len(op.labels) for op in node.operands)
-
-
 def relabel(node: EinsumNode, to: dict[str, str]) -> EinsumNode:
     """``node`` with every label renamed by ``to`` (which covers them all, one to one)."""
     ops = tuple(Operand(op.value, tuple(to[lab] for lab in op.labels), op.dropped) for op in node.operands)
@@ -149,7 +144,7 @@ def _fuse_epilogues(steps: list, keep: set[str], options) -> None:
     k = 0
     while k < len(steps):
         s = steps[k]
-        if isinstance(s, EinsumStep) and s.fused is None and _elementwise(s.node):
+        if isinstance(s, EinsumStep) and s.fused is None and s.node.elementwise:
             found = _as_epilogue(steps, k, index, keep, options)
             if found is not None:
                 j, fused = found  # the producer, always before k
@@ -197,7 +192,7 @@ def _fuse_prologues(steps: list, keep: set[str], options) -> None:
     while k < len(steps):
         p = steps[k]
         if (isinstance(p, EinsumStep) and p.result.name not in keep
-                and all(_elementwise(n) for n in _program(p).nodes)):
+                and all(n.elementwise for n in _program(p).nodes)):
             readers = index.readers.get(p.result.name, [])
             if len(readers) == 1 and isinstance(steps[readers[0]], EinsumStep):
                 c = readers[0]
