@@ -36,6 +36,7 @@ import sys
 import threading
 
 from .._malloc import _M_ARENA_MAX, tuning_disabled
+from . import duckdb_allocator
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -103,6 +104,9 @@ def bound_retained(budget: int) -> None:
         libc = _libc()
         if libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, cap) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, cap) == 1:
             _state["bound"] = cap
+        # under a budget DuckDB's jemalloc purges by time again, inside plans too: pages it
+        # kept until a plan ends would count against the budget's share (plan/cost.py)
+        duckdb_allocator.restore_decay()
 
 
 def retaining() -> bool:
@@ -137,6 +141,9 @@ def bound_free_memory() -> None:
     if not _state["retaining"]:
         return
     cap = min(FREE_CAP_BYTES, _state.get("bound", FREE_CAP_BYTES))
+    if _state["users"]:  # DuckDB's habits (duckdb_allocator.py): its freed pages under the same cap
+        duckdb_allocator.quiet_trim()  # again: a lazily bound first call may have undone it
+        duckdb_allocator.bound_dirty(cap)
     free = free_bytes()
     if free is None or free <= cap:  # mallinfo2 first: cheap, and an upper bound
         return
@@ -202,9 +209,15 @@ def _heap_resident(libc) -> int | None:
 
 
 def attach() -> None:
-    """A backend opened (count it, so the last one to close can hand memory back)."""
+    """A backend opened (count it, so the last one to close can hand memory back); while any
+    is open, DuckDB's idle threads do not trim the heap and its jemalloc keeps freed pages
+    until a plan ends above the cap (duckdb_allocator.py)."""
     with _lock:
         _state["users"] += 1
+        if _state["retaining"]:
+            duckdb_allocator.quiet_trim()
+            if "bound" not in _state:
+                duckdb_allocator.keep_dirty_pages()
 
 
 def detach() -> None:
@@ -212,5 +225,7 @@ def detach() -> None:
     with _lock:
         _state["users"] -= 1
         last = _state["users"] == 0
+        if last:
+            duckdb_allocator.restore()
     if last:
         release_freed_memory()
