@@ -175,7 +175,8 @@ def analyse(runs: dict[int, dict]) -> dict:
             for s in summ.values():
                 s["vs_numpy"] = s["median"] / summ["numpy"]["median"]
             rep = representative(r["profiles"])
-            w["by_cores"][n] = {"summary": summ, "profile": rep, "step_names": r["step_names"]}
+            w["by_cores"][n] = {"summary": summ, "profile": rep, "step_names": r["step_names"],
+                                "faults": [p["faults"] for p in r["profiles"] if "faults" in p]}
         if 1 in runs and 2 in runs:
             med = {n: {k: s["median"] for k, s in w["by_cores"][n]["summary"].items()} for n in (1, 2)}
             for k in med[1]:
@@ -283,6 +284,10 @@ def markdown(results: dict, command: str) -> str:
                            f"{s['threads']} |")
             out.append(f"| {name} | between steps | {c} | {_t(prof['between_steps'])} | 0 | "
                        f"{_t(prof['between_steps'])} | {prof['between_steps'] / prof['wall']:.0%} of the call | - | - |")
+            faults = b.get("faults")
+            if faults:  # buffers handed back by an allocator and faulted in again, 4 KiB a fault
+                out.append(f"| {name} | page faults a call (median, max of {len(faults)}) | {c} | "
+                           f"{sorted(faults)[len(faults) // 2]:,}, {max(faults):,} | - | - | - | - | - |")
     return "\n".join(out) + "\n"
 
 

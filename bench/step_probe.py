@@ -11,6 +11,7 @@ functions up in ``udfs.register`` when a connection registers them, so a later p
 from __future__ import annotations
 
 import functools
+import resource
 import threading
 import time
 
@@ -76,12 +77,16 @@ def profile(fn) -> tuple[float, dict]:
     ``steps``: per plan step, its ``wall`` seconds, ``kernel`` (seconds when at least one kernel
     call ran), ``kernel_sum`` (the calls' seconds added up: above ``kernel`` when calls overlap),
     ``outside`` (wall - kernel), ``calls`` and ``threads`` (distinct DuckDB threads that called);
-    ``between_steps``: wall time outside every step (planning, compiling, commit, catalog)."""
+    ``between_steps``: wall time outside every step (planning, compiling, commit, catalog);
+    ``faults``: the process's minor page faults during the call (every thread's: a buffer the
+    allocators handed back and the call faulted in again, 4 KiB each)."""
     _calls.clear()
     _steps.clear()
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t = time.perf_counter()
     fn()
     wall = time.perf_counter() - t
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
     steps = []
     for k, s0, s1 in _steps:
         s1 = s1 if s1 is not None else s0
@@ -89,4 +94,5 @@ def profile(fn) -> tuple[float, dict]:
         kernel = _union([(a, b) for a, b, _ in mine])
         steps.append({"step": k, "wall": s1 - s0, "kernel": kernel, "kernel_sum": sum(b - a for a, b, _ in mine),
                       "outside": (s1 - s0) - kernel, "calls": len(mine), "threads": len({tid for *_, tid in mine})})
-    return wall, {"wall": wall, "steps": steps, "between_steps": wall - sum(s["wall"] for s in steps)}
+    return wall, {"wall": wall, "steps": steps, "between_steps": wall - sum(s["wall"] for s in steps),
+                  "faults": faults}
