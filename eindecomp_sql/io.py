@@ -661,6 +661,17 @@ def _check_tile_keys(t: _Tiled, kcols: list[np.ndarray], rows: int, where: str) 
     _check_unique(idx, t.grid, list(t.keys), where, tiles=True)
 
 
+def check_stored_tiles(table: pa.Table, value, where: str) -> None:
+    """The rows read from a stored tensor's table are its grid's tiles, each once, each the
+    bytes its extents take, none NULL: ``store`` checked them as they came in, but the table is
+    the user's to edit in SQL, and a deleted, repeated or NULL tile read as it was gave zeros,
+    a doubled tile or uninitialised memory. ~µs a tile: keys and lengths, not the tile bytes."""
+    t = _Tiled(tuple(value.shape), value.dtype, tuple(value.tile), tuple(value.keys), tuple(value.keys),
+               sys.byteorder, False)
+    kcols, _ = _check_tile_rows(t, table, where)
+    _check_tile_keys(t, kcols, table.num_rows, where)
+
+
 def _from_tiles(table: pa.Table, meta: dict, want: Wanted, where: str) -> Incoming:
     """Check a tiled table against its description and pass its tiles on as they are (re-cut
     through a dense array only when ``tile=``, ``dtype=`` or the byte order asks for it)."""

@@ -180,6 +180,11 @@ class Tensor:
         with self.session._call():  # the check and the read with no replace between them (a thread
             v = self._live_value()  # replacing the tensor made int64 bytes read as float64)
             tiles = self.session.backend.read_tiles(v)
+        if not self.is_temporary:  # a stored tensor's table may have been edited in SQL since
+            from .io import check_stored_tiles
+
+            check_stored_tiles(tiles, v, f"stored tensor {v.name!r} does not match its catalog entry (was its "
+                                         f"table edited outside store()? store it again with replace=True)")
         return array_from_tiles(tiles, v.shape, v.tile, v.dtype, v.keys)
 
     def __array__(self, dtype=None, copy=None):

@@ -186,3 +186,41 @@ def test_a_table_of_the_same_name_elsewhere_does_not_block_a_store(tmp_path):
         con.execute("CREATE TABLE mine(i BIGINT, value DOUBLE)")
         with pytest.raises(eds.EinsumError, match="not a stored tensor"):
             db.store("MINE", a)
+
+
+EDITS = {  # SQL edits of a stored tensor's table that leave it out of shape, and what is named
+    "a tile cut short": ("UPDATE t SET tile = '\\x00\\x01'::BLOB WHERE d0 = 0 AND d1 = 0", "holds 2 bytes"),
+    "a tile row deleted": ("DELETE FROM t WHERE d0 = 1 AND d1 = 1", "3 tile rows"),
+    "every row deleted": ("DELETE FROM t", "0 tile rows"),
+    "a tile row repeated": ("INSERT INTO t SELECT * FROM t WHERE d0 = 0 AND d1 = 0", "5 tile rows"),
+    "a key outside the grid": ("UPDATE t SET d0 = 5 WHERE d0 = 1 AND d1 = 1", "holds 5"),
+    "a NULL tile": ("UPDATE t SET tile = NULL WHERE d0 = 0 AND d1 = 1", "null"),
+    "a NULL key": ("UPDATE t SET d0 = NULL WHERE d0 = 0 AND d1 = 1", "null"),
+    "a tile moved onto another's key": ("UPDATE t SET d1 = 0 WHERE d0 = 1 AND d1 = 1", "more than once"),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_a_stored_tensor_edited_out_of_shape_in_sql_is_refused_not_read(edit):
+    """``store`` checks what comes in, but the table is the user's to edit. Read as it was, a
+    deleted tile came back as zeros, a repeated one overwrote its twin, and a NULL tile left
+    ``np.empty``'s uninitialised memory in the result."""
+    sql, named = EDITS[edit]
+    db = eds.connect()
+    a = random_array(np.random.default_rng(3), (4, 4), "float64")
+    db.store("t", a, tile=(2, 2))
+    db.connection.execute(sql)
+    with pytest.raises(eds.EinsumError, match="stored tensor 't' does not match its catalog entry") as e:
+        db.tensor("t").to_numpy()
+    assert named in str(e.value)
+
+
+def test_a_stored_tensors_values_edited_in_sql_are_read_as_edited():
+    db = eds.connect()
+    a = random_array(np.random.default_rng(4), (5, 3), "float32")
+    db.store("t", a, tile=(2, 2))
+    # the edge tile at d0=2, d1=0 (1 x 2) takes the first row's first two values
+    b = a.copy()
+    b[4, :2] = a[0, :2]
+    db.connection.execute("UPDATE t SET tile = ?::BLOB WHERE d0 = 2 AND d1 = 0", [a[0, :2].tobytes()])
+    np.testing.assert_array_equal(db.tensor("t").to_numpy(), b)
