@@ -104,9 +104,9 @@ def bound_retained(budget: int) -> None:
         libc = _libc()
         if libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, cap) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, cap) == 1:
             _state["bound"] = cap
-        # under a budget DuckDB's jemalloc purges by time again, inside plans too: pages it
-        # kept until a plan ends would count against the budget's share (plan/cost.py)
-        duckdb_allocator.restore_decay()
+        # under a budget DuckDB trims and purges by time again, inside plans too: pages kept
+        # until a plan ends would count against the budget's share (plan/cost.py)
+        duckdb_allocator.restore()
 
 
 def retaining() -> bool:
@@ -141,9 +141,10 @@ def bound_free_memory() -> None:
     if not _state["retaining"]:
         return
     cap = min(FREE_CAP_BYTES, _state.get("bound", FREE_CAP_BYTES))
-    if _state["users"]:  # DuckDB's habits (duckdb_allocator.py): its freed pages under the same cap
-        duckdb_allocator.quiet_trim()  # again: a lazily bound first call may have undone it
-        duckdb_allocator.bound_dirty(cap)
+    with _lock:  # DuckDB's habits (duckdb_allocator.py): its freed pages under the same cap
+        if _state["users"] and "bound" not in _state:
+            duckdb_allocator.quiet_trim()  # again: a lazily bound first call may have undone it
+            duckdb_allocator.bound_dirty(cap)
     free = free_bytes()
     if free is None or free <= cap:  # mallinfo2 first: cheap, and an upper bound
         return
@@ -214,18 +215,29 @@ def attach() -> None:
     until a plan ends above the cap (duckdb_allocator.py)."""
     with _lock:
         _state["users"] += 1
-        if _state["retaining"]:
+        if _state["retaining"] and "bound" not in _state:
             duckdb_allocator.quiet_trim()
-            if "bound" not in _state:
-                duckdb_allocator.keep_dirty_pages()
+            duckdb_allocator.keep_dirty_pages()
 
 
 def detach() -> None:
     """A backend closes; the last one hands the free pages back."""
     with _lock:
-        _state["users"] -= 1
+        _state["users"] = max(_state["users"] - 1, 0)  # a session a forked child inherited
         last = _state["users"] == 0
         if last:
             duckdb_allocator.restore()
     if last:
         release_freed_memory()
+
+
+def _after_fork_in_child() -> None:
+    # the child has no session of its own (DuckDB's connections do not survive a fork), and a
+    # lock another thread held at the fork would stay held in it for ever
+    global _lock
+    _lock = threading.Lock()
+    _state["users"] = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -6,23 +6,30 @@ MiB buffer came back fresh, ~16,400 page faults and 20-40 ms on the VMs we measu
 every 6 calls of ``bij,bjk`` 16x1024³ after a GEMM session (docs/DESIGN.md "DuckDB's idle threads
 trimmed our heap"):
 
-1. **Its idle threads trim the system heap.** A DuckDB worker idle for 0.5 s calls
-   ``Allocator::ThreadFlush``, which calls glibc's ``malloc_trim`` (at most every 100 ms). That
-   releases every free chunk inside the heap whatever its pad. Inside our own statements a
-   worker idles that long whenever the kernel runs on another thread, and between calls too.
-   No setting turns it off (``allocator_flush_threshold`` is only the pad).
+1. **It trims the system heap.** A DuckDB worker idle for 0.5 s calls
+   ``Allocator::ThreadFlush``, and bulk frees call ``Allocator::FlushAll``; both call glibc's
+   ``malloc_trim`` (at most every 100 ms), which releases every free chunk inside the heap
+   whatever its pad. Inside our own statements a worker idles that long whenever the kernel
+   runs on another thread, and between calls too. No setting turns it off
+   (``allocator_flush_threshold`` is only the pad).
 2. **Its jemalloc purges freed pages after a second** (``dirty_decay_ms`` 1000). The result
    tiles DuckDB copies out of a UDF live there, so calls a second apart fault them in anew.
 
-While a session is open we (1) point DuckDB's import of ``malloc_trim`` (its GOT slot: the
-address its calls jump through) at a function that does nothing, and (2) set its jemalloc's
-dirty decay to -1 (never by time). Freed memory is still bounded: after every plan
-``allocator.bound_free_memory`` trims glibc's heap and purges jemalloc's dirty pages, each when
-more than the cap is resident, and the last session to close restores both and hands everything
-back. ``EDS_RETAIN_MEMORY=0`` leaves DuckDB alone, as it does glibc.
+While a session without a memory budget is open we (1) point DuckDB's import of
+``malloc_trim`` (its GOT slots: the addresses its calls jump through) at a function that does
+nothing, and (2) set the dirty decay of its jemalloc's regular arenas to -1 (never by time; the
+arena for blocks of 256 MiB and more keeps purging at once, as DuckDB set it). Freed memory is
+still bounded: after every plan ``allocator.bound_free_memory`` trims glibc's heap and purges
+jemalloc's dirty pages, each when more than the cap is resident, and the last session to close
+restores both. Both are process-wide, as DuckDB's allocators are: the process's other DuckDB
+connections see them too. Once any session of the process has a memory budget, both are put
+back for the rest of the process (``allocator.bound_retained``): inside a plan under a budget,
+pages kept until it ends would count against the plan's share. ``EDS_RETAIN_MEMORY=0`` leaves
+DuckDB alone, as it does glibc.
 
-Where the slot cannot be found or is not what we expect (not ELF, another library hooked it,
-a DuckDB without jemalloc), nothing is changed for that part: the cost is the faults above.
+Where a slot cannot be found or is not what we expect (not ELF, section headers stripped,
+someone else's hook, a DuckDB without jemalloc), nothing is changed for that part: the cost is
+the faults above.
 """
 
 from __future__ import annotations
@@ -36,8 +43,8 @@ import sys
 import threading
 
 _lock = threading.Lock()
-# what was changed, to undo: the slot's address and its old value; the arenas' old decays
-_state: dict = {"slot": None, "old": None, "decay": None}
+# what was changed, to undo: each patched slot's address and old value; the arenas' old decays
+_state: dict = {"slots": {}, "decay": None}
 
 # ELF relocation types that fill a symbol's GOT slot: (JUMP_SLOT, GLOB_DAT) per e_machine
 _SLOT_TYPES = {62: (7, 6), 183: (1026, 1025)}  # x86-64, aarch64
@@ -50,39 +57,49 @@ def _duckdb_library() -> str | None:
     return getattr(mod, "__file__", None)
 
 
-def got_slot_offset(path: str, symbol: str) -> int | None:
-    """The offset from the library's load address of the GOT slot its calls to ``symbol`` go
-    through (an ELF64 little-endian shared object's relocations), or None."""
+@functools.lru_cache(maxsize=8)
+def got_slot_offsets(path: str, symbol: str) -> tuple[int, ...]:
+    """The offsets from the library's load address of every GOT slot its calls to ``symbol``
+    go through (an ELF64 little-endian shared object's JUMP_SLOT and GLOB_DAT relocations, read
+    from its section headers); empty when there are none or the file cannot be read so."""
+    found = []
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
             if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-                return None
+                return ()
             types = _SLOT_TYPES.get(struct.unpack_from("<H", data, 0x12)[0])
             if types is None:
-                return None
+                return ()
             shoff = struct.unpack_from("<Q", data, 0x28)[0]
             shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
             sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-            want = symbol.encode()
+            want = symbol.encode() + b"\0"
             for _, sh_type, _, _, offset, size, link, _, _, entsize in sections:
                 if sh_type != 4 or entsize != 24 or link >= len(sections):  # SHT_RELA
                     continue
                 symtab = sections[link]
-                strtab = sections[symtab[6]] if symtab[6] < len(sections) else None
-                if strtab is None:
+                if symtab[6] >= len(sections):
                     continue
+                strtab = sections[symtab[6]]
                 for k in range(size // 24):
                     r_offset, r_info, _ = struct.unpack_from("<QQq", data, offset + 24 * k)
                     if (r_info & 0xFFFFFFFF) not in types or not r_info >> 32:
                         continue
                     name_at = strtab[4] + struct.unpack_from("<I", data, symtab[4] + 24 * (r_info >> 32))[0]
-                    if data[name_at:name_at + len(want) + 1] == want + b"\0":
-                        return r_offset
+                    if data[name_at:name_at + len(want)] == want:
+                        found.append(r_offset)
     except (OSError, ValueError, struct.error, IndexError):
-        return None
-    return None
+        return ()
+    return tuple(found)
 
 
+def got_slot_offset(path: str, symbol: str) -> int | None:
+    """The first of ``got_slot_offsets``, or None."""
+    offsets = got_slot_offsets(path, symbol)
+    return offsets[0] if offsets else None
+
+
+@functools.lru_cache(maxsize=8)
 def _load_address(path: str) -> int | None:
     """The library's load address (its link map's ``l_addr``), through ``dlinfo``."""
     try:
@@ -97,47 +114,43 @@ def _load_address(path: str) -> int | None:
         return None
 
 
-def _library_span(path: str) -> tuple[int, int] | None:
-    """The lowest and highest address the library is mapped at."""
-    real = os.path.realpath(path)
-    lo = hi = None
+def _mappings() -> list[tuple[int, int, str, str]]:
+    """(start, end, permissions, path) of every mapping of this process."""
+    out = []
     try:
         with open("/proc/self/maps") as f:
             for line in f:
                 parts = line.split(None, 5)
-                if len(parts) == 6 and os.path.realpath(parts[5].strip()) == real:
-                    a, b = (int(x, 16) for x in parts[0].split("-"))
-                    lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
-    except OSError:
-        return None
-    return None if lo is None else (lo, hi)
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                out.append((lo, hi, parts[1], parts[5].strip() if len(parts) == 6 else ""))
+    except (OSError, ValueError, IndexError):
+        return []
+    return out
 
 
-def _write_word(address: int, value: int) -> bool:
+def _library_span(path: str, maps) -> tuple[int, int] | None:
+    """The lowest and highest address the library is mapped at (the kernel writes the real
+    path in ``/proc/self/maps``; a replaced file reads "(deleted)" and matches nothing)."""
+    real = os.path.realpath(path)
+    spans = [(lo, hi) for lo, hi, _, name in maps if name == real]
+    return (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
+
+
+def _write_word(address: int, value: int, maps) -> bool:
     """Store one pointer-sized word, making its page writable for the store if it is not
     (a library linked with full RELRO has a read-only GOT)."""
+    perms = next((p for lo, hi, p, _ in maps if lo <= address < hi), None)
+    if perms is None:
+        return False
     libc = ctypes.CDLL(None)
-    page = mmap.PAGESIZE
-    start = address & ~(page - 1)
-    writable = None
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                span, perms = line.split(None, 2)[:2]
-                lo, hi = (int(x, 16) for x in span.split("-"))
-                if lo <= address < hi:
-                    writable = "w" in perms
-                    break
-    except OSError:
-        return False
-    if writable is None:
-        return False
     libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    if not writable and libc.mprotect(start, page, 3) != 0:  # PROT_READ | PROT_WRITE
+    start = address & ~(mmap.PAGESIZE - 1)
+    writable = "w" in perms
+    if not writable and libc.mprotect(start, mmap.PAGESIZE, 3) != 0:  # PROT_READ | PROT_WRITE
         return False
     ctypes.c_size_t.from_address(address).value = value  # an aligned word: one store
     if not writable:
-        libc.mprotect(start, page, 1)  # PROT_READ, as the loader left it
+        libc.mprotect(start, mmap.PAGESIZE, 1)  # PROT_READ, as the loader left it
     return True
 
 
@@ -149,48 +162,48 @@ def _noop_address() -> int:
 
 
 def quiet_trim() -> bool:
-    """Point DuckDB's ``malloc_trim`` slot at a no-op; True when it is (or already was)."""
+    """Point DuckDB's ``malloc_trim`` slots at a no-op; True when they are (or already were)."""
     with _lock:
         return _quiet_trim()
 
 
 def _quiet_trim() -> bool:
     noop = _noop_address()
-    if _state["slot"] is not None:  # patched: the loader resolving a first call may have undone it
-        slot = _state["slot"]
-        if ctypes.c_size_t.from_address(slot).value != noop:
-            _write_word(slot, noop)
+    if _state["slots"]:  # patched: the loader resolving a first call may have undone it
+        for slot in _state["slots"]:
+            if ctypes.c_size_t.from_address(slot).value != noop:
+                _write_word(slot, noop, _mappings())
         return True
     path = _duckdb_library()
     if path is None:
         return False
-    offset, base, span = got_slot_offset(path, "malloc_trim"), _load_address(path), _library_span(path)
-    if offset is None or base is None or span is None:
+    offsets, base = got_slot_offsets(path, "malloc_trim"), _load_address(path)
+    maps = _mappings()
+    span = _library_span(path, maps)
+    if not offsets or base is None or span is None:
         return False
-    slot = base + offset
-    if not span[0] <= slot < span[1]:
-        return False
-    old = ctypes.c_size_t.from_address(slot).value
     real = ctypes.cast(ctypes.CDLL(None).malloc_trim, ctypes.c_void_p).value
-    # resolved to glibc's, or not yet resolved (lazy binding: a stub inside the library)
-    if old != real and not span[0] <= old < span[1]:
-        return False  # someone else's hook: leave it
-    if not _write_word(slot, noop):
-        return False
-    _state["slot"], _state["old"] = slot, old
-    return True
+    slots = [base + o for o in offsets]
+    for slot in slots:
+        old = ctypes.c_size_t.from_address(slot).value if span[0] <= slot < span[1] else None
+        # resolved to glibc's, or not yet resolved (lazy binding: a stub inside the library)
+        if old is None or (old != real and not span[0] <= old < span[1]):
+            return False  # not what we expect, or someone else's hook: leave every slot alone
+    for slot in slots:
+        old = ctypes.c_size_t.from_address(slot).value
+        if _write_word(slot, noop, maps):
+            _state["slots"][slot] = old
+    return bool(_state["slots"])
 
 
 def trim_quieted() -> bool:
     """Whether DuckDB's ``malloc_trim`` is the no-op now."""
-    slot = _state["slot"]
-    return slot is not None and ctypes.c_size_t.from_address(slot).value == _noop_address()
+    slots = _state["slots"]
+    return bool(slots) and all(ctypes.c_size_t.from_address(s).value == _noop_address() for s in slots)
 
 
-def _mallctl():
-    path = _duckdb_library()
-    if path is None:
-        return None
+@functools.lru_cache(maxsize=8)
+def _mallctl_of(path: str):
     try:
         fn = ctypes.CDLL(path).duckdb_je_mallctl
     except (OSError, AttributeError):
@@ -198,6 +211,11 @@ def _mallctl():
     fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p,
                    ctypes.c_size_t]
     return fn
+
+
+def _mallctl():
+    path = _duckdb_library()
+    return None if path is None else _mallctl_of(path)
 
 
 def _ctl(name: str, value=None, ctype=ctypes.c_ssize_t):
@@ -212,29 +230,29 @@ def _ctl(name: str, value=None, ctype=ctypes.c_ssize_t):
     return old.value if rc == 0 else None
 
 
-def _arenas() -> list[str]:
-    n = _ctl("arenas.narenas", ctype=ctypes.c_uint) or 0
-    return ["arenas"] + [f"arena.{k}" for k in range(n)]  # "arenas": the default for new arenas
+def _regular_arenas() -> list[str]:
+    """DuckDB's jemalloc's regular arenas (``opt.narenas`` of them). Arenas past those hold
+    blocks above its oversize threshold (256 MiB) and purge at once, as DuckDB set them: a
+    buffer that big is not kept (allocator.py says why). Arenas jemalloc has not yet made
+    answer nothing and are taken up at a later plan's end."""
+    n = _ctl("opt.narenas", ctype=ctypes.c_uint) or 0
+    return [f"arena.{k}" for k in range(n)]
 
 
 def keep_dirty_pages() -> bool:
-    """Set DuckDB's jemalloc dirty decay to -1 on every arena (and for new ones); True when set."""
+    """Set DuckDB's jemalloc's regular arenas' dirty decay to -1; True when one is set."""
     with _lock:
-        if _state["decay"] is not None:
-            _new_arenas()
-            return True
-        old = {a: _ctl(f"{a}.dirty_decay_ms", -1) for a in _arenas()}  # an arena never used: None
-        old = {a: v for a, v in old.items() if v is not None}
-        if "arenas" not in old:
+        if _state["decay"] is None:
+            _state["decay"] = {}
+        _new_arenas()
+        if not _state["decay"]:
+            _state["decay"] = None
             return False
-        _state["decay"] = old
         return True
 
 
 def _new_arenas() -> None:
-    """Arenas DuckDB created since (the one for blocks above 256 MiB, on first use) get -1
-    too (``arenas.dirty_decay_ms`` set their decay as they were made; this is for safety)."""
-    for arena in _arenas():
+    for arena in _regular_arenas():
         if arena not in _state["decay"]:
             old = _ctl(f"{arena}.dirty_decay_ms", -1)
             if old is not None:
@@ -262,14 +280,14 @@ def purge() -> None:
 
 
 def bound_dirty(cap: int) -> None:
-    """Purge when DuckDB's jemalloc holds more than ``cap`` freed bytes (~7 us to ask)."""
+    """Purge when DuckDB's jemalloc holds more than ``cap`` freed bytes (~50 us to ask)."""
     with _lock:
         if _state["decay"] is None:
             return
-        _new_arenas()
-    dirty = dirty_bytes()
-    if dirty is not None and dirty > cap:
-        purge()
+        _new_arenas()  # arenas jemalloc made since
+        dirty = dirty_bytes()
+        if dirty is not None and dirty > cap:
+            purge()
 
 
 def restore_decay() -> None:
@@ -283,9 +301,22 @@ def restore_decay() -> None:
 
 
 def restore() -> None:
-    """Undo both (the last session closed): DuckDB trims and decays as it did before."""
+    """Undo both (the last session closed, or a budget): DuckDB trims and decays as before."""
     with _lock:
-        if _state["slot"] is not None:
-            _write_word(_state["slot"], _state["old"])
-            _state["slot"] = _state["old"] = None
+        maps = _mappings() if _state["slots"] else []
+        for slot, old in _state["slots"].items():
+            _write_word(slot, old, maps)
+        _state["slots"] = {}
     restore_decay()
+
+
+def _after_fork_in_child() -> None:
+    # a lock another thread held at the fork stays held in the child for ever; and the child
+    # starts with no session of its own, so DuckDB's allocators go back to DuckDB's ways
+    global _lock
+    _lock = threading.Lock()
+    restore()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
