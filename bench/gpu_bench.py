@@ -92,7 +92,12 @@ def gemm(db, torch, n: int, reps: int, cuda: bool) -> dict:
             "warm_throughput_ratio": statistics.median(times["torch"]) / statistics.median(times["warm"])}
 
 
-def ffn(db, torch, b: int, d: int, f: int, runs: int, cuda: bool) -> dict:
+def ffn_working_set(b: int, d: int, f: int) -> int:
+    """Bytes of the FFN's values in bfloat16: x and y, w1 and w2, the hidden h."""
+    return (2 * b * d + 2 * d * f + b * f) * 2
+
+
+def ffn(db, torch, b: int, d: int, f: int, runs: int, cuda: bool, profile: str | None = None) -> dict:
     import eindecomp_sql as eds
     import ml_dtypes
 
@@ -122,12 +127,36 @@ def ffn(db, torch, b: int, d: int, f: int, runs: int, cuda: bool) -> dict:
     retiles = plan.retiles
     ours, moved = [], []
     state = db.backend.kernels
+    steps, prof = [], None
+    if profile:  # where runs 2-5 spend their time: per plan step (step_probe) and per function
+        import cProfile
+
+        import step_probe
+
+        prof = cProfile.Profile()
     for r in range(runs):
         before = (state.device_sent, state.device_returned)
         t = time.perf_counter()
-        plan.run(db, x=x, w1="W1", w2="W2", out={"y": "FFN_Y"}, replace=True)
+        if prof is not None and r > 0:
+            prof.enable()
+            _, split = step_probe.profile(lambda: plan.run(db, x=x, w1="W1", w2="W2", out={"y": "FFN_Y"}, replace=True))
+            prof.disable()
+            steps.append(split)
+        else:
+            plan.run(db, x=x, w1="W1", w2="W2", out={"y": "FFN_Y"}, replace=True)
         ours.append(time.perf_counter() - t)
         moved.append((state.device_sent - before[0], state.device_returned - before[1]))
+    if prof is not None:
+        import io
+        import pstats
+
+        text = io.StringIO()
+        text.write(plan.explain(sql=False) + "\n\n" + json.dumps(steps, indent=1) + "\n\n")
+        stats = pstats.Stats(prof, stream=text)
+        stats.sort_stats("cumulative").print_stats(45)
+        stats.sort_stats("tottime").print_stats(30)
+        with open(profile, "w") as fh:
+            fh.write(text.getvalue())
     dev = "cuda" if cuda else "cpu"
     theirs = []
     if torch is None:  # a dry run without torch: numpy in float32 stands in
@@ -153,7 +182,7 @@ def ffn(db, torch, b: int, d: int, f: int, runs: int, cuda: bool) -> dict:
             "retiles": retiles, "ours_s": ours, "torch_s": theirs,
             "max_rel_diff_vs_torch": err, "throughput_ratio_runs_2_on": statistics.median(theirs[1:]) / later,
             "cache_budget": cache.budget, "cache_peak": cache.peak, "cache_hits": cache.hits,
-            "bytes_sent_returned": moved, "working_set": x.nbytes * 2 + w1.nbytes + w2.nbytes + b * f * 2}
+            "bytes_sent_returned": moved, "working_set": ffn_working_set(b, d, f), "step_profiles": steps}
 
 
 def transfers(nbytes: int = 1 << 30, chunk: int = 64 << 20, reps: int = 3) -> dict:
@@ -260,7 +289,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", default="transfers,gemm,ffn")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", default=None, help="with --only ffn_half: write where the capped FFN's runs "
+                                                     "2-5 spend their time (plan steps, cProfile) to this file")
     args = ap.parse_args()
+    if args.profile:
+        import step_probe  # bench/, beside this script: before the first connect (see step_probe)
+
+        step_probe.install()
     try:
         import torch
     except ImportError:
@@ -296,11 +331,12 @@ def main() -> None:
     if "ffn" in only:
         shape = (64, 128, 256) if args.small else (8192, 8192, 28672)
         done("ffn", ffn(db, torch, *shape, runs=5, cuda=cuda))
-        db.close()
+    if "ffn" in only or "ffn_half" in only:
         # the same with the device's tile cache at half the FFN's working set
-        half = out["ffn"]["working_set"] // 2
-        db = eds.connect(device="cuda", allow_tf32=True, device_memory=half)
-        done("ffn_half", ffn(db, torch, *shape, runs=5, cuda=cuda))
+        shape = (64, 128, 256) if args.small else (8192, 8192, 28672)
+        db.close()
+        db = eds.connect(device="cuda", allow_tf32=True, device_memory=ffn_working_set(*shape) // 2)
+        done("ffn_half", ffn(db, torch, *shape, runs=5, cuda=cuda, profile=args.profile))
     db.close()
     print(markdown(out))
 

@@ -5,6 +5,7 @@
 #   bench/gpu_check.sh run       # there (CUDA, CuPy, PyTorch, numpy, pyarrow installed; no network)
 #   bench/gpu_check.sh cpu       # there too: issue 9's benchmarks on the machine's 16 CPU cores
 #   bench/gpu_check.sh all       # there: both, shortened, in one command under 600 s
+#   bench/gpu_check.sh profile   # there: where the open questions' time goes, ~5 minutes (below)
 #
 # `run` installs the carried wheels (duckdb, sqlglot) and this checkout into /tmp/site, then
 #   1. runs tests/test_device_kernels.py with the kernels on the real GPU (CuPy; a fresh machine
@@ -14,6 +15,13 @@
 # which scaling.py compares against) and runs, each under a time cap, bench/scaling.py pinned to
 # 2 cores and to all of them, its big GEMMs on all cores, bench/cursor_probe.py on all cores (the
 # parallel data path's open question) and bench/graph_bars.py --pair, ~6 minutes on 16 cores.
+# `profile` answers what the first lease (2026-11-26) left open, each under a time cap: the
+# capped FFN's 5 s a run on the GPU (bench/gpu_bench.py --only ffn_half --profile: its plan, each
+# step's wall and kernel time, cProfile's top functions), and on the CPU cores (GPU hidden) the
+# SQL path's time outside the kernels, which grew with the cores (`bij,bjk`: 111 ms at 16 cores,
+# 28 ms at 2): bench/trim_bench.py (page faults of freed buffers, DuckDB's allocators as DuckDB
+# runs them and as a session leaves them), scaling.py's step split with page faults a call, and
+# py-spy's native stacks of the stored `bij,bjk` (the py-spy wheel carried in .whl/).
 # .whl/ must be ignored by git (`echo /.whl/ >> .git/info/exclude`) and carried.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +30,7 @@ if [ "$mode" = fetch ]; then
     py=${PYTHON:-.venv/bin/python}
     for pkg in "duckdb==$($py -c 'import duckdb; print(duckdb.__version__)')" \
                "sqlglot==$($py -c 'import sqlglot; print(sqlglot.__version__)')" \
-               "dask==$($py -c 'import dask; print(dask.__version__)')" partd locket; do
+               "dask==$($py -c 'import dask; print(dask.__version__)')" partd locket py-spy; do
         $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
             --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
             --platform manylinux2014_x86_64 -d .whl "$pkg" || $py -m pip download -q --no-deps -d .whl "$pkg"
@@ -70,13 +78,39 @@ gpu_checks() {
     timeout ${BENCH_CAP:-300} python3 bench/gpu_bench.py --out "$out/gpu_bench.json" 2>&1 | tee "$out/bench.log" | tail -20
     echo "bench exit: ${PIPESTATUS[0]}"
 }
+profile_checks() {
+    set +e
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$out/machine.txt"
+    (nproc; lscpu | grep -E 'Model name|^CPU\(s\)') | tee -a "$out/machine.txt"
+    timeout 150 python3 bench/gpu_bench.py --only ffn_half --profile "$out/ffn_half_profile.txt" \
+        --out "$out/ffn_half.json" 2>&1 | tail -6
+    echo "ffn_half profile exit: ${PIPESTATUS[0]}"
+    export CUDA_VISIBLE_DEVICES=  # the CPU's own numbers from here on ("auto" would use the GPU)
+    timeout 100 python3 bench/trim_bench.py --processes 1 --calls 20 --pause 0.8 2>&1 | tee "$out/trim_bench.txt"
+    echo "trim_bench exit: ${PIPESTATUS[0]}"
+    timeout 60 python3 bench/scaling.py --cores all --rounds 3 --only batched_bij_bjk,gemm_4096 \
+        --out "$out/scaling_split" 2>&1 | tail -2
+    echo "scaling exit: ${PIPESTATUS[0]}"
+    if [ -x /tmp/site/bin/py-spy ]; then
+        timeout 60 /tmp/site/bin/py-spy record --native --format raw --rate 250 -o "$out/bij_bjk_pyspy.txt" -- \
+            python3 bench/trim_bench.py --child kept --calls 12 --pause 0 2>&1 | tail -2
+        echo "py-spy exit: ${PIPESTATUS[0]}"
+        # the frames that held most samples, innermost first (the file has every stack)
+        python3 -c "import collections,sys; c=collections.Counter()
+for line in open(sys.argv[1]):
+    stack, _, n = line.rstrip().rpartition(' ')
+    c[stack.split(';')[-1]] += int(n)
+[print(n, f[:150]) for f, n in c.most_common(25)]" "$out/bij_bjk_pyspy.txt"
+    fi
+}
 case "$mode" in
     run) gpu_checks ;;
+    profile) profile_checks ;;
     cpu) cpu_checks ;;
     # a lease of 15 minutes in one command under 600 s: the GPU's checks, then the 16-core ones
     # (all cores only, no big GEMMs, no graph bars), each under a shorter cap
     all) export EDS_EXAMPLES=${EDS_EXAMPLES:-8} SCALING_CORES=${SCALING_CORES:-all} TESTS_CAP=${TESTS_CAP:-100} \
              BENCH_CAP=${BENCH_CAP:-210} SCALING_CAP=${SCALING_CAP:-130} CURSOR_CAP=${CURSOR_CAP:-90}
          gpu_checks; cpu_checks ;;
-    *) echo "usage: $0 fetch|run|cpu|all" >&2; exit 2 ;;
+    *) echo "usage: $0 fetch|run|cpu|all|profile" >&2; exit 2 ;;
 esac
