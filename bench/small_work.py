@@ -1,5 +1,5 @@
 """Small work, side by side in one process: a 64² GEMM on stored tensors through ``db.einsum``
-(a temporary result table) and ``db.einsum_numpy`` (an array back), ``eds.einsum`` on arrays,
+(a temporary result table, and a kept one replaced call after call) and ``db.einsum_numpy`` (an array back), ``eds.einsum`` on arrays,
 numpy, and the planning + compile cost of a repeated einsum (both cached). Interleaved round by
 round; medians and min-max in ms. With ``--cores`` it re-runs itself pinned (``taskset``) to each
 core count and reports every run.
@@ -39,6 +39,10 @@ def measure() -> dict:
 
         methods = {
             "db.einsum (stored, temporary result)": temp_result,
+            # a kept result replaced call after call, operands by name: the catalog's reads and
+            # writes around the one statement (docs/DESIGN.md, "The catalog, read once")
+            "db.einsum (stored by name, out= replaced)": lambda: db.einsum("ij,jk->ik", "A", "B", out="C",
+                                                                            replace=True),
             "db.einsum_numpy (stored)": lambda: db.einsum_numpy("ij,jk->ik", A, B),
             "eds.einsum (numpy arrays)": lambda: eds.einsum("ij,jk->ik", a, b),
             "numpy a @ b": lambda: a @ b,
