@@ -253,6 +253,15 @@ IDLE_TRIM_SCRIPT = textwrap.dedent(
 )
 
 
+def _script(text: str) -> dict:
+    """Run ``text`` in a fresh interpreter with the allocator tuning on; its last line as JSON."""
+    env = dict(os.environ)
+    env.pop("EDS_RETAIN_MEMORY", None)
+    out = subprocess.run([sys.executable, "-c", text], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _duckdb_imports_malloc_trim() -> bool:
     import duckdb  # noqa: F401 - its library, to read
 
@@ -269,12 +278,7 @@ def test_duckdbs_idle_threads_leave_the_heap_we_keep_alone():
     same idle workers trim the same freed memory (the check that the test sees the mechanism)."""
     if not _duckdb_imports_malloc_trim():
         pytest.skip("this DuckDB build calls no malloc_trim through a GOT slot we can find")
-    env = dict(os.environ)
-    env.pop("EDS_RETAIN_MEMORY", None)
-    out = subprocess.run([sys.executable, "-c", IDLE_TRIM_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = _script(IDLE_TRIM_SCRIPT)
     if got["kept"] is None:
         pytest.skip("no mallinfo2 in this glibc (< 2.33): the free heap cannot be read")
     assert got["quieted"] and got["restored"], got
@@ -315,12 +319,7 @@ DECAY_SCRIPT = textwrap.dedent(
 
 @glibc
 def test_duckdbs_jemalloc_keeps_freed_pages_while_a_session_is_open_and_under_the_cap():
-    env = dict(os.environ)
-    env.pop("EDS_RETAIN_MEMORY", None)
-    out = subprocess.run([sys.executable, "-c", DECAY_SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = _script(DECAY_SCRIPT)
     if got["before"] is None:
         pytest.skip("this DuckDB has no jemalloc of its own")
     assert got["before"] == got["after"] == got["under_budget"] > 0, got
@@ -352,11 +351,7 @@ FORK_SCRIPT = textwrap.dedent(
 def test_a_forked_child_starts_with_duckdbs_allocators_as_duckdb_left_them():
     if not _duckdb_imports_malloc_trim():
         pytest.skip("this DuckDB build calls no malloc_trim through a GOT slot we can find")
-    env = dict(os.environ)
-    env.pop("EDS_RETAIN_MEMORY", None)
-    out = subprocess.run([sys.executable, "-c", FORK_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = _script(FORK_SCRIPT)
     assert got["parent_quieted"] and got["users"] >= 1, got
     assert got["child"]["users"] == 0 and not got["child"]["quieted"], got
     assert got["child"]["decay"] in (None, 1000) or got["child"]["decay"] > 0, got
