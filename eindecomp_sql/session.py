@@ -529,6 +529,9 @@ class Session:
         """The query behind ``SELECT * FROM einsum(...)`` (see ``sql_functions.einsum_sql``)."""
         from .sql_functions import einsum_sql
 
+        # planned inside DuckDB's call of our UDF, outside a session call: the catalog as the
+        # query finds it, edits in SQL since the last call included
+        getattr(self.backend, "call_begins", lambda: None)()
         return einsum_sql(self, spec, names, mode, join, agg, k)
 
     def close(self) -> None:

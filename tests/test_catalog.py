@@ -304,6 +304,12 @@ def test_the_catalog_edited_outside_the_session_is_seen_at_its_next_call():
     with pytest.raises(eds.EinsumError, match="not a stored tensor"):
         db.einsum("ij->j", "A", out="C", replace=True)
     assert db.connection.execute("SELECT mine FROM C").fetchall() == [(42,)]
+    # the SQL interface plans inside DuckDB's call of our UDF: it sees the catalog as it is too
+    db.einsum("ij->i", "A", out="E")
+    assert db.connection.execute("SELECT count(*) FROM einsum('i->i', 'E')").fetchall()[0][0] > 0
+    db.connection.execute("DELETE FROM eds_catalog WHERE name = 'E'")
+    with pytest.raises(Exception, match="table 'E'.*is BLOB"):  # an ordinary table to it now
+        db.connection.execute("SELECT count(*) FROM einsum('i->i', 'E')").fetchall()
     # a row deleted alone: a replace of the same layout writes it again (not skipped as unchanged)
     db.einsum("ij->i", "A", out="D")
     db.connection.execute("DELETE FROM eds_catalog WHERE name = 'D'")

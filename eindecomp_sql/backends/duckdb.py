@@ -687,11 +687,16 @@ class DuckDBBackend:
         later statement ran inside it, and the session broke at the next BEGIN ("Current
         transaction is aborted"), or lost what those statements wrote. The session calls this
         at the start of each call; one attribute read when nothing is open."""
-        self._calls += 1  # what the catalog says is checked again at this call's first read
+        self.call_begins()
         if self.open_transaction:
             with self.lock:
                 self._cleanup("ROLLBACK")  # DuckDB's "no transaction is active" is caught there
                 self.open_transaction = False
+
+    def call_begins(self) -> None:
+        """A session call (or an ``einsum(...)`` query's planning) begins: what the catalog
+        says is checked again at its first read (``_check_catalog``)."""
+        self._calls += 1
 
     def _transaction(self, needed: bool = True):
         """BEGIN ... COMMIT around a block, or nothing where the block is one statement that is
