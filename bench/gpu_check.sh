@@ -20,8 +20,9 @@
 # step's wall and kernel time, cProfile's top functions), and on the CPU cores (GPU hidden) the
 # SQL path's time outside the kernels, which grew with the cores (`bij,bjk`: 111 ms at 16 cores,
 # 28 ms at 2): bench/trim_bench.py (page faults of freed buffers, DuckDB's allocators as DuckDB
-# runs them and as a session leaves them), scaling.py's step split with page faults a call, and
-# py-spy's native stacks of the stored `bij,bjk` (the py-spy wheel carried in .whl/).
+# runs them and as a session leaves them), every statement around a stored GEMM timed
+# (bench/statements_probe.py), scaling.py's step split with page faults a call, and py-spy's
+# native stacks of the stored `bij,bjk` (the py-spy wheel carried in .whl/).
 # .whl/ must be ignored by git (`echo /.whl/ >> .git/info/exclude`) and carried.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -88,6 +89,9 @@ profile_checks() {
     export CUDA_VISIBLE_DEVICES=  # the CPU's own numbers from here on ("auto" would use the GPU)
     timeout 100 python3 bench/trim_bench.py --processes 1 --calls 20 --pause 0.8 2>&1 | tee "$out/trim_bench.txt"
     echo "trim_bench exit: ${PIPESTATUS[0]}"
+    # every statement around a stored 4096² GEMM, timed, with DuckDB on all cores and on 2
+    timeout 40 python3 bench/statements_probe.py --size 4096 --calls 8 --out "$out/statements_all.json" 2>&1
+    timeout 40 python3 bench/statements_probe.py --size 4096 --calls 8 --threads 2 2>&1
     timeout 60 python3 bench/scaling.py --cores all --rounds 3 --only batched_bij_bjk,gemm_4096 \
         --out "$out/scaling_split" 2>&1 | tail -2
     echo "scaling exit: ${PIPESTATUS[0]}"
