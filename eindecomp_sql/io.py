@@ -666,10 +666,39 @@ def check_stored_tiles(table: pa.Table, value, where: str) -> None:
     bytes its extents take, none NULL: ``store`` checked them as they came in, but the table is
     the user's to edit in SQL, and a deleted, repeated or NULL tile read as it was gave zeros,
     a doubled tile or uninitialised memory. ~µs a tile: keys and lengths, not the tile bytes."""
-    t = _Tiled(tuple(value.shape), value.dtype, tuple(value.tile), tuple(value.keys), tuple(value.keys),
-               sys.byteorder, False)
+    t = _stored(value)
     kcols, _ = _check_tile_rows(t, table, where)
     _check_tile_keys(t, kcols, table.num_rows, where)
+
+
+def _stored(value) -> _Tiled:
+    return _Tiled(tuple(value.shape), value.dtype, tuple(value.tile), tuple(value.keys), tuple(value.keys),
+                  sys.byteorder, False)
+
+
+def checked_tile_batches(value, batches, where: str):
+    """``batches`` (a context manager giving an iterator of a stored tensor's tile batches),
+    each checked as ``check_stored_tiles`` checks a whole table, and the grid's every key
+    exactly once when the last has passed: an export of a table edited out of shape in SQL
+    wrote zeros for a deleted tile. Raised at the end, the writer's temporary file is dropped."""
+    t = _stored(value)
+
+    @contextlib.contextmanager
+    def checked():
+        with batches() as it:
+            def each():
+                keys, rows = [], 0
+                for b in it:
+                    kcols, _ = _check_tile_rows(t, b, where, rows)
+                    keys.append(np.stack(kcols) if kcols else np.zeros((0, b.num_rows), np.int64))
+                    rows += b.num_rows
+                    yield b
+                idx = np.concatenate(keys, axis=1) if keys else np.zeros((len(t.keys), 0), np.int64)
+                _check_tile_keys(t, list(idx), rows, where)
+
+            yield each()
+
+    return checked
 
 
 def _from_tiles(table: pa.Table, meta: dict, want: Wanted, where: str) -> Incoming:

@@ -169,11 +169,14 @@ class Tensor:
         array([[0., 1., 2.],
                [3., 4., 5.]])
         """
-        from .io import export_tensor, tile_batches
+        from .io import checked_tile_batches, export_tensor, tile_batches
 
         with self.session._call():  # the check and the reads with no replace between them
             v = self._live_value()
-            return export_tensor(v, lambda: tile_batches(self.session.backend, v), path, form, sync)
+            batches = (lambda: tile_batches(self.session.backend, v))
+            if not self.is_temporary:  # a stored tensor's table may have been edited in SQL since
+                batches = checked_tile_batches(v, batches, _edited(v))
+            return export_tensor(v, batches, path, form, sync)
 
     def to_numpy(self) -> np.ndarray:
         """The whole tensor as a numpy array (native byte order)."""
@@ -183,8 +186,7 @@ class Tensor:
         if not self.is_temporary:  # a stored tensor's table may have been edited in SQL since
             from .io import check_stored_tiles
 
-            check_stored_tiles(tiles, v, f"stored tensor {v.name!r} does not match its catalog entry (was its "
-                                         f"table edited outside store()? store it again with replace=True)")
+            check_stored_tiles(tiles, v, _edited(v))
         return array_from_tiles(tiles, v.shape, v.tile, v.dtype, v.keys)
 
     def __array__(self, dtype=None, copy=None):
@@ -194,3 +196,9 @@ class Tensor:
     def __repr__(self) -> str:
         v = self.value
         return f"Tensor({v.name!r}, shape={v.shape}, dtype={v.dtype}, tile={v.tile})"
+
+
+def _edited(v) -> str:
+    """How a check of a stored tensor's rows names it: what went wrong is said after."""
+    return (f"stored tensor {v.name!r} does not match its catalog entry (was its table edited outside store()? "
+            f"store it again with replace=True)")

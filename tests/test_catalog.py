@@ -215,6 +215,20 @@ def test_a_stored_tensor_edited_out_of_shape_in_sql_is_refused_not_read(edit):
     assert named in str(e.value)
 
 
+@pytest.mark.parametrize("suffix", [".npy", ".parquet"])
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_a_stored_tensor_edited_out_of_shape_in_sql_is_refused_by_export_leaving_no_file(edit, suffix, tmp_path):
+    """An export streams the tiles: a deleted tile was written as zeros into the .npy."""
+    sql, named = EDITS[edit]
+    db = eds.connect()
+    db.store("t", random_array(np.random.default_rng(3), (4, 4), "float64"), tile=(2, 2))
+    db.connection.execute(sql)
+    with pytest.raises(eds.EinsumError, match="stored tensor 't' does not match its catalog entry") as e:
+        db.tensor("t").export(tmp_path / f"t{suffix}")
+    assert named in str(e.value)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_stored_tensors_values_edited_in_sql_are_read_as_edited():
     db = eds.connect()
     a = random_array(np.random.default_rng(4), (5, 3), "float32")
