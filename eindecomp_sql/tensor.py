@@ -173,7 +173,7 @@ class Tensor:
 
         with self.session._call():  # the check and the reads with no replace between them
             v = self._live_value()
-            batches = (lambda: tile_batches(self.session.backend, v))
+            batches = lambda: tile_batches(self.session.backend, v)  # noqa: E731
             if not self.is_temporary:  # a stored tensor's table may have been edited in SQL since
                 batches = checked_tile_batches(v, batches, _edited(v))
             return export_tensor(v, batches, path, form, sync)

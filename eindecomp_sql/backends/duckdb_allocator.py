@@ -93,12 +93,6 @@ def got_slot_offsets(path: str, symbol: str) -> tuple[int, ...]:
     return tuple(found)
 
 
-def got_slot_offset(path: str, symbol: str) -> int | None:
-    """The first of ``got_slot_offsets``, or None."""
-    offsets = got_slot_offsets(path, symbol)
-    return offsets[0] if offsets else None
-
-
 @functools.lru_cache(maxsize=8)
 def _load_address(path: str) -> int | None:
     """The library's load address (its link map's ``l_addr``), through ``dlinfo``."""
