@@ -423,11 +423,10 @@ class DuckDBBackend:
         if stopped is not None:
             raise stopped
 
-    def _run(self, sql: str, params: list | None = None, *, keeps_catalog: bool = False) -> list:
-        """Execute on our cursor and drain (an unfinished result blocks a DuckDB connection).
-        ``keeps_catalog``: the caller updates what the catalog cache says itself."""
+    def _run(self, sql: str, params: list | None = None) -> list:
+        """Execute on our cursor and drain (an unfinished result blocks a DuckDB connection)."""
         self._check_open()
-        if not keeps_catalog and (self._catalog_seen or self._parts_seen) and _touches_catalog(sql):
+        if (self._catalog_seen or self._parts_seen) and _touches_catalog(sql):
             self._forget_catalog()
         try:
             return self._work.execute(sql, params).fetchall() if params is not None else self._work.execute(sql).fetchall()
@@ -540,15 +539,20 @@ class DuckDBBackend:
     def _write_catalog(self, table_name: str, value: TiledValue) -> None:
         if self._catalog_unchanged(table_name, value):
             return
-        self._run("DELETE FROM eds_catalog WHERE lower(name) = lower(?)", [table_name], keeps_catalog=True)
+        # _run forgets the cache on these writes; what they change is one row, so the rest is
+        # put back (a spy on _run, as tests set, sees the same two statements as before)
+        seen, parts = dict(self._catalog_seen), dict(self._parts_seen)
+        self._run("DELETE FROM eds_catalog WHERE lower(name) = lower(?)", [table_name])
         self._run(
             "INSERT INTO eds_catalog VALUES (?, ?, ?, ?, ?)",
-            [table_name, list(value.shape), value.dtype, list(value.tile), list(value.keys)], keeps_catalog=True,
+            [table_name, list(value.shape), value.dtype, list(value.tile), list(value.keys)],
         )
         # what the catalog now says: this name's row changed and nothing else (a failed
         # statement, or a rollback of the transaction, forgets it all again, in _run)
-        self._catalog_seen[table_name.lower()] = TiledValue(table_name, tuple(value.shape), value.dtype,
-                                                            tuple(value.tile), tuple(value.keys))
+        seen[table_name.lower()] = TiledValue(table_name, tuple(value.shape), value.dtype, tuple(value.tile),
+                                              tuple(value.keys))
+        self._catalog_seen.update(seen)
+        self._parts_seen.update(parts)
 
     def drop_table(self, table_name: str) -> None:
         """Drop a table that is not in the catalog (a temporary result), if it exists."""
