@@ -2,8 +2,10 @@
 (docs/DESIGN.md, "DuckDB's idle threads trimmed our heap"): `bij,bjk` 16x1024³ on stored tensors
 after a 4096² GEMM session, called with random pauses (what a user's program does between
 calls), each call's time and page faults; with DuckDB's allocators as the session leaves them
-(`kept`) and as DuckDB runs them on its own (`duckdb`: `duckdb_allocator.restore()` after
-connecting), alternating fresh processes.
+(`kept`), as DuckDB runs them on its own (`duckdb`: `duckdb_allocator.restore()` after
+connecting) and as the session left them before its kernel threads shared one jemalloc arena
+(`unshared`: `KernelState.thread_setup` off, so each DuckDB thread allocates from its own arena,
+one per core), alternating fresh processes. `--modes` picks some.
 
     .venv/bin/python bench/trim_bench.py --processes 2 --calls 30
 """
@@ -29,6 +31,8 @@ def child(mode: str, calls: int, pause: float, seed: int) -> dict:
     db = eds.connect()
     if mode == "duckdb":
         duckdb_allocator.restore()
+    elif mode == "unshared":
+        db.backend.kernels.thread_setup = None
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((4096, 4096), dtype=np.float32) for _ in range(2))
     A, B = db.store("A", a), db.store("B", b)
@@ -63,6 +67,7 @@ def main():
     p.add_argument("--processes", type=int, default=2, help="fresh processes per mode")
     p.add_argument("--calls", type=int, default=30)
     p.add_argument("--pause", type=float, default=0.8, help="the longest random pause between calls, s")
+    p.add_argument("--modes", default="duckdb,unshared,kept", help="comma-separated: duckdb, unshared, kept")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -71,7 +76,7 @@ def main():
         return
     rows = []
     for k in range(args.processes):
-        for mode in ("duckdb", "kept"):
+        for mode in args.modes.split(","):
             cmd = [sys.executable, __file__, "--child", mode, "--calls", str(args.calls),
                    "--pause", str(args.pause), "--seed", str(k + 1)]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
