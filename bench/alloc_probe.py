@@ -9,11 +9,14 @@ is one page of a buffer the process had handed back (or never had).
 ``--huge-decay MS`` sets the dirty-page decay of every arena of DuckDB's bundled jemalloc,
 through the library's exported ``duckdb_je_mallctl``, after the warm-up call: that call creates
 the dedicated arena for allocations above ``opt.oversize_threshold`` (256 MiB), which jemalloc
-purges at once (decay 0; the others keep freed pages 1 s); -1 never purges. A probe only: the
-product does not touch DuckDB's allocator.
+purges at once (decay 0; the others keep freed pages 1 s); -1 never purges. Since 2026-11-26
+the session itself keeps every arena's pages (decay -1, under a cap: backends/duckdb_allocator.py),
+the oversize one included; ``--oversize-decay 0`` puts only that arena back as DuckDB set it,
+for a before/after of that change in one checkout.
 
     .venv/bin/python bench/alloc_probe.py --sizes 5000,5700,5900,6000 --dtype float64
     .venv/bin/python bench/alloc_probe.py --sizes 6000 --dtype float64 --huge-decay -1
+    .venv/bin/python bench/alloc_probe.py --sizes 6000 --dtype float64 --oversize-decay 0
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def _jemalloc(name: str, value: int | None = None, ctype=ctypes.c_ssize_t):
     return old.value if rc == 0 else None
 
 
-def child(n: int, dtype: str, calls: int, huge_decay: int | None) -> dict:
+def child(n: int, dtype: str, calls: int, huge_decay: int | None, oversize_decay: int | None = None) -> dict:
     import numpy as np
 
     import eindecomp_sql as eds
@@ -61,6 +64,9 @@ def child(n: int, dtype: str, calls: int, huge_decay: int | None) -> dict:
     set_to = None
     if huge_decay is not None:  # every arena, the huge one (created by the warm-up) included
         set_to = [(k, _jemalloc(f"arena.{k}.dirty_decay_ms", huge_decay)) for k in range(arenas)]
+    if oversize_decay is not None:  # the arenas past the per-core ones: blocks of 256 MiB and more
+        regular = _jemalloc("opt.narenas", ctype=ctypes.c_uint) or 0
+        set_to = [(k, _jemalloc(f"arena.{k}.dirty_decay_ms", oversize_decay)) for k in range(regular, arenas)]
     rows = []
     for _ in range(calls):
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -84,16 +90,19 @@ def main():
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--processes", type=int, default=2, help="fresh processes per size")
     p.add_argument("--huge-decay", type=int, default=None)
+    p.add_argument("--oversize-decay", type=int, default=None, help="the oversize arena's decay only")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        print(json.dumps(child(int(args.sizes), args.dtype, args.calls, args.huge_decay)))
+        print(json.dumps(child(int(args.sizes), args.dtype, args.calls, args.huge_decay, args.oversize_decay)))
         return
     for n in args.sizes.split(","):
         for _ in range(args.processes):
             cmd = [sys.executable, __file__, "--child", "--sizes", n, "--dtype", args.dtype, "--calls", str(args.calls)]
             if args.huge_decay is not None:
                 cmd += ["--huge-decay", str(args.huge_decay)]
+            if args.oversize_decay is not None:
+                cmd += ["--oversize-decay", str(args.oversize_decay)]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
             print(out.strip().splitlines()[-1], flush=True)
 

@@ -296,11 +296,26 @@ DECAY_SCRIPT = textwrap.dedent(
     default = d._ctl("arenas.dirty_decay_ms")
     db = eds.connect()
     during = d._ctl("arena.0.dirty_decay_ms")
-    # a block above the oversize threshold makes jemalloc's arena for such blocks: it keeps
-    # DuckDB's decay (purged at once), not ours
-    db.connection.sql("SELECT sum(strlen(repeat('x', 300000000)))").fetchall()
-    huge = [d._ctl(f"arena.{k}.dirty_decay_ms") for k in range(d._ctl("opt.narenas", ctype=d.ctypes.c_uint),
-                                                             d._ctl("arenas.narenas", ctype=d.ctypes.c_uint))]
+    # a block above the oversize threshold makes jemalloc's arena for such blocks with DuckDB's
+    # decay (purged at once); a plan's end takes it up, and the next such block freed is kept
+    # under the cap, alone in its arena (the greedy bound keeps the largest holding)
+    big = "SELECT sum(strlen(repeat('x', 300000000)))"
+    db.connection.sql(big).fetchall()
+    oversize = range(d._ctl("opt.narenas", ctype=d.ctypes.c_uint), d._ctl("arenas.narenas", ctype=d.ctypes.c_uint))
+    made = [d._ctl(f"arena.{k}.dirty_decay_ms") for k in oversize]
+    eds.einsum("ij,jk->ik", np.ones((4, 4)), np.ones((4, 4)))  # a plan ends
+    huge = [d._ctl(f"arena.{k}.dirty_decay_ms") for k in oversize]
+    db.connection.sql("CREATE TABLE small AS SELECT range AS k, repeat('y', 300) AS s FROM range(200000)")
+    db.connection.sql("DROP TABLE small")
+    db.connection.sql(big).fetchall()
+    page = d._ctl("arenas.page", ctype=d.ctypes.c_size_t)
+    def held():
+        d.dirty_bytes()
+        huge = sum(d._ctl(f"stats.arenas.{k}.pdirty", ctype=d.ctypes.c_size_t) * page for k in oversize)
+        return huge, d.dirty_bytes() - huge
+    huge_freed, others = held()
+    d.bound_dirty(huge_freed + (1 << 20))  # over the cap: the largest holding stays, the rest goes
+    huge_kept, others_kept = held()
     # DuckDB's own memory, freed: kept while the session is open, below the cap
     db.connection.sql("CREATE TABLE t AS SELECT range AS k, repeat('x', 200) AS s FROM range(400000)")
     db.connection.sql("DROP TABLE t")
@@ -311,8 +326,11 @@ DECAY_SCRIPT = textwrap.dedent(
         under_budget = d._ctl("arena.0.dirty_decay_ms")
     db.close()
     print(json.dumps({"before": before, "default": default, "default_during": d._ctl("arenas.dirty_decay_ms"),
-                      "during": during, "huge": huge, "kept": kept, "bounded": bounded,
-                      "under_budget": under_budget, "after": d._ctl("arena.0.dirty_decay_ms")}))
+                      "during": during, "made": made, "huge": huge, "huge_freed": huge_freed, "huge_kept": huge_kept,
+                      "others": others, "others_kept": others_kept,
+                      "kept": kept, "bounded": bounded, "under_budget": under_budget,
+                      "after": d._ctl("arena.0.dirty_decay_ms"),
+                      "huge_after": [d._ctl(f"arena.{k}.dirty_decay_ms") for k in oversize]}))
     """
 )
 
@@ -325,7 +343,12 @@ def test_duckdbs_jemalloc_keeps_freed_pages_while_a_session_is_open_and_under_th
     assert got["before"] == got["after"] == got["under_budget"] > 0, got
     assert got["during"] == -1, got
     assert got["default"] == got["default_during"], got  # new arenas get DuckDB's decay
-    assert all(ms != -1 for ms in got["huge"]), got
+    assert got["made"] and all(ms != -1 for ms in got["made"]), got  # DuckDB's, until a plan ends
+    assert all(ms == -1 for ms in got["huge"]), got
+    # the 300 MB string, freed, stays in the oversize arena; the other arenas' pages are purged
+    assert got["huge_freed"] >= 286 << 20 and got["others"] >= 16 << 20, got
+    assert got["huge_kept"] == got["huge_freed"] and got["others_kept"] <= 1 << 20, got
+    assert got["huge_after"] == got["made"], got  # and put back at the last close
     assert got["kept"] >= 32 << 20 and got["bounded"] < 1 << 20, got
 
 
