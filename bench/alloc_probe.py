@@ -12,7 +12,8 @@ the dedicated arena for allocations above ``opt.oversize_threshold`` (256 MiB), 
 purges at once (decay 0; the others keep freed pages 1 s); -1 never purges. Since 2026-11-26
 the session itself keeps every arena's pages (decay -1, under a cap: backends/duckdb_allocator.py),
 the oversize one included; ``--oversize-decay 0`` puts only that arena back as DuckDB set it,
-for a before/after of that change in one checkout.
+for a before/after of that change in one checkout (since the session also sends every block of
+4 MiB and more there, that purges those at once too).
 
     .venv/bin/python bench/alloc_probe.py --sizes 5000,5700,5900,6000 --dtype float64
     .venv/bin/python bench/alloc_probe.py --sizes 6000 --dtype float64 --huge-decay -1

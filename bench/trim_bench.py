@@ -2,10 +2,11 @@
 (docs/DESIGN.md, "DuckDB's idle threads trimmed our heap"): `bij,bjk` 16x1024³ on stored tensors
 after a 4096² GEMM session, called with random pauses (what a user's program does between
 calls), each call's time and page faults; with DuckDB's allocators as the session leaves them
-(`kept`), as DuckDB runs them on its own (`duckdb`: `duckdb_allocator.restore()` after
-connecting) and as the session left them before its kernel threads shared one jemalloc arena
-(`unshared`: `KernelState.thread_setup` off, so each DuckDB thread allocates from its own arena,
-one per core), alternating fresh processes. `--modes` picks some.
+(`kept`), as DuckDB runs them on its own (`duckdb`: `duckdb_allocator.leave_alone()` after
+connecting; until 2026-11-26 this mode called `restore()`, which the first plan's end undid for
+the `malloc_trim` patch) and as the session left them before big blocks from every DuckDB thread went to one
+jemalloc arena (`unshared`: the per-core arenas' oversize thresholds put back, so each thread
+allocates its tiles from its own arena), alternating fresh processes. `--modes` picks some.
 
     .venv/bin/python bench/trim_bench.py --processes 2 --calls 30
 """
@@ -30,9 +31,9 @@ def child(mode: str, calls: int, pause: float, seed: int) -> dict:
 
     db = eds.connect()
     if mode == "duckdb":
-        duckdb_allocator.restore()
+        duckdb_allocator.leave_alone()
     elif mode == "unshared":
-        db.backend.kernels.thread_setup = None
+        duckdb_allocator.unshare_big_blocks()
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((4096, 4096), dtype=np.float32) for _ in range(2))
     A, B = db.store("A", a), db.store("B", b)

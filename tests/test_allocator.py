@@ -352,60 +352,57 @@ def test_duckdbs_jemalloc_keeps_freed_pages_while_a_session_is_open_and_under_th
     assert got["kept"] >= 32 << 20 and got["bounded"] < 1 << 20, got
 
 
-JEMALLOC_ARENA_SCRIPT = textwrap.dedent(
+SHARED_ARENA_SCRIPT = textwrap.dedent(
     """
-    import ctypes, json, threading, numpy as np, eindecomp_sql as eds
-    import duckdb                        # its library, for d._mallctl
+    import ctypes, json, numpy as np, eindecomp_sql as eds
+    import duckdb                        # its library, for d._ctl
     from eindecomp_sql.backends import duckdb_allocator as d
 
     if d._mallctl() is None:
-        print(json.dumps({"None": [], "1GB": []}))
+        print(json.dumps(None))
         raise SystemExit
-
-    def spread():
-        # each DuckDB thread on an arena of its own, as jemalloc spreads threads on a many-core
-        # machine (one arena per core); then the session's own per-thread setup
-        if not getattr(local, "seen", False):
-            local.seen = True
-            d._thread.shared = False     # the main thread may have been bound by an earlier session
-            own = ctypes.c_uint(); size = ctypes.c_size_t(ctypes.sizeof(own))
-            assert d._mallctl()(b"arenas.create", ctypes.byref(own), ctypes.byref(size), None, 0) == 0
-            d._ctl("thread.arena", own.value, ctype=ctypes.c_uint)
-            setup()
-            with lock:
-                arenas[threading.get_ident()] = d._ctl("thread.arena", ctype=ctypes.c_uint)
-
-    out = {}
-    for budget in (None, "1GB"):
-        local, lock, arenas = threading.local(), threading.Lock(), {}
-        db = eds.connect(memory=budget)
-        db.connection.execute("SET threads = 4")
-        setup = db.backend.kernels.thread_setup
-        db.backend.kernels.thread_setup = spread
-        x = np.random.default_rng(0).standard_normal((8, 300, 200), dtype=np.float32)
-        X = db.store("X", x, tile=(1, 300, 200))
-        for _ in range(3):
-            got = db.einsum("bij,bkj->bik", X, X).to_numpy()
-        assert np.allclose(got, x @ x.transpose(0, 2, 1), rtol=1e-4, atol=1e-3)
-        out[str(budget)] = sorted(set(arenas.values()))
-        db.close()
-    print(json.dumps(out))
+    per_core = d._ctl("opt.narenas", ctype=ctypes.c_uint)
+    thresholds = lambda: [d._ctl(f"arena.{k}.oversize_threshold", ctype=ctypes.c_size_t) for k in range(per_core)]
+    page = d._ctl("arenas.page", ctype=ctypes.c_size_t)
+    db = eds.connect()
+    db.connection.execute("SET threads = 4")  # the kernel runs on whichever thread takes it
+    x = np.random.default_rng(0).standard_normal((8, 512, 512), dtype=np.float32)  # 8 MiB tiles
+    X = db.store("X", x)
+    for _ in range(6):
+        db.einsum("bij,bjk->bik", X, X, out="Z", replace=True)
+    assert np.allclose(db.tensor("Z").to_numpy(), x @ x, rtol=1e-4, atol=1e-3)
+    d.dirty_bytes()
+    held = [(d._ctl(f"stats.arenas.{k}.pdirty", ctype=ctypes.c_size_t) or 0) * page for k in d._arenas()]
+    during = thresholds()                 # every per-core arena jemalloc made by a plan's end
+    db.close()
+    after = thresholds()
+    with eds.connect(memory="1GB"):      # a budget: nothing kept, big blocks where DuckDB puts them
+        under_budget = thresholds()
+    print(json.dumps({"during": during, "after": after, "under_budget": under_budget,
+                      "oversize_held": sum(held[per_core:]), "per_core_held": held[:per_core]}))
     """
 )
 
 
 @glibc
-def test_every_thread_running_a_kernel_allocates_from_one_arena_while_freed_pages_are_kept():
-    """jemalloc reuses a freed page only in its own arena, one per core. The result tile DuckDB
-    copies out of a UDF is allocated by whichever of its threads ran the UDF, so on 16 cores the
-    64 MiB freed by the last call sat in another arena and every call faulted a fresh one (16,400
-    faults a call, measured on the lent 16-core machine). With freed pages kept, each DuckDB
-    thread that runs a kernel moves to arena 0; under a budget, where nothing is kept, to none."""
-    got = _script(JEMALLOC_ARENA_SCRIPT)
-    if got == {"None": [], "1GB": []}:
+def test_big_blocks_from_every_thread_share_one_arena_while_freed_pages_are_kept():
+    """jemalloc reuses a freed page only in the arena that freed it, one per core, and a thread
+    keeps the arena it drew. The result tile DuckDB copies out of a UDF is allocated by whichever
+    of its threads ran the UDF, so on 16 cores the 64 MiB freed by the last call sat in another
+    arena and every call faulted a fresh one (16,400 faults a call, measured on the lent 16-core
+    machine). While freed pages are kept, every per-core arena sends blocks of 4 MiB and more to
+    the one oversize arena: the tiles freed by the calls are found there, and the per-core
+    arenas' thresholds go back at the last close, and are never lowered under a budget."""
+    got = _script(SHARED_ARENA_SCRIPT)
+    if got is None:
         pytest.skip("this DuckDB has no jemalloc of its own")
-    assert got["None"] == [0], got
-    assert 0 not in got["1GB"] and len(got["1GB"]) >= 1, got
+    from eindecomp_sql.backends import duckdb_allocator as d
+
+    made = [t for t in got["during"] if t is not None]  # per-core arenas no thread drew yet: none
+    assert made and all(t == d.SHARED_BLOCK_BYTES for t in made), got
+    assert got["after"] == got["under_budget"] and d.SHARED_BLOCK_BYTES not in got["after"], got
+    assert got["oversize_held"] >= 8 << 20, got  # a freed 8 MiB result tile, kept where all threads meet it
+    assert all(held < 8 << 20 for held in got["per_core_held"]), got
 
 
 FORK_SCRIPT = textwrap.dedent(

@@ -93,9 +93,6 @@ class KernelState:
         self.device_sent = 0
         self.device_returned = 0  # ... and copied back to the host
         self.device_trace: list | None = None
-        # called on a UDF's entry, on the DuckDB thread running it (the backend's allocator
-        # settings that are per thread: backends/duckdb_allocator.py share_arena)
-        self.thread_setup: Callable[[], None] | None = None
 
     def next_use(self, tid) -> float:
         """Steps until tile ``tid`` (token, keys) is read again: 0 if the running step reads its
@@ -137,8 +134,6 @@ def serving(fn: Callable, state: KernelState | None) -> Callable:
     def udf(*args):
         before = getattr(_local, "state", None)
         _local.state = state
-        if state is not None and state.thread_setup is not None:
-            state.thread_setup()
         try:
             return fn(*args)
         finally:

@@ -46,8 +46,8 @@ RETAIN_BYTES = 1 << 30
 MMAP_BYTES = 256 << 20
 FREE_CAP_BYTES = 320 << 20
 # DuckDB's jemalloc serves a block of 256-320 MiB (a 6000² float64 or 8192² float32 tile) from a
-# 320 MiB extent plus a guard page: its cap is one size class (64 MiB) above the heap's, so that
-# one such block freed stays for the next call (duckdb_allocator.bound_dirty)
+# 320 MiB extent plus one page (its cache-oblivious padding): its cap is one size class (64 MiB)
+# above the heap's, so that one such block freed stays for the next call (duckdb_allocator.bound_dirty)
 JEMALLOC_CAP_BYTES = FREE_CAP_BYTES + (64 << 20)
 
 
@@ -148,7 +148,7 @@ def bound_free_memory() -> None:
     with _lock:  # DuckDB's habits (duckdb_allocator.py): its freed pages under the same cap
         if _state["users"] and "bound" not in _state:
             duckdb_allocator.quiet_trim()  # again: a lazily bound first call may have undone it
-            duckdb_allocator.bound_dirty(cap + JEMALLOC_CAP_BYTES - FREE_CAP_BYTES)
+            duckdb_allocator.bound_dirty(JEMALLOC_CAP_BYTES)  # no budget here: cap is FREE_CAP_BYTES
     free = free_bytes()
     if free is None or free <= cap:  # mallinfo2 first: cheap, and an upper bound
         return

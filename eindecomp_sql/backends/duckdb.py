@@ -26,7 +26,7 @@ from ..plan.cost import BUDGET_SHARE, CostModel, plan_share
 from ..plan.steps import EinsumStep, ProgramStep, format_bytes, output_tiles, step_reads, step_target
 from ..sql_templates import template
 from ..udfs.tiles import array_from_tiles, null_tiles, tiles_from_array
-from . import allocator, duckdb_allocator, parts as parted, spill
+from . import allocator, parts as parted, spill
 from ..udfs.pool import RUN_TOKEN, THREADS, Cancelled, KernelState
 from .base import Target
 from .running import Watch, run_interruptible
@@ -198,7 +198,6 @@ class DuckDBBackend:
             from eindecomp_sql.udfs import register_kernels
 
             self.kernels = KernelState()  # this connection's cancel flag and tile count
-            self.kernels.thread_setup = duckdb_allocator.share_arena
             self._last_reads: dict[int, list[str]] = {}  # step -> the run's values read last there
             if device != "cpu":  # stored tensors' tiles stay on the device between calls and plans
                 from eindecomp_sql.udfs.device_cache import DeviceCache

@@ -18,7 +18,9 @@ trimmed our heap"):
 While a session without a memory budget is open we (1) point DuckDB's import of
 ``malloc_trim`` (its GOT slots: the addresses its calls jump through) at a function that does
 nothing, and (2) set the dirty decay of its jemalloc's arenas to -1 (never by time; DuckDB's
-arena for blocks of 256 MiB and more purged them at once). Freed memory is still bounded: after
+arena for blocks of 256 MiB and more purged them at once) and send blocks of 4 MiB and more, from
+any thread, to that one arena (``SHARED_BLOCK_BYTES``; jemalloc reuses freed pages only inside
+their arena, one per core). Freed memory is still bounded: after
 every plan ``allocator.bound_free_memory`` trims glibc's heap and purges jemalloc's arenas,
 each when more than the cap is resident (``bound_dirty``), and the last session to close
 restores both. Both are process-wide, as DuckDB's allocators are: the process's other DuckDB
@@ -44,7 +46,10 @@ import threading
 
 _lock = threading.Lock()
 # what was changed, to undo: each patched slot's address and old value; the arenas' old decays
-_state: dict = {"slots": {}, "decay": None}
+# and the per-core arenas' old oversize thresholds; "off": leave_alone() was called
+_state: dict = {"slots": {}, "decay": None, "oversize": {}, "off": False}
+# blocks of this size and more go to jemalloc's one oversize arena, whichever thread allocates them
+SHARED_BLOCK_BYTES = 4 << 20
 
 # ELF relocation types that fill a symbol's GOT slot: (JUMP_SLOT, GLOB_DAT) per e_machine
 _SLOT_TYPES = {62: (7, 6), 183: (1026, 1025)}  # x86-64, aarch64
@@ -162,6 +167,8 @@ def quiet_trim() -> bool:
 
 
 def _quiet_trim() -> bool:
+    if _state["off"]:
+        return False
     noop = _noop_address()
     if _state["slots"]:  # patched: the loader resolving a first call may have undone it
         for slot in _state["slots"]:
@@ -225,15 +232,19 @@ def _ctl(name: str, value=None, ctype=ctypes.c_ssize_t):
 
 
 def _arenas() -> list[int]:
-    """Every arena DuckDB's jemalloc has made (``arenas.narenas``): one per core, and the one
-    for blocks of 256 MiB and more (its oversize threshold), made at the first such block.
-    Arenas jemalloc has not made yet are taken up at a later plan's end."""
+    """Every arena slot of DuckDB's jemalloc (``arenas.narenas``): one per core, each made when
+    a thread first draws it, and the oversize arena, made at the first block of its threshold
+    (256 MiB as DuckDB set it; 4 MiB while freed pages are kept). A slot with no arena yet
+    answers nothing; it is taken up at a later plan's end."""
     return list(range(_ctl("arenas.narenas", ctype=ctypes.c_uint) or 0))
 
 
 def keep_dirty_pages() -> bool:
-    """Set DuckDB's jemalloc's regular arenas' dirty decay to -1; True when one is set."""
+    """Set the dirty decay of DuckDB's jemalloc's arenas to -1, and send every thread's blocks of
+    SHARED_BLOCK_BYTES or more to its one oversize arena; True when a decay is set."""
     with _lock:
+        if _state["off"]:
+            return False
         if _state["decay"] is None:
             _state["decay"] = {}
         _new_arenas()
@@ -244,32 +255,25 @@ def keep_dirty_pages() -> bool:
 
 
 def _new_arenas() -> None:
+    per_core = _ctl("opt.narenas", ctype=ctypes.c_uint) or 0
     for k in _arenas():
         arena = f"arena.{k}"
         if arena not in _state["decay"]:
             old = _ctl(f"{arena}.dirty_decay_ms", -1)
             if old is not None:
                 _state["decay"][arena] = old
-
-
-_thread = threading.local()  # .shared: this thread allocates from arena 0 (share_arena)
-
-
-def share_arena() -> None:
-    """Bind the calling thread to DuckDB's jemalloc's arena 0, once, while freed pages are kept.
-
-    jemalloc gives each thread one of ``opt.narenas`` arenas (one per core), and a freed page is
-    reused only by its own arena. A result tile DuckDB copies out of a UDF is allocated by the
-    thread that ran the UDF, which changes from call to call, so with 16 arenas the 64 MiB freed
-    by the last call sat in another arena while this one faulted in fresh pages, every call
-    (16,400 faults a call on 16 cores), until each arena held one, beyond the cap we purge at.
-    Kernel UDFs call this on entry (``KernelState.thread_setup``): every DuckDB thread that runs
-    one then shares one arena. Large blocks are what it holds; small ones go through each
-    thread's own cache as before."""
-    if _state["decay"] is None or getattr(_thread, "shared", False):
-        return
-    _thread.shared = True
-    _ctl("thread.arena", 0, ctype=ctypes.c_uint)
+        # One arena for big blocks. jemalloc reuses a freed page only inside the arena that
+        # freed it, and gives each thread one of its per-core arenas; the result tile DuckDB
+        # copies out of a UDF is allocated by whichever thread ran the UDF, so on 16 cores the
+        # 64 MiB freed by the last call sat in another arena and every call faulted a fresh one
+        # (16,400 faults a call), until every arena held a spare, past the cap. A thread's
+        # arena sends blocks from its ``oversize_threshold`` up to the oversize arena, which
+        # all threads share: lowered to SHARED_BLOCK_BYTES, every tile buffer meets the pages
+        # the last one freed, while small blocks stay in each thread's own arena.
+        if k < per_core and arena not in _state["oversize"] and not _state.get("unshared"):
+            old = _ctl(f"{arena}.oversize_threshold", SHARED_BLOCK_BYTES, ctype=ctypes.c_size_t)
+            if old is not None:
+                _state["oversize"][arena] = old
 
 
 def dirty_bytes() -> int | None:
@@ -295,10 +299,10 @@ def purge() -> None:
 def bound_dirty(cap: int) -> None:
     """Keep at most ``cap`` freed bytes in DuckDB's jemalloc (~50 us to ask): when it holds
     more, arenas are purged whole, the largest holding kept if it fits. That one is what the
-    next call of the same work reuses: a freed result block of 256 MiB or more sits alone in the
-    oversize arena, beside tens of MiB of the other arenas' pages that would otherwise take the
-    total over the cap and purge it with them (a 6000² float64 result, 275 MiB: 141,600 faults
-    a call instead of 211,800)."""
+    next call of the same work reuses: the freed tile blocks (4 MiB and more, a 256 MiB+ result
+    among them) sit in the oversize arena, beside tens of MiB of the per-core arenas' pages that
+    would otherwise take the total over the cap and purge it with them (a 6000² float64 result,
+    275 MiB: 141,500 faults a call instead of 211,800). Past the cap, that arena goes whole."""
     with _lock:
         if _state["decay"] is None:
             return
@@ -307,8 +311,10 @@ def bound_dirty(cap: int) -> None:
         if dirty is None or dirty <= cap:
             return
         fn, page = _mallctl(), _ctl("arenas.page", ctype=ctypes.c_size_t)
-        held = [(_ctl(f"stats.arenas.{k}.pdirty", ctype=ctypes.c_size_t), k) for k in _arenas()]
-        if page is None or any(pages is None for pages, _ in held):
+        # a slot whose arena jemalloc has not made (a core no thread drew yet) answers nothing
+        held = [(pages, k) for k in _arenas()
+                if (pages := _ctl(f"stats.arenas.{k}.pdirty", ctype=ctypes.c_size_t)) is not None]
+        if page is None or not held:
             purge()
             return
         kept = 0
@@ -319,9 +325,33 @@ def bound_dirty(cap: int) -> None:
                 fn(f"arena.{k}.purge".encode(), None, None, None, 0)
 
 
-def restore_decay() -> None:
-    """DuckDB's jemalloc decays freed pages by time again, and what it holds goes back."""
+def unshare_big_blocks() -> None:
+    """Each thread's big blocks go to its own arena again, as DuckDB left them, and stay so in
+    arenas made later, until the next restore (a benchmark's before, ``bench/trim_bench.py``)."""
     with _lock:
+        for arena, threshold in _state["oversize"].items():
+            _ctl(f"{arena}.oversize_threshold", threshold, ctype=ctypes.c_size_t)
+        _state["oversize"] = {}
+        _state["unshared"] = True
+
+
+def leave_alone() -> None:
+    """Put DuckDB's allocators back and keep them as DuckDB runs them for the rest of the process,
+    sessions opened later included (a benchmark's baseline, ``bench/trim_bench.py``: a plain
+    ``restore()`` is undone by the next plan's end, which checks the patch again)."""
+    restore()
+    with _lock:
+        _state["off"] = True
+
+
+def restore_decay() -> None:
+    """DuckDB's jemalloc decays freed pages by time again, each thread's big blocks go to its
+    own arena again, and what it holds goes back."""
+    with _lock:
+        for arena, threshold in _state["oversize"].items():
+            _ctl(f"{arena}.oversize_threshold", threshold, ctype=ctypes.c_size_t)
+        _state["oversize"] = {}
+        _state.pop("unshared", None)
         if _state["decay"] is not None:
             for arena, ms in _state["decay"].items():
                 _ctl(f"{arena}.dirty_decay_ms", ms)
