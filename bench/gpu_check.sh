@@ -6,6 +6,7 @@
 #   bench/gpu_check.sh cpu       # there too: issue 9's benchmarks on the machine's 16 CPU cores
 #   bench/gpu_check.sh all       # there: both, shortened, in one command under 600 s
 #   bench/gpu_check.sh profile   # there: where the open questions' time goes, ~5 minutes (below)
+#   bench/gpu_check.sh alloc     # there: the allocator questions the second lease left, ~4 minutes
 #
 # `run` installs the carried wheels (duckdb, sqlglot) and this checkout into /tmp/site, then
 #   1. runs tests/test_device_kernels.py with the kernels on the real GPU (CuPy; a fresh machine
@@ -23,6 +24,14 @@
 # runs them and as a session leaves them), every statement around a stored GEMM timed
 # (bench/statements_probe.py), scaling.py's step split with page faults a call, and py-spy's
 # native stacks of the stored `bij,bjk` (the py-spy wheel carried in .whl/).
+# `alloc` (GPU hidden, all 16 cores) measures what the second lease (2026-11-26) could not: the
+# stored path with big blocks sent to jemalloc's shared oversize arena (the code since 14fea4c;
+# the lease measured its first version, threads bound to arena 0) against DuckDB's allocators
+# and against big blocks in each thread's arena (bench/trim_bench.py, three modes), the oversize
+# arena's kept block at 8192² and 6000² (bench/alloc_probe.py with and without
+# --oversize-decay 0), whether the shared arena slows a user's own parallel SQL
+# (bench/duckdb_alloc_probe.py), DuckDB's per-append BLOB hash there (bench/blob_hash_probe.py),
+# and bench/scaling.py --cores all for the table.
 # .whl/ must be ignored by git (`echo /.whl/ >> .git/info/exclude`) and carried.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -107,8 +116,25 @@ for line in open(sys.argv[1]):
 [print(n, f[:150]) for f, n in c.most_common(25)]" "$out/bij_bjk_pyspy.txt"
     fi
 }
+alloc_checks() {
+    set +e
+    export CUDA_VISIBLE_DEVICES=
+    (nproc; lscpu | grep -E 'Model name|^CPU\(s\)') | tee -a "$out/machine.txt"
+    timeout 100 python3 bench/trim_bench.py --processes 1 --calls 16 --pause 0.5 2>&1 | tee "$out/trim_bench.txt"
+    for n in "8192 float32" "6000 float64"; do
+        set -- $n
+        timeout 40 python3 bench/alloc_probe.py --sizes $1 --dtype $2 --calls 4 --processes 1
+        timeout 40 python3 bench/alloc_probe.py --sizes $1 --dtype $2 --calls 4 --processes 1 --oversize-decay 0
+    done 2>&1 | tee "$out/alloc_probe.txt"
+    timeout 90 python3 bench/duckdb_alloc_probe.py --rows 20000000 --rounds 3 --processes 1 2>&1 | tee "$out/duckdb_alloc.txt"
+    timeout 30 python3 bench/blob_hash_probe.py 2>&1 | tee "$out/blob_hash.txt"
+    timeout 60 python3 bench/scaling.py --cores all --rounds 3 --only batched_bij_bjk,gemm_4096,two_label_abcd_cdef \
+        --out "$out/scaling" 2>&1 | grep -E "eds_|numpy \||page faults"
+    set -e
+}
 case "$mode" in
     run) gpu_checks ;;
+    alloc) alloc_checks ;;
     profile) profile_checks ;;
     cpu) cpu_checks ;;
     # a lease of 15 minutes in one command under 600 s: the GPU's checks, then the 16-core ones
@@ -116,5 +142,5 @@ case "$mode" in
     all) export EDS_EXAMPLES=${EDS_EXAMPLES:-8} SCALING_CORES=${SCALING_CORES:-all} TESTS_CAP=${TESTS_CAP:-100} \
              BENCH_CAP=${BENCH_CAP:-210} SCALING_CAP=${SCALING_CAP:-130} CURSOR_CAP=${CURSOR_CAP:-90}
          gpu_checks; cpu_checks ;;
-    *) echo "usage: $0 fetch|run|cpu|all|profile" >&2; exit 2 ;;
+    *) echo "usage: $0 fetch|run|cpu|all|profile|alloc" >&2; exit 2 ;;
 esac
