@@ -245,15 +245,18 @@ def _batch_pieces(node: EinsumNode, pieces: dict[str, int], batches: int) -> dic
 
 
 def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str], batches: int = 1,
-              model: CostModel = DEFAULT_COSTS, held_tile_bytes: int = 0) -> int:
+              model: CostModel = DEFAULT_COSTS, held_tile_bytes: int = 0, in_place: frozenset = frozenset()) -> int:
     """Projected peak memory of running ``node`` with ``pieces``, in bytes, when the step runs
     as ``batches`` statements (``batch_grid``), on ``model``'s engine: what the kernels hold
     (the rows of one call, their output twice) plus what the engine holds for the statement
     (``engine_bytes``). ``held_tile_bytes``: what a fused kernel holds besides its output, per
-    output tile in flight (the values it computes and never stores)."""
+    output tile in flight (the values it computes and never stores). ``in_place``: operand
+    values the kernels read from the caller's arrays (the SQL hands their tiles as NULL), which
+    the engine neither holds nor copies."""
     size = node.size
     tile = {lab: tile_of(size[lab], pieces[lab]) for lab in node.labels}
-    op_tile = [math.prod(tile[lab] for lab in op.labels) * np.dtype(operand_dtypes[op.value]).itemsize
+    op_tile = [0 if op.value in in_place else
+               math.prod(tile[lab] for lab in op.labels) * np.dtype(operand_dtypes[op.value]).itemsize
                for op in node.operands]
     in_tile = sum(op_tile)
     out_tile = math.prod(tile[lab] for lab in node.output) * np.dtype(node.result.dtype).itemsize

@@ -225,9 +225,13 @@ class EinsumStep:
     def peak_bytes(self) -> int:
         return self.peak()
 
-    def peak(self, model: CostModel = DEFAULT_COSTS) -> int:
+    def peak(self, model: CostModel = DEFAULT_COSTS, in_place: frozenset = frozenset()) -> int:
+        """Projected peak memory; ``in_place``: names of the plan's inputs the kernels read from
+        the caller's arrays (``Plan.run_peak``), whose tiles the SQL does not carry."""
         dtypes = {op.value: v.dtype for op, v in zip(self.node.operands, self.inputs)}
-        return step_peak(self.node, self.pieces, dtypes, self.batches, model, held_tile_bytes=self._held())
+        read = frozenset(op.value for op, v in zip(self.node.operands, self.inputs) if v.name in in_place)
+        return step_peak(self.node, self.pieces, dtypes, self.batches, model, held_tile_bytes=self._held(),
+                         in_place=read)
 
     def _held(self) -> int:
         if self.fused is None:
@@ -487,7 +491,8 @@ class Plan:
         """Projected peak memory of the whole run, in bytes: the largest step's working set
         (``peak_of``) on top of everything alive while it runs. Alive: the Arrow copies of the
         inputs named in ``arrays`` (inputs passed as arrays, for the run; none for those the
-        kernels read in place, ``kernel_spec.inputs_read_by_name``), and every value an
+        kernels read in place, ``kernel_spec.inputs_read_by_name``, whose tiles no statement
+        carries either: ``EinsumStep.peak``'s ``in_place``), and every value an
         earlier step computed (scratch values are dropped when the plan ends, kept results are
         tables; DuckDB holds both). At the end, the results named in ``returned`` are numpy
         arrays: written there by the kernels of an einsum or program step (their bytes), else
@@ -498,12 +503,15 @@ class Plan:
         libraries, and the allocators' retained pages (bench/run_peak.py measures the rest)."""
         from .kernel_spec import inputs_read_by_name
 
-        arrays, returned = set(arrays) - inputs_read_by_name(self), set(returned)
+        by_name = inputs_read_by_name(self)
+        in_place = frozenset(set(arrays) & by_name)
+        arrays, returned = set(arrays) - by_name, set(returned)
         base = sum(v.nbytes for v in self.inputs if v.name in arrays)
         held = peak = 0
         for s in self.steps:
             kernel = _kernel_peak(s, self.model)
-            engine = held + s.peak(self.model) - kernel
+            step = s.peak(self.model, in_place) if isinstance(s, EinsumStep) else s.peak(self.model)
+            engine = held + step - kernel
             if engine_limit is not None:
                 engine = min(engine, engine_limit)
             peak = max(peak, base + engine + kernel)
