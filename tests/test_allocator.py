@@ -449,3 +449,54 @@ def test_the_got_slot_is_found_only_for_what_the_library_imports(tmp_path):
     assert d.got_slot_offsets(str(junk), "malloc_trim") == ()
     (tmp_path / "empty.so").write_bytes(b"")
     assert d.got_slot_offsets(str(tmp_path / "empty.so"), "malloc_trim") == ()
+
+
+BASELINE_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, json, sys, numpy as np, eindecomp_sql as eds
+    import duckdb
+    from eindecomp_sql.backends import duckdb_allocator as d
+
+    if d._mallctl() is None:
+        print(json.dumps(None))
+        raise SystemExit
+    per_core = d._ctl("opt.narenas", ctype=ctypes.c_uint)
+    thresholds = lambda: [t for k in range(per_core)
+                          if (t := d._ctl(f"arena.{k}.oversize_threshold", ctype=ctypes.c_size_t)) is not None]
+    x = np.random.default_rng(0).standard_normal((8, 512, 512), dtype=np.float32)
+    db = eds.connect()
+    getattr(d, sys.argv[1])()            # unshare_big_blocks or leave_alone, then plans run
+    for _ in range(2):
+        eds.einsum("bij,bjk->bik", x, x)
+        db.einsum("bij,bjk->bik", x, x).to_numpy()
+    print(json.dumps({"thresholds": thresholds(), "quieted": d.trim_quieted(),
+                      "decay": d._ctl("arena.0.dirty_decay_ms")}))
+    """
+)
+
+
+def _baseline(mode: str) -> dict | None:
+    env = dict(os.environ)
+    env.pop("EDS_RETAIN_MEMORY", None)
+    out = subprocess.run([sys.executable, "-c", BASELINE_SCRIPT, mode], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@glibc
+def test_benchmark_baselines_stay_what_they_say_after_plans_run():
+    """bench/trim_bench.py's baselines: ``leave_alone`` keeps DuckDB's allocators as DuckDB
+    runs them (a plain ``restore()`` was undone by the next plan's end, which patched
+    ``malloc_trim`` again), and ``unshare_big_blocks`` keeps each thread's big blocks in its own
+    arena, arenas made later included, while freed pages are still kept."""
+    from eindecomp_sql.backends import duckdb_allocator as d
+
+    alone = _baseline("leave_alone")
+    if alone is None:
+        pytest.skip("this DuckDB has no jemalloc of its own")
+    assert not alone["quieted"] and alone["decay"] != -1, alone
+    assert alone["thresholds"] and d.SHARED_BLOCK_BYTES not in alone["thresholds"], alone
+    unshared = _baseline("unshare_big_blocks")
+    assert unshared["decay"] == -1, unshared
+    assert unshared["thresholds"] and d.SHARED_BLOCK_BYTES not in unshared["thresholds"], unshared
