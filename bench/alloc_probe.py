@@ -32,21 +32,12 @@ import sys
 import time
 
 
-def _jemalloc(name: str, value: int | None = None, ctype=ctypes.c_ssize_t):
-    """Read (and with ``value``, set) a jemalloc setting of DuckDB's bundled allocator, of C type
-    ``ctype``; None when the library has no ``duckdb_je_mallctl`` or the setting does not exist
-    (yet)."""
-    lib = ctypes.CDLL(sys.modules["_duckdb"].__file__)
-    if not hasattr(lib, "duckdb_je_mallctl"):
-        return None
-    mallctl = lib.duckdb_je_mallctl
-    mallctl.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p,
-                        ctypes.c_size_t]
-    old, size = ctype(), ctypes.c_size_t(ctypes.sizeof(ctype))
-    new = ctype(value) if value is not None else None
-    rc = mallctl(name.encode(), ctypes.byref(old), ctypes.byref(size),
-                 ctypes.byref(new) if new is not None else None, ctypes.sizeof(ctype) if new is not None else 0)
-    return old.value if rc == 0 else None
+def _ctl(name: str, value: int | None = None, ctype=ctypes.c_ssize_t):
+    """A jemalloc setting of DuckDB's bundled allocator, read (and with ``value``, set); None
+    when it has none or the setting does not exist (yet): the product's own helper."""
+    from eindecomp_sql.backends.duckdb_allocator import _ctl as ctl
+
+    return ctl(name, value, ctype)
 
 
 def child(n: int, dtype: str, calls: int, huge_decay: int | None, oversize_decay: int | None = None) -> dict:
@@ -61,13 +52,13 @@ def child(n: int, dtype: str, calls: int, huge_decay: int | None, oversize_decay
     db.store("a", a)
     db.store("b", b)
     db.einsum("ij,jk->ik", "a", "b", out="c", replace=True)  # warm-up: creates jemalloc's huge arena
-    arenas = _jemalloc("arenas.narenas", ctype=ctypes.c_uint) or 0
+    arenas = _ctl("arenas.narenas", ctype=ctypes.c_uint) or 0
     set_to = None
     if huge_decay is not None:  # every arena, the huge one (created by the warm-up) included
-        set_to = [(k, _jemalloc(f"arena.{k}.dirty_decay_ms", huge_decay)) for k in range(arenas)]
+        set_to = [(k, _ctl(f"arena.{k}.dirty_decay_ms", huge_decay)) for k in range(arenas)]
     if oversize_decay is not None:  # the arenas past the per-core ones: blocks of 256 MiB and more
-        regular = _jemalloc("opt.narenas", ctype=ctypes.c_uint) or 0
-        set_to = [(k, _jemalloc(f"arena.{k}.dirty_decay_ms", oversize_decay)) for k in range(regular, arenas)]
+        regular = _ctl("opt.narenas", ctype=ctypes.c_uint) or 0
+        set_to = [(k, _ctl(f"arena.{k}.dirty_decay_ms", oversize_decay)) for k in range(regular, arenas)]
     rows = []
     for _ in range(calls):
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -80,7 +71,7 @@ def child(n: int, dtype: str, calls: int, huge_decay: int | None, oversize_decay
     seconds = statistics.median(r[0] for r in rows)
     return {"n": n, "dtype": dtype, "tile MiB": round(a.nbytes / 2**20, 1), "median s": round(seconds, 3),
             "numpy s": round(numpy, 3), "ratio": round(seconds / numpy, 2),
-            "faults per call": [r[1] for r in rows], "oversize threshold MiB": (_jemalloc("opt.oversize_threshold", ctype=ctypes.c_size_t) or 0) >> 20,
+            "faults per call": [r[1] for r in rows], "oversize threshold MiB": (_ctl("opt.oversize_threshold", ctype=ctypes.c_size_t) or 0) >> 20,
             "huge decay set": set_to}
 
 

@@ -529,15 +529,11 @@ class DuckDBBackend:
         n = self._run(COUNT_NAMED.format(where=WHERE_BARE_NAMES_RESOLVE), [table_name])
         return bool(n[0][0])
 
-    def _catalog_unchanged(self, table_name: str, value: TiledValue) -> bool:
-        """Whether the catalog already holds exactly this entry (as seen since our last write):
-        a tensor replaced by one of the same name and layout (a repeated ``out=``)."""
-        seen = self._catalog_seen.get(table_name.lower())
-        return seen is not None and (seen.name, seen.shape, seen.dtype, seen.tile, seen.keys) == (
-            table_name, tuple(value.shape), value.dtype, tuple(value.tile), tuple(value.keys))
-
     def _write_catalog(self, table_name: str, value: TiledValue) -> None:
-        if self._catalog_unchanged(table_name, value):
+        # the row as lookup() reads it back; already there (as seen since our last write): a
+        # tensor replaced by one of the same name and layout, a repeated out=
+        entry = TiledValue(table_name, tuple(value.shape), value.dtype, tuple(value.tile), tuple(value.keys))
+        if self._catalog_seen.get(table_name.lower()) == entry:
             return
         # _run forgets the cache on these writes; what they change is one row, so the rest is
         # put back (a spy on _run, as tests set, sees the same two statements as before)
@@ -549,8 +545,7 @@ class DuckDBBackend:
         )
         # what the catalog now says: this name's row changed and nothing else (a failed
         # statement, or a rollback of the transaction, forgets it all again, in _run)
-        seen[table_name.lower()] = TiledValue(table_name, tuple(value.shape), value.dtype, tuple(value.tile),
-                                              tuple(value.keys))
+        seen[table_name.lower()] = entry
         self._catalog_seen.update(seen)
         self._parts_seen.update(parts)
 
