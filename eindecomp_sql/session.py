@@ -52,7 +52,7 @@ class Session:
 
     def __init__(self, database=None, *, tile_bytes: int | None = None, workers: int | None = None,
                  memory=None, read_only: bool = False, backend: str = "duckdb", device_memory=None, spark=None,
-                 device: str = "auto", allow_tf32: bool = False):
+                 device: str = "auto", allow_tf32: bool = False, spark_database=None):
         # The plans' knobs: largest tile a plan creates, join tasks per step, memory budget.
         # One worker by default: kernels already use every core inside a call (docs/DESIGN.md).
         # Checked before the connection opens, so bad options leave nothing open.
@@ -76,6 +76,11 @@ class Session:
             if backend != "spark":
                 raise EinsumError(f"spark= is the Spark session of backend 'spark', not of {backend!r}")
             options["spark"] = spark
+        if spark_database is not None:
+            if backend != "spark":
+                raise EinsumError(f"spark_database= names where backend 'spark' keeps tensors as tables; backend "
+                                  f"{backend!r} has no Spark database")
+            options["spark_database"] = spark_database
         if backend == "duckdb":
             # device="auto" sends a step to the GPU only when it is big enough to pay for it;
             # device="cuda" sends every step it can
@@ -629,7 +634,7 @@ def _contraction_order(path, n_operands: int):
 
 def connect(database=None, *, tile_bytes: int | None = None, workers: int | None = None, memory=None,
             read_only: bool = False, backend: str = "duckdb", device_memory=None, spark=None,
-            device: str = "auto", allow_tf32: bool = False) -> Session:
+            device: str = "auto", allow_tf32: bool = False, spark_database=None) -> Session:
     """A session over DuckDB.
 
     Parameters
@@ -638,7 +643,8 @@ def connect(database=None, *, tile_bytes: int | None = None, workers: int | None
         None or ``":memory:"`` for an in-memory database, a file path (created if missing;
         tensors stored there are found again after reopening), or an open DuckDB connection to
         work in (it is not closed with the session). For ``backend="spark"``: a directory
-        holding the tensors as Parquet (None: a temporary one, removed at ``close()``).
+        holding the tensors as Parquet (None: a temporary one, removed at ``close()``), or
+        None with ``spark_database=``.
     tile_bytes : int
         The largest tile, in bytes, a plan creates (default: a 32nd of the memory this
         process may use, 64 MiB to 1 GiB; on Spark at most 32 MiB). Stored tensors are cut
@@ -657,8 +663,8 @@ def connect(database=None, *, tile_bytes: int | None = None, workers: int | None
         the DuckDB engine, and the harness the next engines drop into) or ``"device-sim"``
         (the reference catalog, plans run as tile tasks by the device worker's scheduler and
         cache on a simulated device: what will drive a GPU, checked without one) or
-        ``"spark"`` (every step a Spark SQL statement, tensors as Parquet; needs the
-        ``eindecomp_sql[spark]`` extra).
+        ``"spark"`` (every step a Spark SQL statement, tensors as Parquet or Spark tables;
+        needs the ``eindecomp_sql[spark]`` extra).
     device_memory : None, int or str
         The device's tile cache (a size such as ``"256MB"``): stored tensors' tiles kept on the
         device between kernel calls and plans (default: half the GPU's memory); for
@@ -667,6 +673,12 @@ def connect(database=None, *, tile_bytes: int | None = None, workers: int | None
         The Spark session ``backend="spark"`` runs on (None: the one active in this process,
         else a local one, ``local[<cores>]``, stopped when the last session using it closes).
         Its Python workers must import ``eindecomp_sql``.
+    spark_database : None or str
+        For ``backend="spark"``: keep the tensors as tables of this Spark database
+        (``"tensors"`` or ``"catalog.tensors"``; created if missing) instead of Parquet
+        directories. Each is a managed Parquet table, key columns and ``tile``, described by
+        its ``eindecomp_sql.tensor`` table property; other tables there are left alone. With
+        Spark's default in-memory catalog they last as long as the Spark session.
     device : str
         Where the DuckDB engine's einsum kernels run: ``"cuda"`` (a GPU, through CuPy: the
         ``eindecomp_sql[gpu]`` extra), ``"cpu"``, or ``"auto"`` (the default: CUDA when CuPy
@@ -684,4 +696,5 @@ def connect(database=None, *, tile_bytes: int | None = None, workers: int | None
     (2, 3)
     """
     return Session(database, tile_bytes=tile_bytes, workers=workers, memory=memory, read_only=read_only,
-                   backend=backend, device_memory=device_memory, spark=spark, device=device, allow_tf32=allow_tf32)
+                   backend=backend, device_memory=device_memory, spark=spark, device=device, allow_tf32=allow_tf32,
+                   spark_database=spark_database)

@@ -439,7 +439,7 @@ def test_a_stored_tensors_tiles_reach_several_tasks(sdb, spark):
     rng = np.random.default_rng(3)
     for shape, tile in (((64, 40), (8, 40)), ((4096, 1024), (2048, 1024)), ((2048, 1024), (256, 256))):
         T = sdb.store("RG", rng.standard_normal(shape).astype(np.float32), tile=tile, replace=True)
-        parts = spark.read.parquet(sdb.backend._find("RG")[1]).rdd.glom().map(len).collect()
+        parts = spark.read.parquet(sdb.backend._find("RG")[1].path).rdd.glom().map(len).collect()
         assert sum(parts) == int(np.prod(T.value.grid))
         busy = sum(1 for n in parts if n)
         assert busy >= (2 if T.value.nbytes >= 2 * (4 << 20) else 1), (shape, tile, parts)
@@ -507,3 +507,144 @@ def test_what_a_new_user_found_on_spark(spark, tmp_path):
         np.testing.assert_array_equal(db.store("F", fixed.replace_schema_metadata(t.schema.metadata)).to_numpy(), f)
     finally:
         db.close()
+
+
+# -- Spark tables as storage (spark_database=) ------------------------------------------------
+
+def _tables(spark, database):
+    return sorted(r["tableName"] for r in spark.sql(f"SHOW TABLES IN `{database}`").collect() if not r["isTemporary"])
+
+
+@pytest.fixture(scope="module")
+def tdb(spark, tmp_path_factory):
+    """A session keeping its tensors as tables of Spark database ``eds_t`` (put in a temporary
+    location: a managed table's files go under its database's)."""
+    where = tmp_path_factory.mktemp("warehouse") / "eds_t.db"
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS eds_t LOCATION '{where}'")
+    db = eds.connect(backend="spark", spark=spark, spark_database="eds_t")
+    yield db
+    db.close()
+
+
+@settings(max_examples=6, deadline=None)
+@given(m=st.integers(1, 30), k=st.integers(1, 30), n=st.integers(1, 30), dtype=st.sampled_from(DTYPES), data=st.data())
+def test_tensors_as_spark_tables_match_numpy(tdb, m, k, n, dtype, data):
+    """Stored as tables, in tiles that don't divide the shapes (re-tiled where A and B disagree),
+    every dtype, into a table (out=) and into a temporary result."""
+    tile = lambda d: data.draw(st.integers(1, d))  # noqa: E731
+    rng = np.random.default_rng(m * 961 + k * 31 + n)
+    a, b = random_array(rng, (m, k), dtype), random_array(rng, (k, n), dtype)
+    A = tdb.store("A", a, tile=(tile(m), tile(k)), replace=True)
+    B = tdb.store("B", b, tile=(tile(k), tile(n)), replace=True)
+    np.testing.assert_array_equal(A.to_numpy(), a)
+    want = reference("ij,jk->ik", a, b)
+    assert_close(tdb.einsum("ij,jk->ik", A, B, out="C", replace=True).to_numpy(), want,
+                 error_scale("ij,jk->ik", [a, b]))
+    assert_close(tdb.einsum("ij,jk->ik", A, B).to_numpy(), want, error_scale("ij,jk->ik", [a, b]))
+
+
+def test_tensors_as_spark_tables_are_tables_spark_sql_reads(tdb, spark):
+    """Each tensor is a managed table of the database, key columns and tile, described by its
+    table property; a run leaves no table of its own behind; names compare case-insensitively."""
+    from eindecomp_sql.backends.spark_tables import PROPERTY, from_description
+
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((9, 7)).astype(np.float32)
+    for stale in tdb.tensors():
+        tdb.drop(stale)
+    W = tdb.store("Weights", a, tile=(4, 7))
+    tdb.einsum("ij->j", W, out="colsum")
+    assert tdb.tensors() == ["Weights", "colsum"]
+    assert _tables(spark, "eds_t") == ["colsum", "weights"]
+    props = dict(spark.sql("SHOW TBLPROPERTIES eds_t.weights").collect())
+    assert from_description(props[PROPERTY]) == W.value
+    rows = spark.sql("SELECT d0, d1, tile FROM eds_t.weights ORDER BY d0").collect()
+    assert [(r["d0"], r["d1"]) for r in rows] == [(0, 0), (1, 0), (2, 0)]
+    np.testing.assert_array_equal(np.frombuffer(rows[0]["tile"], "<f4").reshape(4, 7), a[:4])
+    np.testing.assert_array_equal(tdb.tensor("WEIGHTS").to_numpy(), a)
+    assert_close(tdb.einsum_numpy("ij,jk->ik", a, a.T), a @ a.T)  # arrays: run tables, dropped after
+    assert _tables(spark, "eds_t") == ["colsum", "weights"]
+    tdb.drop("colsum")
+    assert _tables(spark, "eds_t") == ["weights"]
+
+
+def test_a_users_own_spark_table_is_never_written_over(tdb, spark):
+    spark.sql("CREATE TABLE IF NOT EXISTS eds_t.mine (x INT) USING parquet")
+    spark.sql("INSERT INTO eds_t.mine VALUES (7)")
+    for replace in (False, True):
+        with pytest.raises(EinsumError, match="exists and is not a stored tensor"):
+            tdb.store("mine", np.ones((2, 2)), replace=replace)
+        with pytest.raises(EinsumError, match="exists and is not a stored tensor"):
+            tdb.einsum("ij->i", np.ones((2, 2)), out="Mine", replace=replace)
+    with pytest.raises(EinsumError, match="no stored tensor named 'mine'"):
+        tdb.drop("mine")  # not a tensor: not ours to drop
+    assert "mine" not in tdb.tensors() and spark.sql("SELECT x FROM eds_t.mine").collect()[0]["x"] == 7
+    spark.sql("DROP TABLE eds_t.mine")
+
+
+def test_replacing_a_table_tensor_that_the_plan_reads(tdb, spark):
+    """out= the plan's own input: the new table replaces the old only after every step ran, and
+    the old one is dropped, not left renamed aside."""
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((8, 8))
+    tdb.store("R", a, tile=(8, 8), replace=True)  # one statement: the session allows out= its input
+    tdb.einsum("ij,jk->ik", "R", "R", out="R", replace=True)
+    np.testing.assert_allclose(tdb.tensor("R").to_numpy(), a @ a, rtol=1e-12)
+    tdb.einsum("ij->ij", "R", out="R2", replace=True)  # an output no step writes: a copy
+    np.testing.assert_allclose(tdb.tensor("R2").to_numpy(), a @ a, rtol=1e-12)
+    assert not [t for t in _tables(spark, "eds_t") if t.startswith("_eds_")]
+
+
+def test_a_failed_plan_on_spark_tables_writes_nothing(spark, tmp_path):
+    """The second step fails (its input table's file is damaged): no output, no run table."""
+    rng = np.random.default_rng(13)
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS eds_fail LOCATION '{tmp_path / 'eds_fail.db'}'")
+    with eds.connect(backend="spark", spark=spark, spark_database="eds_fail") as db:
+        A = db.store("A", rng.standard_normal((10, 8)), tile=(3, 5))
+        B = db.store("B", rng.standard_normal((8, 6)), tile=(3, 2))
+        plan = db.plan("ij,jk->ik", A, B)
+        assert isinstance(plan.steps[0], RetileStep) and len(plan.steps) >= 2
+        late = "b" if plan.steps[0].source.name == "A" else "a"
+        for f in os.listdir(tmp_path / "eds_fail.db" / late):
+            if f.endswith(".parquet"):
+                (tmp_path / "eds_fail.db" / late / f).write_bytes(b"not parquet")
+        spark.catalog.refreshTable("eds_fail.b")
+        spark.catalog.refreshTable("eds_fail.a")
+        with pytest.raises(ExecutionError, match="failed on Spark"):
+            db.einsum("ij,jk->ik", A, B, out="C")
+        assert db.tensors() == ["A", "B"] and not db.backend.table_exists("C")
+        assert _tables(spark, "eds_fail") == ["a", "b"]
+        R = db.einsum("ij->j", A)  # a temporary result: a run table until the session closes
+        assert len(_tables(spark, "eds_fail")) == 3
+        del R
+    assert _tables(spark, "eds_fail") == ["a", "b"]
+
+
+def test_a_read_only_session_on_spark_tables_writes_no_table(spark, tmp_path):
+    rng = np.random.default_rng(14)
+    a = rng.standard_normal((6, 5))
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS eds_ro LOCATION '{tmp_path / 'eds_ro.db'}'")
+    with eds.connect(backend="spark", spark=spark, spark_database="eds_ro") as db:
+        db.store("A", a, tile=(4, 5))
+    with eds.connect(backend="spark", spark=spark, spark_database="eds_ro", read_only=True) as db:
+        assert db.tensors() == ["A"]
+        with pytest.raises(EinsumError, match="read-only"):
+            db.store("X", a)
+        with pytest.raises(EinsumError, match="read-only"):
+            db.einsum("ij->i", "A", out="rows")
+        R = db.einsum("ij,kj->ik", "A", "A")  # computed in a scratch directory of its own
+        assert_close(R.to_numpy(), a @ a.T)
+        assert _tables(spark, "eds_ro") == ["a"]
+    with pytest.raises(EinsumError, match="no Spark database 'eds_nowhere' to open read-only"):
+        eds.connect(backend="spark", spark=spark, spark_database="eds_nowhere", read_only=True)
+
+
+def test_spark_database_option_errors(spark, tmp_path):
+    with pytest.raises(EinsumError, match="not both"):
+        eds.connect(tmp_path / "d", backend="spark", spark=spark, spark_database="eds_t")
+    assert not (tmp_path / "d").exists()
+    with pytest.raises(EinsumError, match="has no Spark database"):
+        eds.connect(spark_database="eds_t")
+    for bad in ("", "a.b.c", "a. b", "`x`", 3):
+        with pytest.raises(EinsumError, match="spark_database"):
+            eds.connect(backend="spark", spark=spark, spark_database=bad)

@@ -13,8 +13,8 @@ BACKENDS = ("duckdb", "reference", "device-sim", "spark")
 
 def create_backend(name: str = "duckdb", database=None, *, read_only: bool = False, **options) -> Backend:
     """The backend ``name`` over ``database`` (None: in memory); ``options`` are the backend's
-    own (``device_memory`` for ``"device-sim"``, ``spark`` for ``"spark"``)."""
-    own = {"duckdb": {"device", "allow_tf32", "device_memory", "device_min_work"}, "device-sim": {"device_memory"}, "spark": {"spark"}}.get(name, set())
+    own (``device_memory`` for ``"device-sim"``, ``spark`` and ``spark_database`` for ``"spark"``)."""
+    own = {"duckdb": {"device", "allow_tf32", "device_memory", "device_min_work"}, "device-sim": {"device_memory"}, "spark": {"spark", "spark_database"}}.get(name, set())
     if set(options) - own:
         from ..errors import EinsumError
 

@@ -1,8 +1,10 @@
-"""The Spark backend: the same plans run as Spark SQL, tensors kept as Parquet.
+"""The Spark backend: the same plans run as Spark SQL, tensors kept as Parquet or as Spark tables.
 
 A tiled tensor is a directory of Parquet files (key columns, then ``tile``) under the
 database directory, with its description in ``_eds_tensor.json`` beside them (Spark and
-pyarrow skip files starting with ``_``). The catalog is those directories. A step is one
+pyarrow skip files starting with ``_``). The catalog is those directories. With
+``spark_database=`` instead, each tensor is a table of that Spark database
+(``spark_tables.py``), and so is every value a run writes. A step is one
 Spark SQL statement, printed from the compiler's sqlglot expressions in Spark's dialect
 (``compile/spark.py``); its joins and group-bys are Spark's (its shuffle is our re-tiling),
 and its tile kernels are the Arrow kernels DuckDB calls, registered as Spark Arrow UDFs
@@ -39,6 +41,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from dataclasses import replace as _replace
 
 import numpy as np
@@ -55,6 +58,7 @@ from ..udfs.pool import THREADS
 from ..udfs.tiles import array_from_tiles, tiles_from_array
 from .base import Target, array_as_wanted, stored_as_wanted
 from .running import StepProgress
+from .spark_tables import SparkTables
 
 META = "_eds_tensor.json"
 SCRATCH = "_eds_scratch"
@@ -165,8 +169,24 @@ def _spark_error(e: BaseException) -> str:
     return "\n".join(head)
 
 
+@dataclass(frozen=True)
+class Where:
+    """Where a value's tiles are: a Parquet directory, or a table of the session's Spark database."""
+
+    path: str | None = None
+    table: str | None = None
+
+
+@dataclass
+class _Run:
+    """What one plan run writes: its directory (Parquet values), or the tables it made."""
+
+    path: str
+    tables: list[str] = field(default_factory=list)
+
+
 class SparkBackend:
-    """Tensors as Parquet directories, plans as Spark SQL (see the module docstring)."""
+    """Tensors as Parquet directories or Spark tables, plans as Spark SQL (see the module docstring)."""
 
     name = "spark"
     con = None  # no DuckDB connection: no SQL interface, no DuckDB sources
@@ -186,8 +206,15 @@ class SparkBackend:
     max_tile_bytes = 64 << 20
     max_store_tile_bytes = 32 << 20
 
-    def __init__(self, database=None, read_only: bool = False, spark=None):
-        if database is None or (isinstance(database, str) and database == ":memory:"):
+    def __init__(self, database=None, read_only: bool = False, spark=None, spark_database=None):
+        self._tables: SparkTables | None = None  # the catalog, where tensors are Spark tables
+        if spark_database is not None:
+            if database is not None:
+                raise EinsumError("give database= (a directory of Parquet tensors) or spark_database= (tensors as "
+                                  "tables of a Spark database), not both")
+            self.root = None
+            self._owns_root = False
+        elif database is None or (isinstance(database, str) and database == ":memory:"):
             if read_only:
                 raise EinsumError("read_only needs a database directory to read")
             self.root = tempfile.mkdtemp(prefix="eds-spark-")
@@ -218,6 +245,9 @@ class SparkBackend:
             from ..udfs.spark import register_spark_kernels
 
             register_spark_kernels(self.spark)
+            self._session_id = uuid.uuid4().hex[:12]
+            if spark_database is not None:
+                self._tables = SparkTables(self.spark, spark_database, read_only, self._session_id)
         except ImportError as e:
             self._remove_root()
             raise EinsumError("the Spark backend needs pyspark: pip install 'eindecomp_sql[spark]'") from e
@@ -226,15 +256,16 @@ class SparkBackend:
                 _release_local(self.spark)
             self._remove_root()
             raise
-        self._session_id = uuid.uuid4().hex[:12]
         # a read-only session still writes its runs' scratch: beside the database, or in a
-        # directory of its own
-        self._scratch_base = tempfile.mkdtemp(prefix="eds-spark-") if read_only else None
+        # directory of its own (so does one whose tensors are tables, only when read-only)
+        self._scratch_base = (tempfile.mkdtemp(prefix="eds-spark-") if read_only or self.root is None else None)
         self._scratch = os.path.join(self._scratch_base or self.root, SCRATCH, self._session_id)
+        # where a run's values go: the tensors' Spark database, unless the session may not write it
+        self._run_tables = self._tables if not read_only else None
         os.makedirs(self._scratch, exist_ok=True)
         self._counter = itertools.count()
-        # lower-cased name -> (value named as the session knows it, its directory)
-        self._temporary: dict[str, tuple[TiledValue, str]] = {}
+        # lower-cased name -> (value named as the session knows it, where its tiles are)
+        self._temporary: dict[str, tuple[TiledValue, Where]] = {}
 
     @property
     def compiler(self) -> SparkCompiler:
@@ -277,27 +308,44 @@ class SparkBackend:
             json.dump({"name": value.name, "shape": list(value.shape), "dtype": value.dtype,
                        "tile": list(value.tile), "keys": list(value.keys)}, f)
 
-    def _find(self, name: str) -> tuple[TiledValue, str] | None:
+    def _stored_value(self, name: str) -> TiledValue | None:
+        """The stored (not temporary) tensor ``name``'s description, or None."""
+        if self._tables is not None:
+            return self._tables.find(name)
+        return self._read_meta(self._dir(name))
+
+    def _find(self, name: str) -> tuple[TiledValue, Where] | None:
         temp = self._temporary.get(name.lower())
         if temp is not None:
             return temp
-        path = self._dir(name)
-        value = self._read_meta(path)
-        return (value, path) if value is not None else None
+        value = self._stored_value(name)
+        if value is None:
+            return None
+        return value, (Where(table=name) if self._tables is not None else Where(path=self._dir(name)))
 
     def _check_target(self, name: str, replace: bool) -> None:
         found = self._find(name) is not None
         if found and not replace:
             raise EinsumError(f"table {name!r} already exists; pass replace=True to overwrite it")
+        if self._tables is not None:
+            if not found and self._tables.occupied(name):
+                raise EinsumError(f"Spark table {self._tables.qualified(name)} exists and is not a stored tensor; "
+                                  "choose another name (replace overwrites stored tensors only)")
+            return
         if not found and os.path.lexists(self._dir(name)):
             # a file or folder of the user's under the database directory: never ours to move
             # away and delete (replace overwrites stored tensors only, as on DuckDB)
             raise EinsumError(f"{self._dir(name)!r} exists and is not a stored tensor; choose another name, or "
                               "move it out of the database directory")
 
-    def _install(self, written: str, value: TiledValue) -> None:
-        """Move a written tensor directory into the catalog (replacing one of that name): one
-        rename puts it in place, after its description is written."""
+    def _install(self, where: Where, value: TiledValue) -> None:
+        """Move a written value into the catalog as tensor ``value.name`` (replacing one of that
+        name): one rename puts it in place, after its description is written."""
+        self._temporary.pop(value.name.lower(), None)
+        if where.table is not None:
+            self._tables.install(where.table, value)
+            return
+        written = where.path
         self._write_meta(written, value)
         path = self._dir(value.name)
         old = None
@@ -342,11 +390,13 @@ class SparkBackend:
     def lookup(self, name: str) -> TiledValue | None:
         with self.lock:
             self._check_open()
-            return self._read_meta(self._dir(name))
+            return self._stored_value(name)
 
     def names(self) -> list[str]:
         with self.lock:
             self._check_open()
+            if self._tables is not None:
+                return self._tables.names()
             # a tensor may be named _x: skip only our own folders (_eds_...) and hidden ones
             found = (self._read_meta(os.path.join(self.root, d)) for d in sorted(os.listdir(self.root))
                      if not d.startswith(("_eds_", ".")))
@@ -367,6 +417,9 @@ class SparkBackend:
         with self.lock:
             self._check_open()
             self._check_writable(name)
+            if self._tables is not None:
+                self._tables.drop(name)
+                return
             path = self._dir(name)
             if self._read_meta(path) is not None:
                 gone = os.path.join(self._scratch, f"dropped-{next(self._counter)}")
@@ -383,7 +436,7 @@ class SparkBackend:
         with self.lock:
             found = self._temporary.pop(name.lower(), None)
             if found is not None:
-                shutil.rmtree(found[1], ignore_errors=True)
+                self._discard(found[1])
 
     # -- data in and out --------------------------------------------------------------------
     def _write_tiles(self, tiles: pa.Table, path: str) -> None:
@@ -399,38 +452,82 @@ class SparkBackend:
         pq.write_table(tiles, os.path.join(path, "part-0.parquet"),
                        row_group_size=max(1, min((64 << 20) // per_row, -(-rows // groups))), compression="none")
 
+    def _write_arrow(self, tiles: pa.Table, run: _Run, kind: str) -> Where:
+        """Tiles from this process written as a value of ``run``: a run table (sent through
+        Spark, in as many pieces as Spark has cores, so a cluster's executors can read it), or
+        a Parquet directory of the run's."""
+        if self._run_tables is not None:
+            df = self.spark.createDataFrame(tiles)
+            parts = min(max(1, tiles.num_rows), max(16, self.default_workers))
+            if df.rdd.getNumPartitions() < parts:  # a task per piece, as the row groups below
+                df = df.repartition(parts)
+            return self._track(run, self._run_tables.write(df, WRITE_OPTIONS))
+        path = os.path.join(run.path, f"{kind}{next(self._counter)}")
+        self._write_tiles(tiles, path)
+        return Where(path=path)
+
+    def _write_df(self, df, run: _Run, kind: str) -> Where:
+        """A statement's result written as a value of ``run`` (see ``_write_arrow``)."""
+        if self._run_tables is not None:
+            return self._track(run, self._run_tables.write(df, WRITE_OPTIONS))
+        path = os.path.join(run.path, f"{kind}{next(self._counter)}")
+        df.write.options(**WRITE_OPTIONS).parquet(path)
+        return Where(path=path)
+
+    @staticmethod
+    def _track(run: _Run, table: str) -> Where:
+        run.tables.append(table)
+        return Where(table=table)
+
+    def _read(self, where: Where, value: TiledValue) -> pa.Table:
+        columns = list(value.keys) + ["tile"]
+        if where.table is not None:
+            return self.spark.table(self._tables.qualified(where.table)).select(*columns).toArrow()
+        return pq.read_table(where.path, columns=columns)
+
+    def _discard(self, where: Where) -> None:
+        if where.table is not None:
+            self._tables.discard(where.table)
+        else:
+            shutil.rmtree(where.path, ignore_errors=True)
+
     def store_tiles(self, value: TiledValue, tiles: pa.Table, replace: bool = False) -> None:
         with self.lock:
             self._check_open()
             self._check_writable(value.name)
             self._check_target(value.name, replace)
-            written = os.path.join(self._scratch, f"store-{next(self._counter)}")
+            run = _Run(os.path.join(self._scratch, f"store-{next(self._counter)}"))
+            written = None
             try:
-                self._write_tiles(tiles.select(list(value.keys) + ["tile"]), written)
+                os.makedirs(run.path)
+                written = self._write_arrow(tiles.select(list(value.keys) + ["tile"]), run, "tiles")
                 self._install(written, value)
-            except BaseException:
-                shutil.rmtree(written, ignore_errors=True)
-                raise
+                written = None
+            finally:
+                if written is not None:
+                    self._discard(written)
+                shutil.rmtree(run.path, ignore_errors=True)
 
     def read_tiles(self, value: TiledValue) -> pa.Table:
         with self.lock:
             self._check_open()
-            path = self._stored(value.name, value, f"tensor {value.name!r} was replaced: it is now")
-            return pq.read_table(path, columns=list(value.keys) + ["tile"])
+            where = self._stored(value.name, value, f"tensor {value.name!r} was replaced: it is now")
+            return self._read(where, value)
 
     def tile_batches(self, value: TiledValue, batch_bytes: int):
         return contextlib.nullcontext(iter(self.read_tiles(value).to_batches()))
 
-    def _stored(self, name: str, want: TiledValue, what: str) -> str:
-        """The directory of stored tensor ``name``, which must be cut as ``want`` says."""
+    def _stored(self, name: str, want: TiledValue, what: str) -> Where:
+        """Where stored tensor ``name`` is, which must be cut as ``want`` says."""
         return stored_as_wanted(self._find(name), name, want, what)
 
     # -- execution --------------------------------------------------------------------------
     def execute(self, plan: Plan, inputs: Mapping[str, str | np.ndarray], outputs: Mapping[str, Target],
                 replace: bool = False, progress: Callable | None = None) -> dict[str, np.ndarray]:
         """Run the plan's steps, one Spark SQL statement each; see ``base.Backend.execute``.
-        Every step's result is written under the run's scratch directory; the outputs move
-        into the catalog only once every step has run."""
+        Every step's result is written as a value of the run (a Parquet directory under the
+        run's scratch, or a run table); the outputs move into the catalog only once every step
+        has run."""
         compiler = self.compiler
         compiled = compiler.compile_plan(plan)  # a callable join that cannot be pickled: EinsumError
         if any('"callable":' in c.text for c in compiled):
@@ -444,13 +541,13 @@ class SparkBackend:
                 if t.table is not None and not t.temporary:
                     self._check_writable(t.table)
                     self._check_target(t.table, replace)
-            run = os.path.join(self._scratch, f"run-{next(self._counter)}")
+            run = _Run(os.path.join(self._scratch, f"run-{next(self._counter)}"))
             views: list[str] = []
             context = self.spark.sparkContext
             try:
-                os.makedirs(run)
-                paths = {v.name: self._bind_input(v, inputs[v.name], run, k) for k, v in enumerate(plan.inputs)}
-                tables = {v.name: self._view(paths[v.name], v, views) for v in plan.inputs}
+                os.makedirs(run.path)
+                where = {v.name: self._bind_input(v, inputs[v.name], run) for v in plan.inputs}
+                tables = {v.name: self._view(where[v.name], v, views) for v in plan.inputs}
                 arrays: dict[str, pa.Table] = {}
                 inlined = inlined_steps(plan)
                 start = time.perf_counter()
@@ -469,10 +566,8 @@ class SparkBackend:
                             # less, and the reader can broadcast it)
                             tables[c.value] = self._lazy_view(df, views)
                         else:
-                            path = os.path.join(run, f"s{k}")
-                            df.write.options(**WRITE_OPTIONS).parquet(path)
-                            paths[c.value] = path
-                            tables[c.value] = self._view(path, step_target(step), views)
+                            where[c.value] = self._write_df(df, run, "s")
+                            tables[c.value] = self._view(where[c.value], step_target(step), views)
                     except KeyboardInterrupt:
                         raise
                     except Exception as e:  # noqa: BLE001 - Spark's errors come as many classes
@@ -489,26 +584,50 @@ class SparkBackend:
                     if t.table is None:
                         continue
                     v = values[name]
-                    if os.path.dirname(paths[name]) != run:  # an output no step wrote (an input's
-                        # own directory): a copy is moved, never the stored tensor
-                        copied = os.path.join(run, f"copy-{next(self._counter)}")
-                        shutil.copytree(paths[name], copied)
-                        paths[name] = copied
+                    if not self._made_by(run, where[name]):  # an output no step wrote (an input's
+                        # own tiles): a copy is moved, never the stored tensor
+                        where[name] = self._copy(where[name], v, run)
                     stored = _replace(v, name=t.table)
                     if t.temporary:
-                        self._write_meta(paths[name], stored)
-                        kept = os.path.join(self._scratch, f"temp-{next(self._counter)}")
-                        os.rename(paths[name], kept)
-                        self._temporary[t.table.lower()] = (stored, kept)
+                        self._keep_temporary(where[name], stored, run)
                     else:
-                        self._install(paths[name], stored)
+                        self._install(where[name], stored)
+                        if where[name].table is not None:
+                            run.tables.remove(where[name].table)
                 return result
             finally:
                 context.setJobDescription(None)
                 for view in views:
                     with contextlib.suppress(Exception):
                         self.spark.catalog.dropTempView(view)
-                shutil.rmtree(run, ignore_errors=True)
+                for name in run.tables:  # the run's tables not moved into the catalog
+                    with contextlib.suppress(Exception):
+                        self._tables.discard(name)
+                shutil.rmtree(run.path, ignore_errors=True)
+
+    @staticmethod
+    def _made_by(run: _Run, where: Where) -> bool:
+        if where.table is not None:
+            return where.table in run.tables
+        return os.path.dirname(where.path) == run.path
+
+    def _copy(self, where: Where, value: TiledValue, run: _Run) -> Where:
+        if where.table is not None:
+            return self._write_df(self.spark.table(self._tables.qualified(where.table)), run, "copy")
+        copied = os.path.join(run.path, f"copy-{next(self._counter)}")
+        shutil.copytree(where.path, copied)
+        return Where(path=copied)
+
+    def _keep_temporary(self, where: Where, stored: TiledValue, run: _Run) -> None:
+        """A temporary result: the run's value, kept until dropped or the session closes."""
+        if where.table is not None:
+            run.tables.remove(where.table)
+            self._temporary[stored.name.lower()] = (stored, where)
+            return
+        self._write_meta(where.path, stored)
+        kept = os.path.join(self._scratch, f"temp-{next(self._counter)}")
+        os.rename(where.path, kept)
+        self._temporary[stored.name.lower()] = (stored, Where(path=kept))
 
     def _lazy_view(self, df, views: list[str]) -> str:
         """A temporary view of the statement ``df``, not run: its reader runs it."""
@@ -517,28 +636,30 @@ class SparkBackend:
         views.append(name)
         return name
 
-    def _view(self, path: str, value: TiledValue, views: list[str]) -> str:
-        """A temporary view of ``value``'s tiles in the Parquet directory ``path``, named afresh
-        (one Spark session may serve several backends). The schema is said, not inferred:
+    def _view(self, where: Where, value: TiledValue, views: list[str]) -> str:
+        """A temporary view of ``value``'s tiles, named afresh (one Spark session may serve
+        several backends). Of a Parquet directory, with the schema said, not inferred:
         inferring it runs a Spark job that reads the files' footers, on every view."""
         name = f"_eds_{self._session_id}_{next(self._counter)}"
-        from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+        if where.table is not None:
+            df = self.spark.table(self._tables.qualified(where.table)).select(*value.keys, "tile")
+        else:
+            from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
-        schema = StructType([StructField(k, LongType()) for k in value.keys] + [StructField("tile", BinaryType())])
-        self.spark.read.schema(schema).parquet(path).createOrReplaceTempView(name)
+            schema = StructType([StructField(k, LongType()) for k in value.keys] + [StructField("tile", BinaryType())])
+            df = self.spark.read.schema(schema).parquet(where.path)
+        df.createOrReplaceTempView(name)
         views.append(name)
         return name
 
-    def _bind_input(self, v: TiledValue, x, run: str, k: int) -> str:
-        """The directory of the tiles a plan input reads: a stored tensor's, or the array's
-        tiles written for this run (Parquet gives Spark their true size: an in-memory
-        DataFrame is estimated at ~100 B per tile and broadcast)."""
+    def _bind_input(self, v: TiledValue, x, run: _Run) -> Where:
+        """Where the tiles a plan input reads are: a stored tensor's, or the array's tiles
+        written for this run (Parquet gives Spark their true size: an in-memory DataFrame is
+        estimated at ~100 B per tile and broadcast)."""
         if isinstance(x, str):
             return self._stored(x, v, f"input {v.name!r}: tensor {x!r} is")
         a = array_as_wanted(v, x)
-        path = os.path.join(run, f"in{k}")
-        self._write_tiles(tiles_from_array(a, v.tile, v.keys), path)
-        return path
+        return self._write_arrow(tiles_from_array(a, v.tile, v.keys), run, "in")
 
     def _remove_root(self) -> None:
         if getattr(self, "_owns_root", False):
@@ -555,6 +676,8 @@ class SparkBackend:
                 return
             self._closed = True
             self._temporary.clear()
+            if self._tables is not None:  # temporary results kept as run tables
+                self._tables.close()
             shutil.rmtree(self._scratch, ignore_errors=True)
             if self._scratch_base is not None:
                 shutil.rmtree(self._scratch_base, ignore_errors=True)

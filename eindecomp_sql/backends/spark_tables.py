@@ -1,0 +1,173 @@
+"""Spark tables as the Spark backend's storage: a Spark database (schema) is the catalog.
+
+``eds.connect(backend="spark", spark_database="tensors")`` keeps each stored tensor as a managed
+Parquet table of that database, with the key columns and ``tile`` as the directory form has them,
+and its description (name, shape, dtype, tile, keys) in the table property ``eindecomp_sql.tensor``.
+Other tables of the database are the user's: never listed, read or written over. Spark SQL users
+see the tensors in ``SHOW TABLES`` and query their tiles like any table.
+
+A run's values (step results, arrays bound for the run, temporary results) are tables of the same
+database named ``_eds_<session>_<n>``: written where Spark's warehouse is, so a cluster's
+executors write and read them as they do any table, and dropped when the run ends (a temporary
+result when it is dropped or the session closes). Outputs are written as such tables, and only
+when every step has run are they given their description and renamed into place, so a failed
+plan leaves the catalog as it was. Replacing a tensor renames the old table aside first and
+drops it last: at no moment is there a half-written table under the tensor's name.
+
+Every table name reaches Spark SQL as a sqlglot-quoted identifier; the description is a quoted
+string literal. What Spark keeps of the catalog is the session's: with Spark's default in-memory
+catalog the tables live as long as the Spark session (their files stay in the warehouse); a
+session with Hive support (``enableHiveSupport()``) or another persistent catalog keeps them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+from sqlglot import exp
+
+from ..compile.compiler import ident
+from ..errors import EinsumError
+from ..plan import TiledValue
+
+PROPERTY = "eindecomp_sql.tensor"
+SCRATCH_PREFIX = "_eds_"
+
+
+def describe(value: TiledValue) -> str:
+    """The table property's text: what ``from_description`` reads back."""
+    return json.dumps({"name": value.name, "shape": list(value.shape), "dtype": value.dtype,
+                       "tile": list(value.tile), "keys": list(value.keys)})
+
+
+def from_description(text: str) -> TiledValue:
+    m = json.loads(text)
+    return TiledValue(m["name"], tuple(m["shape"]), m["dtype"], tuple(m["tile"]), tuple(m["keys"]))
+
+
+def split_database(database) -> tuple[str | None, str]:
+    """``"db"`` or ``"catalog.db"`` as (catalog or None, database); anything else refused."""
+    if not isinstance(database, str) or not database.strip():
+        raise EinsumError(f"spark_database must be the name of a Spark database, such as 'tensors', got {database!r}")
+    parts = database.split(".")
+    if len(parts) > 2 or not all(p.strip() and p == p.strip() and "`" not in p for p in parts):
+        raise EinsumError(f"spark_database {database!r}: give a database name, or catalog.database, without "
+                          "spaces around the dot or backquotes")
+    return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+
+
+class SparkTables:
+    """The tensors of one Spark database (see the module docstring). Callers hold the backend's
+    lock; every method is a few catalog statements, no Spark job, except ``write``."""
+
+    def __init__(self, spark, database, read_only: bool, session_id: str):
+        self.spark = spark
+        self.catalog, self.database = split_database(database)
+        self._session_id = session_id
+        self._counter = itertools.count()
+        exists = self._database_exists()
+        if not exists and read_only:
+            raise EinsumError(f"no Spark database {database!r} to open read-only")
+        if not exists:
+            self.sql(f"CREATE DATABASE IF NOT EXISTS {self._database_sql()}")
+        self.scratch: set[str] = set()  # this session's run tables not yet dropped (lower-cased)
+
+    def sql(self, text: str):
+        return self.spark.sql(text)
+
+    def _database_sql(self) -> str:
+        db = exp.Table(this=ident(self.database), db=ident(self.catalog) if self.catalog else None)
+        return db.sql("spark")
+
+    def _database_exists(self) -> bool:
+        name = self._database_sql()
+        return bool(self.spark.catalog.databaseExists(name))
+
+    def qualified(self, name: str) -> str:
+        """Table ``name`` of this database as Spark SQL: every part quoted by sqlglot. Spark's
+        session catalog compares names case-insensitively, as the directory form does."""
+        t = exp.Table(this=ident(name), db=ident(self.database), catalog=ident(self.catalog) if self.catalog else None)
+        return t.sql("spark")
+
+    # -- the catalog --------------------------------------------------------------------------
+    def _exists(self, name: str) -> bool:
+        return bool(self.spark.catalog.tableExists(self.qualified(name)))
+
+    def _properties(self, name: str) -> dict[str, str] | None:
+        """The table's properties, or None where there is no such table."""
+        if not self._exists(name):
+            return None
+        return {r[0]: r[1] for r in self.sql(f"SHOW TBLPROPERTIES {self.qualified(name)}").collect()}
+
+    def find(self, name: str) -> TiledValue | None:
+        """The tensor stored as table ``name``; None where there is none, or the table is not one
+        of ours (no description)."""
+        props = self._properties(name)
+        if props is None or PROPERTY not in props:
+            return None
+        return from_description(props[PROPERTY])
+
+    def occupied(self, name: str) -> bool:
+        """A table or view of that name that is no tensor: the user's, never written over."""
+        return self._exists(name) and self.find(name) is None
+
+    def names(self) -> list[str]:
+        rows = self.sql(f"SHOW TABLES IN {self._database_sql()}").collect()
+        found = (self.find(r["tableName"]) for r in rows
+                 if not r["isTemporary"] and not r["tableName"].lower().startswith(SCRATCH_PREFIX))
+        return sorted(v.name for v in found if v is not None)
+
+    # -- writing ------------------------------------------------------------------------------
+    def new_scratch(self) -> str:
+        name = f"{SCRATCH_PREFIX}{self._session_id}_{next(self._counter)}"
+        self.scratch.add(name)
+        return name
+
+    def write(self, df, options: dict[str, str]) -> str:
+        """``df`` written as a new run table of this database; its name."""
+        name = self.new_scratch()
+        df.write.options(**options).format("parquet").saveAsTable(self.qualified(name))
+        return name
+
+    def discard(self, name: str) -> None:
+        self.scratch.discard(name)
+        self.sql(f"DROP TABLE IF EXISTS {self.qualified(name)}")
+
+    def install(self, written: str, value: TiledValue) -> None:
+        """Run table ``written`` becomes tensor ``value.name`` (replacing one of that name): its
+        description first, then the old table renamed aside, the new one renamed into place,
+        the old one dropped. A failure puts the old table back."""
+        desc = exp.Literal.string(describe(value)).sql("spark")
+        self.sql(f"ALTER TABLE {self.qualified(written)} SET TBLPROPERTIES ({exp.Literal.string(PROPERTY).sql('spark')} "
+                 f"= {desc})")
+        target = self.qualified(value.name)
+        old = None
+        if self.find(value.name) is not None:
+            old = self.new_scratch()
+            self.sql(f"ALTER TABLE {target} RENAME TO {self.qualified(old)}")
+        try:
+            self.sql(f"ALTER TABLE {self.qualified(written)} RENAME TO {target}")
+        except BaseException:
+            if old is not None:
+                self.sql(f"ALTER TABLE {self.qualified(old)} RENAME TO {target}")
+                self.scratch.discard(old)
+            raise
+        self.scratch.discard(written)
+        if old is not None:
+            self.discard(old)
+
+    def drop(self, name: str) -> None:
+        if self.find(name) is not None:
+            self.sql(f"DROP TABLE {self.qualified(name)}")
+
+    def close(self) -> None:
+        """Drop this session's run tables still there (temporary results, a run cut short)."""
+        for name in sorted(self.scratch):
+            try:
+                self.discard(name)
+            except Exception:  # noqa: BLE001 - a stopped Spark session: nothing left to drop in
+                self.scratch.discard(name)
+
+
+__all__ = ["PROPERTY", "SparkTables", "describe", "from_description", "split_database"]
