@@ -9,7 +9,10 @@
    Spark path on the same matrices in the same block size, and a GEMM whose middle dimension
    is 16x the others (SPARK-18218) on both.
 
-    .venv/bin/python bench/spark_bench.py [--reps 3] [--out bench/spark_bench.json]
+4. With ``--tables``: the GEMM and the FFN also on a session keeping its tensors as tables of a
+   Spark database (``spark_database=``; run values as run tables), beside the Parquet directories.
+
+    .venv/bin/python bench/spark_bench.py [--reps 3] [--out bench/spark_bench.json] [--tables]
 """
 
 from __future__ import annotations
@@ -113,14 +116,14 @@ def shuffle_rows(spark, sdb, plan, run, label: str) -> list[dict]:
     return rows
 
 
-def gemm(spark, ddb, sdb, reps: int) -> dict:
+def gemm(spark, ddb, sdb, reps: int, tdb=None) -> dict:
     n = 4096
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
     t = {"numpy": timed(lambda: a @ b, reps)}
     res = {}
-    for name, db in (("duckdb", ddb), ("spark", sdb)):
+    for name, db in (("duckdb", ddb), ("spark", sdb)) + ((("spark_tables", tdb),) if tdb else ()):
         A, B = db.store("GA", a, replace=True), db.store("GB", b, replace=True)
         got = db.einsum("ij,jk->ik", A, B).to_numpy()
         assert np.allclose(got, a @ b, rtol=1e-3, atol=1e-2), name
@@ -134,14 +137,14 @@ def gemm(spark, ddb, sdb, reps: int) -> dict:
     return res
 
 
-def ffn(spark, ddb, sdb, reps: int) -> dict:
+def ffn(spark, ddb, sdb, reps: int, tdb=None) -> dict:
     g, ref = WORKLOADS["ffn"]()
     xs = random_inputs(g, 0)
     want = ref(**xs)
     t, res = {}, {}
     from eindecomp_sql.plan.graph_plan import plan_graph
 
-    for name, db in (("duckdb", ddb), ("spark", sdb)):
+    for name, db in (("duckdb", ddb), ("spark", sdb)) + ((("spark_tables", tdb),) if tdb else ()):
         # what ``g.run(db, ...)`` plans: the engine's workers, tile cap and cost model
         p = plan_graph(g, workers=db.workers, memory=db.plan_budget, tile_bytes=db.tile_bytes,
                        costs=db.backend.cost_model)
@@ -198,6 +201,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=str(HERE / "spark_bench.json"))
     ap.add_argument("--only", default="gemm,ffn,blockmatrix,middle")
+    ap.add_argument("--tables", action="store_true", help="also keep tensors as Spark tables (spark_database=)")
     args = ap.parse_args()
     only = set(args.only.split(","))
     spark = spark_session()
@@ -205,12 +209,20 @@ def main():
 
     out = {"machine": platform.machine(), "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
            "pyspark": pyspark.__version__, "numpy": np.__version__, "warmups": WARMUPS, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    with eds.connect() as ddb, eds.connect(backend="spark", spark=spark) as sdb:
+    import contextlib
+    import tempfile
+
+    warehouse = tempfile.mkdtemp(prefix="eds-bench-warehouse-")
+    if args.tables:
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS eds_bench LOCATION '{warehouse}/eds_bench.db'")
+    with eds.connect() as ddb, eds.connect(backend="spark", spark=spark) as sdb, \
+            (eds.connect(backend="spark", spark=spark, spark_database="eds_bench") if args.tables
+             else contextlib.nullcontext()) as tdb:
         if "gemm" in only:
-            out["gemm"] = gemm(spark, ddb, sdb, args.reps)
+            out["gemm"] = gemm(spark, ddb, sdb, args.reps, tdb)
             print(json.dumps(out["gemm"]["times"]), flush=True)
         if "ffn" in only:
-            out["ffn"] = ffn(spark, ddb, sdb, args.reps)
+            out["ffn"] = ffn(spark, ddb, sdb, args.reps, tdb)
             print(json.dumps(out["ffn"]["times"]), flush=True)
         if "blockmatrix" in only:
             out["block_matrix"] = block_matrix(spark, sdb, 2048, 2048, 2048, 512, args.reps)
@@ -218,7 +230,13 @@ def main():
         if "middle" in only:
             out["middle_16x"] = block_matrix(spark, sdb, 512, 8192, 512, 512, args.reps)
             print(json.dumps(out["middle_16x"]), flush=True)
+        if tdb is not None:
+            for name in tdb.tensors():
+                tdb.drop(name)
     spark.stop()
+    import shutil
+
+    shutil.rmtree(warehouse, ignore_errors=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(markdown(out))
 

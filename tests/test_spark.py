@@ -648,3 +648,17 @@ def test_spark_database_option_errors(spark, tmp_path):
     for bad in ("", "a.b.c", "a. b", "`x`", 3):
         with pytest.raises(EinsumError, match="spark_database"):
             eds.connect(backend="spark", spark=spark, spark_database=bad)
+
+
+def test_on_a_cluster_arrays_bound_for_a_run_are_run_tables(tdb, spark, monkeypatch):
+    """Where executors do not share the driver's files (any master but local), an array a plan
+    reads is sent through Spark as a run table of the database, dropped when the run ends."""
+    rng = np.random.default_rng(15)
+    a, b = rng.standard_normal((11, 6)), rng.standard_normal((6, 9))
+    made = []
+    write = tdb.backend._tables.write
+    monkeypatch.setattr(tdb.backend, "_local", False)
+    monkeypatch.setattr(tdb.backend._tables, "write", lambda df, o: made.append(write(df, o)) or made[-1])
+    before = _tables(spark, "eds_t")
+    assert_close(tdb.einsum_numpy("ij,jk->ik", a, b), a @ b)
+    assert len(made) >= 2 and _tables(spark, "eds_t") == before  # both arrays went as tables, now gone
