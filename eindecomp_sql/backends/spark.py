@@ -4,16 +4,18 @@ A tiled tensor is a directory of Parquet files (key columns, then ``tile``) unde
 database directory, with its description in ``_eds_tensor.json`` beside them (Spark and
 pyarrow skip files starting with ``_``). The catalog is those directories. With
 ``spark_database=`` instead, each tensor is a table of that Spark database
-(``spark_tables.py``), and so is every value a run writes. A step is one
+(``spark_tables.py``), and so is every value a run writes (but arrays a run reads on a local
+session, and the values of a read-only session: Parquet, as below). A step is one
 Spark SQL statement, printed from the compiler's sqlglot expressions in Spark's dialect
 (``compile/spark.py``); its joins and group-bys are Spark's (its shuffle is our re-tiling),
 and its tile kernels are the Arrow kernels DuckDB calls, registered as Spark Arrow UDFs
 (``udfs/spark.py``) and run in Spark's Python workers.
 
-Every step's result is written as Parquet under the run's scratch directory and read back by
-the next steps: a plan reads a value many times, and Spark would otherwise recompute it for
-each reader. Outputs are moved into place only when every step has run, so a failed or
-interrupted plan leaves the catalog as it was (each move is one directory rename).
+Every step's result is written as Parquet under the run's scratch directory (or as a run table)
+and read back by the next steps: a plan reads a value many times, and Spark would otherwise
+recompute it for each reader. Outputs are moved into place only when every step has run, so a
+failed or interrupted plan leaves the catalog as it was (each move is one directory or table
+rename).
 
 pyspark is an optional dependency (``pip install eindecomp_sql[spark]``), imported only here.
 Without a ``spark=`` session the backend uses the one active in this process, or starts a local
