@@ -590,9 +590,86 @@ def test_replacing_a_table_tensor_that_the_plan_reads(tdb, spark):
     tdb.store("R", a, tile=(8, 8), replace=True)  # one statement: the session allows out= its input
     tdb.einsum("ij,jk->ik", "R", "R", out="R", replace=True)
     np.testing.assert_allclose(tdb.tensor("R").to_numpy(), a @ a, rtol=1e-12)
-    tdb.einsum("ij->ij", "R", out="R2", replace=True)  # an output no step writes: a copy
-    np.testing.assert_allclose(tdb.tensor("R2").to_numpy(), a @ a, rtol=1e-12)
     assert not [t for t in _tables(spark, "eds_t") if t.startswith("_eds_")]
+
+
+def test_an_output_the_run_did_not_write_is_copied_into_a_table(tdb, spark, monkeypatch):
+    """An output that is not the run's own value (an input's tiles, or an array's Parquet on a
+    local session) is copied into a table of the database and the copy installed: never the
+    original moved, never a directory installed where tensors are tables."""
+    rng = np.random.default_rng(16)
+    a = rng.standard_normal((6, 5))
+    tdb.store("S", a, tile=(4, 5), replace=True)
+    copied = []
+    copy = tdb.backend._copy
+    monkeypatch.setattr(tdb.backend, "_made_by", lambda run, where: False)
+    monkeypatch.setattr(tdb.backend, "_copy", lambda *args: copied.append(args[0]) or copy(*args))
+    tdb.einsum("ij->ji", "S", out="S2", replace=True)
+    tdb.einsum("ij->ji", a, out="S3", replace=True)
+    assert len(copied) == 2
+    np.testing.assert_array_equal(tdb.tensor("S2").to_numpy(), a.T)
+    np.testing.assert_array_equal(tdb.tensor("S3").to_numpy(), a.T)
+    np.testing.assert_array_equal(tdb.tensor("S").to_numpy(), a)
+    assert not [t for t in _tables(spark, "eds_t") if t.startswith("_eds_")]
+
+
+def test_a_failed_replace_keeps_the_old_tensor(spark, tmp_path, monkeypatch):
+    """The new table cannot be renamed into place: the old tensor is put back, data and all. And
+    where putting it back fails too, the error names the table it is kept in, which the
+    session's close leaves alone."""
+    rng = np.random.default_rng(17)
+    a = rng.standard_normal((5, 4))
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS eds_rb LOCATION '{tmp_path / 'eds_rb.db'}'")
+    with eds.connect(backend="spark", spark=spark, spark_database="eds_rb") as db:
+        db.store("K", a)
+        tables, sql = db.backend._tables, db.backend._tables.sql
+        renames = []
+
+        def failing(text, fail_from):
+            if "RENAME TO" in text:
+                renames.append(text)
+                if len(renames) >= fail_from:
+                    raise RuntimeError("the metastore went away")
+            return sql(text)
+
+        monkeypatch.setattr(tables, "sql", lambda text: failing(text, 2))
+        with pytest.raises(RuntimeError, match="metastore"):
+            db.store("K", 2 * a, replace=True)
+        monkeypatch.setattr(tables, "sql", sql)
+        np.testing.assert_array_equal(db.tensor("K").to_numpy(), a)
+        assert _tables(spark, "eds_rb") == ["k"] and not tables.scratch
+        renames.clear()
+        monkeypatch.setattr(tables, "sql", lambda text: failing(text, 2) if len(renames) < 3 else sql(text))
+        with pytest.raises(EinsumError, match="kept as Spark table") as e:
+            db.store("K", 2 * a, replace=True)
+        monkeypatch.setattr(tables, "sql", sql)
+        (kept,) = [t for t in _tables(spark, "eds_rb") if t.startswith("_eds_")]
+        assert kept in str(e.value)
+    assert kept in _tables(spark, "eds_rb")  # close dropped it not: it holds the old tensor
+    got = spark.table(f"eds_rb.{kept}").toArrow()
+    assert got.num_rows == 1 and np.frombuffer(got["tile"][0].as_py()).reshape(5, 4).tolist() == a.tolist()
+
+
+def test_a_database_named_with_its_catalog_and_case_sensitive_spark(spark, tmp_path):
+    rng = np.random.default_rng(18)
+    a = rng.standard_normal((4, 6))
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS eds_q LOCATION '{tmp_path / 'eds_q.db'}'")
+    with eds.connect(backend="spark", spark=spark, spark_database="spark_catalog.eds_q") as db:
+        db.store("Q", a)
+        db.store("Q", 3 * a, replace=True)
+        db.einsum("ij->j", "Q", out="colsum")
+        db.einsum("ij->j", "q", out="COLSUM", replace=True)
+        assert db.tensors() == ["COLSUM", "Q"]
+        assert_close(db.tensor("colsum").to_numpy(), (3 * a).sum(0))
+        spark.conf.set("spark.sql.caseSensitive", "true")
+        try:  # tensor names compare case-insensitively whatever Spark's setting
+            np.testing.assert_array_equal(db.tensor("q").to_numpy(), 3 * a)
+            with pytest.raises(EinsumError, match="already exists"):
+                db.store("q", a)
+            db.store("Mixed", a)
+            assert "Mixed" in db.tensors() and db.tensor("MIXED").shape == (4, 6)
+        finally:
+            spark.conf.set("spark.sql.caseSensitive", "false")
 
 
 def test_a_failed_plan_on_spark_tables_writes_nothing(spark, tmp_path):
@@ -613,7 +690,7 @@ def test_a_failed_plan_on_spark_tables_writes_nothing(spark, tmp_path):
         with pytest.raises(ExecutionError, match="failed on Spark"):
             db.einsum("ij,jk->ik", A, B, out="C")
         assert db.tensors() == ["A", "B"] and not db.backend.table_exists("C")
-        assert _tables(spark, "eds_fail") == ["a", "b"]
+        assert _tables(spark, "eds_fail") == ["a", "b"] and not db.backend._tables.scratch
         R = db.einsum("ij->j", A)  # a temporary result: a run table until the session closes
         assert len(_tables(spark, "eds_fail")) == 3
         del R

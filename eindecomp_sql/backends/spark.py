@@ -345,9 +345,9 @@ class SparkBackend:
     def _install(self, where: Where, value: TiledValue) -> None:
         """Move a written value into the catalog as tensor ``value.name`` (replacing one of that
         name): one rename puts it in place, after its description is written."""
-        self._temporary.pop(value.name.lower(), None)
         if where.table is not None:
             self._tables.install(where.table, value)
+            self._temporary.pop(value.name.lower(), None)
             return
         written = where.path
         self._write_meta(written, value)
@@ -591,8 +591,10 @@ class SparkBackend:
                     if t.table is None:
                         continue
                     v = values[name]
-                    if not self._made_by(run, where[name]):  # an output no step wrote (an input's
-                        # own tiles): a copy is moved, never the stored tensor
+                    if not self._made_by(run, where[name]) or (self._run_tables is not None
+                                                               and where[name].table is None):
+                        # an output no step wrote (an input's own tiles): a copy is moved, never
+                        # the stored tensor; where tensors are tables, a table
                         where[name] = self._copy(where[name], v, run)
                     stored = _replace(v, name=t.table)
                     if t.temporary:
@@ -619,8 +621,8 @@ class SparkBackend:
         return os.path.dirname(where.path) == run.path
 
     def _copy(self, where: Where, value: TiledValue, run: _Run) -> Where:
-        if where.table is not None:
-            return self._write_df(self.spark.table(self._tables.qualified(where.table)), run, "copy")
+        if self._run_tables is not None or where.table is not None:  # a table, or from one
+            return self._write_df(self._frame(where, value), run, "copy")
         copied = os.path.join(run.path, f"copy-{next(self._counter)}")
         shutil.copytree(where.path, copied)
         return Where(path=copied)
@@ -648,16 +650,18 @@ class SparkBackend:
         several backends). Of a Parquet directory, with the schema said, not inferred:
         inferring it runs a Spark job that reads the files' footers, on every view."""
         name = f"_eds_{self._session_id}_{next(self._counter)}"
-        if where.table is not None:
-            df = self.spark.table(self._tables.qualified(where.table)).select(*value.keys, "tile")
-        else:
-            from pyspark.sql.types import BinaryType, LongType, StructField, StructType
-
-            schema = StructType([StructField(k, LongType()) for k in value.keys] + [StructField("tile", BinaryType())])
-            df = self.spark.read.schema(schema).parquet(where.path)
-        df.createOrReplaceTempView(name)
+        self._frame(where, value).createOrReplaceTempView(name)
         views.append(name)
         return name
+
+    def _frame(self, where: Where, value: TiledValue):
+        """A DataFrame of ``value``'s tiles (key columns, then ``tile``), not read yet."""
+        if where.table is not None:
+            return self.spark.table(self._tables.qualified(where.table)).select(*value.keys, "tile")
+        from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+
+        schema = StructType([StructField(k, LongType()) for k in value.keys] + [StructField("tile", BinaryType())])
+        return self.spark.read.schema(schema).parquet(where.path)
 
     def _bind_input(self, v: TiledValue, x, run: _Run) -> Where:
         """Where the tiles a plan input reads are: a stored tensor's, or the array's tiles

@@ -15,13 +15,15 @@ plan leaves the catalog as it was. Replacing a tensor renames the old table asid
 drops it last: at no moment is there a half-written table under the tensor's name.
 
 Every table name reaches Spark SQL as a sqlglot-quoted identifier; the description is a quoted
-string literal. What Spark keeps of the catalog is the session's: with Spark's default in-memory
+string literal (it holds names, which are plain identifiers, numbers and dtype names: nothing a
+literal would need escaped). What Spark keeps of the catalog is the session's: with Spark's default in-memory
 catalog the tables live as long as the Spark session (their files stay in the warehouse); a
 session with Hive support (``enableHiveSupport()``) or another persistent catalog keeps them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 
@@ -84,10 +86,13 @@ class SparkTables:
         name = self._database_sql()
         return bool(self.spark.catalog.databaseExists(name))
 
-    def qualified(self, name: str) -> str:
-        """Table ``name`` of this database as Spark SQL: every part quoted by sqlglot. Spark's
-        session catalog compares names case-insensitively, as the directory form does."""
-        t = exp.Table(this=ident(name), db=ident(self.database), catalog=ident(self.catalog) if self.catalog else None)
+    def qualified(self, name: str, catalog: bool = True) -> str:
+        """Table ``name`` of this database as Spark SQL: every part quoted by sqlglot. Tensor
+        names compare case-insensitively, as the directory form's do, whatever
+        ``spark.sql.caseSensitive`` says: the table is named in lower case. ``catalog=False``:
+        without the catalog, as ``RENAME TO`` wants its target."""
+        t = exp.Table(this=ident(name.lower()), db=ident(self.database),
+                      catalog=ident(self.catalog) if self.catalog and catalog else None)
         return t.sql("spark")
 
     # -- the catalog --------------------------------------------------------------------------
@@ -127,12 +132,18 @@ class SparkTables:
     def write(self, df, options: dict[str, str]) -> str:
         """``df`` written as a new run table of this database; its name."""
         name = self.new_scratch()
-        df.write.options(**options).format("parquet").saveAsTable(self.qualified(name))
+        try:
+            df.write.options(**options).format("parquet").saveAsTable(self.qualified(name))
+        except BaseException:
+            with contextlib.suppress(Exception):  # whatever the failed write left
+                self.discard(name)
+            raise
         return name
 
     def discard(self, name: str) -> None:
-        self.scratch.discard(name)
+        """Drop run table ``name``; it is forgotten only once dropped (else ``close`` tries again)."""
         self.sql(f"DROP TABLE IF EXISTS {self.qualified(name)}")
+        self.scratch.discard(name)
 
     def install(self, written: str, value: TiledValue) -> None:
         """Run table ``written`` becomes tensor ``value.name`` (replacing one of that name): its
@@ -141,21 +152,27 @@ class SparkTables:
         desc = exp.Literal.string(describe(value)).sql("spark")
         self.sql(f"ALTER TABLE {self.qualified(written)} SET TBLPROPERTIES ({exp.Literal.string(PROPERTY).sql('spark')} "
                  f"= {desc})")
-        target = self.qualified(value.name)
-        old = None
+        target, old = self.qualified(value.name), None
         if self.find(value.name) is not None:
-            old = self.new_scratch()
-            self.sql(f"ALTER TABLE {target} RENAME TO {self.qualified(old)}")
+            old = f"{SCRATCH_PREFIX}{self._session_id}_old_{next(self._counter)}"  # not a run table:
+            # close() never drops it, whatever happens below
+            self.sql(f"ALTER TABLE {target} RENAME TO {self.qualified(old, catalog=False)}")
         try:
-            self.sql(f"ALTER TABLE {self.qualified(written)} RENAME TO {target}")
-        except BaseException:
+            self.sql(f"ALTER TABLE {self.qualified(written)} RENAME TO {self.qualified(value.name, catalog=False)}")
+        except BaseException as e:
             if old is not None:
-                self.sql(f"ALTER TABLE {self.qualified(old)} RENAME TO {target}")
-                self.scratch.discard(old)
-            raise
+                try:
+                    self.sql(f"ALTER TABLE {self.qualified(old)} RENAME TO {self.qualified(value.name, catalog=False)}")
+                except BaseException as again:
+                    raise EinsumError(f"replacing tensor {value.name!r} failed, and so did putting the old one back: "
+                                      f"it is kept as Spark table {self.qualified(old)}; rename it back with ALTER "
+                                      f"TABLE ... RENAME TO") from again
+            raise e
         self.scratch.discard(written)
         if old is not None:
-            self.discard(old)
+            # the new tensor is in place: a failed drop of the old one leaves a hidden table, no error
+            with contextlib.suppress(Exception):
+                self.sql(f"DROP TABLE IF EXISTS {self.qualified(old)}")
 
     def drop(self, name: str) -> None:
         if self.find(name) is not None:
