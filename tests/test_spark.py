@@ -625,21 +625,21 @@ def test_a_failed_replace_keeps_the_old_tensor(spark, tmp_path, monkeypatch):
         tables, sql = db.backend._tables, db.backend._tables.sql
         renames = []
 
-        def failing(text, fail_from):
+        def failing(text, fail):  # renames: the old aside, the new into place, the old back
             if "RENAME TO" in text:
                 renames.append(text)
-                if len(renames) >= fail_from:
+                if len(renames) in fail:
                     raise RuntimeError("the metastore went away")
             return sql(text)
 
-        monkeypatch.setattr(tables, "sql", lambda text: failing(text, 2))
+        monkeypatch.setattr(tables, "sql", lambda text: failing(text, {2}))
         with pytest.raises(RuntimeError, match="metastore"):
             db.store("K", 2 * a, replace=True)
         monkeypatch.setattr(tables, "sql", sql)
         np.testing.assert_array_equal(db.tensor("K").to_numpy(), a)
         assert _tables(spark, "eds_rb") == ["k"] and not tables.scratch
         renames.clear()
-        monkeypatch.setattr(tables, "sql", lambda text: failing(text, 2) if len(renames) < 3 else sql(text))
+        monkeypatch.setattr(tables, "sql", lambda text: failing(text, {2, 3}))
         with pytest.raises(EinsumError, match="kept as Spark table") as e:
             db.store("K", 2 * a, replace=True)
         monkeypatch.setattr(tables, "sql", sql)
