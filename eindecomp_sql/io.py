@@ -178,12 +178,19 @@ def read_source(source, where: str, want: Wanted, con=None, stream: bool = False
         raise EinsumError(f"{where}: {e}") from None
 
 
-def _read_source(source, where: str, want: Wanted, con=None, stream: bool = False) -> Incoming:
+def _wanted_checked(want: Wanted, where: str) -> Wanted:
+    """``store``'s options checked and normalised (shape a tuple of ints, dtype a name, index a
+    tuple of names), as every reader of a source takes them."""
     want = Wanted(want.tile, want.keys, _shape_arg(want.shape, where),
                   None if want.dtype is None else check_dtype(want.dtype, where),
                   _names_arg(want.index, "index", where), want.value, want.tile_bytes, want.square)
     if want.value is not None and not isinstance(want.value, str):
         raise EinsumError(f"{where}: value= names the value column, got {want.value!r}")
+    return want
+
+
+def _read_source(source, where: str, want: Wanted, con=None, stream: bool = False) -> Incoming:
+    want = _wanted_checked(want, where)
     if _is_path(source):
         return _read_path(source, where, want, con, stream)
     table = as_table(source, where, con)

@@ -313,11 +313,16 @@ class Session:
         # files stream into DuckDB (a batch of tiles at a time, or read by DuckDB itself); the
         # other backends take whole tables
         _check_replace(replace)  # before reading: replace="no" is truthy
-        incoming = io.read_source(
-            source, f"store({name!r})",
-            io.Wanted(tile, keys, shape, dtype, index, value, tile_bytes=self.store_tile_bytes,
-                      square=self.store_square),
-            con=self.backend.con, stream=self.backend.streams_in)
+        want = io.Wanted(tile, keys, shape, dtype, index, value, tile_bytes=self.store_tile_bytes,
+                         square=self.store_square)
+        # an engine may read a source of its own without this process holding it whole (a Spark
+        # DataFrame on Spark: tiles made by Spark); else every source is read here
+        own = getattr(self.backend, "read_frame", None)
+        incoming = own(source, f"store({name!r})", io._wanted_checked(want, f"store({name!r})")) \
+            if own is not None else None
+        if incoming is None:
+            incoming = io.read_source(source, f"store({name!r})", want, con=self.backend.con,
+                                      stream=self.backend.streams_in)
         stored = TiledValue(name, incoming.shape, incoming.dtype, incoming.tile, incoming.keys)
         try:
             with self._call():

@@ -739,3 +739,90 @@ def test_on_a_cluster_arrays_bound_for_a_run_are_run_tables(tdb, spark, monkeypa
     before = _tables(spark, "eds_t")
     assert_close(tdb.einsum_numpy("ij,jk->ik", a, b), a @ b)
     assert len(made) >= 2 and _tables(spark, "eds_t") == before  # both arrays went as tables, now gone
+
+
+# -- element-form Spark DataFrames, tiled by Spark (spark_ingest) ------------------------------
+
+SPARK_TYPES = {"float64": "double", "float32": "float", "int64": "bigint", "int32": "int", "int16": "smallint",
+               "int8": "tinyint", "bool": "boolean"}
+
+
+def _frame(spark, idx, vals, names, vtype):
+    """A Spark DataFrame of elements: index columns ``names[:-1]`` (bigint), value ``names[-1]``."""
+    import pyarrow as pa
+
+    cols = {n: pa.array(c, pa.int64()) for n, c in zip(names, idx)}
+    cols[names[-1]] = pa.array(vals)
+    schema = ", ".join(f"`{n.replace('`', '``')}` bigint" for n in names[:-1]) + \
+        f", `{names[-1].replace('`', '``')}` {vtype}"
+    return spark.createDataFrame(pa.table(cols).to_pandas(), schema=schema)
+
+
+@settings(max_examples=12, deadline=None)
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=3), data=st.data(),
+       vdtype=st.sampled_from(sorted(SPARK_TYPES)), tables=st.booleans())
+def test_a_spark_frame_in_element_form_is_tiled_by_spark(sdb, tdb, spark, shape, data, vdtype, tables, monkeypatch):
+    """Random shapes, tiles that don't divide them, sparsity, value types, dtype= casts, shape=
+    past the largest index, odd column names (a dot, a backquote): the tensor is the dense array,
+    0 where no row is, and the rows never came to the driver (no toArrow of them)."""
+    db = tdb if tables else sdb
+    rng = np.random.default_rng(sum(shape) * 7 + len(shape))
+    dense = random_array(rng, tuple(shape), vdtype)
+    present = rng.random(dense.shape) < data.draw(st.sampled_from([0.2, 0.7, 1.0]))
+    present.flat[0] = True  # at least one row
+    dense = np.where(present, dense, np.zeros_like(dense))
+    idx = np.nonzero(present)
+    names = [f"i.{d}" if d == 0 else f"c`{d}" for d in range(len(shape))] + ["v a l"]
+    df = _frame(spark, idx, dense[idx], names, SPARK_TYPES[vdtype])
+    grow = data.draw(st.booleans())  # shape= beyond the data (trailing zeros), or the largest index + 1
+    full = tuple(n + 2 for n in shape) if grow else None
+    inferred = full or tuple(int(c.max()) + 1 for c in idx)
+    tile = tuple(data.draw(st.integers(1, n)) for n in inferred)
+    want_dtype = data.draw(st.sampled_from([None, "float64"] + (["int64"] if vdtype.startswith("int") else [])))
+    from eindecomp_sql import io
+
+    driver = []  # the driver's reader (rows into this process, whole) must not be asked
+    read_source = io.read_source
+    monkeypatch.setattr(io, "read_source", lambda source, *a, **k: driver.append(source) or read_source(source, *a, **k))
+    T = db.store("E", df, value="v a l", tile=tile, shape=full, dtype=want_dtype, replace=True)
+    monkeypatch.undo()
+    assert driver == []
+    want = np.zeros(inferred, want_dtype or dense.dtype)
+    cut = tuple(slice(0, min(n, m)) for n, m in zip(dense.shape, inferred))
+    want[cut] = dense[cut]
+    assert T.tile == tile and T.dtype == want.dtype
+    np.testing.assert_array_equal(T.to_numpy(), want)
+
+
+def test_a_spark_frame_in_element_form_gets_the_stores_errors(sdb, spark):
+    def frame(rows, schema="i bigint, j bigint, v double"):
+        return spark.createDataFrame(rows, schema)
+
+    cases = [
+        (frame([(0, 1, 2.5), (3, 2, 1.0), (0, 1, 1.0)]), {}, r"index \(i=0, j=1\) appears more than once"),
+        (frame([(0, -1, 2.5)]), {}, "index column 'j' holds -1 .*indices start at 0"),
+        (frame([(0, 5, 2.5)]), {"shape": (2, 2)}, "index column 'j' holds 5 .*outside shape"),
+        (frame([(0, 1, 2.5)]), {"dtype": "int32"}, "cannot cast value column 'v' .float64. to int32"),
+        (frame([(0, 1, 3.0), (1, 1, 1e6)]), {"dtype": "float16"}, "float16"),
+        (frame([(0, 1, 300), (1, 1, 3)], "i bigint, j bigint, v bigint"), {"dtype": "int8", "value": "v"}, "int8"),
+        (frame([(0, None, 2.5)]), {}, "column 'j' has 1 null"),
+        (frame([(0, 1, "a")], "i bigint, j bigint, v string"), {}, "'v' holds strings"),
+        (frame([(0.5, 1, 2.0)], "i double, j bigint, v double"), {"value": "v"}, "index column 'i' holds double"),
+        (frame([(0, 1, 2.0)]), {"tile": (0, 1)}, r"store\('X'\): "),
+    ]
+    for df, kw, match in cases:
+        with pytest.raises(EinsumError, match=match):
+            sdb.store("X", df, **kw)
+        assert "X" not in sdb.tensors()
+    assert not [d for d in os.listdir(sdb.backend._scratch) if d.startswith("store-")]
+
+
+def test_spark_frames_the_driver_reads_whole_still_store(sdb, spark):
+    """An empty frame, a 0-d tensor's one row and a tiled frame go the driver's way (Arrow)."""
+    empty = spark.createDataFrame([], "i bigint, j bigint, v double")
+    np.testing.assert_array_equal(sdb.store("Z0", empty, shape=(2, 3), replace=True).to_numpy(), np.zeros((2, 3)))
+    assert sdb.store("Z1", spark.createDataFrame([(4.5,)], "value double"), replace=True).to_numpy() == 4.5
+    a = np.arange(12.0).reshape(3, 4)
+    tiles = sdb.store("Z2", a, tile=(2, 4), replace=True).to_arrow()
+    np.testing.assert_array_equal(sdb.store("Z3", spark.createDataFrame(tiles.to_pandas()), shape=(3, 4),
+                                            dtype="float64", tile=(2, 4), replace=True).to_numpy(), a)

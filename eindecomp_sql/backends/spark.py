@@ -60,6 +60,7 @@ from ..udfs.pool import THREADS
 from ..udfs.tiles import array_from_tiles, tiles_from_array
 from .base import Target, array_as_wanted, stored_as_wanted
 from .running import StepProgress
+from . import spark_ingest
 from .spark_tables import SparkTables
 
 META = "_eds_tensor.json"
@@ -247,6 +248,7 @@ class SparkBackend:
             from ..udfs.spark import register_spark_kernels
 
             register_spark_kernels(self.spark)
+            spark_ingest.register(self.spark)
             self._session_id = uuid.uuid4().hex[:12]
             if spark_database is not None:
                 self._tables = SparkTables(self.spark, spark_database, read_only, self._session_id)
@@ -498,7 +500,21 @@ class SparkBackend:
         else:
             shutil.rmtree(where.path, ignore_errors=True)
 
-    def store_tiles(self, value: TiledValue, tiles: pa.Table, replace: bool = False) -> None:
+    def read_frame(self, source, where: str, want):
+        """A Spark DataFrame in element form as tiles Spark makes (``spark_ingest``), or None
+        for any other source (read on the driver, as every backend reads it)."""
+        if not spark_ingest.is_spark_frame(source):
+            return None
+        try:
+            return spark_ingest.read_frame(self.spark, source, where, want)
+        except EinsumError as e:
+            if str(e).startswith(where):
+                raise
+            raise EinsumError(f"{where}: {e}") from None  # the shared checks (tile, keys) name no store
+
+    def store_tiles(self, value: TiledValue, tiles, replace: bool = False) -> None:
+        """Store ``tiles``: a pyarrow Table, or a Spark DataFrame of tiles (``read_frame``),
+        which Spark writes."""
         with self.lock:
             self._check_open()
             self._check_writable(value.name)
@@ -507,7 +523,14 @@ class SparkBackend:
             written = None
             try:
                 os.makedirs(run.path)
-                written = self._write_arrow(tiles.select(list(value.keys) + ["tile"]), run, "tiles", stored=True)
+                if isinstance(tiles, pa.Table):
+                    written = self._write_arrow(tiles.select(list(value.keys) + ["tile"]), run, "tiles", stored=True)
+                else:
+                    try:
+                        written = self._write_df(tiles.select(*value.keys, "tile"), run, "tiles")
+                    except Exception as e:  # noqa: BLE001 - Spark's errors come as many classes
+                        raise (spark_ingest.worker_error(e) or ExecutionError(
+                            f"store({value.name!r}) failed on Spark: {_spark_error(e)}")) from e
                 self._install(written, value)
                 written = None
             finally:

@@ -1,0 +1,189 @@
+"""A Spark DataFrame in element form, stored by Spark itself: never whole on the driver.
+
+``db.store(name, spark_df)`` on a Spark session: the rows (integer index columns and one value
+column, as ``Session.store`` reads any table in element form; elements not present are 0) are
+grouped by the tile each falls in, and each group becomes a tile in a Spark Python worker
+(``elements_tile``), joined with every key of the grid so that tiles with no element are zeros.
+Spark writes the tiles as it writes any step's result, so a tensor bigger than the driver's
+memory is stored by the executors that hold its rows. The checks are the ones the driver path
+makes on a table, in one Spark job before any tile is built (nulls, index types, negative
+indices, indices outside ``shape=``, the value column's dtype and ``dtype=``'s cast); duplicate
+indices, which always fall in the same tile, and values a cast would change are found where the
+tile is built, and reported as the same ``EinsumError``.
+
+Frames the driver path reads as well or better go there (``read_frame`` returns None): a tiled
+frame (a binary ``tile`` column), a 0-d tensor, an empty frame.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import EinsumError
+from ..notation.checks import can_cast, check_dtype
+from ..plan import tiling
+
+UDF = "eds_elements_tile"
+MARK = "eindecomp_sql store: "  # what the driver finds in a worker's error (``worker_error``)
+
+
+def is_spark_frame(x) -> bool:
+    return (type(x).__module__ or "").startswith("pyspark.sql") and type(x).__name__ == "DataFrame"
+
+
+def _quoted(name: str) -> str:
+    """A column name as Spark reads it literally (no nested field, no expression)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def read_frame(spark, df, where: str, want) -> object | None:
+    """``df`` (element form) as an ``io.Incoming`` whose tiles are a Spark DataFrame not run yet,
+    or None where the driver path reads it (see the module docstring). Every check that needs
+    no tile runs here, in one Spark job."""
+    from pyspark.sql import functions as F
+
+    from .. import io
+
+    empty = df.limit(0).toArrow()  # the columns as Arrow types: the driver path's rules apply as they are
+    if any(c.lower() == io.TILE for c in empty.column_names):
+        return None
+    index, value = io._element_columns(empty, want, where)
+    if not index:
+        return None
+    vtype = empty.schema.field(value).type
+    if io._kind(vtype) == "other":
+        raise EinsumError(f"{where}: value column {value!r} holds {io._type_word(vtype)}, not numbers; cast it "
+                          "to a numeric type")
+    source = np.dtype(vtype.to_pandas_dtype())
+    check_dtype(source, f"{where}: value column {value!r}")
+    dtype = want.dtype or source.name
+    if source != dtype and not can_cast(source, dtype, "same_kind"):
+        raise EinsumError(f"{where}: cannot cast value column {value!r} ({source}) to {dtype} (numpy's same_kind "
+                          "rule)")
+    for c in index:
+        t = empty.schema.field(c).type
+        if io._kind(t) != "int":
+            raise EinsumError(f"{where}: index column {c!r} holds {t}, not integers; cast it to an integer type "
+                              "(or name the columns with index= and value=)")
+    cols = [F.col(_quoted(c)) for c in index]
+    stats = df.agg(F.count(F.lit(1)),
+                   *[F.count_if(F.col(_quoted(c)).isNull()) for c in index + [value]],
+                   *[F.min(x) for x in cols], *[F.max(x) for x in cols]).collect()[0]
+    n, k = stats[0], len(index)
+    nulls, lows, highs = stats[1:2 + k], stats[2 + k:2 + 2 * k], stats[2 + 2 * k:]
+    for c, m in zip(index + [value], nulls):
+        if m:
+            raise EinsumError(f"{where}: column {c!r} has {m} null(s); fill or drop them first")
+    if n == 0:
+        return None  # nothing to tile: the driver path makes the zeros (or the empty tensor)
+    for c, low in zip(index, lows):
+        if low < 0:
+            raise EinsumError(f"{where}: index column {c!r} holds {low} (its smallest); indices start at 0")
+    shape = want.shape if want.shape is not None else tuple(int(h) + 1 for h in highs)
+    if len(shape) != len(index):
+        raise EinsumError(f"{where}: shape {shape} has {len(shape)} dimension(s) but there are {len(index)} index "
+                          f"column(s) {index}")
+    for c, high, side in zip(index, highs, shape):
+        if high >= side:
+            raise EinsumError(f"{where}: index column {c!r} holds {high} (its largest), outside shape {shape}")
+    itemsize = np.dtype(dtype).itemsize
+    tile = (tiling.check_tile(shape, want.tile) if want.tile is not None
+            else tiling.auto_tile(shape, itemsize, want.tile_bytes, want.square))
+    keys = io.check_keys(want.keys if want.keys is not None else tuple(f"d{d}" for d in range(len(shape))),
+                         len(shape))
+    tiles = _tiles(spark, df, index, value, shape, tile, keys, dtype, where)
+    return io.Incoming(tuple(shape), dtype, tuple(tile), keys, tiles)
+
+
+def _tiles(spark, df, index, value, shape, tile, keys, dtype, where):
+    """The tiled DataFrame: every key of the grid (a range, cut into keys in C order), left-joined
+    with the elements grouped by their tile, each group made a tile by ``elements_tile``."""
+    from pyspark.sql import functions as F
+
+    grid = tiling.grid(shape, tile)
+    inner = [f"_eds_k{d}" for d in range(len(shape))]
+    # integer division in SQL (Column has no //); names only as quoted identifiers, sizes as ints
+    every = spark.range(math.prod(grid)).select(
+        *[F.expr(f"(id DIV {int(math.prod(grid[d + 1:]))}) % {int(grid[d])}").alias(inner[d])
+          for d in range(len(grid))])
+    at = [f"CAST({_quoted(c)} AS BIGINT)" for c in index]
+    grouped = (df.select(*[F.expr(f"{x} DIV {int(t)}").alias(k) for x, t, k in zip(at, tile, inner)],
+                         F.struct(*[F.expr(f"{x} % {int(t)}").alias(f"o{d}") for d, (x, t) in enumerate(zip(at, tile))],
+                                  F.col(_quoted(value)).alias("v")).alias("e"))
+               .groupBy(*inner).agg(F.collect_list("e").alias("es")))
+    spec = json.dumps({"shape": list(shape), "tile": list(tile), "dtype": dtype, "index": list(index),
+                       "where": where})
+    made = F.call_udf(UDF, F.lit(spec), F.array(*[F.col(k) for k in inner]), F.col("es"))
+    return (every.join(grouped, on=inner, how="left")
+            .select(*[F.col(k).alias(name) for k, name in zip(inner, keys)], made.alias("tile")))
+
+
+def elements_tile(spec_arr: pa.Array, keys_arr: pa.Array, lists_arr: pa.Array) -> pa.Array:
+    """A Spark Arrow UDF: each row's tile (its grid keys) from the elements that fall in it
+    (``(o0, ..., v)`` structs: offsets in the tile, value), zeros elsewhere, as C-order bytes.
+    Raises the store's ``EinsumError`` (marked for the driver) for a duplicate index or a value
+    the cast to the tensor's dtype would change."""
+    from ..io import _exact_cast
+
+    if isinstance(spec_arr, pa.ChunkedArray):
+        spec_arr, keys_arr, lists_arr = (a.combine_chunks() for a in (spec_arr, keys_arr, lists_arr))
+    if not len(spec_arr):
+        return pa.array([], pa.binary())
+    spec = json.loads(spec_arr[0].as_py())
+    shape, tile, dtype = spec["shape"], spec["tile"], np.dtype(spec["dtype"])
+    names, where = spec["index"], spec["where"]
+    ndim = len(shape)
+    key_rows = keys_arr.values.to_numpy(zero_copy_only=False).reshape(-1, ndim)
+    offsets = lists_arr.offsets.to_numpy()
+    members = lists_arr.values
+    offs = [members.field(f"o{d}").to_numpy(zero_copy_only=False) for d in range(ndim)]
+    vals = members.field("v").to_numpy(zero_copy_only=False)
+    out = []
+    for r in range(len(keys_arr)):
+        origin = key_rows[r] * np.asarray(tile)
+        tshape = tuple(int(min(t, n - o)) for t, n, o in zip(tile, shape, origin))
+        a = np.zeros(tshape, dtype)
+        lo, hi = int(offsets[r]), int(offsets[r + 1])
+        if hi > lo:  # a tile no element falls in has no list (the left join's null): zeros
+            at = tuple(o[lo:hi] for o in offs)
+            flat = np.ravel_multi_index(at, tshape)
+            order = np.argsort(flat, kind="stable")
+            same = flat[order][1:] == flat[order][:-1]
+            if same.any():
+                j = int(order[int(np.argmax(same))])
+                index = ", ".join(f"{c}={int(o + x[j])}" for c, o, x in zip(names, origin, at))
+                raise EinsumError(f"{MARK}{where}: index ({index}) appears more than once. A table in element form "
+                                  "holds each element once: aggregate duplicates first (GROUP BY the index columns)")
+            v = vals[lo:hi]
+            if v.dtype != dtype:
+                try:
+                    v = _exact_cast(v, dtype, where)
+                except EinsumError as e:
+                    raise EinsumError(f"{MARK}{e}") from None
+            a[at] = v
+        out.append(a.tobytes())
+    return pa.array(out, pa.binary())
+
+
+def worker_error(e: BaseException) -> EinsumError | None:
+    """The store's own error, where a Spark worker raised it (``MARK``), else None."""
+    text = str(e)
+    if MARK not in text:
+        return None
+    line = text[text.index(MARK) + len(MARK):].splitlines()[0].strip()
+    return EinsumError(line)
+
+
+def register(spark) -> None:
+    from pyspark.sql.functions import arrow_udf
+
+    from ..udfs.spark import _arity
+
+    spark.udf.register(UDF, arrow_udf(_arity(elements_tile, 3), "binary"))
+
+
+__all__ = ["is_spark_frame", "read_frame", "register", "worker_error"]
