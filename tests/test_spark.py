@@ -778,7 +778,8 @@ def test_a_spark_frame_in_element_form_is_tiled_by_spark(sdb, tdb, spark, shape,
     full = tuple(n + 2 for n in shape) if grow else None
     inferred = full or tuple(int(c.max()) + 1 for c in idx)
     tile = tuple(data.draw(st.integers(1, n)) for n in inferred)
-    want_dtype = data.draw(st.sampled_from([None, "float64"] + (["int64"] if vdtype.startswith("int") else [])))
+    casts = {"float64": ["float32"], "int64": ["int64", "int32"], "int32": ["int16", "int64"]}.get(vdtype, [])
+    want_dtype = data.draw(st.sampled_from([None, "float64"] + casts))  # narrowing ones: values that fit
     from eindecomp_sql import io
 
     driver = []  # the driver's reader (rows into this process, whole) must not be asked
@@ -794,27 +795,69 @@ def test_a_spark_frame_in_element_form_is_tiled_by_spark(sdb, tdb, spark, shape,
     np.testing.assert_array_equal(T.to_numpy(), want)
 
 
-def test_a_spark_frame_in_element_form_gets_the_stores_errors(sdb, spark):
+def test_a_spark_frame_in_element_form_gets_the_stores_errors(sdb, tdb, spark):
     def frame(rows, schema="i bigint, j bigint, v double"):
         return spark.createDataFrame(rows, schema)
+
+    a = frame([(0, 1, 2.0)]).alias("a")
+    joined = a.join(frame([(0, 1, 2.0)]).alias("b"), "v").select("a.i", "b.i", "v")  # two columns named i
 
     cases = [
         (frame([(0, 1, 2.5), (3, 2, 1.0), (0, 1, 1.0)]), {}, r"index \(i=0, j=1\) appears more than once"),
         (frame([(0, -1, 2.5)]), {}, "index column 'j' holds -1 .*indices start at 0"),
         (frame([(0, 5, 2.5)]), {"shape": (2, 2)}, "index column 'j' holds 5 .*outside shape"),
         (frame([(0, 1, 2.5)]), {"dtype": "int32"}, "cannot cast value column 'v' .float64. to int32"),
-        (frame([(0, 1, 3.0), (1, 1, 1e6)]), {"dtype": "float16"}, "float16"),
-        (frame([(0, 1, 300), (1, 1, 3)], "i bigint, j bigint, v bigint"), {"dtype": "int8", "value": "v"}, "int8"),
+        (frame([(0, 1, 3.0), (1, 1, 1e6)]), {"dtype": "float16"},
+         r"value column 'v': value 1000000.0 at index \(i=1, j=1\) does not fit dtype=float16 \(it would become inf\)"),
+        (frame([(0, 1, 3), (2, 1, 300), (1, 1, 3)], "i bigint, j bigint, v bigint"), {"dtype": "int8", "value": "v"},
+         r"value column 'v': value 300 at index \(i=2, j=1\) does not fit dtype=int8 \(it would become 44\)"),
         (frame([(0, None, 2.5)]), {}, "column 'j' has 1 null"),
         (frame([(0, 1, "a")], "i bigint, j bigint, v string"), {}, "'v' holds strings"),
         (frame([(0.5, 1, 2.0)], "i double, j bigint, v double"), {"value": "v"}, "index column 'i' holds double"),
-        (frame([(0, 1, 2.0)]), {"tile": (0, 1)}, r"store\('X'\): "),
+        (frame([(0, 1, 2.0)]), {"tile": (0, 1)}, r"tile \(0, 1\)"),
+        (joined, {}, "column name.s. 'i' appear more than once"),
     ]
-    for df, kw, match in cases:
-        with pytest.raises(EinsumError, match=match):
-            sdb.store("X", df, **kw)
-        assert "X" not in sdb.tensors()
+    for db in (sdb, tdb):
+        before = _tables(spark, "eds_t")
+        for df, kw, match in cases:
+            with pytest.raises(EinsumError, match=match) as e:
+                db.store("X", df, **kw)
+            assert type(e.value) is EinsumError and str(e.value).startswith("store('X'): "), e.value  # the store's own
+            assert "X" not in db.tensors()
+        assert _tables(spark, "eds_t") == before
     assert not [d for d in os.listdir(sdb.backend._scratch) if d.startswith("store-")]
+    bad = spark.range(3).selectExpr("id AS i", "CAST(CONCAT('x', id) AS DOUBLE) AS v")  # NULL, or fails (ANSI)
+    with pytest.raises(EinsumError, match=r"store\('X'\)"):
+        sdb.store("X", bad, value="v")
+
+
+def test_elements_tile_reads_sliced_arrow_arrays_and_null_lists():
+    """The worker's kernel on the Arrow arrays Spark may hand it: sliced (a list array's values
+    are then its parent's) and null lists whose segment is not empty."""
+    import json
+
+    import pyarrow as pa
+
+    from eindecomp_sql.backends.spark_ingest import elements_tile
+
+    spec = json.dumps({"shape": [3, 3], "tile": [2, 2], "dtype": "float64", "index": ["i", "j"], "where": "w",
+                       "value": "v"})
+    keys = pa.array([[0, 0], [0, 1], [1, 0], [1, 1]], pa.list_(pa.int64()))
+    struct = pa.struct([("o0", pa.int64()), ("o1", pa.int64()), ("v", pa.float64())])
+    members = pa.array([{"o0": 0, "o1": 1, "v": 1.0}, {"o0": 1, "o1": 0, "v": 9.0},
+                        {"o0": 0, "o1": 0, "v": 2.0}, {"o0": 0, "o1": 0, "v": 3.0}], struct)
+    # row 1 is null but its segment holds an element (Arrow allows it): a tile of zeros all the same
+    lists = pa.ListArray.from_arrays(pa.array([0, 1, 2, 3, 4], pa.int32()), members,
+                                     mask=pa.array([False, True, False, False]))
+    specs = pa.array([spec] * 4)
+    tiles = [np.frombuffer(t.as_py()) for t in elements_tile(specs, keys, lists)]
+    np.testing.assert_array_equal(tiles[0], [0, 1, 0, 0])
+    np.testing.assert_array_equal(tiles[1], [0, 0])
+    np.testing.assert_array_equal(tiles[2], [2, 0])
+    np.testing.assert_array_equal(tiles[3], [3])
+    part = [np.frombuffer(t.as_py()) for t in elements_tile(specs.slice(2), keys.slice(2), lists.slice(2))]
+    np.testing.assert_array_equal(part[0], [2, 0])
+    np.testing.assert_array_equal(part[1], [3])
 
 
 def test_spark_frames_the_driver_reads_whole_still_store(sdb, spark):

@@ -505,12 +505,18 @@ class SparkBackend:
         for any other source (read on the driver, as every backend reads it)."""
         if not spark_ingest.is_spark_frame(source):
             return None
+        with self.lock:
+            self._check_open()
         try:
             return spark_ingest.read_frame(self.spark, source, where, want)
         except EinsumError as e:
             if str(e).startswith(where):
                 raise
             raise EinsumError(f"{where}: {e}") from None  # the shared checks (tile, keys) name no store
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # noqa: BLE001 - the frame's own computation failed (Spark's errors)
+            raise ExecutionError(f"{where} failed on Spark reading the DataFrame: {_spark_error(e)}") from e
 
     def store_tiles(self, value: TiledValue, tiles, replace: bool = False) -> None:
         """Store ``tiles``: a pyarrow Table, or a Spark DataFrame of tiles (``read_frame``),

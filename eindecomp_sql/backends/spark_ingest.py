@@ -51,6 +51,7 @@ def read_frame(spark, df, where: str, want) -> object | None:
     empty = df.limit(0).toArrow()  # the columns as Arrow types: the driver path's rules apply as they are
     if any(c.lower() == io.TILE for c in empty.column_names):
         return None
+    io._check_columns(empty.schema, False, where)  # a join's two i columns: said, not a KeyError
     index, value = io._element_columns(empty, want, where)
     if not index:
         return None
@@ -116,7 +117,7 @@ def _tiles(spark, df, index, value, shape, tile, keys, dtype, where):
                                   F.col(_quoted(value)).alias("v")).alias("e"))
                .groupBy(*inner).agg(F.collect_list("e").alias("es")))
     spec = json.dumps({"shape": list(shape), "tile": list(tile), "dtype": dtype, "index": list(index),
-                       "where": where})
+                       "where": where, "value": value})
     made = F.call_udf(UDF, F.lit(spec), F.array(*[F.col(k) for k in inner]), F.col("es"))
     return (every.join(grouped, on=inner, how="left")
             .select(*[F.col(k).alias(name) for k, name in zip(inner, keys)], made.alias("tile")))
@@ -137,8 +138,10 @@ def elements_tile(spec_arr: pa.Array, keys_arr: pa.Array, lists_arr: pa.Array) -
     shape, tile, dtype = spec["shape"], spec["tile"], np.dtype(spec["dtype"])
     names, where = spec["index"], spec["where"]
     ndim = len(shape)
-    key_rows = keys_arr.values.to_numpy(zero_copy_only=False).reshape(-1, ndim)
+    # flatten(): a sliced list array's values are its parent's (offsets index those, below)
+    key_rows = keys_arr.flatten().to_numpy(zero_copy_only=False).reshape(-1, ndim)
     offsets = lists_arr.offsets.to_numpy()
+    listed = lists_arr.is_valid().to_numpy(zero_copy_only=False)  # a null list may span a segment
     members = lists_arr.values
     offs = [members.field(f"o{d}").to_numpy(zero_copy_only=False) for d in range(ndim)]
     vals = members.field("v").to_numpy(zero_copy_only=False)
@@ -148,7 +151,7 @@ def elements_tile(spec_arr: pa.Array, keys_arr: pa.Array, lists_arr: pa.Array) -
         tshape = tuple(int(min(t, n - o)) for t, n, o in zip(tile, shape, origin))
         a = np.zeros(tshape, dtype)
         lo, hi = int(offsets[r]), int(offsets[r + 1])
-        if hi > lo:  # a tile no element falls in has no list (the left join's null): zeros
+        if listed[r] and hi > lo:  # a tile no element falls in has no list (the left join's null): zeros
             at = tuple(o[lo:hi] for o in offs)
             flat = np.ravel_multi_index(at, tshape)
             order = np.argsort(flat, kind="stable")
@@ -162,11 +165,26 @@ def elements_tile(spec_arr: pa.Array, keys_arr: pa.Array, lists_arr: pa.Array) -
             if v.dtype != dtype:
                 try:
                     v = _exact_cast(v, dtype, where)
-                except EinsumError as e:
-                    raise EinsumError(f"{MARK}{e}") from None
+                except EinsumError:
+                    # the element by its index, not by its place in this group (an arbitrary order)
+                    j = next(j for j in range(len(v)) if not _casts(v[j:j + 1], dtype, _exact_cast))
+                    index = ", ".join(f"{c}={int(o + x[j])}" for c, o, x in zip(names, origin, at))
+                    with np.errstate(all="ignore"):
+                        became = v[j:j + 1].astype(dtype)[0].item()
+                    raise EinsumError(f"{MARK}{where}: value column {spec['value']!r}: value {v[j].item()!r} at index "
+                                      f"({index}) does not fit dtype={dtype.name} (it would become "
+                                      f"{became!r})") from None
             a[at] = v
         out.append(a.tobytes())
     return pa.array(out, pa.binary())
+
+
+def _casts(v: np.ndarray, dtype, exact_cast) -> bool:
+    try:
+        exact_cast(v, dtype, "")
+        return True
+    except EinsumError:
+        return False
 
 
 def worker_error(e: BaseException) -> EinsumError | None:
