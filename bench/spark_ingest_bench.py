@@ -1,5 +1,5 @@
 """Storing a Spark DataFrame in element form on the Spark backend: tiled by Spark
-(``backends/spark_ingest.py``) against the rows read whole into this process (the driver path
+(``backends/spark_frames.py``) against the rows read whole into this process (the driver path
 every other source takes: Arrow, a dense array, tiles), side by side in one session.
 
     .venv/bin/python bench/spark_ingest_bench.py [--side 2000] [--density 1.0] [--rounds 5]

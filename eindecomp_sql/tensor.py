@@ -128,6 +128,24 @@ class Tensor:
             raise EinsumError(f"to_arrow(form={form!r}): form is 'tiles' or 'elements'")
         return table.replace_schema_metadata(tensor_metadata(v.shape, v.dtype, v.tile, v.keys, form, v.name))
 
+    def to_spark(self, form: str = "tiles"):
+        """The tensor as a Spark DataFrame, on a Spark session (``backend="spark"``): its tiles
+        (``form="tiles"``: the stored key columns, then ``tile``) or one row per element
+        (``form="elements"``: an index column per dimension, named like the keys, then ``value``,
+        as ``to_arrow("elements")``; Spark has no half, complex or unsigned types: float16 and
+        bfloat16 come as float, uint8-uint32 as the next signed size, complex and uint64 are
+        refused). Spark makes the rows from the stored tiles when the DataFrame runs (never
+        whole in this process); as any DataFrame over a table, it fails once the tensor is
+        dropped or replaced (``.cache()`` or write it first where that matters)."""
+        if form not in ("tiles", "elements"):
+            raise EinsumError(f"to_spark(form={form!r}): form is 'tiles' or 'elements'")
+        frame = getattr(self.session.backend, "spark_frame", None)
+        if frame is None:
+            raise EinsumError(f"to_spark() needs a Spark session (eds.connect(backend='spark')); this one is "
+                              f"{self.session.backend.name!r}: use to_arrow() or to_numpy()")
+        with self.session._call():
+            return frame(self._live_value(), form)
+
     def to_parquet(self, path, form: str = "tiles", sync: bool = False) -> pathlib.Path:
         """Write ``to_arrow(form)`` to a Parquet file at ``path``, metadata included, atomically
         (a temporary file in the same directory renamed over ``path``: a failure leaves no

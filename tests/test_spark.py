@@ -741,7 +741,7 @@ def test_on_a_cluster_arrays_bound_for_a_run_are_run_tables(tdb, spark, monkeypa
     assert len(made) >= 2 and _tables(spark, "eds_t") == before  # both arrays went as tables, now gone
 
 
-# -- element-form Spark DataFrames, tiled by Spark (spark_ingest) ------------------------------
+# -- element-form Spark DataFrames, tiled by Spark (spark_frames) ------------------------------
 
 SPARK_TYPES = {"float64": "double", "float32": "float", "int64": "bigint", "int32": "int", "int16": "smallint",
                "int8": "tinyint", "bool": "boolean"}
@@ -838,7 +838,7 @@ def test_elements_tile_reads_sliced_arrow_arrays_and_null_lists():
 
     import pyarrow as pa
 
-    from eindecomp_sql.backends.spark_ingest import elements_tile
+    from eindecomp_sql.backends.spark_frames import elements_tile
 
     spec = json.dumps({"shape": [3, 3], "tile": [2, 2], "dtype": "float64", "index": ["i", "j"], "where": "w",
                        "value": "v"})
@@ -869,3 +869,47 @@ def test_spark_frames_the_driver_reads_whole_still_store(sdb, spark):
     tiles = sdb.store("Z2", a, tile=(2, 4), replace=True).to_arrow()
     np.testing.assert_array_equal(sdb.store("Z3", spark.createDataFrame(tiles.to_pandas()), shape=(3, 4),
                                             dtype="float64", tile=(2, 4), replace=True).to_numpy(), a)
+
+
+@settings(max_examples=10, deadline=None)
+@given(shape=st.lists(st.integers(1, 8), min_size=0, max_size=3), dtype=st.sampled_from(DTYPES), data=st.data(),
+       tables=st.booleans())
+def test_a_tensor_as_a_spark_dataframe(sdb, tdb, shape, dtype, data, tables):
+    """to_spark(): the tiles as stored, and one row per element made by Spark from them (every
+    dtype Spark has a type for, in the type the docstring says), in either storage form."""
+    db = tdb if tables else sdb
+    rng = np.random.default_rng(len(shape) * 13 + sum(shape))
+    a = random_array(rng, tuple(shape), dtype)
+    tile = tuple(data.draw(st.integers(1, n)) for n in shape)
+    T = db.store("S", a, tile=tile, replace=True)
+    tiles = T.to_spark()
+    assert tiles.columns == list(T.keys) + ["tile"] and tiles.count() == T.to_arrow().num_rows
+    if dtype.startswith("complex") or dtype == "uint64":
+        with pytest.raises(EinsumError, match=f"Spark has no type for {dtype} values"):
+            T.to_spark("elements")
+        return
+    rows = T.to_spark("elements").toArrow()
+    assert rows.column_names == list(T.keys) + ["value"] and rows.num_rows == a.size
+    got, vals = np.zeros(a.shape, np.float64), rows.column("value").to_numpy().astype(np.float64)
+    if a.ndim:
+        got[tuple(rows.column(k).to_numpy() for k in T.keys)] = vals
+    else:  # a 0-d tensor: its one element, no index column
+        got = vals.reshape(())
+    np.testing.assert_array_equal(got, a.astype(np.float64))
+    want_type = {"uint8": "int16", "uint16": "int32", "uint32": "int64", "float16": "float",
+                 "bfloat16": "float", "float32": "float", "float64": "double", "bool": "bool"}.get(dtype, dtype)
+    assert str(rows.schema.field("value").type) == want_type
+
+
+def test_to_spark_is_for_spark_sessions(sdb):
+    with eds.connect() as db:
+        with pytest.raises(EinsumError, match="to_spark.. needs a Spark session"):
+            db.store("A", np.ones(3)).to_spark()
+    T = sdb.store("W", np.arange(6.0).reshape(2, 3), replace=True)
+    with pytest.raises(EinsumError, match="form is 'tiles' or 'elements'"):
+        T.to_spark("rows")
+    R = sdb.einsum("ij->ji", T)  # a temporary result too
+    assert sorted(tuple(r) for r in R.to_spark("elements").collect())[:2] == [(0, 0, 0.0), (0, 1, 3.0)]
+    sdb.store("W", np.zeros((2, 2)), replace=True)
+    with pytest.raises(EinsumError, match="replaced"):
+        T.to_spark()

@@ -60,7 +60,7 @@ from ..udfs.pool import THREADS
 from ..udfs.tiles import array_from_tiles, tiles_from_array
 from .base import Target, array_as_wanted, stored_as_wanted
 from .running import StepProgress
-from . import spark_ingest
+from . import spark_frames
 from .spark_tables import SparkTables
 
 META = "_eds_tensor.json"
@@ -248,7 +248,7 @@ class SparkBackend:
             from ..udfs.spark import register_spark_kernels
 
             register_spark_kernels(self.spark)
-            spark_ingest.register(self.spark)
+            spark_frames.register(self.spark)
             self._session_id = uuid.uuid4().hex[:12]
             if spark_database is not None:
                 self._tables = SparkTables(self.spark, spark_database, read_only, self._session_id)
@@ -501,14 +501,14 @@ class SparkBackend:
             shutil.rmtree(where.path, ignore_errors=True)
 
     def read_frame(self, source, where: str, want):
-        """A Spark DataFrame in element form as tiles Spark makes (``spark_ingest``), or None
+        """A Spark DataFrame in element form as tiles Spark makes (``spark_frames``), or None
         for any other source (read on the driver, as every backend reads it)."""
-        if not spark_ingest.is_spark_frame(source):
+        if not spark_frames.is_spark_frame(source):
             return None
         with self.lock:
             self._check_open()
         try:
-            return spark_ingest.read_frame(self.spark, source, where, want)
+            return spark_frames.read_frame(self.spark, source, where, want)
         except EinsumError as e:
             if str(e).startswith(where):
                 raise
@@ -517,6 +517,18 @@ class SparkBackend:
             raise
         except Exception as e:  # noqa: BLE001 - the frame's own computation failed (Spark's errors)
             raise ExecutionError(f"{where} failed on Spark reading the DataFrame: {_spark_error(e)}") from e
+
+    def spark_frame(self, value: TiledValue, form: str):
+        """Tensor ``value`` as a Spark DataFrame, read from where it is stored when it runs:
+        its tiles (``form="tiles"``: key columns, then ``tile``) or its elements (``"elements"``:
+        an index column per dimension, named like the keys, then ``value``; ``spark_frames``)."""
+        with self.lock:
+            self._check_open()
+            where = self._stored(value.name, value, f"tensor {value.name!r} was replaced: it is now")
+            tiles = self._frame(where, value)
+        if form == "tiles":
+            return tiles
+        return spark_frames.elements_frame(tiles, value)
 
     def store_tiles(self, value: TiledValue, tiles, replace: bool = False) -> None:
         """Store ``tiles``: a pyarrow Table, or a Spark DataFrame of tiles (``read_frame``),
@@ -535,7 +547,7 @@ class SparkBackend:
                     try:
                         written = self._write_df(tiles.select(*value.keys, "tile"), run, "tiles")
                     except Exception as e:  # noqa: BLE001 - Spark's errors come as many classes
-                        raise (spark_ingest.worker_error(e) or ExecutionError(
+                        raise (spark_frames.worker_error(e) or ExecutionError(
                             f"store({value.name!r}) failed on Spark: {_spark_error(e)}")) from e
                 self._install(written, value)
                 written = None

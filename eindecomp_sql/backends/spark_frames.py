@@ -1,5 +1,7 @@
-"""A Spark DataFrame in element form, stored by Spark itself: never whole on the driver.
+"""Spark DataFrames in and out of the Spark backend, tiled and untiled by Spark itself: never
+whole on the driver.
 
+**In.** 
 ``db.store(name, spark_df)`` on a Spark session: the rows (integer index columns and one value
 column, as ``Session.store`` reads any table in element form; elements not present are 0) are
 grouped by the tile each falls in, and each group becomes a tile in a Spark Python worker
@@ -13,6 +15,12 @@ tile is built, and reported as the same ``EinsumError``.
 
 Frames the driver path reads as well or better go there (``read_frame`` returns None): a tiled
 frame (a binary ``tile`` column), a 0-d tensor, an empty frame.
+
+**Out.** ``Tensor.to_spark()`` is the tensor's tiles as a Spark DataFrame (key columns, then
+``tile``), read from where they are stored when it runs; ``to_spark("elements")`` one row per
+element, as ``Tensor.to_arrow("elements")`` has them, each tile exploded in a worker
+(``tile_elements``), so a Spark user joins a result with other tables without the driver holding
+it.
 """
 
 from __future__ import annotations
@@ -187,6 +195,66 @@ def _casts(v: np.ndarray, dtype, exact_cast) -> bool:
         return False
 
 
+# -- out: a tensor as a Spark DataFrame ------------------------------------------------------
+# the Spark type of an element's value, by the tensor's dtype (Spark has no unsigned, half or
+# complex types: unsigned go to the next signed size, half floats to float, which holds them exactly)
+SPARK_VALUE = {"bool": ("boolean", "bool"), "int8": ("tinyint", "int8"), "int16": ("smallint", "int16"),
+               "int32": ("int", "int32"), "int64": ("bigint", "int64"), "uint8": ("smallint", "int16"),
+               "uint16": ("int", "int32"), "uint32": ("bigint", "int64"), "float16": ("float", "float32"),
+               "bfloat16": ("float", "float32"), "float32": ("float", "float32"), "float64": ("double", "float64")}
+
+
+def elements_frame(tiles, value):
+    """``tiles`` (a Spark DataFrame of ``value``'s tiles: key columns, then ``tile``) as one row
+    per element: an index column per dimension (named like the keys), then ``value``, as
+    ``Tensor.to_arrow("elements")`` has them, exploded by Spark from each tile in a worker."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.functions import arrow_udf
+
+    from ..udfs.spark import _arity
+
+    if value.dtype not in SPARK_VALUE:
+        raise EinsumError(f"to_spark(form='elements'): Spark has no type for {value.dtype} values (complex "
+                          "numbers, unsigned 64-bit integers); read the tiles (form='tiles') or to_numpy()")
+    spark_type, out = SPARK_VALUE[value.dtype]
+    spec = json.dumps({"shape": list(value.shape), "tile": list(value.tile), "dtype": value.dtype, "out": out})
+    fields = "".join(f"o{d}: bigint, " for d in range(len(value.shape)))
+    # a UDF of this tensor's element type (an Arrow UDF's result type is fixed when it is made)
+    explode = arrow_udf(_arity(tile_elements, 3), f"array<struct<{fields}value: {spark_type}>>")
+    rows = tiles.select(F.inline(explode(F.lit(spec), F.array(*[F.col(_quoted(k)) for k in value.keys]),
+                                         F.col("tile"))))
+    return rows.select(*[F.col(f"o{d}").alias(k) for d, k in enumerate(value.keys)], "value")
+
+
+def tile_elements(spec_arr: pa.Array, keys_arr: pa.Array, tile_arr: pa.Array) -> pa.Array:
+    """A Spark Arrow UDF: each row's tile as a list of its elements ``(o0, ..., value)``, the
+    indices global (the tile's origin added), in C order."""
+    if isinstance(spec_arr, pa.ChunkedArray):
+        spec_arr, keys_arr, tile_arr = (a.combine_chunks() for a in (spec_arr, keys_arr, tile_arr))
+    spec = json.loads(spec_arr[0].as_py()) if len(spec_arr) else {"shape": [], "tile": [], "dtype": "float64",
+                                                                      "out": "float64"}
+    shape, tile, dtype, out = spec["shape"], spec["tile"], np.dtype(spec["dtype"]), np.dtype(spec["out"])
+    ndim = len(shape)
+    key_rows = (keys_arr.flatten().to_numpy(zero_copy_only=False).astype(np.int64).reshape(-1, ndim) if ndim
+                else np.zeros((len(tile_arr), 0), np.int64))  # a 0-d tensor: one tile, no keys
+    idx, vals, sizes = [[] for _ in range(ndim)], [], []
+    for r in range(len(tile_arr)):
+        origin = key_rows[r] * np.asarray(tile, np.int64)
+        tshape = tuple(int(min(t, n - o)) for t, n, o in zip(tile, shape, origin))
+        a = np.frombuffer(tile_arr[r].as_py(), dtype).reshape(tshape)
+        at = np.indices(tshape, dtype=np.int64)
+        for d in range(ndim):
+            idx[d].append(at[d].reshape(-1) + origin[d])
+        vals.append(a.reshape(-1).astype(out))
+        sizes.append(a.size)
+    cat = (lambda parts, dt: np.concatenate(parts) if parts else np.zeros(0, dt))
+    members = pa.StructArray.from_arrays([pa.array(cat(c, np.int64)) for c in idx] + [pa.array(cat(vals, out))],
+                                         names=[f"o{d}" for d in range(ndim)] + ["value"])
+    # 64-bit offsets: a batch of big tiles holds more than 2**31 elements in all
+    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    return pa.LargeListArray.from_arrays(pa.array(offsets), members)
+
+
 def worker_error(e: BaseException) -> EinsumError | None:
     """The store's own error, where a Spark worker raised it (``MARK``), else None."""
     text = str(e)
@@ -204,4 +272,4 @@ def register(spark) -> None:
     spark.udf.register(UDF, arrow_udf(_arity(elements_tile, 3), "binary"))
 
 
-__all__ = ["is_spark_frame", "read_frame", "register", "worker_error"]
+__all__ = ["elements_frame", "is_spark_frame", "read_frame", "register", "worker_error"]
