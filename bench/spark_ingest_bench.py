@@ -1,6 +1,8 @@
 """Storing a Spark DataFrame in element form on the Spark backend: tiled by Spark
 (``backends/spark_frames.py``) against the rows read whole into this process (the driver path
-every other source takes: Arrow, a dense array, tiles), side by side in one session.
+every other source takes: Arrow, a dense array, tiles), side by side in one session. And the
+way out: ``to_spark("elements")`` of the stored tensor, filtered (``value > 0``) and counted by
+Spark (the "out" line).
 
     .venv/bin/python bench/spark_ingest_bench.py [--side 2000] [--density 1.0] [--rounds 5]
 
@@ -52,13 +54,19 @@ def child(side: int, density: float, rounds: int, way: str) -> dict:
             times.append(time.perf_counter() - t)
         rise = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024  # before reading it back
         tile = T.tile
+        out = []
+        if way == "spark":
+            for _ in range(rounds):
+                t = time.perf_counter()
+                db.tensor("E").to_spark("elements").where("value > 0").count()
+                out.append(time.perf_counter() - t)
         got = db.tensor("E").to_numpy()
         want = np.zeros((side, side))
         rows = df.toPandas()
         want[rows["i"].to_numpy(), rows["j"].to_numpy()] = rows["v"].to_numpy()
         assert np.array_equal(got, want)
     spark.stop()
-    return {"way": way, "rows": n, "times": times, "tile": tile, "driver_peak_rise": rise}
+    return {"way": way, "rows": n, "times": times, "tile": tile, "driver_peak_rise": rise, "out": out}
 
 
 def main():
@@ -83,6 +91,10 @@ def main():
         t = r["times"]
         print(f"  {r['way']:>6}: {statistics.median(t):.2f} s ({min(t):.2f}-{max(t):.2f}), "
               f"driver peak rise {r['driver_peak_rise'] / 1e6:.0f} MB")
+        if r["out"]:
+            o = r["out"]
+            print(f"     out: to_spark('elements') filtered and counted {statistics.median(o):.2f} s "
+                  f"({min(o):.2f}-{max(o):.2f})")
 
 
 if __name__ == "__main__":

@@ -455,7 +455,9 @@ class SparkBackend:
         rows = max(1, tiles.num_rows)
         per_row = max(1, tiles.nbytes // rows)
         groups = max(16, self.default_workers)
-        pq.write_table(tiles, os.path.join(path, "part-0.parquet"),
+        # a file name of its own: a DataFrame made before a replace keeps its list of files, and
+        # must find none rather than the new tensor's under the old name
+        pq.write_table(tiles, os.path.join(path, f"part-{uuid.uuid4().hex}.parquet"),
                        row_group_size=max(1, min((64 << 20) // per_row, -(-rows // groups))), compression="none")
 
     def _write_arrow(self, tiles: pa.Table, run: _Run, kind: str, stored: bool = False) -> Where:

@@ -204,55 +204,53 @@ SPARK_VALUE = {"bool": ("boolean", "bool"), "int8": ("tinyint", "int8"), "int16"
                "bfloat16": ("float", "float32"), "float32": ("float", "float32"), "float64": ("double", "float64")}
 
 
+ELEMENTS_PER_BATCH = 1 << 20  # rows of elements a worker hands Spark at once (~24-40 MB)
+
+
 def elements_frame(tiles, value):
     """``tiles`` (a Spark DataFrame of ``value``'s tiles: key columns, then ``tile``) as one row
     per element: an index column per dimension (named like the keys), then ``value``, as
-    ``Tensor.to_arrow("elements")`` has them, exploded by Spark from each tile in a worker."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.functions import arrow_udf
-
-    from ..udfs.spark import _arity
+    ``Tensor.to_arrow("elements")`` has them, made from each tile in a worker
+    (``mapInArrow`` of ``tile_elements``: record batches of at most ``ELEMENTS_PER_BATCH`` rows,
+    so no tile becomes one giant row or list)."""
+    import functools
 
     if value.dtype not in SPARK_VALUE:
         raise EinsumError(f"to_spark(form='elements'): Spark has no type for {value.dtype} values (complex "
                           "numbers, unsigned 64-bit integers); read the tiles (form='tiles') or to_numpy()")
     spark_type, out = SPARK_VALUE[value.dtype]
-    spec = json.dumps({"shape": list(value.shape), "tile": list(value.tile), "dtype": value.dtype, "out": out})
-    fields = "".join(f"o{d}: bigint, " for d in range(len(value.shape)))
-    # a UDF of this tensor's element type (an Arrow UDF's result type is fixed when it is made)
-    explode = arrow_udf(_arity(tile_elements, 3), f"array<struct<{fields}value: {spark_type}>>")
-    rows = tiles.select(F.inline(explode(F.lit(spec), F.array(*[F.col(_quoted(k)) for k in value.keys]),
-                                         F.col("tile"))))
-    return rows.select(*[F.col(f"o{d}").alias(k) for d, k in enumerate(value.keys)], "value")
+    spec = {"shape": list(value.shape), "tile": list(value.tile), "dtype": value.dtype, "out": out,
+            "keys": list(value.keys), "name": value.name}
+    schema = ", ".join([f"{_quoted(k)} bigint" for k in value.keys] + [f"value {spark_type}"])
+    return tiles.mapInArrow(functools.partial(tile_elements, spec=spec), schema)
 
 
-def tile_elements(spec_arr: pa.Array, keys_arr: pa.Array, tile_arr: pa.Array) -> pa.Array:
-    """A Spark Arrow UDF: each row's tile as a list of its elements ``(o0, ..., value)``, the
-    indices global (the tile's origin added), in C order."""
-    if isinstance(spec_arr, pa.ChunkedArray):
-        spec_arr, keys_arr, tile_arr = (a.combine_chunks() for a in (spec_arr, keys_arr, tile_arr))
-    spec = json.loads(spec_arr[0].as_py()) if len(spec_arr) else {"shape": [], "tile": [], "dtype": "float64",
-                                                                      "out": "float64"}
+def tile_elements(batches, spec: dict):
+    """``mapInArrow``'s function: record batches of tiles (key columns, ``tile``) in, record
+    batches of their elements out (an int64 column per dimension, the indices global, then
+    ``value`` in ``spec["out"]``), C order within each tile, at most ``ELEMENTS_PER_BATCH`` rows
+    each. A tile whose bytes do not fit its place in the grid is a tensor replaced under the
+    DataFrame: said, not read as something else."""
     shape, tile, dtype, out = spec["shape"], spec["tile"], np.dtype(spec["dtype"]), np.dtype(spec["out"])
-    ndim = len(shape)
-    key_rows = (keys_arr.flatten().to_numpy(zero_copy_only=False).astype(np.int64).reshape(-1, ndim) if ndim
-                else np.zeros((len(tile_arr), 0), np.int64))  # a 0-d tensor: one tile, no keys
-    idx, vals, sizes = [[] for _ in range(ndim)], [], []
-    for r in range(len(tile_arr)):
-        origin = key_rows[r] * np.asarray(tile, np.int64)
-        tshape = tuple(int(min(t, n - o)) for t, n, o in zip(tile, shape, origin))
-        a = np.frombuffer(tile_arr[r].as_py(), dtype).reshape(tshape)
-        at = np.indices(tshape, dtype=np.int64)
-        for d in range(ndim):
-            idx[d].append(at[d].reshape(-1) + origin[d])
-        vals.append(a.reshape(-1).astype(out))
-        sizes.append(a.size)
-    cat = (lambda parts, dt: np.concatenate(parts) if parts else np.zeros(0, dt))
-    members = pa.StructArray.from_arrays([pa.array(cat(c, np.int64)) for c in idx] + [pa.array(cat(vals, out))],
-                                         names=[f"o{d}" for d in range(ndim)] + ["value"])
-    # 64-bit offsets: a batch of big tiles holds more than 2**31 elements in all
-    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-    return pa.LargeListArray.from_arrays(pa.array(offsets), members)
+    keys, ndim = spec["keys"], len(spec["shape"])
+    names = keys + ["value"]
+    for batch in batches:
+        key_cols = [batch.column(k).to_numpy(zero_copy_only=False).astype(np.int64) for k in keys]
+        tiles = batch.column("tile")
+        for r in range(batch.num_rows):
+            origin = [int(c[r]) * t for c, t in zip(key_cols, tile)]
+            tshape = tuple(int(min(t, n - o)) for t, n, o in zip(tile, shape, origin))
+            raw = tiles[r].as_py()
+            if len(raw) != int(np.prod(tshape, dtype=np.int64)) * dtype.itemsize:
+                raise EinsumError(f"to_spark(): a tile of tensor {spec['name']!r} at {tuple(origin)} holds {len(raw)} "
+                                  "bytes, not what its place in the grid needs: the tensor was replaced or dropped "
+                                  "after this DataFrame was made; make it again")
+            flat = np.frombuffer(raw, dtype).astype(out)
+            for lo in range(0, flat.size, ELEMENTS_PER_BATCH):
+                hi = min(lo + ELEMENTS_PER_BATCH, flat.size)
+                at = np.unravel_index(np.arange(lo, hi, dtype=np.int64), tshape) if ndim else ()
+                cols = [pa.array(a.astype(np.int64) + o) for a, o in zip(at, origin)]
+                yield pa.RecordBatch.from_arrays(cols + [pa.array(flat[lo:hi])], names=names)
 
 
 def worker_error(e: BaseException) -> EinsumError | None:
