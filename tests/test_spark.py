@@ -861,7 +861,8 @@ def test_elements_tile_reads_sliced_arrow_arrays_and_null_lists():
 
 
 def test_spark_frames_the_driver_reads_whole_still_store(sdb, spark):
-    """An empty frame, a 0-d tensor's one row and a tiled frame go the driver's way (Arrow)."""
+    """An empty frame and a 0-d tensor's one row go the driver's way (Arrow); a tiled frame
+    comes back as it was stored."""
     empty = spark.createDataFrame([], "i bigint, j bigint, v double")
     np.testing.assert_array_equal(sdb.store("Z0", empty, shape=(2, 3), replace=True).to_numpy(), np.zeros((2, 3)))
     assert sdb.store("Z1", spark.createDataFrame([(4.5,)], "value double"), replace=True).to_numpy() == 4.5
@@ -943,3 +944,42 @@ def test_a_tile_that_does_not_fit_its_place_is_said_to_be_replaced():
                            "tile": pa.array([np.ones(3_000_000, np.int8).tobytes()], pa.binary())})
     sizes = [b.num_rows for b in spark_frames.tile_elements(iter([one]), big)]
     assert sum(sizes) == 3_000_000 and max(sizes) == spark_frames.ELEMENTS_PER_BATCH
+
+
+@pytest.mark.parametrize("tables", [False, True])
+def test_a_spark_frame_of_tiles_is_stored_by_spark(sdb, tdb, tables, monkeypatch):
+    """to_spark()'s tiles (or any frame of key columns and a binary tile, described by shape=,
+    dtype= and tile=) stored as they are, checked in Spark as the driver path checks a tiled
+    table, the driver's reader never asked."""
+    from pyspark.sql import functions as F
+
+    from eindecomp_sql import io
+
+    db = tdb if tables else sdb
+    rng = np.random.default_rng(19)
+    a = rng.standard_normal((7, 5)).astype(np.float32)
+    f = db.store("TT", a, tile=(3, 2), replace=True).to_spark()
+    desc = {"shape": (7, 5), "dtype": "float32", "tile": (3, 2)}
+    driver = []
+    read_source = io.read_source
+    monkeypatch.setattr(io, "read_source", lambda source, *x, **k: driver.append(source) or read_source(source, *x, **k))
+    U = db.store("TU", f, keys=("r", "c"), replace=True, **desc)
+    assert driver == [] and U.keys == ("r", "c") and U.tile == (3, 2)
+    np.testing.assert_array_equal(U.to_numpy(), a)
+    cases = [
+        (f.where("d0 != 1"), r"6 tile rows, but shape \(7, 5\) in tiles of \(3, 2\) has 9"),
+        (f.union(f.where("d0 = 2 AND d1 = 1")), r"tile key \(d0=2, d1=1\) appears more than once"),
+        (f.withColumn("tile", F.when(F.col("d1") == 2, F.substring("tile", 1, 4)).otherwise(F.col("tile"))),
+         r"the tile at \(d0=\d, d1=2\) holds 4 bytes; a float32 tile there takes \d+"),
+        (f.withColumn("d0", F.col("d0") + 5), "key column 'd0' holds 7; tiles of .3, 2. over shape .7, 5. have keys 0..2"),
+        (f.withColumn("tile", F.when(F.col("d0") == 0, None).otherwise(F.col("tile"))), "column 'tile' has 3 null"),
+        (f.withColumn("d0", F.col("d0").cast("double")), "key column 'd0' holds double, not integers"),
+    ]
+    for bad, match in cases:
+        with pytest.raises(EinsumError, match=match):
+            db.store("TX", bad, **desc)
+        assert "TX" not in db.tensors()
+    assert driver == []
+    monkeypatch.undo()
+    with pytest.raises(EinsumError, match="needs shape=, dtype= and tile="):  # the driver path says what is missing
+        db.store("TX", f, shape=(7, 5))

@@ -13,8 +13,11 @@ indices, indices outside ``shape=``, the value column's dtype and ``dtype=``'s c
 indices, which always fall in the same tile, and values a cast would change are found where the
 tile is built, and reported as the same ``EinsumError``.
 
-Frames the driver path reads as well or better go there (``read_frame`` returns None): a tiled
-frame (a binary ``tile`` column), a 0-d tensor, an empty frame.
+A frame of tiles (key columns and a binary ``tile``, as ``to_spark()`` gives them), described by
+``shape=``, ``dtype=`` and ``tile=``, is checked in Spark as the driver path checks a tiled table
+and stored as it is (``_read_tiled``). Frames the driver path reads as well go there
+(``read_frame`` returns None): a 0-d tensor, an empty frame, a tiled frame without its
+description (the driver path's error says what to give).
 
 **Out.** ``Tensor.to_spark()`` is the tensor's tiles as a Spark DataFrame (key columns, then
 ``tile``), read from where they are stored when it runs; ``to_spark("elements")`` one row per
@@ -57,6 +60,9 @@ def read_frame(spark, df, where: str, want) -> object | None:
     from .. import io
 
     empty = df.limit(0).toArrow()  # the columns as Arrow types: the driver path's rules apply as they are
+    if io.TILE in empty.column_names:
+        io._check_columns(empty.schema, False, where)
+        return _read_tiled(df, empty, where, want)
     if any(c.lower() == io.TILE for c in empty.column_names):
         return None
     io._check_columns(empty.schema, False, where)  # a join's two i columns: said, not a KeyError
@@ -106,6 +112,62 @@ def read_frame(spark, df, where: str, want) -> object | None:
                          len(shape))
     tiles = _tiles(spark, df, index, value, shape, tile, keys, dtype, where)
     return io.Incoming(tuple(shape), dtype, tuple(tile), keys, tiles)
+
+
+def _read_tiled(df, empty, where: str, want):
+    """A frame of tiles (key columns, binary ``tile``), described by ``shape=``, ``dtype=`` and
+    ``tile=`` (a Spark frame has no eindecomp_sql metadata), checked in Spark as the driver path
+    checks a tiled table: integer keys inside the grid, every key once, no nulls, each tile the
+    bytes its extents take. Its tiles are then stored as they are; None (the driver path, which
+    says what is wrong) where a description is missing or the tile column holds no bytes."""
+    from pyspark.sql import functions as F
+
+    from .. import io
+
+    if want.shape is None or want.dtype is None or want.tile is None:
+        return None  # the driver path's error says what to give
+    t = io._describe_tiled(empty.column_names, {}, want, where)  # no metadata: never a re-cut
+    tile_type = empty.schema.field(io.TILE).type
+    if not (pa.types.is_binary(tile_type) or pa.types.is_large_binary(tile_type)):
+        return None  # strings and others: the driver path refuses them as it does any table's
+    for k in t.keys:
+        kt = empty.schema.field(k).type
+        if io._kind(kt) != "int":
+            raise EinsumError(f"{where}: key column {k!r} holds {kt}, not integers")
+    keys = [F.col(_quoted(k)) for k in t.keys]
+    itemsize = np.dtype(t.dtype).itemsize
+    extent = F.lit(itemsize).cast("bigint")
+    for key, s, n in zip(keys, t.tile, t.shape):
+        extent = extent * F.least(F.lit(s).cast("bigint"), F.lit(n).cast("bigint") - key * F.lit(s).cast("bigint"))
+    bad_size = F.length(F.col(io.TILE)) != extent
+    stats = df.agg(F.count(F.lit(1)), *[F.count_if(x.isNull()) for x in keys + [F.col(io.TILE)]],
+                   *[F.min(x) for x in keys], *[F.max(x) for x in keys],
+                   F.count_distinct(F.struct(*keys)) if keys else F.lit(1), F.count_if(bad_size)).collect()[0]
+    k = len(keys)
+    n, nulls = stats[0], stats[1:2 + k]
+    lows, highs, distinct, bad = stats[2 + k:2 + 2 * k], stats[2 + 2 * k:2 + 3 * k], stats[2 + 3 * k], stats[3 + 3 * k]
+    for c, m in zip(list(t.keys) + [io.TILE], nulls):
+        if m:
+            raise EinsumError(f"{where}: column {c!r} has {m} null(s); fill or drop them first")
+    for c, low, high, g in zip(t.keys, lows, highs, t.grid):
+        if n and (low < 0 or high >= g):
+            raise EinsumError(f"{where}: key column {c!r} holds {low if low < 0 else high}; tiles of {t.tile} over "
+                              f"shape {t.shape} have keys 0..{g - 1}")
+    expect = math.prod(t.grid)
+    if distinct < n:
+        (dup,) = df.groupBy(*keys).count().where("count > 1").limit(1).collect()
+        at = ", ".join(f"{c}={int(dup[j])}" for j, c in enumerate(t.keys))
+        raise EinsumError(f"{where}: tile key ({at}) appears more than once; a tiled table holds each tile of the "
+                          "grid exactly once")
+    if n != expect:
+        raise EinsumError(f"{where}: {n} tile rows, but shape {t.shape} in tiles of {t.tile} has {expect}")
+    if bad:
+        row = df.where(bad_size).select(*keys, F.length(F.col(io.TILE)), extent).limit(1).collect()[0]
+        at = ", ".join(f"{c}={int(row[j])}" for j, c in enumerate(t.keys))
+        raise EinsumError(f"{where}: the tile at ({at}) holds {row[k]} bytes; a {t.dtype} tile there takes "
+                          f"{row[k + 1]} (tile {t.tile}, shape {t.shape}, edge tiles smaller)")
+    tiles = df.select(*[x.cast("bigint").alias(nk) for x, nk in zip(keys, t.new_keys)], F.col(io.TILE))
+    return io.Incoming(t.shape, t.dtype, t.tile, t.new_keys, tiles)
 
 
 def _tiles(spark, df, index, value, shape, tile, keys, dtype, where):
