@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import shutil
 import sys
@@ -61,7 +60,7 @@ from ..udfs.tiles import array_from_tiles, tiles_from_array
 from .base import Target, array_as_wanted, stored_as_wanted
 from .running import StepProgress
 from . import spark_frames
-from .spark_tables import SparkTables
+from .spark_tables import SparkTables, describe, from_description
 
 META = "_eds_tensor.json"
 SCRATCH = "_eds_scratch"
@@ -303,16 +302,14 @@ class SparkBackend:
     def _read_meta(self, path: str) -> TiledValue | None:
         try:
             with open(os.path.join(path, META)) as f:
-                m = json.load(f)
+                return from_description(f.read())
         except (FileNotFoundError, NotADirectoryError):
             return None
-        return TiledValue(m["name"], tuple(m["shape"]), m["dtype"], tuple(m["tile"]), tuple(m["keys"]))
 
     @staticmethod
     def _write_meta(path: str, value: TiledValue) -> None:
         with open(os.path.join(path, META), "w") as f:
-            json.dump({"name": value.name, "shape": list(value.shape), "dtype": value.dtype,
-                       "tile": list(value.tile), "keys": list(value.keys)}, f)
+            f.write(describe(value))
 
     def _stored_value(self, name: str) -> TiledValue | None:
         """The stored (not temporary) tensor ``name``'s description, or None."""

@@ -34,6 +34,8 @@ import math
 import numpy as np
 import pyarrow as pa
 
+from .. import io
+from ..compile.compiler import ident
 from ..errors import EinsumError
 from ..notation.checks import can_cast, check_dtype
 from ..plan import tiling
@@ -47,8 +49,8 @@ def is_spark_frame(x) -> bool:
 
 
 def _quoted(name: str) -> str:
-    """A column name as Spark reads it literally (no nested field, no expression)."""
-    return "`" + name.replace("`", "``") + "`"
+    """A column name as Spark reads it literally (no nested field, no expression), quoted by sqlglot."""
+    return ident(name).sql("spark")
 
 
 def read_frame(spark, df, where: str, want) -> object | None:
@@ -56,8 +58,6 @@ def read_frame(spark, df, where: str, want) -> object | None:
     or None where the driver path reads it (see the module docstring). Every check that needs
     no tile runs here, in one Spark job."""
     from pyspark.sql import functions as F
-
-    from .. import io
 
     empty = df.limit(0).toArrow()  # the columns as Arrow types: the driver path's rules apply as they are
     if io.TILE in empty.column_names:
@@ -121,8 +121,6 @@ def _read_tiled(df, empty, where: str, want):
     bytes its extents take. Its tiles are then stored as they are; None (the driver path, which
     says what is wrong) where a description is missing or the tile column holds no bytes."""
     from pyspark.sql import functions as F
-
-    from .. import io
 
     if want.shape is None or want.dtype is None or want.tile is None:
         return None  # the driver path's error says what to give
@@ -198,8 +196,6 @@ def elements_tile(spec_arr: pa.Array, keys_arr: pa.Array, lists_arr: pa.Array) -
     (``(o0, ..., v)`` structs: offsets in the tile, value), zeros elsewhere, as C-order bytes.
     Raises the store's ``EinsumError`` (marked for the driver) for a duplicate index or a value
     the cast to the tensor's dtype would change."""
-    from ..io import _exact_cast
-
     if isinstance(spec_arr, pa.ChunkedArray):
         spec_arr, keys_arr, lists_arr = (a.combine_chunks() for a in (spec_arr, keys_arr, lists_arr))
     if not len(spec_arr):
@@ -234,10 +230,10 @@ def elements_tile(spec_arr: pa.Array, keys_arr: pa.Array, lists_arr: pa.Array) -
             v = vals[lo:hi]
             if v.dtype != dtype:
                 try:
-                    v = _exact_cast(v, dtype, where)
+                    v = io._exact_cast(v, dtype, where)
                 except EinsumError:
                     # the element by its index, not by its place in this group (an arbitrary order)
-                    j = next(j for j in range(len(v)) if not _casts(v[j:j + 1], dtype, _exact_cast))
+                    j = next(j for j in range(len(v)) if not _casts(v[j:j + 1], dtype))
                     index = ", ".join(f"{c}={int(o + x[j])}" for c, o, x in zip(names, origin, at))
                     with np.errstate(all="ignore"):
                         became = v[j:j + 1].astype(dtype)[0].item()
@@ -249,9 +245,9 @@ def elements_tile(spec_arr: pa.Array, keys_arr: pa.Array, lists_arr: pa.Array) -
     return pa.array(out, pa.binary())
 
 
-def _casts(v: np.ndarray, dtype, exact_cast) -> bool:
+def _casts(v: np.ndarray, dtype) -> bool:
     try:
-        exact_cast(v, dtype, "")
+        io._exact_cast(v, dtype, "")
         return True
     except EinsumError:
         return False

@@ -38,7 +38,8 @@ SCRATCH_PREFIX = "_eds_"
 
 
 def describe(value: TiledValue) -> str:
-    """The table property's text: what ``from_description`` reads back."""
+    """A tensor's description (the table property's text, and a directory's ``_eds_tensor.json``):
+    what ``from_description`` reads back."""
     return json.dumps({"name": value.name, "shape": list(value.shape), "dtype": value.dtype,
                        "tile": list(value.tile), "keys": list(value.keys)})
 
@@ -115,7 +116,8 @@ class SparkTables:
 
     def occupied(self, name: str) -> bool:
         """A table or view of that name that is no tensor: the user's, never written over."""
-        return self._exists(name) and self.find(name) is None
+        props = self._properties(name)
+        return props is not None and PROPERTY not in props
 
     def names(self) -> list[str]:
         rows = self.sql(f"SHOW TABLES IN {self._database_sql()}").collect()
