@@ -151,6 +151,32 @@ def test_graphs_on_the_device(gpu, name, dtype, fuse, workers):
     assert err.max() <= (0.02 if dtype == "bfloat16" else 1e-4) * np.abs(want).max(), (err.max(), np.abs(want).max())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_fused_chain_runs_on_the_device(gpu, dtype, monkeypatch):
+    """The capped FFN's plan (plan/passes/chains.py): the first product and the relu computed
+    on the device inside the second product's kernel, over pieces of the hidden label."""
+    from graphs import ffn
+
+    from eindecomp_sql.plan import graph_plan
+
+    g, ref = ffn(b=40, d=24, f=150, dtype=dtype)
+    rng = np.random.default_rng(9)
+    xs = {v.name: (rng.standard_normal(v.shape) / np.sqrt(v.shape[0])).astype(dtype) for v in g.inputs}
+    graph_plan._plan_cached.cache_clear()
+    monkeypatch.setattr(graph_plan, "CHAINS", "always")
+    try:
+        p = graph_plan.plan_graph(g, tile_bytes=4096)
+    finally:
+        graph_plan._plan_cached.cache_clear()
+    step, = p.plan.steps
+    assert step.node.held and step.pieces["o"] > 1
+    got = p.run(gpu, **xs).to_numpy()
+    want = ref(**{k: x.astype(np.float64) for k, x in xs.items()})
+    err = np.abs(got.astype(np.float64) - want)
+    assert err.max() <= (0.02 if dtype == "bfloat16" else 1e-4) * np.abs(want).max()
+    assert any(line.startswith("-- step 0 ") and "(on cuda)" in line for line in p.explain(db=gpu).splitlines())
+
+
 def test_the_sql_interface_runs_on_the_device(gpu):
     rng = np.random.default_rng(6)
     a = rng.standard_normal((40, 30))

@@ -53,6 +53,19 @@ JOINS = {
 GRAPH_DTYPES = ["float32", "float64", "int32", "int64", "complex128", "bool"]
 
 
+@pytest.fixture
+def no_chains(monkeypatch):
+    """Plans without fused chains (plan/passes/chains.py), which would take the FFN's relu and
+    first product into the second's step: for tests of element-wise fusion on its own."""
+    from eindecomp_sql.plan import graph_plan
+
+    graph_plan._plan_cached.cache_clear()
+    monkeypatch.setattr(graph_plan, "CHAINS", "never")
+    yield
+    graph_plan._plan_cached.cache_clear()
+
+
+
 def _kind(dtype) -> str:
     k = np.dtype(dtype).kind
     return {"u": "i"}.get(k, k)
@@ -354,7 +367,7 @@ def test_fusion_stops_at_the_kernels_arity(db, fuse):
 
 # -- statements -------------------------------------------------------------------------------
 @pytest.mark.parametrize("make,workers,unfused,elementwise,fused", [
-    (chain, 1, 5, 5, 1), (ffn, 1, 3, 2, 1), (ffn, 4, 3, 2, 2), (attention, 1, 11, 9, 1), (llama_block, 1, 25, 16, 1),
+    (chain, 1, 5, 5, 1), (ffn, 1, 3, 2, 1), (ffn, 4, 3, 2, 1), (attention, 1, 11, 9, 1), (llama_block, 1, 25, 16, 1),
 ])
 def test_fused_graphs_run_fewer_statements(make, workers, unfused, elementwise, fused):
     """One CREATE per step listed: fewer for a fused plan, one where every value is one tile
@@ -391,7 +404,7 @@ def test_a_batched_fused_step_runs_its_batches():
 
 
 # -- explain and dot --------------------------------------------------------------------------
-def test_explain_and_dot_show_what_fused():
+def test_explain_and_dot_show_what_fused(no_chains):
     g, _ = ffn()
     p = g.plan(workers=2)
     text = p.explain()
@@ -412,7 +425,7 @@ def test_explain_and_dot_show_what_fused():
     assert "fused" not in unfused.explain() and "cluster" not in unfused.to_dot()
 
 
-def test_fused_costs_leave_out_the_intermediates():
+def test_fused_costs_leave_out_the_intermediates(no_chains):
     """The cost model counts what a fused step reads: the relu no longer reads h (h's bytes
     go), nor is h written; the baselines are compared fused too."""
     g, _ = ffn()
@@ -569,7 +582,7 @@ def test_a_portable_fused_spec_signs_its_stages_callables():
     np.testing.assert_array_equal(fn(np.arange(3.0)), np.arange(3.0) * 2.0)
 
 
-def test_no_baseline_is_cheaper_once_fused(monkeypatch):
+def test_no_baseline_is_cheaper_once_fused(monkeypatch, no_chains):
     """Fusion runs after the optimizer, which does not see it; should a baseline's plan come out
     cheaper after all passes, it is the plan (here the optimizer is made to pick badly)."""
     from eindecomp_sql.plan.graph_plan import _plan_cached

@@ -127,6 +127,27 @@ def test_ffn_graph_on_spark_matches_numpy(sdb):
         assert_close(out.to_numpy(), ref(**xs))
 
 
+@pytest.mark.parametrize("tile", [None, 1024])
+def test_a_fused_chain_on_spark_matches_numpy(sdb, monkeypatch, tile):
+    """The FFN's first product and relu computed inside the second's kernel (a contraction
+    stage: plan/passes/chains.py) by Spark's Python workers, whole and cut over the hidden
+    label (a grouped step)."""
+    from eindecomp_sql.plan import graph_plan
+
+    g, ref = ffn(b=30, d=7, f=41)
+    rng = np.random.default_rng(12)
+    xs = {v.name: rng.standard_normal(v.shape) for v in g.inputs}
+    graph_plan._plan_cached.cache_clear()
+    monkeypatch.setattr(graph_plan, "CHAINS", "always")
+    try:
+        plan = graph_plan.plan_graph(g, workers=2, tile_bytes=tile, costs=sdb.backend.cost_model)
+    finally:
+        graph_plan._plan_cached.cache_clear()
+    fused = [s for s in plan.plan.steps if getattr(s, "node", None) is not None and s.node.held]
+    assert fused and (tile is None or fused[0].pieces["o"] > 1)
+    assert_close(plan.run(sdb, **xs).to_numpy(), ref(**xs))
+
+
 def test_a_value_read_once_runs_inside_its_readers_statement(sdb, monkeypatch):
     """A step whose value is no output and is read by one later step is a view of its statement
     (no Parquet written and read back): the reader's statement runs it. A value read twice, or

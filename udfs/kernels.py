@@ -242,7 +242,10 @@ class FusedKernel(_TileLayout):
         self._take_layout(spec, xp)
         self.slot_labels = [tuple(x) for x in spec.inputs] + [st.labels for st in f.prologues]
         dtypes = list(spec.dtypes) + [st.dtype for st in f.prologues]
-        self.prologues = [self._compiled(st) for st in f.prologues]
+        # a contraction prologue (a chain's producer: plan/passes/chains.py) is an einsum
+        # kernel of its own over its slots' tiles, whose reduced labels the plan keeps whole
+        self.prologues = [self._compiled(st) if st.agg is None else self._contraction(st, spec, dtypes, xp)
+                          for st in f.prologues]
         self.core_args = f.core
         core_inputs = tuple(self.slot_labels[a] for a in f.core)
         labels = first_appearance(*core_inputs)
@@ -265,10 +268,32 @@ class FusedKernel(_TileLayout):
         return (st.args, join_callable(st.join.function(allow_pickle=_signed_pickles)), st.labels, np.dtype(st.dtype),
                 st.cast)
 
+    def _contraction(self, st, spec: EinsumKernelSpec, dtypes: list, xp):
+        """A contraction stage as (slots it reads, its einsum kernel): computed as the unfused
+        step's kernel computes the producer's tile (the same kernel class, dtypes and rounding)."""
+        from eindecomp_sql.notation.spec import first_appearance
+
+        ins = tuple(self.slot_labels[a] for a in st.args)
+        labels = first_appearance(*ins)
+        kernel = EinsumKernel(EinsumKernelSpec(
+            inputs=ins, output=st.labels, labels=labels, reduced=tuple(lab for lab in labels if lab not in st.labels),
+            size=spec.size, tile=spec.tile, join=st.join, agg=st.agg, dtypes=tuple(dtypes[a] for a in st.args),
+            out_dtype=st.dtype, device=spec.device, tf32=spec.tf32), xp=xp)
+        return st.args, kernel
+
     def _stage(self, stage, slots: list) -> np.ndarray:
         """One stage on the slots: its join of the arrays it reads (each with its labels, all
         distinct) broadcast by label, in its dtype, computed as the unfused step's kernel
         computes it (``EinsumKernel.contract``: a product summed casts its inputs first)."""
+        if len(stage) == 2:  # a contraction (``_contraction``)
+            args, kernel = stage
+            tiles = [slots[a] for a in args]
+            ext = {}
+            for x, labs in zip(tiles, kernel.inputs):
+                ext.update(zip(labs, x.shape))
+            out = self.xp.empty(tuple(ext[lab] for lab in kernel.output), kernel.out_dtype)
+            kernel.contract(tiles, out, accumulate=False)
+            return out
         args, join, labels, dtype, cast = stage
         xs = []
         for a in args:

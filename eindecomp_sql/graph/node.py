@@ -41,6 +41,14 @@ class EinsumNode:
     join: JoinFunction
     agg: Aggregation
     result: ValueInfo
+    # labels every chunking keeps in one piece: a chain fused into one step
+    # (plan/passes/chains.py) computes its producer's tile inside the kernel, which needs the
+    # labels that producer reduces whole, and computes it once only if no consumer label the
+    # producer lacks is cut
+    whole: tuple[str, ...] = ()
+    # ... and the values its kernel computes and holds per output tile, (labels, dtype) each:
+    # what its projected peak counts besides the tiles it joins (plan/cost.py: step_peak)
+    held: tuple[tuple[tuple[str, ...], str], ...] = ()
 
     # cached: the optimizer asks these thousands of times (frozen dataclasses allow it, as
     # cached_property writes the instance __dict__ directly)

@@ -255,6 +255,7 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
     the engine neither holds nor copies."""
     size = node.size
     tile = {lab: tile_of(size[lab], pieces[lab]) for lab in node.labels}
+    held_tile_bytes += held_bytes(node, tile)
     op_tile = [0 if op.value in in_place else
                math.prod(tile[lab] for lab in op.labels) * np.dtype(operand_dtypes[op.value]).itemsize
                for op in node.operands]
@@ -296,7 +297,13 @@ def step_kernel_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: d
     out_tile = math.prod(tile_of(size[lab], pieces[lab]) for lab in node.output) * np.dtype(node.result.dtype).itemsize
     each = _batch_pieces(node, pieces, batches)
     out_tiles = math.prod(each[lab] for lab in node.output)
+    held_tile_bytes += held_bytes(node, {lab: tile_of(size[lab], pieces[lab]) for lab in node.labels})
     return min(out_tiles, model.vector_rows) * (out_tile + held_tile_bytes)
+
+
+def held_bytes(node: EinsumNode, tile: dict[str, int]) -> int:
+    """A tile of every value a fused chain's kernel computes and holds (``EinsumNode.held``)."""
+    return sum(math.prod(tile[lab] for lab in labels) * np.dtype(dtype).itemsize for labels, dtype in node.held)
 
 
 def engine_bytes(node: EinsumNode, each: dict[str, int], op_tile: list[int]) -> int:

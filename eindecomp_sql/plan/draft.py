@@ -39,6 +39,9 @@ class Options:
     # the optimizer prices an element-wise node as the epilogue it can be (plan/optimize.py);
     # graph_plan also plans without, and keeps the cheaper: the fuse pass may still refuse
     price_epilogues: bool = True
+    # a contraction feeding another through element-wise nodes runs inside its step
+    # (passes/chains.py); graph_plan plans with and without, and keeps the cheaper
+    chains: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Draft:
     options: Options = field(default_factory=Options)
     choice: Choice | None = None
     steps: tuple[Step, ...] = ()
+    chains: tuple = ()  # the fused chains among ``nodes`` (passes/chains.py: Chain)
 
     def values(self) -> dict[str, TiledValue]:
         """Every value known so far by name: the inputs, then what the steps compute."""

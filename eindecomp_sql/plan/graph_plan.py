@@ -24,6 +24,7 @@ from .cost import DEFAULT_COSTS, CostModel, Costs, nbytes, parse_memory
 from .tiling import tile_of
 from .draft import FUSE_MODES, Draft, Options
 from .optimize import STRATEGIES, Choice
+from .passes.chains import find_chains
 from .pipeline import PASSES, run_passes
 from .steps import EinsumStep, Plan, ProgramStep, RetileStep, TiledValue, describe_costs, format_bytes, step_target
 from .tiling import check_tile
@@ -333,6 +334,37 @@ def _within_cap(plan: Plan, tile_bytes: int | None) -> bool:
     return True
 
 
+def _cheaper(chained: Draft, made: Draft) -> bool:
+    """Whether the chained plan costs less than ``made`` with what ``made`` writes and the
+    chained one does not (``_stored``), or as much in fewer steps (measured faster there:
+    bench/RESULTS.md "Fused chains")."""
+    mine, other = chained.plan().costs.total, made.plan().costs.total + _stored(made, chained)
+    return mine < other or mine == other and len(chained.steps) < len(made.steps)
+
+
+def _stored(made: Draft, chained: Draft) -> float:
+    """What ``made`` pays, beyond its steps' costs, for storing the values ``chained`` keeps
+    inside its kernels: their bytes (and any re-tiled copy's) at a join byte's weight. The
+    model prices what steps read, not what they write; a chain's gain is mostly the writes
+    (bench/RESULTS.md "Fused chains")."""
+    hidden = {name for c in chained.chains for name, _ in c.labels}
+    model = made.options.costs
+    written = 0
+    for s in made.plan().steps:
+        if isinstance(s, RetileStep) and s.source.name in hidden:
+            hidden.add(s.target.name)
+        v = step_target(s)
+        if v.name in hidden:
+            written += v.nbytes
+    return model.join * written
+
+
+# whether graphs plan fused chains (passes/chains.py): "auto" where cheaper; "always" and
+# "never" are for benchmarks comparing the two (bench/chain_bench.py); plans are cached, so
+# clear ``_plan_cached`` after changing it
+CHAINS = "auto"
+
+
 @lru_cache(maxsize=128)
 def _plan_cached(nodes: tuple[EinsumNode, ...], inputs: tuple[ValueInfo, ...], picked: tuple[ValueInfo, ...],
                  single: bool, unused: tuple[str, ...], workers: int, budget: int | None, strategy: str,
@@ -376,5 +408,14 @@ def _plan_cached(nodes: tuple[EinsumNode, ...], inputs: tuple[ValueInfo, ...], p
         if cheaper:
             taken = min(cheaper, key=lambda s: baselines[s].total)
             made = others[taken]
+        # a contraction feeding another through element-wise nodes, run inside its step
+        # (passes/chains.py), where that costs less and fits
+        if fuse is True and CHAINS != "never" and find_chains(nodes, {v.name for v in picked})[1]:
+            try:
+                chained = run_passes(replace(first, options=replace(first.options, chains=True)))
+            except EinsumError:  # no chunking keeping the chain's labels whole fits
+                chained = None
+            if chained is not None and (CHAINS == "always" or _cheaper(chained, made)):
+                made, taken = chained, None
     return GraphPlan(nodes, inputs, picked, strategy, workers, budget, made.choice, made.plan(),
                      MappingProxyType(baselines), single, unused, taken)

@@ -322,6 +322,11 @@ class KernelStage:
     ``cast``: the inputs are cast to ``dtype`` before the join (a product summed follows
     ``np.einsum``, which computes in the result dtype). Slots are numbered as ``KernelFusion`` says.
 
+    ``agg``: a *contraction* stage (a chain's producer fused into its consumer's step:
+    ``plan/passes/chains.py``): the labels its slots carry that ``labels`` lacks are reduced
+    by ``agg`` (each whole in the tiles: the plan never cuts them), as an unfused step's
+    kernel would. Written only when set, so element-wise stages read as before.
+
     >>> KernelStage(args=(2, 1), join=KernelJoin(name="add"), labels=("i", "k"), dtype="float64").to_dict()
     {'args': [2, 1], 'join': {'name': 'add'}, 'out': ['i', 'k'], 'dtype': 'float64', 'cast': False}
     """
@@ -331,6 +336,7 @@ class KernelStage:
     labels: tuple[str, ...]
     dtype: str
     cast: bool = False
+    agg: str | None = None
 
     def __post_init__(self):
         _set(self, "args", _ints(self.args, "fused stage args"))
@@ -344,17 +350,24 @@ class KernelStage:
         _check_dtype(self.dtype)
         if not isinstance(self.cast, bool):
             raise EinsumError(f"kernel spec fused stage cast must be true or false, got {self.cast!r}")
+        if self.agg is not None and self.agg not in AGGREGATIONS:
+            raise EinsumError(f"kernel spec fused stage agg {self.agg!r} is unknown; aggregations are "
+                              f"{', '.join(AGGREGATIONS)}")
 
     def to_dict(self) -> dict:
-        return {"args": list(self.args), "join": self.join.to_dict(), "out": list(self.labels), "dtype": self.dtype,
-                "cast": self.cast}
+        d = {"args": list(self.args), "join": self.join.to_dict(), "out": list(self.labels), "dtype": self.dtype,
+             "cast": self.cast}
+        if self.agg is not None:
+            d["agg"] = self.agg
+        return d
 
     @classmethod
     def from_dict(cls, d) -> KernelStage:
-        if not isinstance(d, dict) or set(d) != {"args", "join", "out", "dtype", "cast"}:
-            raise EinsumError(f"kernel spec fused stage must be {{args, join, out, dtype, cast}}, got {d!r:.80}")
+        keys = {"args", "join", "out", "dtype", "cast"}
+        if not isinstance(d, dict) or not keys <= set(d) or not set(d) <= keys | {"agg"}:
+            raise EinsumError(f"kernel spec fused stage must be {{args, join, out, dtype, cast[, agg]}}, got {d!r:.80}")
         return cls(args=d["args"], join=KernelJoin.from_dict(d["join"]), labels=d["out"], dtype=d["dtype"],
-                   cast=d["cast"])
+                   cast=d["cast"], agg=d.get("agg"))
 
 
 @dataclass(frozen=True)
@@ -403,6 +416,9 @@ class KernelFusion:
         bad("core", self.core, set(range(core_slot)))
         for q, st in enumerate(self.epilogues):
             bad(f"epilogue {q}", st.args, set(range(inputs)) | set(range(core_slot, core_slot + 1 + q)))
+            if st.agg is not None:
+                raise EinsumError(f"kernel spec fused epilogue {q} reduces (agg {st.agg!r}); epilogues are "
+                                  "element-wise")
 
     def to_dict(self) -> dict:
         return {"pro": [x.to_dict() for x in self.prologues], "core": list(self.core),
@@ -960,7 +976,8 @@ def _kernel_fusion(step, portable: bool) -> KernelFusion:
     def stage(n) -> KernelStage:
         # the kernels' rule for a product summed (np.einsum's): inputs cast to the result dtype
         return KernelStage(args=args(n), join=KernelJoin.of(n.join, portable), labels=tuple(n.output),
-                           dtype=n.result.dtype, cast=n.join.name == "mul" and n.agg.name == "sum")
+                           dtype=n.result.dtype, cast=n.join.name == "mul" and n.agg.name == "sum",
+                           agg=n.agg.name if n.reduced else None)
 
     nxt = len(step.node.operands)
     prologues = []

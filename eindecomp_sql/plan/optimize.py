@@ -144,7 +144,7 @@ class _Problem:
             shared: dict[tuple, list[dict[str, int]]] = {}
             self._cands = {}
             for n in self.nodes:
-                key = (n.output, n.sizes, n.result.dtype, tuple(
+                key = (n.output, n.sizes, n.whole, n.result.dtype, tuple(
                     (op.labels, op.dropped, self.dtypes[op.value], self.fixed.get(op.value),
                      len(self.values[op.value].shape)) for op in n.operands))
                 if key not in shared:
@@ -195,6 +195,8 @@ class _Problem:
                 kept = [t for ax, t in enumerate(self.fixed[op.value]) if ax not in op.dropped]
                 for lab, t in zip(op.labels, kept):
                     opts[lab].add(pieces_of(size[lab], t))
+        for lab in node.whole:  # a fused chain's (graph/node.py): never cut
+            opts[lab] = {1}
         return {lab: sorted(v) for lab, v in opts.items()}
 
     def _candidates(self, node: EinsumNode) -> list[dict[str, int]]:
@@ -232,6 +234,9 @@ class _Problem:
         stored = self._stored_pieces(node)
         if stored is not None and stored not in out and self._fits(node, stored):
             out.append(stored)
+        if node.whole:  # a baseline's or a stored cut may cut what a fused chain needs whole (and,
+            # with those labels put back to one piece, leave fewer join tasks than workers)
+            out = [p for p in out if all(p[lab] == 1 for lab in node.whole) and math.prod(p.values()) >= lo]
         if not out:
             if self.budget is None:  # only the tile cap can refuse every candidate
                 item = max(np.dtype(self.dtypes[v]).itemsize for v in {node.result.name, *(o.value for o in node.operands)})
@@ -756,4 +761,5 @@ def baseline_pieces(strategy: str, node: EinsumNode, workers: int) -> dict[str, 
         while side > 1 and math.prod(pieces_of(size[lab], min(side, size[lab])) for lab in node.labels) < workers:
             side //= 2
         p = {lab: pieces_of(size[lab], min(side, size[lab])) for lab in node.labels}
+    p.update((lab, 1) for lab in node.whole)  # a fused chain's labels stay whole (graph/node.py)
     return p

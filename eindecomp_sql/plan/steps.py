@@ -234,7 +234,7 @@ class EinsumStep:
                          in_place=read)
 
     def _held(self) -> int:
-        if self.fused is None:
+        if self.fused is None or self.node.held:  # a fused chain's node counts its own (cost.step_peak)
             return 0
         # a fused kernel also holds, per output tile in flight, a tile of every value it
         # keeps to itself (prologue results, the core's result before the epilogues)

@@ -35,6 +35,12 @@ def choose_chunking(d: Draft) -> Draft:
         choice = baseline(o.strategy, d.nodes, values, fixed, workers=o.workers, model=o.costs)
     else:
         raise EinsumError(f"unknown strategy {o.strategy!r}: use one of {', '.join(STRATEGIES)}")
+    if d.chains:  # a fused chain's hidden nodes are cut as its step cuts their labels
+        pieces = dict(choice.pieces)
+        for chain in d.chains:
+            mine = choice.pieces[chain.result]
+            pieces.update((name, {lab: mine[f] for lab, f in labels}) for name, labels in chain.labels)
+        choice = replace(choice, pieces=pieces)
     inputs = tuple(v if v.tile is not None else replace(v, tile=choice.input_tiles.get(v.name, v.shape))
                    for v in d.inputs)
     return replace(d, choice=choice, inputs=inputs)

@@ -30,6 +30,7 @@ def insert_retiles(d: Draft) -> Draft:
     steps = list(d.steps)
     fresh = (f"_eds_retile{k}" for k in itertools.count(1))
     made: dict[tuple[str, tuple[int, ...]], TiledValue] = {}  # one re-tiled copy per value and tiling
+    fusions = {c.result: c.fusion for c in d.chains}  # fused chains (passes/chains.py)
     for node in d.nodes:
         chunking = d.choice.chunking(node)
         chunk = chunking.tile_of
@@ -54,5 +55,5 @@ def insert_retiles(d: Draft) -> Draft:
         result = TiledValue(res.name, res.shape, res.dtype, tuple(chunk[lab] for lab in node.output),
                             key_names(node.output))
         values[res.name] = result
-        steps.append(EinsumStep(node, tuple(step_inputs), result, chunking))
+        steps.append(EinsumStep(node, tuple(step_inputs), result, chunking, fused=fusions.get(res.name)))
     return replace(d, nodes=(), steps=tuple(steps))

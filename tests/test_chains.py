@@ -1,0 +1,235 @@
+"""Fused chains (plan/passes/chains.py): a contraction feeding another through element-wise
+nodes runs inside the consumer's step, its tile computed in the kernel; checked against numpy
+on random shapes, dtypes, joins and aggregations, and on every engine's kernels."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+import eindecomp_sql as eds
+from eindecomp_sql.errors import EinsumError
+from eindecomp_sql.graph import Graph
+from eindecomp_sql.plan import EinsumStep, ProgramStep
+from eindecomp_sql.plan import graph_plan
+from eindecomp_sql.plan.graph_plan import plan_graph
+from eindecomp_sql.plan.kernel_spec import KernelFusion, KernelJoin, KernelStage
+
+DTYPES = ("float64", "float32", "float16", "bfloat16", "int64")
+
+
+@pytest.fixture
+def chains(monkeypatch):
+    """Set how graphs plan chains ("always": wherever one fits; "never"; "auto")."""
+    def set_mode(mode):
+        graph_plan._plan_cached.cache_clear()
+        monkeypatch.setattr(graph_plan, "CHAINS", mode)
+    yield set_mode
+    graph_plan._plan_cached.cache_clear()
+
+
+def chain_steps(plan) -> list[EinsumStep]:
+    steps = [s for p in plan.steps for s in (p.steps if isinstance(p, ProgramStep) else (p,))]
+    return [s for s in steps if isinstance(s, EinsumStep) and s.node.held]
+
+
+def _graph(b, d, f, dtype, maps, transpose, p_agg, c_agg, p_join):
+    """relu-like maps between two products; the reference computes each node as numpy would
+    and stores it in ``dtype`` as an unfused step does."""
+    g = Graph()
+    x, w1, w2 = g.input("x", (b, d), dtype), g.input("w1", (d, f), dtype), g.input("w2", (f, d), dtype)
+    h = g.einsum("bi,io->bo", x, w1, join=p_join, agg=p_agg)
+    for m in maps:
+        h = g.map(m, h)
+    if transpose:
+        h = g.einsum("bo->ob", h, join="neg")
+        g.einsum("ob,oi->bi", h, w2, agg=c_agg, name="y")
+    else:
+        g.einsum("bo,oi->bi", h, w2, agg=c_agg, name="y")
+
+    def ref(x, w1, w2):
+        x, w1, w2 = (a.astype(np.float64) for a in (x, w1, w2))
+        pair = (x[:, :, None] * w1[None]) if p_join == "mul" else (x[:, :, None] + w1[None])
+        h = pair.sum(1) if p_agg == "sum" else pair.max(1)
+        for m in maps:
+            h = np.maximum(h, 0) if m == "relu" else np.abs(h) if m == "abs" else h * h
+        if transpose:
+            h = -h
+        pair = h[:, :, None] * w2[None]
+        return pair.sum(1) if c_agg == "sum" else pair.max(1)
+
+    return g, ref
+
+
+@given(b=st.integers(1, 23), d=st.integers(1, 9), f=st.integers(1, 40), dtype=st.sampled_from(DTYPES),
+       maps=st.lists(st.sampled_from(["relu", "abs", "square"]), min_size=1, max_size=2), transpose=st.booleans(),
+       p_agg=st.sampled_from(["sum", "max"]), c_agg=st.sampled_from(["sum", "max"]),
+       p_join=st.sampled_from(["mul", "add"]), budget=st.sampled_from([None, 16 << 10, 48 << 10]),
+       tile=st.sampled_from([None, 256, 1024]), workers=st.sampled_from([1, 3]), seed=st.integers(0, 2**16))
+@settings(max_examples=40, deadline=None)
+def test_a_fused_chain_matches_numpy(db, chains, b, d, f, dtype, maps, transpose, p_agg, c_agg, p_join, budget,
+                                     tile, workers, seed):
+    """Random shapes that do not divide the tiles, every dtype, extended joins and
+    aggregations in both products, maps and a transpose between, cut by a budget or a tile
+    cap (the hidden label in pieces: a grouped step whose members each compute a tile of the
+    first product) or by workers."""
+    chains("always")
+    g, ref = _graph(b, d, f, dtype, maps, transpose, p_agg, c_agg, p_join)
+    rng = np.random.default_rng(seed)
+    if dtype == "int64":
+        xs = {v.name: rng.integers(-4, 5, v.shape) for v in g.inputs}
+    else:
+        xs = {v.name: (rng.standard_normal(v.shape) / 2).astype(dtype) for v in g.inputs}
+    try:
+        p = plan_graph(g, workers=workers, memory=budget, tile_bytes=tile)
+    except EinsumError as e:  # the budget or the cap refuses every plan, chained or not
+        assert "memory budget" in str(e) or "tile_bytes" in str(e)
+        event("over the budget")
+        return
+    fused = chain_steps(p.plan)
+    event(f"chain fused: {bool(fused)}; pieces {sorted(fused[0].pieces.items()) if fused else None}")
+    for s in fused:  # what the kernel computes whole is never cut
+        assert all(s.pieces[lab] == 1 for lab in s.node.whole)
+    got = p.run(db, **xs).to_numpy()
+    want = ref(**xs)
+    assert got.dtype == np.dtype(dtype) and got.shape == want.shape
+    if dtype == "int64":
+        np.testing.assert_array_equal(got, want.astype(np.int64))
+    else:
+        tol = {"float64": 1e-10, "float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * scale * max(d, f))
+
+
+def test_the_ffn_under_a_tile_cap_runs_as_one_step_and_explain_says_so(chains):
+    """The GPU issue's FFN under half its working set (a bfloat16 8192 x 8192 x 28672, tiles
+    capped at a sixteenth of it): before, 4 steps (the product, a re-tile of its 470 MB
+    result, the relu, a grouped product); fused, one step over pieces of the hidden label,
+    the hidden values never stored (planned only: no data)."""
+    chains("auto")
+    b, d, f = 8192, 8192, 28672
+    g = Graph()
+    x, w1, w2 = g.input("x", (b, d), "bfloat16"), g.input("w1", (d, f), "bfloat16"), g.input("w2", (f, d), "bfloat16")
+    g.einsum("bo,oi->bi", g.map("relu", g.einsum("bi,io->bo", x, w1)), w2, name="y")
+    p = plan_graph(g, tile_bytes=64 << 20)
+    assert len(p.plan.steps) == 1 and p.retiles == 0
+    step = p.plan.steps[0]
+    assert step.node.whole == ("j", "i") and step.pieces["o"] > 1 and step.pieces["j"] == step.pieces["i"] == 1
+    assert p.fused == {"v1": "y", "v2": "y"}
+    text = p.explain()
+    assert "3 node(s), 1 step(s), 0 retile(s), 2 node(s) fused into others' steps" in text
+    assert re.search(r"step 0: einsum v1 = bj,jo->bo; v2 = relu; bo,oi->bi \[b:\d+ j:1 o:\d+ i:1\] -> y "
+                     r"\[fused v1, v2; v1, v2 not stored\]", text)
+    assert "pieces b:" in text and text.count("fused: runs in the step computing y, not stored") == 2
+    # the kernel computes the first product as a contraction stage (its agg), then the relu
+    spec = json.loads(re.search(r"'(\{.*\})'", text.split("-- step 0")[1]).group(1))
+    pro = spec["fused"]["pro"]
+    assert [st.get("agg") for st in pro] == ["sum", None] and spec["reduced"] == ["j", "o"]
+    assert '"v1" -> "v2"' in p.to_dot()
+    chains("never")
+    unfused = plan_graph(g, tile_bytes=64 << 20)
+    assert len(unfused.plan.steps) == 4 and unfused.retiles == 1  # what it replaced
+
+
+def test_a_chain_is_not_fused_where_it_must_not_be(chains):
+    chains("always")
+    g = Graph()
+    x, w1, w2 = g.input("x", (40, 8)), g.input("w1", (8, 30)), g.input("w2", (30, 8))
+    h = g.einsum("bi,io->bo", x, w1)
+    a = g.map("relu", h)
+    y = g.einsum("bo,oi->bi", a, w2)
+    # an intermediate the user keeps is stored
+    p = plan_graph(g, outputs=[h, y], memory="64kB")
+    assert not chain_steps(p.plan)
+    # read twice: by the product and by an add
+    g2 = Graph()
+    x, w1, w2 = g2.input("x", (40, 8)), g2.input("w1", (8, 30)), g2.input("w2", (30, 8))
+    a = g2.map("relu", g2.einsum("bi,io->bo", x, w1))
+    g2.einsum("bi,b->bi", g2.einsum("bo,oi->bi", a, w2), g2.einsum("bo->b", a))
+    assert not any(s.node.held for s in chain_steps(plan_graph(g2, memory="64kB").plan))
+    # a product of products with nothing element-wise between: the optimizer's own paths
+    g3 = Graph()
+    m = [g3.input(f"m{k}", (30, 30)) for k in range(3)]
+    g3.einsum("ij,jk->ik", g3.einsum("ij,jk->ik", m[0], m[1]), m[2])
+    assert not chain_steps(plan_graph(g3, memory="64kB").plan)
+
+
+def test_auto_fuses_only_where_it_costs_no_more(chains):
+    """The cost model with what the unchained plan writes (the hidden values, at a join
+    byte's weight): a small FFN whose program is one statement anyway keeps the program."""
+    chains("auto")
+    g = Graph()
+    x, w1, w2 = g.input("x", (64, 32)), g.input("w1", (32, 96)), g.input("w2", (96, 32))
+    g.einsum("bo,oi->bi", g.map("relu", g.einsum("bi,io->bo", x, w1)), w2)
+    p = plan_graph(g)
+    assert isinstance(p.plan.steps[0], ProgramStep) and len(p.plan.steps) == 1
+    # under a budget that cuts it, the chain: one statement per batch instead of two, and the
+    # 2 MB of relu(h) never written (bench/RESULTS.md "Fused chains")
+    g = Graph()
+    x, w1, w2 = g.input("x", (256, 64)), g.input("w1", (64, 2048)), g.input("w2", (2048, 64))
+    g.einsum("bo,oi->bi", g.map("relu", g.einsum("bi,io->bo", x, w1)), w2)
+    assert chain_steps(plan_graph(g, memory="4MB").plan)
+    chains("never")
+    assert not chain_steps(plan_graph(g, memory="4MB").plan)
+
+
+def test_kernel_specs_carry_a_contraction_stage():
+    st_ = KernelStage(args=(0, 1), join=KernelJoin(name="mul"), labels=("b", "o"), dtype="float32", cast=True,
+                      agg="sum")
+    assert st_.to_dict()["agg"] == "sum" and KernelStage.from_dict(st_.to_dict()) == st_
+    plain = KernelStage(args=(0,), join=KernelJoin(name="relu"), labels=("b", "o"), dtype="float32")
+    assert "agg" not in plain.to_dict()  # element-wise stages read as before
+    with pytest.raises(EinsumError, match="agg 'mean' is unknown"):
+        KernelStage(args=(0,), join=KernelJoin(name="mul"), labels=("b",), dtype="float32", agg="mean")
+    with pytest.raises(EinsumError, match="fused stage must be"):
+        KernelStage.from_dict({**plain.to_dict(), "extra": 1})
+    with pytest.raises(EinsumError, match="epilogues are element-wise"):
+        KernelFusion(core=(0, 1), core_labels=("b", "i"), core_dtype="float32", epilogues=(st_,)).check(2)
+
+
+def test_a_fused_chain_runs_on_the_reference_backend_as_its_nodes(chains):
+    """The reference backend runs a fused step as the steps it stands for (``unfused``)."""
+    chains("always")
+    g, ref = _graph(13, 5, 29, "float64", ["relu"], False, "sum", "sum", "mul")
+    rng = np.random.default_rng(3)
+    xs = {v.name: rng.standard_normal(v.shape) for v in g.inputs}
+    p = g.plan(memory="24kB")
+    assert chain_steps(p.plan)
+    with eds.connect(backend="reference") as ref_db:
+        np.testing.assert_allclose(p.run(ref_db, **xs).to_numpy(), ref(**xs), rtol=1e-10, atol=1e-10)
+
+
+def test_stored_inputs_are_retiled_for_a_chain(db, chains):
+    chains("always")
+    g, ref = _graph(30, 6, 50, "float32", ["relu"], False, "sum", "sum", "mul")
+    rng = np.random.default_rng(4)
+    xs = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in g.inputs}
+    stored = {name: db.store(f"chain_{name}", a, tile=(7, 3), replace=True) for name, a in xs.items()}
+    p = g.plan(inputs=stored, memory="40kB")
+    assert chain_steps(p.plan) and p.retiles >= 1
+    out = p.run(db, **stored).to_numpy()
+    np.testing.assert_allclose(out, ref(**xs), rtol=1e-4, atol=1e-4)
+
+
+def test_a_chain_under_a_budget_counts_what_its_kernel_holds(chains):
+    """The optimizer prices a fused chain's peak with the hidden tiles its kernel holds
+    (``EinsumNode.held``): without them it picked 2048 rows at once, 302 MB against a 252 MB
+    budget, and the plan fell back to two steps and a stored intermediate (planned only)."""
+    from eindecomp_sql.plan.cost import plan_share
+
+    chains("auto")
+    g = Graph()
+    x, w1, w2 = g.input("x", (2048, 1024)), g.input("w1", (1024, 8192)), g.input("w2", (8192, 1024))
+    g.einsum("bo,oi->bi", g.map("relu", g.einsum("bi,io->bo", x, w1)), w2)
+    budget = plan_share(400 << 20)
+    p = plan_graph(g, memory=budget)
+    step, = chain_steps(p.plan)
+    assert step.pieces["b"] > 1 and step.peak(p.plan.model) <= budget and p.plan.peak_bytes <= budget
+    # the hidden tiles are counted once: by the node, not again as the fused nodes' results
+    assert step.peak(p.plan.model) == replace(step, fused=None).peak(p.plan.model)
