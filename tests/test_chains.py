@@ -19,7 +19,7 @@ from eindecomp_sql.graph import Graph
 from eindecomp_sql.plan import EinsumStep, ProgramStep
 from eindecomp_sql.plan import graph_plan
 from eindecomp_sql.plan.graph_plan import plan_graph
-from eindecomp_sql.plan.kernel_spec import KernelFusion, KernelJoin, KernelStage
+from eindecomp_sql.plan.kernel_spec import KernelFusion, KernelJoin, KernelStage, from_json
 
 DTYPES = ("float64", "float32", "float16", "bfloat16", "int64")
 
@@ -233,3 +233,79 @@ def test_a_chain_under_a_budget_counts_what_its_kernel_holds(chains):
     assert step.pieces["b"] > 1 and step.peak(p.plan.model) <= budget and p.plan.peak_bytes <= budget
     # the hidden tiles are counted once: by the node, not again as the fused nodes' results
     assert step.peak(p.plan.model) == replace(step, fused=None).peak(p.plan.model)
+
+
+def test_chains_alike_but_for_their_hidden_values_plan_alike(chains):
+    """Two FFN layers, one with more maps between its products (more hidden tiles held): each
+    chain's candidates are its own (the optimizer shares candidate lists between nodes alike,
+    and held tiles decide which fit), so both layers chain in either order (a reviewer's case:
+    the second layer fell back to its unchained steps when it came second)."""
+    chains("always")
+
+    def two_ffns(maps_a, maps_b):
+        g = Graph()
+        v = g.input("x", (512, 64))
+        for k, maps in enumerate((maps_a, maps_b)):
+            h = g.einsum("bi,io->bo", v, g.input(f"w{k}a", (64, 2048)))
+            for m in maps:
+                h = g.map(m, h)
+            v = g.einsum("bo,oi->bi", h, g.input(f"w{k}b", (2048, 64)))
+        return g
+
+    for a, b in ((["relu"], ["relu", "abs", "square"]), (["relu", "abs", "square"], ["relu"])):
+        assert len(chain_steps(plan_graph(two_ffns(a, b), memory="4MB").plan)) == 2, (a, b)
+
+
+def test_a_fused_chains_kernel_threads_never_compute_its_product_twice(chains, monkeypatch):
+    """An integer chain (no BLAS: the kernel's work is cut across threads) whose batch tile is
+    3 rows: the cut must not fall on a label the first product's tile lacks (i), or each task
+    would compute that whole tile again."""
+    from eindecomp_sql.udfs import kernels
+
+    chains("always")
+    seen = []
+    contract = kernels.EinsumKernel.contract
+
+    def spy(self, tiles, out, accumulate):
+        seen.append((self.output, out.shape))
+        return contract(self, tiles, out, accumulate)
+
+    monkeypatch.setattr(kernels.EinsumKernel, "contract", spy)
+    kernels.einsum_kernel.cache_clear()
+    rng = np.random.default_rng(0)
+    g = Graph()
+    x, w1, w2 = g.input("x", (3, 200), "int64"), g.input("w1", (200, 300), "int64"), g.input("w2", (300, 400), "int64")
+    g.einsum("bo,oi->bi", g.map("abs", g.einsum("bi,io->bo", x, w1)), w2, join="add", agg="max")
+    xs = {v.name: rng.integers(-3, 4, v.shape) for v in g.inputs}
+    p = plan_graph(g)
+    assert chain_steps(p.plan)
+    with eds.connect() as db:
+        got = p.run(db, **xs).to_numpy()
+    np.testing.assert_array_equal(got, (np.abs(xs["x"] @ xs["w1"])[:, :, None] + xs["w2"][None]).max(1))
+    firsts = [shape for labels, shape in seen if labels == ("b", "o")]
+    assert sum(shape[0] for shape in firsts) == 3, seen  # each row of the product once in all
+    kernels.einsum_kernel.cache_clear()
+
+
+def test_an_epilogue_fuses_onto_a_chain_and_the_spec_says_version_4(db, chains):
+    """A relu after the FFN runs in the chain's step (one statement, three hidden values);
+    its kernel spec is version 4, which a reader of versions 1-3 refuses by its version."""
+    chains("auto")
+    g = Graph()
+    x, w1, w2 = g.input("x", (256, 64)), g.input("w1", (64, 2048)), g.input("w2", (2048, 64))
+    y = g.einsum("bo,oi->bi", g.map("relu", g.einsum("bi,io->bo", x, w1)), w2)
+    g.map("relu", y)
+    p = plan_graph(g, memory="4MB")
+    step, = p.plan.steps
+    assert step.node.held and step.fused.epilogues and len(step.node.held) == 3
+    assert "(this plan keeps v1, v2, v3 inside its kernels" in p.explain(sql=False)
+    spec = json.loads(re.search(r"'(\{.*\})'", p.explain().split("-- step 0")[1]).group(1))
+    assert spec["v"] == 4
+    with pytest.raises(EinsumError, match="contraction stage needs version 4"):
+        from_json(json.dumps({**spec, "v": 2}))
+    rng = np.random.default_rng(8)
+    xs = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in g.inputs}
+    x64 = {k: v.astype(np.float64) for k, v in xs.items()}
+    want = np.maximum(np.maximum(x64["x"] @ x64["w1"], 0) @ x64["w2"], 0)
+    # float32 sums of 2048 terms, the result up to ~150: tolerance on the result's scale
+    np.testing.assert_allclose(p.run(db, **xs).to_numpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())

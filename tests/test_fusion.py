@@ -21,7 +21,8 @@ from eindecomp_sql.plan.steps import one_tile
 from eindecomp_sql.plan.cost import Costs, max_batches, nbytes
 from eindecomp_sql.plan.draft import Draft, Options
 from eindecomp_sql.plan.graph_plan import GraphPlan, plan_graph
-from eindecomp_sql.plan.kernel_spec import FUSED_VERSION, SPEC_VERSION, EinsumKernelSpec, from_json, kernel_spec
+from eindecomp_sql.plan.kernel_spec import (CHAIN_VERSION, FUSED_VERSION, SPEC_VERSION, EinsumKernelSpec, from_json,
+                                            kernel_spec)
 from eindecomp_sql.plan.optimize import Choice
 from eindecomp_sql.plan.passes.batches import split_batches
 from eindecomp_sql.plan.passes.fuse import fuse_elementwise
@@ -188,7 +189,8 @@ def assert_near(got, want):
 
 def check_fused_plan(plan, unfused_steps: int):
     """Fusion's invariants: one einsum step fewer per value kept inside a kernel, none of them
-    an output, read by a step or named in the SQL; fused specs are version 2, others version 1.
+    an output, read by a step or named in the SQL; fused specs are version 2 (4 with a chain's
+    contraction stage), others version 1.
     A program (plan/passes/program.py) holds einsum steps over single tiles: its results but
     the last are read by no step outside it and kept by none, and are named in no SQL."""
     einsums = [s for step in plan.steps for s in (step.steps if isinstance(step, ProgramStep) else (step,))
@@ -212,7 +214,9 @@ def check_fused_plan(plan, unfused_steps: int):
     assert not any(f'"_eds_v_{h}"' in sql for h in hidden + inside)
     for s in einsums:
         spec = from_json(kernel_spec(s))
-        assert spec.version == (FUSED_VERSION if s.fused else SPEC_VERSION)
+        # a fused chain's contraction stage (plan/passes/chains.py) needs version 4
+        chain = s.fused is not None and any(n.reduced for n in s.fused.prologues)
+        assert spec.version == (CHAIN_VERSION if chain else FUSED_VERSION if s.fused else SPEC_VERSION)
         assert (spec.fused is None) == (s.fused is None)
     return hidden
 

@@ -72,14 +72,16 @@ class _TileLayout:
         return tuple(ext[lab] for lab in self.output)
 
     # -- parallel split ---------------------------------------------------------------------
-    def split(self, ext: dict[str, int], parts: int, members: int = 1) -> list[tuple[str, int, int] | None]:
-        """Ranges of one output label to cut a tile's work (``members`` tile tuples of extents
-        ``ext``) into ``parts`` tasks."""
+    def split(self, ext: dict[str, int], parts: int, members: int = 1,
+              labels: tuple[str, ...] | None = None) -> list[tuple[str, int, int] | None]:
+        """Ranges of one output label (of ``labels`` if given) to cut a tile's work
+        (``members`` tile tuples of extents ``ext``) into ``parts`` tasks."""
+        labels = self.output if labels is None else labels
         work = int(np.prod(list(ext.values()), dtype=np.int64)) * members
-        if parts <= 1 or not self.output or work < MIN_SPLIT_WORK:
+        if parts <= 1 or not labels or work < MIN_SPLIT_WORK:
             return [None]
         # the first output label long enough keeps every slice of a C-order tile contiguous
-        lab = next((lb for lb in self.output if ext[lb] >= parts), max(self.output, key=lambda lb: ext[lb]))
+        lab = next((lb for lb in labels if ext[lb] >= parts), max(labels, key=lambda lb: ext[lb]))
         n = ext[lab]
         parts = min(parts, n)
         if parts <= 1:
@@ -336,8 +338,11 @@ class FusedKernel(_TileLayout):
 
     def split(self, ext: dict[str, int], parts: int, members: int = 1):
         # cut where the contraction alone would (its label order), so a fused step's products
-        # are sliced as the unfused step's were
-        return self.core.split(ext, parts, members)
+        # are sliced as the unfused step's were; not along a label a contraction prologue's
+        # result lacks: every task would compute that whole tile again (a chain: its producer)
+        whole = [st[1].output for st in self.prologues if len(st) == 2]
+        labels = tuple(lab for lab in self.core.output if all(lab in labs for labs in whole))
+        return self.core.split(ext, parts, members, labels)
 
 
 class _MatmulPlan:

@@ -126,6 +126,12 @@ class GraphPlan:
             else:
                 ratio = bc.total / c.total if c.total else 1.0
                 lines.append(f"  {strat:15s} {bc.total:15,.0f}  ({ratio:.2f}x this plan)")
+        hidden = [n for s in self.plan.steps if isinstance(s, EinsumStep) and s.node.held for n in s.fused.hidden]
+        if hidden:  # a fused chain is chosen with what an unchained plan writes counted (_cheaper)
+            values = {n.result.name: n.result for n in self.nodes}
+            written = sum(nbytes(values[h].shape, values[h].dtype) for h in hidden if h in values)
+            lines.append(f"  (this plan keeps {', '.join(hidden)} inside its kernels; a plan without fused chains "
+                         f"writes some of them, up to {format_bytes(written)}, which the costs above leave out)")
         lines += ["", "nodes:"]
         for n in self.nodes:
             p = self.choice.pieces.get(n.result.name) or {lab: 1 for lab in n.labels}  # a fill: none

@@ -56,7 +56,11 @@ SPEC_VERSION = 1
 FUSED_VERSION = 2
 # version 3 adds op "program": einsum specs run one after the other in one call (ProgramKernelSpec)
 PROGRAM_VERSION = 3
-SUPPORTED_VERSIONS = (1, 2, 3)
+# version 4 adds contraction stages in a fused program (``KernelStage.agg``: a chain's producer
+# computed inside its consumer's kernel, plan/passes/chains.py); a reader of versions 1-3 refuses
+# such a spec by its version, not by an unknown key
+CHAIN_VERSION = 4
+SUPPORTED_VERSIONS = (1, 2, 3, 4)
 # device names a spec may carry; whether this process has kernels for one is udfs/devices.py's
 DEVICES = ("cpu", "cuda")
 # the most tiles one kernel call takes: engines register a UDF per arity up to this, so a fused
@@ -513,6 +517,9 @@ class EinsumKernelSpec:
             raise EinsumError(f"kernel spec einsum: a fused program needs version {FUSED_VERSION}, the spec says "
                               f"{self.version}")
         f.check(len(self.inputs))
+        if any(st.agg is not None for st in f.prologues) and self.version < CHAIN_VERSION:
+            raise EinsumError(f"kernel spec einsum: a fused program with a contraction stage needs version "
+                              f"{CHAIN_VERSION}, the spec says {self.version}")
         known = set(self.labels)
         stages = list(f.prologues) + list(f.epilogues)
         unknown = sorted(({lab for st in stages for lab in st.labels} | set(f.core_labels)) - known)
@@ -782,10 +789,10 @@ def from_json(text: str) -> KernelSpec:
     """The spec ``to_json`` wrote; an ``EinsumError`` for an unknown version, op or device, or
     a malformed spec (saying what it got and what it reads).
 
-    >>> from_json('{"v": 4, "op": "fill"}')
+    >>> from_json('{"v": 5, "op": "fill"}')
     Traceback (most recent call last):
     ...
-    eindecomp_sql.errors.EinsumError: kernel spec version 4 is not supported; this eindecomp_sql reads version 1, 2, 3
+    eindecomp_sql.errors.EinsumError: kernel spec version 5 is not supported; this eindecomp_sql reads version 1, 2, 3, 4
     """
     try:
         body = json.loads(text)
@@ -832,7 +839,9 @@ def host_reason(step, min_work: int = 0) -> str | None:
     parts = step.steps if isinstance(step, ProgramStep) else [step]
     work = 0
     for part in parts:
-        nodes = [part.node] + (list(part.fused.nodes) if getattr(part, "fused", None) is not None else [])
+        # a fused step's work is its nodes' (its joined node spans them all: a chain's would
+        # count the product of every label of both products)
+        nodes = list(part.fused.nodes) if getattr(part, "fused", None) is not None else [part.node]
         for n in nodes:
             if n.join.func is not None:
                 return f"its join {n.join.label} is a Python callable (numpy code on host arrays)"
@@ -941,7 +950,8 @@ def _einsum_spec(step, device: str, portable: bool, tf32: bool = False, values: 
         labels=tuple(node.labels), reduced=tuple(node.reduced), size=dict(node.sizes), tile=step.tile_of,
         join=KernelJoin.of(node.join, portable), agg=node.agg.name, dtypes=tuple(v.dtype for v in step.inputs),
         out_dtype=step.result.dtype, device=device, fused=fused,
-        version=SPEC_VERSION if fused is None else FUSED_VERSION, tf32=tf32 and device != "cpu",
+        version=SPEC_VERSION if fused is None else CHAIN_VERSION if any(st.agg for st in fused.prologues)
+        else FUSED_VERSION, tf32=tf32 and device != "cpu",
         # the operands' names: a tile the SQL hands as NULL is found by them (an array operand's
         # in the caller's memory, a device's in its cache); not in specs that travel (Spark's)
         values=tuple(v.name for v in step.inputs) if values and not portable else None,

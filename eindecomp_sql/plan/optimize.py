@@ -144,7 +144,7 @@ class _Problem:
             shared: dict[tuple, list[dict[str, int]]] = {}
             self._cands = {}
             for n in self.nodes:
-                key = (n.output, n.sizes, n.whole, n.result.dtype, tuple(
+                key = (n.output, n.sizes, n.whole, n.held, n.result.dtype, tuple(
                     (op.labels, op.dropped, self.dtypes[op.value], self.fixed.get(op.value),
                      len(self.values[op.value].shape)) for op in n.operands))
                 if key not in shared:

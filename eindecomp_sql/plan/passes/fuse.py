@@ -113,10 +113,15 @@ def _fused_step(fusion: Fusion, base: EinsumStep, sources, result: TiledValue) -
     sizes: dict[str, int] = {}
     for n in fusion.nodes:
         sizes.update(n.size)
+    # a fused chain's step (passes/chains.py) keeps its whole labels, and its kernel holds a
+    # tile of every value it computes and does not store
+    held = tuple((n.output, n.result.dtype) for n in fusion.nodes[:-1]) if base.node.held else ()
     node = EinsumNode(tuple(operands), last.output, tuple(sorted(sizes.items())), fusion.core.join,
-                      fusion.core.agg, last.result)
+                      fusion.core.agg, last.result, whole=base.node.whole, held=held)
     tile = base.chunk.tile_of
-    if set(node.labels) != set(fusion.core.labels) or set(node.reduced) != set(fusion.core.reduced):
+    # labels a chain's contraction prologue reduces inside the kernel are the step's too
+    inner = {lab for n in fusion.prologues for lab in n.reduced}
+    if set(node.labels) != set(fusion.core.labels) | inner or set(node.reduced) != set(fusion.core.reduced) | inner:
         return None  # cannot happen for the fusions below; kept as the invariant the kernels rely on
     if not all(_cut_as(op, v, tile) for op, v in zip(operands, inputs)):
         return None
