@@ -33,6 +33,7 @@ steps. A plan whose every value is one tile stays a program (``passes/program.py
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 from ...graph import EinsumNode, Operand
@@ -120,13 +121,9 @@ def _chain(c: EinsumNode, op: Operand, producer: dict, readers: dict, keep: set,
         return None  # a product of products is an einsum of its own (the optimizer's paths)
     taken = set(c.labels) | set(to.values())
     for lab in p.reduced:  # P's reduced labels get names C does not use: a free letter first
-        fresh = next((c for c in (lab, *_LETTERS) if c not in taken), None)
-        k = 0
-        while fresh is None or fresh in taken:
-            k += 1
-            fresh = f"{lab}_{k}"
-        to[lab] = fresh
-        taken.add(fresh)
+        names = itertools.chain((lab, *_LETTERS), (f"{lab}_{k}" for k in itertools.count(1)))
+        to[lab] = next(x for x in names if x not in taken)
+        taken.add(to[lab])
     p_f = _relabel(p, to)
     hidden = [p_f] + [_relabel(e, m) for e, m in reversed(between)]
     others = tuple(o for o in c.operands if o is not op)
