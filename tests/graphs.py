@@ -38,6 +38,22 @@ def ffn(b=64, d=32, f=96, dtype="float64"):
     return g, ref
 
 
+def swiglu(b=64, d=32, f=96, dtype="float64"):
+    """LLaMA's FFN: ``(silu(x @ w1) * (x @ w3)) @ w2``."""
+    g = Graph()
+    x = g.input("x", (b, d), dtype)
+    w1, w3 = g.input("w1", (d, f), dtype), g.input("w3", (d, f), dtype)
+    w2 = g.input("w2", (f, d), dtype)
+    act = g.elementwise("x * sigmoid(x) * y", g.einsum("bi,io->bo", x, w1), g.einsum("bi,io->bo", x, w3))
+    g.einsum("bo,oi->bi", act, w2, name="y")
+
+    def ref(x, w1, w3, w2):
+        gt = x @ w1
+        return (gt / (1 + np.exp(-gt)) * (x @ w3)) @ w2
+
+    return g, ref
+
+
 def _softmax_rows(g: Graph, s, spec_in: str):
     """Numerically stable softmax over the last label, in the extended notation only:
     max-aggregate, subtract + exp, sum-aggregate, divide."""

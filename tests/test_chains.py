@@ -19,6 +19,7 @@ from eindecomp_sql.graph import Graph
 from eindecomp_sql.plan import EinsumStep, ProgramStep
 from eindecomp_sql.plan import graph_plan
 from eindecomp_sql.plan.graph_plan import plan_graph
+from eindecomp_sql.plan.passes.chains import find_chains
 from eindecomp_sql.plan.kernel_spec import KernelFusion, KernelJoin, KernelStage, from_json
 
 DTYPES = ("float64", "float32", "float16", "bfloat16", "int64")
@@ -309,3 +310,101 @@ def test_an_epilogue_fuses_onto_a_chain_and_the_spec_says_version_4(db, chains):
     want = np.maximum(np.maximum(x64["x"] @ x64["w1"], 0) @ x64["w2"], 0)
     # float32 sums of 2048 terms, the result up to ~150: tolerance on the result's scale
     np.testing.assert_allclose(p.run(db, **xs).to_numpy(), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def _branched(b, d, f, dtype, shared, combine, maps, transposed):
+    """SwiGLU's shape: two products (of one ``x``, or of two inputs), a map on either branch,
+    one element-wise node joining them (the second branch maybe transposed), then a product."""
+    g = Graph()
+    x1 = g.input("x", (b, d), dtype)
+    x2 = x1 if shared else g.input("x2", (b, d), dtype)
+    w1, w3, w2 = g.input("w1", (d, f), dtype), g.input("w3", (d, f), dtype), g.input("w2", (f, d), dtype)
+    gate = g.einsum("bi,io->bo", x1, w1)
+    up = g.einsum("bi,io->ob", x2, w3) if transposed else g.einsum("bi,io->bo", x2, w3)
+    for m, branch in maps:
+        if branch == 0:
+            gate = g.map(m, gate)
+        else:
+            up = g.map(m, up)
+    act = g.einsum(f"bo,{'ob' if transposed else 'bo'}->bo", gate, up, join=combine)
+    g.einsum("bo,oi->bi", act, w2, name="y")
+    unary = {"relu": lambda h: np.maximum(h, 0), "abs": np.abs, "square": lambda h: h * h}
+    joins = {"mul": lambda p, q: p * q, "add": lambda p, q: p + q,
+             "x * sigmoid(x) * y": lambda p, q: p / (1 + np.exp(-p)) * q}
+
+    def ref(**xs):
+        xs = {k: a.astype(np.float64) for k, a in xs.items()}
+        hs = [xs["x"] @ xs["w1"], xs.get("x2", xs["x"]) @ xs["w3"]]
+        for m, branch in maps:
+            hs[branch] = unary[m](hs[branch])
+        return joins[combine](*hs) @ xs["w2"]
+
+    return g, ref
+
+
+@given(b=st.integers(1, 19), d=st.integers(1, 9), f=st.integers(1, 40), dtype=st.sampled_from(DTYPES),
+       shared=st.booleans(), combine=st.sampled_from(["mul", "add", "x * sigmoid(x) * y"]),
+       maps=st.lists(st.tuples(st.sampled_from(["relu", "abs", "square"]), st.integers(0, 1)), max_size=2),
+       transposed=st.booleans(), budget=st.sampled_from([None, 24 << 10, 64 << 10]),
+       tile=st.sampled_from([None, 256, 1024]), workers=st.sampled_from([1, 3]), seed=st.integers(0, 2**16))
+@settings(max_examples=30, deadline=None)
+def test_a_chain_through_a_join_of_two_products_matches_numpy(db, chains, b, d, f, dtype, shared, combine, maps,
+                                                             transposed, budget, tile, workers, seed):
+    """SwiGLU's ``silu(x @ w1) * (x @ w3) @ w2``: the element-wise node between the products
+    joins two of them, each maybe mapped or transposed; both are computed in the consumer's
+    kernel, and a value both read (``x``) is one operand of the step."""
+    if dtype == "int64" and combine != "mul" and combine != "add":
+        combine = "mul"  # sigmoid of an integer is a float: not an int64 graph
+    chains("always")
+    g, ref = _branched(b, d, f, dtype, shared, combine, maps, transposed)
+    assert len(find_chains(g.nodes, {"y"})[1]) == 1  # the graph is a chain, whatever the plan
+    rng = np.random.default_rng(seed)
+    if dtype == "int64":
+        xs = {v.name: rng.integers(-3, 4, v.shape) for v in g.inputs}
+    else:
+        xs = {v.name: (rng.standard_normal(v.shape) / 2).astype(dtype) for v in g.inputs}
+    try:
+        p = plan_graph(g, workers=workers, memory=budget, tile_bytes=tile)
+    except EinsumError as e:
+        assert "memory budget" in str(e) or "tile_bytes" in str(e)
+        event("over the budget")
+        return
+    fused = chain_steps(p.plan)
+    event(f"chain fused: {bool(fused)}")
+    for s in fused:
+        assert all(s.pieces[lab] == 1 for lab in s.node.whole)
+        assert len(s.fused.prologues) >= 3 and sum(n.reduced != () for n in s.fused.prologues) == 2
+        values = [op.value for op in s.node.operands]
+        assert len(values) == len(set(values))  # x, read by both products, joined once
+    got = p.run(db, **xs).to_numpy()
+    want = ref(**xs)
+    assert got.dtype == np.dtype(dtype) and got.shape == want.shape
+    if dtype == "int64":
+        np.testing.assert_array_equal(got, want.astype(np.int64))
+    else:
+        tol = {"float64": 1e-10, "float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * scale * max(d, f) ** 2)
+
+
+def test_swiglu_runs_as_one_step_and_reads_x_once(chains):
+    """A LLaMA FFN (bfloat16 8192 x 8192 x 28672) under a 64 MiB tile cap: 6 steps unchained
+    (both halves, two re-tiles of their 470 MB results, the join, the product); chained, one
+    step computing both halves and their join in its kernel (planned only), ``x`` one operand
+    with one reduced label for both."""
+    chains("auto")
+    s, d, f = 8192, 8192, 28672
+    g = Graph()
+    x = g.input("x", (s, d), "bfloat16")
+    w1, w3, w2 = (g.input(n, shape, "bfloat16") for n, shape in (("w1", (d, f)), ("w3", (d, f)), ("w2", (f, d))))
+    act = g.elementwise("x * sigmoid(x) * y", g.einsum("sd,df->sf", x, w1), g.einsum("sd,df->sf", x, w3))
+    g.einsum("sf,fd->sd", act, w2, name="y")
+    p = plan_graph(g, tile_bytes=64 << 20)
+    step, = chain_steps(p.plan)
+    assert [op.value for op in step.node.operands] == ["x", "w1", "w3", "w2"]
+    assert step.node.operands[0].labels == ("s", "j") and step.node.whole == ("j", "d")
+    assert p.fused == {"v1": "y", "v2": "y", "v3": "y"} and len(p.plan.steps) == 1
+    assert "v1 = sj,jf->sf; v2 = sj,jf->sf; v3 = sf,sf->sf" in p.explain(sql=False)
+    chains("never")
+    unchained = plan_graph(g, tile_bytes=64 << 20)
+    assert len(unchained.plan.steps) == 6 and unchained.retiles == 2

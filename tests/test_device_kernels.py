@@ -151,15 +151,16 @@ def test_graphs_on_the_device(gpu, name, dtype, fuse, workers):
     assert err.max() <= (0.02 if dtype == "bfloat16" else 1e-4) * np.abs(want).max(), (err.max(), np.abs(want).max())
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_fused_chain_runs_on_the_device(gpu, dtype, monkeypatch):
+@pytest.mark.parametrize("dtype,graph", [("float32", "ffn"), ("bfloat16", "ffn"), ("float32", "swiglu")])
+def test_a_fused_chain_runs_on_the_device(gpu, dtype, graph, monkeypatch):
     """The capped FFN's plan (plan/passes/chains.py): the first product and the relu computed
-    on the device inside the second product's kernel, over pieces of the hidden label."""
-    from graphs import ffn
+    on the device inside the second product's kernel, over pieces of the hidden label (and
+    SwiGLU's two products and their join)."""
+    import graphs
 
     from eindecomp_sql.plan import graph_plan
 
-    g, ref = ffn(b=40, d=24, f=150, dtype=dtype)
+    g, ref = getattr(graphs, graph)(b=40, d=24, f=150, dtype=dtype)
     rng = np.random.default_rng(9)
     xs = {v.name: (rng.standard_normal(v.shape) / np.sqrt(v.shape[0])).astype(dtype) for v in g.inputs}
     graph_plan._plan_cached.cache_clear()

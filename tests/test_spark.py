@@ -20,7 +20,7 @@ from eindecomp_sql.backends import create_backend
 from eindecomp_sql.compile.spark import SparkCompiler, inlined_steps
 from eindecomp_sql.errors import ExecutionError
 from eindecomp_sql.plan import RetileStep, TiledValue, plan_einsum
-from graphs import attention, chain, ffn, llama_block, random_inputs
+from graphs import attention, chain, ffn, llama_block, random_inputs, swiglu
 from helpers import DTYPES, assert_close, einsum_case, error_scale, random_array
 from reference import reference  # np.einsum, and bfloat16's rule where numpy has none
 
@@ -127,14 +127,14 @@ def test_ffn_graph_on_spark_matches_numpy(sdb):
         assert_close(out.to_numpy(), ref(**xs))
 
 
-@pytest.mark.parametrize("tile", [None, 1024])
-def test_a_fused_chain_on_spark_matches_numpy(sdb, monkeypatch, tile):
+@pytest.mark.parametrize("tile,make", [(None, ffn), (1024, ffn), (1024, swiglu)])
+def test_a_fused_chain_on_spark_matches_numpy(sdb, monkeypatch, tile, make):
     """The FFN's first product and relu computed inside the second's kernel (a contraction
     stage: plan/passes/chains.py) by Spark's Python workers, whole and cut over the hidden
-    label (a grouped step)."""
+    label (a grouped step); SwiGLU's two products and their join likewise."""
     from eindecomp_sql.plan import graph_plan
 
-    g, ref = ffn(b=30, d=7, f=41)
+    g, ref = make(b=30, d=7, f=41)
     rng = np.random.default_rng(12)
     xs = {v.name: rng.standard_normal(v.shape) for v in g.inputs}
     graph_plan._plan_cached.cache_clear()

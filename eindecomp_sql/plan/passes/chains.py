@@ -6,12 +6,16 @@ the step sums the rows over ``o``, as a 3-operand einsum step would; the hidden 
 (470 MB for a bfloat16 8192 x 28672) never crosses the engine or a re-tile.
 
 A *chain* is a producer P (a node that reduces a label), one or more element-wise nodes E...
-each reading only the value before it (maps, scales, transposes: one operand), and a consumer C reading the
-last of them as one operand. Every value in between is read once, by the next node, and is no
-output. The pass replaces the three by one node F over P's operands and C's others, with C's
-output, join and aggregation, and with ``whole`` labels (``graph/node.py``) that no chunking
-cuts: P's reduced labels (P's tile is computed whole inside the kernel) and C's labels that
-P's result lacks (cut, they would make each kernel compute P's tile again). The optimizer then
+(maps, scales, transposes, and joins of such values without a broadcast), and a consumer C
+reading the last of them as one operand. The element-wise nodes may join several branches,
+each starting at a producer of its own: SwiGLU's ``(silu(x @ w1) * (x @ w3)) @ w2`` is one
+chain with two producers. Every value in between is read once, by the next node, and is no
+output. The pass replaces them by one node F over the producers' operands (an operand two
+producers read alike, SwiGLU's ``x``, once) and C's others, with C's output, join and
+aggregation, and with ``whole`` labels (``graph/node.py``) that no chunking cuts: the
+producers' reduced labels (their tiles are computed whole inside the kernel) and C's labels
+that the chain's value lacks (cut, they would make each kernel compute the producers' tiles
+again). The optimizer then
 prices F as the join it is (its tiles, rows and partial results), and ``insert_retiles`` gives
 F's step the ``Fusion`` that computes P and E... as prologues of C (``steps.Fusion``; a
 prologue that reduces runs as an einsum kernel of its own: ``udfs/kernels.py``).
@@ -98,47 +102,80 @@ def _chain(c: EinsumNode, op: Operand, producer: dict, readers: dict, keep: set,
         return None
     if sum(o.value == op.value for o in c.operands) != 1:
         return None
-    # walk back through element-wise nodes, each value read once and kept by no one
-    to = {}  # the current node's labels -> C's
-    labels_of = op.labels  # the current value's axes, in C's labels
-    between: list[tuple[EinsumNode, dict]] = []
-    name = op.value
-    while True:
-        n = producer.get(name)
-        if n is None or name in keep or readers.get(name) != 1 or name in used:
-            return None
-        to = dict(zip(n.output, labels_of))
-        if n.reduced:
-            break
-        if not n.elementwise or len(n.operands) != 1 or n.operands[0].dropped \
-                or set(n.operands[0].labels) != set(n.output):
-            return None  # a broadcast or a second operand: not a one-value chain
-        between.append((n, to))
-        labels_of = tuple(to[lab] for lab in n.operands[0].labels)
-        name = n.operands[0].value
-    p = n
-    if not between or any(len(set(o.labels)) != len(o.labels) for o in p.operands):
+    order = _hidden(op.value, op.labels, producer, readers, keep, used)
+    if order is None or all(n.reduced for n, _ in order):
         return None  # a product of products is an einsum of its own (the optimizer's paths)
-    taken = set(c.labels) | set(to.values())
-    for lab in p.reduced:  # P's reduced labels get names C does not use: a free letter first
-        names = itertools.chain((lab, *_LETTERS), (f"{lab}_{k}" for k in itertools.count(1)))
-        to[lab] = next(x for x in names if x not in taken)
-        taken.add(to[lab])
-    p_f = _relabel(p, to)
-    hidden = [p_f] + [_relabel(e, m) for e, m in reversed(between)]
+    producers = [(n, to) for n, to in order if n.reduced]
+    if any(len(set(o.labels)) != len(o.labels) for p, _ in producers for o in p.operands):
+        return None
+    taken = set(c.labels) | {lab for _, to in order for lab in to.values()}
+    fresh: dict[str, int] = {}  # the names given to producers' reduced labels -> their sizes
+    relabeled = []
+    for n, to in order:
+        if n.reduced:
+            to.update(_reduced_names(n, to, relabeled, fresh, taken))
+        relabeled.append(_relabel(n, to))
+    hidden = tuple(relabeled)
     others = tuple(o for o in c.operands if o is not op)
-    operands = p_f.operands + others
+    # an operand two producers read alike (SwiGLU's x, under both halves) is read once
+    operands = tuple(dict.fromkeys(o for n in hidden if n.reduced for o in n.operands)) + others
     if len(operands) > MAX_OPERANDS:
         return None
     sizes = dict(c.size)
-    sizes.update(p_f.size)
-    whole = tuple(to[lab] for lab in p.reduced) + tuple(lab for lab in c.labels if lab not in op.labels)
+    for n in hidden:
+        sizes.update(n.size)
+    whole = tuple(fresh) + tuple(lab for lab in c.labels if lab not in op.labels)
     held = tuple((n.output, n.result.dtype) for n in hidden)
     fused = EinsumNode(operands, c.output, tuple(sorted(sizes.items())), c.join, c.agg, c.result, whole=whole,
                        held=held)
-    chain = Chain(c.result.name, Fusion(c, prologues=tuple(hidden)),
-                  tuple((n.result.name, tuple(m.items())) for n, m in [(p, to)] + list(reversed(between))))
-    return fused, chain, [p.result.name] + [e.result.name for e, _ in between]
+    chain = Chain(c.result.name, Fusion(c, prologues=hidden),
+                  tuple((n.result.name, tuple(to.items())) for n, to in order))
+    return fused, chain, [n.result.name for n, _ in order]
+
+
+def _hidden(name: str, labels: tuple, producer: dict, readers: dict, keep: set, used: set):
+    """The nodes computing value ``name`` (whose axes carry ``labels``, in C's labels) back to
+    the products they start from, in the order a kernel computes them, each with its labels in
+    C's (its reduced ones not yet named); None unless each is an element-wise node over values
+    of its own labels (a map, a scale, a transpose, ``x * y``: no broadcast) or a product, and
+    each value is read once, by the next node, and kept by no one."""
+    n = producer.get(name)
+    if n is None or name in keep or readers.get(name) != 1 or name in used:
+        return None
+    to = dict(zip(n.output, labels))
+    if n.reduced:
+        return [(n, to)]
+    if not n.elementwise or any(o.dropped or set(o.labels) != set(n.output) for o in n.operands):
+        return None  # a broadcast: not a value the kernel computes tile by tile
+    order = []
+    for o in n.operands:
+        found = _hidden(o.value, tuple(to[lab] for lab in o.labels), producer, readers, keep, used)
+        if found is None:
+            return None
+        order += found
+    return order + [(n, to)]
+
+
+def _reduced_names(p: EinsumNode, to: dict, done: list, fresh: dict, taken: set) -> dict:
+    """Names in F for ``p``'s reduced labels, which C does not use: where an earlier producer
+    reads the same value at the same axis (SwiGLU's ``x @ w1`` and ``x @ w3``), that
+    producer's name, so that F reads the operand once; else a free letter first."""
+    names: dict[str, str] = {}
+    for o in p.operands:
+        for q in done:
+            for e in q.operands if q.reduced else ():
+                if e.value != o.value or e.dropped != o.dropped or len(e.labels) != len(o.labels):
+                    continue
+                for lab, other in zip(o.labels, e.labels):
+                    if lab in p.reduced and lab not in names and other in fresh and other not in names.values():
+                        names[lab] = other
+    for lab in p.reduced:
+        if lab not in names:
+            candidates = itertools.chain((lab, *_LETTERS), (f"{lab}_{k}" for k in itertools.count(1)))
+            names[lab] = next(x for x in candidates if x not in taken)
+            taken.add(names[lab])
+            fresh[names[lab]] = p.size[lab]
+    return names
 
 
 def _relabel(n: EinsumNode, to: dict[str, str]) -> EinsumNode:
