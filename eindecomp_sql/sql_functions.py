@@ -135,6 +135,9 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
             f"{p} = {op.describe() if not isinstance(op, TiledValue) else f'stored tensor {op.name!r}'}, "
             f"shape {op.shape}" for p, op in enumerate(operands))
         raise EinsumError(f"{e}\n    operands: {named}") from None
+    check = getattr(session.backend, "check_tables", None)
+    if check is not None:  # stored tensors edited out of shape in SQL: refused, as db.einsum refuses them
+        check([(v, v.name) for v in plan.inputs if v.name not in tables])
     batched = [(k, s) for k, s in enumerate(plan.steps) if s.batches > 1]
     if batched:
         # a step over the budget runs as several statements, each committed before the next,

@@ -120,6 +120,10 @@ class Tensor:
             with self.session._call():  # the check and the read with no replace between them
                 v = self._live_value()
                 table = self.session.backend.read_tiles(v)
+            if not self.is_temporary:  # as to_numpy(): a table edited out of shape in SQL is refused,
+                from .io import check_stored_tiles  # not handed on (a file store() then refuses)
+
+                check_stored_tiles(table, v, _edited(v))
         elif form == "elements":
             # the whole tensor is in memory here, and its index columns next to it
             dense, v = self.to_numpy(), self.value  # (to_numpy checked the handle)

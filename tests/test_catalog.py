@@ -1,5 +1,6 @@
 """Stored tensors, the catalog, file databases and Arrow output."""
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -227,6 +228,63 @@ def test_a_stored_tensor_edited_out_of_shape_in_sql_is_refused_by_export_leaving
         db.tensor("t").export(tmp_path / f"t{suffix}")
     assert named in str(e.value)
     assert list(tmp_path.iterdir()) == []
+
+
+# what the check before a plan (compile/tile_check.py) names for each edit
+EINSUM_NAMES = {
+    "a tile cut short": "1 tile(s) of the wrong length",
+    "a tile row deleted": "3 tile rows, but shape (4, 4) in tiles of (2, 2) has 4",
+    "every row deleted": "0 tile rows",
+    "a tile row repeated": "5 tile rows",
+    "a key outside the grid": "key d0 runs 0..5, outside the grid's 0..1",
+    "a NULL tile": "1 tile(s) NULL",
+    "a NULL key": "1 tile key(s) NULL",
+    "a tile moved onto another's key": "1 tile key(s) repeated",
+}
+
+
+@pytest.mark.parametrize("how", ["einsum", "einsum with a retile", "graph", "einsum_elements", "einsum()",
+                                 "to_arrow", "to_parquet"])
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_a_stored_tensor_edited_out_of_shape_is_refused_by_every_reader(edit, how, tmp_path):
+    """A plan read the rows as they were (a trial's report): a deleted tile re-tiled came
+    back as uninitialised memory, a deleted row panel left its output tile missing (and the
+    result's ``to_numpy()`` returned ``np.empty``'s bytes), a repeated tile was summed twice, a
+    key outside the grid was a negative index in ``einsum_elements``. Every reader now refuses
+    such a table, before any statement runs, and ``to_arrow()`` / ``to_parquet()`` as
+    ``to_numpy()`` does."""
+    sql, _ = EDITS[edit]
+    db = eds.connect()
+    a = random_array(np.random.default_rng(3), (4, 4), "float64")
+    db.store("t", a, tile=(2, 2))
+    db.store("b", a, tile=(4, 4) if how == "einsum with a retile" else (2, 2))
+    db.connection.execute(sql)
+    tables = lambda: {r[0] for r in db.connection.sql("SELECT table_name FROM duckdb_tables()").fetchall()}  # noqa: E731
+    before = tables()
+    if how.startswith("einsum") and how != "einsum_elements" and how != "einsum()":
+        run = lambda: db.einsum("ij,jk->ik", "t", "b", out="C")  # noqa: E731
+    elif how == "graph":
+        g = eds.Graph()
+        g.map("relu", g.einsum("ij,jk->ik", g.input("t", (4, 4), "float64"), g.input("b", (4, 4), "float64")))
+        run = lambda: g.run(db, t=db.tensor("t"), b=db.tensor("b"), out="C")  # noqa: E731
+    elif how == "einsum_elements":
+        run = lambda: db.connection.sql("SELECT * FROM einsum_elements('ij->i', 't')").fetchall()  # noqa: E731
+    elif how == "einsum()":
+        run = lambda: db.connection.sql("SELECT * FROM einsum('ij,jk->ik', 't', 'b')").fetchall()  # noqa: E731
+    elif how == "to_arrow":
+        run = lambda: db.tensor("t").to_arrow()  # noqa: E731
+    else:
+        run = lambda: db.tensor("t").to_parquet(tmp_path / "t.parquet")  # noqa: E731
+    with pytest.raises((eds.EinsumError, duckdb.Error)) as e:
+        run()
+    text = str(e.value)
+    if how.startswith("to_"):
+        assert "stored tensor 't' does not match its catalog entry" in text and EDITS[edit][1] in text
+        assert list(tmp_path.iterdir()) == []
+    else:
+        assert "stored tensor 't' (table 't') no longer holds its tiles" in text and EINSUM_NAMES[edit] in text, text
+        assert tables() == before  # nothing written
+        assert db.tensors() == ["b", "t"]
 
 
 def test_a_stored_tensors_values_edited_in_sql_are_read_as_edited():

@@ -820,6 +820,29 @@ class DuckDBBackend:
         if self._closed:
             raise EinsumError("this session is closed")
 
+    def check_tables(self, tables: list[tuple[TiledValue, str]]) -> None:
+        """Refuse, before anything runs, to read a stored table (``(value, table name)``) that no
+        longer holds ``value``'s grid: edited in SQL, a tile deleted, repeated, NULL, of the
+        wrong length or keyed outside the grid (``compile/tile_check.py``). One query for all;
+        a table that is gone is left to the statements' own error."""
+        if not tables:
+            return
+        from ..compile.tile_check import check_query, problems
+
+        query = check_query(tuple(tables))
+        try:
+            with self.lock:  # our cursor, which another thread's plan may be running on
+                rows = self._run(query)  # keys and lengths only: quick (a plan's Ctrl-C watch follows)
+        except duckdb.CatalogException:
+            return
+        for row in rows:
+            v, t = tables[row[0]]
+            wrong = problems(v, tuple(row[1:]))
+            if wrong:
+                raise EinsumError(f"stored tensor {v.name!r} (table {t!r}) no longer holds its tiles: "
+                                  f"{'; '.join(wrong)} (was its table edited in SQL? store it again with "
+                                  "replace=True); nothing was run")
+
     # -- execution --------------------------------------------------------------------------
     def execute(self, plan: Plan, inputs, outputs, replace: bool = False, progress=None) -> dict:
         """Run the plan's steps, one statement each (or one per batch), in one transaction;
@@ -866,6 +889,7 @@ class DuckDBBackend:
         watch = Watch(progress, steps, self.kernels)
         with self.lock:
             self._check_open()
+            self.check_tables([(v, inputs[v.name]) for v in plan.inputs if isinstance(inputs.get(v.name), str)])
             swaps: dict[str, str] = {}  # a fresh table -> the parted tensor it replaces at the end
             # a kept result too big for one table and computed in several statements is stored
             # as parts, a statement each (their names are fresh: nothing to swap)
