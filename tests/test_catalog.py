@@ -189,6 +189,33 @@ def test_a_table_of_the_same_name_elsewhere_does_not_block_a_store(tmp_path):
             db.store("MINE", a)
 
 
+@pytest.mark.parametrize("use", ["an attached file", "a schema of it"])
+def test_a_session_on_a_connection_works_where_the_connections_use_points(tmp_path, use):
+    """``eds.connect(con)`` after ``USE`` of an attached file: our cursor started in the
+    in-memory default, so the tensors went there and were gone with the process (a trial's
+    report), and ``einsum()`` in SQL refused the user's own schema."""
+    a = np.random.default_rng(5).standard_normal((5, 3))
+    path = tmp_path / "f.duckdb"
+    con = duckdb.connect()
+    con.execute(f"ATTACH '{path}' AS f")
+    con.execute("USE f")
+    if use == "a schema of it":
+        con.execute('CREATE SCHEMA "my s"')
+        con.execute('USE f."my s"')
+    db = eds.connect(con)
+    db.store("A", a, tile=(2, 2))
+    where = con.execute("SELECT database_name, schema_name FROM duckdb_tables() WHERE table_name = 'A'").fetchall()
+    assert where == [("f", "main" if use == "an attached file" else "my s")]
+    got = con.execute("SELECT i, value FROM einsum_elements('ij->i', 'A') ORDER BY i").fetchall()
+    np.testing.assert_allclose([v for _, v in got], a.sum(1))
+    db.close()
+    con.close()
+    if use == "an attached file":
+        with eds.connect(str(path)) as again:
+            assert again.tensors() == ["A"]
+            np.testing.assert_array_equal(again.tensor("A").to_numpy(), a)
+
+
 EDITS = {  # SQL edits of a stored tensor's table that leave it out of shape, and what is named
     "a tile cut short": ("UPDATE t SET tile = '\\x00\\x01'::BLOB WHERE d0 = 0 AND d1 = 0", "holds 2 bytes"),
     "a tile row deleted": ("DELETE FROM t WHERE d0 = 1 AND d1 = 1", "3 tile rows"),

@@ -448,6 +448,31 @@ def test_a_users_connection_takes_a_new_session_after_close_and_refuses_a_second
     con.close()
 
 
+def test_a_users_connection_gets_its_settings_back_when_the_session_closes():
+    """``eds.connect(con, memory=...)`` sets DuckDB's memory_limit, temp_directory and
+    arrow_large_buffer_size (the database's settings); close() left them set, the spill folder
+    deleted under DuckDB's feet (a trial's report). Sessions opened and closed again and again
+    leave the limit as the user had it, not lower each time."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET memory_limit = '3GB'")
+
+    def settings():
+        return con.execute("SELECT current_setting('memory_limit'), current_setting('temp_directory'), "
+                           "current_setting('arrow_large_buffer_size')").fetchall()[0]
+
+    before = settings()
+    for _ in range(3):
+        db = eds.connect(con, memory="64MB")
+        db.store("A", np.arange(6.0).reshape(2, 3), replace=True)
+        assert settings() != before  # the session's budget is in force while it is open
+        np.testing.assert_array_equal(db.einsum("ij->j", "A").to_numpy(), [3.0, 5.0, 7.0])
+        db.close()
+        assert settings() == before
+    con.close()
+
+
 def test_replace_must_be_a_bool_everywhere():
     """replace="no" is truthy: store overwrote the tensor with it, einsum raised a KeyError."""
     with eds.connect() as db:

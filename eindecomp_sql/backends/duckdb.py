@@ -177,6 +177,9 @@ class DuckDBBackend:
         self.budget: int | None = None  # the session's memory budget (set_memory)
         self.part_bytes: int | None = None  # tiles per stored part (None: parts.PART_BYTES)
         self._memory_limit: int | None = None  # what we last SET DuckDB's memory_limit to
+        # a connection the user passed in keeps its own settings (docs/LAYOUT.md): those we
+        # change (global in DuckDB: the database's) as they were, put back by close()
+        self._their_settings: dict[str, str] = {}
         # the catalog's and eds_parts' answers by lower-cased name, kept until a statement of
         # ours writes either table, rolls back or fails (_run), or a session call finds the
         # catalog's fingerprint changed since the last (an edit in SQL outside the session).
@@ -194,6 +197,8 @@ class DuckDBBackend:
         try:
             # Arrow batches of tiles above 2 GiB need 64-bit offsets on export; below that, 32-bit
             # offsets reach the kernels faster (~7 ms per 64 MB). Set per step from its projected peak.
+            if not self.owns_connection:
+                self._remember("arrow_large_buffer_size", self.con)
             self.con.execute("SET arrow_large_buffer_size = true").fetchall()
             from eindecomp_sql.udfs import register_kernels
 
@@ -217,6 +222,12 @@ class DuckDBBackend:
             # ``db.connection`` then never blocks a store, an einsum or a read, and interrupting
             # a plan interrupts only our statement.
             self._work = self.con.cursor()
+            if not self.owns_connection:
+                # a cursor starts in the database's default catalog, whatever the user's USE
+                # said: tensors stored "in" an attached file went to memory and were lost
+                # with the process (a trial's report); ours works where the user's works
+                where = self.con.execute("SELECT current_database(), current_schema()").fetchall()[0]
+                self._work.execute(f"USE {'.'.join(ident(str(n)).sql(dialect='duckdb') for n in where)}")
             self._closed = False
             self._large_buffers = None
             self._set_large_buffers(True)
@@ -281,6 +292,7 @@ class DuckDBBackend:
                 spill.quietly(spill.sweep_folders)  # what killed sessions of this host left
                 self._temp_dir = spill.new_folder()
                 quoted = self._temp_dir.replace("'", "''")  # our own path, quoted as a literal
+                self._remember("temp_directory")
                 self._run(f"SET temp_directory = '{quoted}'")
             self._set_memory_limit(self._idle_limit())
 
@@ -353,8 +365,16 @@ class DuckDBBackend:
                 f"it holds beyond their projection); not counted at all: the interpreter "
                 f"and libraries (~{FIXED_OVERHEAD_MB} MB)")
 
+    def _remember(self, setting: str, con=None) -> None:
+        """Before we first change ``setting`` on a connection the user passed in: its value, for
+        ``close()`` to put back."""
+        if not self.owns_connection and setting not in self._their_settings:
+            value = (con or self._work).execute("SELECT current_setting(?)::VARCHAR", [setting]).fetchall()[0][0]
+            self._their_settings[setting] = value
+
     def _set_memory_limit(self, limit: int) -> None:
         if limit != self._memory_limit:
+            self._remember("memory_limit")
             self._run(f"SET memory_limit = '{int(limit)}B'")
             self._memory_limit = limit
 
@@ -1157,6 +1177,13 @@ class DuckDBBackend:
                 from eindecomp_sql.udfs.devices import release_memory
 
                 release_memory(self.device)
+            for setting, value in self._their_settings.items():  # the user's, as they were
+                if setting == "memory_limit":
+                    value = _shown_limit(value)
+                try:
+                    self._work.execute(f"SET {setting} = ?", [value]).fetchall()
+                except duckdb.Error:  # best effort: DuckDB may refuse to move a spill folder in use
+                    pass
             try:
                 self._work.close()
             except duckdb.Error:  # its connection is closed already
@@ -1169,6 +1196,21 @@ class DuckDBBackend:
 
 
 _SCRATCH = Target(None, temporary=True)  # a value the plan computes but does not keep
+
+_UNITS = {"bytes": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "pib": 1 << 50,
+          "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12, "pb": 10 ** 15}
+
+
+def _shown_limit(text: str) -> str:
+    """A ``memory_limit`` as DuckDB shows it ("2.7 GiB": rounded down to a tenth) as a limit
+    that shows the same again: the middle of what rounds to it (SET '2.7 GiB' showed "2.6 GiB",
+    so a session opened and closed on a user's connection lowered the user's limit each time)."""
+    number, _, unit = text.strip().partition(" ")
+    try:
+        size = _UNITS[unit.strip().lower()]
+        return f"{int((float(number) + 0.05) * size) if size > 1 else int(float(number))}B"
+    except (KeyError, ValueError):
+        return text  # as DuckDB showed it
 
 
 def _native(x: np.ndarray, dtype) -> np.ndarray:
