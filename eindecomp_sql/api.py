@@ -55,7 +55,9 @@ def _close_default() -> None:
 
 def _check_casting(casting) -> str:
     if not isinstance(casting, str) or casting not in CASTINGS:
-        raise EinsumError(f"casting must be one of {', '.join(map(repr, CASTINGS))} (got {casting!r})")
+        # not a string at all: a TypeError, as numpy's ("casting must be str, not NoneType")
+        kind = EinsumError if isinstance(casting, str) else EinsumTypeError
+        raise kind(f"casting must be one of {', '.join(map(repr, CASTINGS))} (got {casting!r})")
     return casting
 
 
@@ -63,8 +65,14 @@ def _check_order(order) -> str:
     if order is None:
         return "K"
     if not isinstance(order, str) or order.upper() not in ORDERS:
-        raise EinsumError(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")
+        kind = EinsumError if isinstance(order, str) else EinsumTypeError
+        raise kind(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")
     return order.upper()
+
+
+def _named(x, name: str) -> bool:
+    """``x == name`` for a join/agg argument of any type (an array compared element-wise)."""
+    return isinstance(x, str) and x == name
 
 
 def _cast_error(what: str, frm: np.dtype, to: np.dtype, casting: str) -> EinsumTypeError:
@@ -197,6 +205,11 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
     if not operands:
         raise EinsumError(f"einsum: no spec and no operands; einsum takes {FORMS}")
     spec, *operands = operands
+    if isinstance(spec, bytes):  # numpy reads a bytes spec as its text
+        try:
+            spec = spec.decode("ascii")
+        except UnicodeDecodeError:
+            raise EinsumError(f"einsum: the spec {spec!r} is not ASCII") from None
     if not isinstance(spec, str):
         spec, operands = sublist_spec((spec, *operands))
     if not operands:
@@ -218,7 +231,7 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
             raise EinsumTypeError(f"out must be a numpy array, got {type(out).__name__}")
         if not out.flags.writeable:
             raise EinsumError("out is read-only")
-    plain = join in (None, "mul") and agg in (None, "sum")
+    plain = (join is None or _named(join, "mul")) and (agg is None or _named(agg, "sum"))
     shapes = [x.shape for x in arrays]
     compute = None
     if out is None and _is_view_case(spec, shapes):
@@ -226,7 +239,7 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
             try:
                 np.dtype(dtype)
             except Exception as e:  # noqa: BLE001 - numpy raises TypeError/ValueError/...
-                raise EinsumError(f"einsum dtype: {dtype!r} is not a dtype ({e})") from None
+                raise EinsumTypeError(f"einsum dtype: {dtype!r} is not a dtype ({e})") from None
     else:
         ct = None if dtype is None else np.dtype(check_dtype(dtype, "einsum dtype"))
         compute = _computation_dtype(ct, raw, out if plain else None, casting)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from .errors import EinsumError
+from .errors import EinsumError, EinsumTypeError
 from .notation.checks import check_dtype, is_bfloat16
 
 _STORE_TABLE = ("store it with db.store(name, table), which reads element-form (index columns + value) "
@@ -87,9 +87,12 @@ def read_array(x, where: str) -> np.ndarray:
         raise EinsumError(f"{where}: holds 2-byte void elements ({a.dtype.str!r}, shape {a.shape}), which is how "
                           "np.load returns a saved bfloat16 array; pass a.view(ml_dtypes.bfloat16)")
     if a.dtype.kind in _NOT_NUMBERS and not is_bfloat16(a.dtype):  # ml_dtypes' bfloat16 is kind 'V' too
-        what = _NOT_NUMBERS[a.dtype.kind]
-        raise EinsumError(f"{where}: holds {what}, not numbers (shape {a.shape}); einsum operands and stored "
-                          "tensors are numeric arrays")
+        # a TypeError too, as numpy's einsum raises ("invalid data type for einsum")
+        if a.dtype.kind == "V" and a.dtype.names is None:  # ml_dtypes' float8, int4...: numbers, not ours
+            raise EinsumTypeError(f"{where}: holds {a.dtype.name} elements (shape {a.shape}), a dtype eindecomp_sql "
+                                  "does not compute in; cast to float32 (or bfloat16, float16) first")
+        raise EinsumTypeError(f"{where}: holds {_NOT_NUMBERS[a.dtype.kind]}, not numbers (shape {a.shape}); einsum "
+                              "operands and stored tensors are numeric arrays")
     check_dtype(a.dtype, where)
     return a
 

@@ -153,7 +153,9 @@ def lower_einsum(
     for step, positions in enumerate(path):
         picked = [live[p] for p in sorted(positions)]
         live = [op for p, op in enumerate(live) if p not in positions]
-        last = not live
+        # the path's last step makes the result; np.einsum_path may end in a lone-operand step
+        # (0,) after the last product, which then is not the last (a trial: KeyError)
+        last = step == len(path) - 1
         if last:
             out = spec.output
             name = result_name

@@ -134,8 +134,8 @@ def check_name(name, what: str = "tensor name") -> str:
 def check_dtype(dtype, where: str = "") -> str:
     """The numpy name of a supported dtype (one of ``DTYPES``), or an ``EinsumError``.
 
-    Anything numpy cannot read as a dtype is an ``EinsumError`` too (an ``EinsumTypeError``, as
-    numpy raises TypeError there).
+    Anything numpy cannot read as a dtype, or a dtype we do not compute in, is an
+    ``EinsumTypeError`` (an EinsumError and a TypeError: numpy's einsum raises TypeError there).
     """
     prefix = f"{where}: " if where else ""
     try:
@@ -143,5 +143,6 @@ def check_dtype(dtype, where: str = "") -> str:
     except Exception as e:  # noqa: BLE001 - numpy raises TypeError/ValueError/... for bad dtypes
         raise EinsumTypeError(f"{prefix}{dtype!r} is not a dtype ({e})") from None
     if dt.name not in DTYPES:
-        raise EinsumError(f"{prefix}unsupported dtype {dt.name}: eindecomp_sql stores {', '.join(DTYPES)}")
+        # a TypeError too, as numpy's einsum raises for strings, datetimes, records (a trial)
+        raise EinsumTypeError(f"{prefix}unsupported dtype {dt.name}: eindecomp_sql stores {', '.join(DTYPES)}")
     return dt.name

@@ -217,8 +217,9 @@ def parse_agg(agg: str | Aggregation | None) -> Aggregation:
         return agg
     if agg is None:
         agg = "sum"
-    if isinstance(agg, str):
-        agg = agg.strip().lower()  # 'MAX' as SQL users write it
+    if not isinstance(agg, str):  # (an array here compared element-wise, unhashable)
+        raise EinsumError(f"agg must be one of {', '.join(AGGREGATIONS)}, got {type(agg).__name__} {agg!r:.40}")
+    agg = agg.strip().lower()  # 'MAX' as SQL users write it
     if agg not in AGGREGATIONS:
         raise EinsumError(f"unknown agg {agg!r}: use one of {', '.join(AGGREGATIONS)}")
     return Aggregation(agg)

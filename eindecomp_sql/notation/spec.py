@@ -89,6 +89,9 @@ def _scan_operand(text: str, start: int, end: int) -> tuple[list[str], int | Non
     return labels, ellipsis_at
 
 
+MAX_LABELS = 52  # a-z and A-Z: what numpy's einsum, in the kernels, can name
+
+
 def parse_spec(text: str, shapes: list[tuple[int, ...]] | tuple[tuple[int, ...], ...]) -> EinsumSpec:
     """Parse ``text`` against the operands' shapes, with numpy's rules and error cases."""
     if not isinstance(text, str):
@@ -210,6 +213,12 @@ def parse_spec(text: str, shapes: list[tuple[int, ...]] | tuple[tuple[int, ...],
             output = tuple(letters)
         else:
             output = tuple(letters[:ell]) + ell_out + tuple(letters[ell:])
+    named = {lab for labels in final_inputs for lab in labels} | set(output)
+    if len(named) > MAX_LABELS:
+        # the tile kernels run numpy's einsum, whose subscripts are 52 letters (numpy's own
+        # einsum takes more only as broadcast dimensions); an IndexError in a UDF before
+        raise EinsumError(f"einsum {text!r} has {len(named)} distinct labels (each dimension an ellipsis stands for "
+                          f"counts as one): at most {MAX_LABELS}")
     return EinsumSpec(
         inputs=tuple(final_inputs),
         output=output,

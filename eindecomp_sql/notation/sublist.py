@@ -24,7 +24,7 @@ FORMS = ("a spec string and operands, einsum('ij,jk->ik', a, b), or numpy's subl
 
 def _subscripts(sub, where: str) -> str:
     if isinstance(sub, (str, bytes)) or not hasattr(sub, "__len__") or not hasattr(sub, "__getitem__"):
-        raise EinsumError(f"einsum: {where} must be a list of ints (or Ellipsis), got "
+        raise EinsumTypeError(f"einsum: {where} must be a list of ints (or Ellipsis), got "
                           f"{type(sub).__name__} {sub!r:.60}; einsum takes {FORMS}")
     out, ellipses = [], 0
     for item in sub:
