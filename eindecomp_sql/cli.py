@@ -18,7 +18,9 @@ import json
 import math
 import os
 import pathlib
+import signal
 import sys
+import threading
 import time
 import traceback
 
@@ -29,6 +31,10 @@ from . import __version__
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+# the reader of our output went away (``| head``): what a process killed by SIGPIPE reports,
+# as cat or yes would, rather than 1, which said our command failed
+EXIT_BROKEN_PIPE = 141
+EXIT_TERMINATED = 143  # stopped by SIGTERM, cleanly (as Ctrl-C stops it: 130)
 
 
 class Failure(Exception):
@@ -64,11 +70,18 @@ def main(argv=None) -> None:
     from .backends.running import CtrlCMark, settle
     from .errors import EinsumError
 
+    # a daemon or a cron wrapper may start us with fd 1 or 2 closed (Python then has None
+    # there): the work needs neither, what it would print goes nowhere (a trial: "internal
+    # error: AttributeError: 'NoneType' object has no attribute 'isatty'", and nothing ran)
+    for stream in ("stdout", "stderr"):
+        if getattr(sys, stream) is None:
+            setattr(sys, stream, open(os.devnull, "w"))
     global _MARK
     # a Ctrl-C inside a statement run outside a session call (a job's md5 of a result, say)
     # reached us as duckdb-python's RuntimeError('Query interrupted'): "internal error", exit
     # 1, where the docs promise "interrupted", 130 (a new user's random SIGINTs, 3 of 16)
     _MARK = CtrlCMark()
+    terminated = _on_sigterm()
     try:
         _MARK.install()
         rv = cli.main(args=args, prog_name="eindecomp-sql", standalone_mode=False)
@@ -79,14 +92,14 @@ def main(argv=None) -> None:
         e.show()
         code = e.exit_code
     except (click.exceptions.Abort, KeyboardInterrupt):
-        _err("interrupted")
-        code = EXIT_INTERRUPTED
+        _err("terminated (SIGTERM)" if terminated else "interrupted")
+        code = EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except BrokenPipeError:  # | head: not an error of ours
         try:
             sys.stdout = open(os.devnull, "w")
         except OSError:
             pass
-        code = EXIT_FAILED
+        code = EXIT_BROKEN_PIPE
     except (EinsumError, Failure, OSError) as e:
         if debug:
             traceback.print_exc()
@@ -94,8 +107,8 @@ def main(argv=None) -> None:
         code = EXIT_FAILED
     except Exception as e:  # noqa: BLE001 - a bug of ours: still one line, the traceback on request
         if _interrupted(e):
-            _err("interrupted")
-            code = EXIT_INTERRUPTED
+            _err("terminated (SIGTERM)" if terminated else "interrupted")
+            code = EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
         else:
             if debug:
                 traceback.print_exc()
@@ -109,6 +122,30 @@ def main(argv=None) -> None:
             _err("interrupted")
             code = EXIT_INTERRUPTED
     sys.exit(code)
+
+
+def _on_sigterm() -> list:
+    """SIGTERM (``timeout``, systemd, ``kill``) stops a command as Ctrl-C does: the running
+    statement rolled back, an export's temporary file removed, ``run --json``'s summary
+    printed; killed outright, a job printed nothing and an export left its temporary file (a
+    trial). It is passed on as a SIGINT, which the session's Ctrl-C handling already stops
+    cleanly everywhere. The list returned is non-empty once one came (exit 143, not 130)."""
+    came: list = []
+    if threading.current_thread() is not threading.main_thread():
+        return came
+
+    def term(signum, frame):
+        came.append(signum)
+        if callable(signal.getsignal(signal.SIGINT)):
+            os.kill(os.getpid(), signal.SIGINT)
+        else:  # SIGINT ignored (nohup, a background job): stop here
+            raise KeyboardInterrupt
+
+    try:
+        signal.signal(signal.SIGTERM, term)
+    except (ValueError, OSError):  # no signals here
+        pass
+    return came
 
 
 def _json_value(x):

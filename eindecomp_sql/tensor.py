@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -166,6 +167,7 @@ class Tensor:
         """
         from .io import write_parquet
 
+        self._not_a_database(path)
         return write_parquet(self.to_arrow(form), path, sync)
 
     def export(self, path, form: str = "tiles", sync: bool = False) -> pathlib.Path:
@@ -193,12 +195,28 @@ class Tensor:
         """
         from .io import checked_tile_batches, export_tensor, tile_batches
 
+        self._not_a_database(path)
         with self.session._call():  # the check and the reads with no replace between them
             v = self._live_value()
             batches = lambda: tile_batches(self.session.backend, v)  # noqa: E731
             if not self.is_temporary:  # a stored tensor's table may have been edited in SQL since
                 batches = checked_tile_batches(v, batches, _edited(v))
             return export_tensor(v, batches, path, form, sync)
+
+    def _not_a_database(self, path) -> None:
+        """Refuse to write a file over one of the session's database files: the atomic write
+        renames its new file over the path, so an export named like the database replaced it
+        (a trial: ``eindecomp-sql export tensors.arrow A tensors.arrow`` said it wrote A, and the
+        database with every other tensor was gone)."""
+        files = getattr(self.session.backend, "database_files", None)
+        if files is None:
+            return
+        target = os.path.realpath(os.fspath(path))
+        for f in files():
+            if os.path.realpath(f) == target or (os.path.exists(f) and os.path.exists(target)
+                                                 and os.path.samefile(f, target)):
+                raise EinsumError(f"cannot write {self.name!r} to {os.fspath(path)!r}: that file is one of this "
+                                  f"session's databases ({f}); writing over it would destroy it")
 
     def to_numpy(self) -> np.ndarray:
         """The whole tensor as a numpy array (native byte order)."""

@@ -242,3 +242,60 @@ def test_einsum_without_out_runs_beside_other_readers(capsys, tmp_path):
         assert code == 1 and "lock" in err.lower(), err
     finally:
         reader.communicate("")
+
+
+def test_export_refuses_to_write_over_its_own_database(files, tmp_path):
+    """A database named like a tensor file (``tensors.arrow``): ``export`` renamed its file over
+    the database, said it wrote A, and every other tensor was gone (a trial). Refused, exit 1,
+    the database intact; the Python face refuses the same."""
+    d, arr = files
+    db_path = tmp_path / "tensors.arrow"
+    for r in chain(["store", db_path, "A", d / "a.npy"], ["store", db_path, "B", d / "a.npy"]):
+        assert r.returncode == 0, r.stderr
+    r = sh("export", db_path, "A", db_path)
+    assert r.returncode == 1 and "one of this session's databases" in r.stderr and "destroy" in r.stderr, r.stderr
+    r = sh("ls", db_path)
+    assert r.returncode == 0 and "A " in r.stdout and "B " in r.stdout, r.stderr
+    with eds.connect(str(db_path)) as db:
+        for write in (lambda: db.tensor("B").export(db_path), lambda: db.tensor("B").to_parquet(db_path),
+                      lambda: db.tensor("B").export(tmp_path / "." / "tensors.arrow")):
+            with pytest.raises(eds.EinsumError, match="one of this session's databases"):
+                write()
+        np.testing.assert_array_equal(db.tensor("B").to_numpy(), arr["a"])
+
+
+def test_a_closed_stdout_and_sigterm(files, tmp_path):
+    """Started with fd 1 closed (a daemon, a cron wrapper), ``run`` and ``einsum`` died before
+    doing anything on ``sys.stdout.isatty()``; SIGTERM (``timeout``, systemd) killed a job
+    outright, with no summary and no message (a trial). Now the work runs without a stdout,
+    and SIGTERM stops a run as Ctrl-C does: the running part rolled back, the JSON summary
+    printed, exit 143."""
+    import os
+    import signal
+
+    d, arr = files
+    db_path = tmp_path / "t.duckdb"
+    assert sh("store", db_path, "A", d / "a.npy").returncode == 0
+    r = subprocess.run(command("einsum", db_path, "ij->j", "A", "--out", "S"), capture_output=False,
+                       stderr=subprocess.PIPE, text=True, timeout=240, preexec_fn=lambda: os.close(1))
+    assert r.returncode == 0, r.stderr
+    with eds.connect(str(db_path), read_only=True) as db:
+        np.testing.assert_allclose(db.tensor("S").to_numpy(), arr["a"].sum(0))
+    job = tmp_path / "job.toml"
+    job.write_text(f'database = "j.duckdb"\n[inputs]\na = {{ file = "{d / "a.npy"}" }}\n'
+                   '[steps.s]\nspec = "ij->j"\noperands = ["a"]\n')
+    # the child hashes the input file first: there it says so and waits, to be stopped
+    child = ("import sys, time\nfrom eindecomp_sql.jobs import files\nfrom eindecomp_sql.cli import main\n"
+             "def slow(path, chunk=1 << 22):\n    print('hashing', flush=True, file=sys.stderr)\n    time.sleep(60)\n"
+             "files.file_digest = slow\nmain(sys.argv[1:])\n")
+    p = subprocess.Popen([sys.executable, "-c", child, "run", str(job), "--json"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stderr.readline().strip() == "hashing"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 143 and "terminated (SIGTERM)" in err, (p.returncode, err)
+    summary = json.loads(out)
+    assert summary["ok"] is False and summary["error"] == "interrupted" and summary["ran"] == 0

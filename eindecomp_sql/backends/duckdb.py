@@ -840,6 +840,13 @@ class DuckDBBackend:
         if self._closed:
             raise EinsumError("this session is closed")
 
+    def database_files(self) -> list[str]:
+        """The files this connection's databases live in (each attached one, and its WAL): what
+        no export may be written over."""
+        with self.lock:
+            paths = [r[0] for r in self._run("SELECT path FROM duckdb_databases() WHERE path IS NOT NULL")]
+        return [f for p in paths for f in (p, f"{p}.wal")]
+
     def check_tables(self, tables: list[tuple[TiledValue, str]]) -> None:
         """Refuse, before anything runs, to read a stored table (``(value, table name)``) that no
         longer holds ``value``'s grid: edited in SQL, a tile deleted, repeated, NULL, of the
