@@ -304,10 +304,22 @@ def test_changed_job_is_refused_saying_what_changed_then_forced(tmp_path, capsys
     assert {e["name"]: e["skipped"] for e in json.loads(out)["steps"]} == {"x": True, "h": False, "s": False}
     assert np.allclose(stored(tmp_path / "t.duckdb")["h"], h.T)
 
-    # a file's content: re-hashed when its size or mtime changes; a touch alone changes nothing
-    os.utime(tmp_path / "x.npy")
-    code, out, err = run_main(capsys, "run", job, "--json")
-    assert code == 0 and all(e["skipped"] for e in json.loads(out)["steps"]), err
+    # a file's content: re-hashed when its size or mtime changes; a touch alone changes nothing,
+    # and costs one re-hash, not one every run from then on (a trial: the new mtime was never
+    # recorded)
+    from eindecomp_sql.jobs import files
+
+    hashed = []
+    digest = files.file_digest
+    files.file_digest = lambda path, *a, **k: hashed.append(path) or digest(path, *a, **k)
+    try:
+        os.utime(tmp_path / "x.npy", ns=(1, 10**18))
+        for _ in range(3):
+            code, out, err = run_main(capsys, "run", job, "--json")
+            assert code == 0 and all(e["skipped"] for e in json.loads(out)["steps"]), err
+    finally:
+        files.file_digest = digest
+    assert len(hashed) == 1, hashed
     np.save(tmp_path / "x.npy", x + 1)
     code, out, err = run_main(capsys, "run", job)
     assert code == 1 and "input 'x' (line 3): the file's content changed" in err, err
@@ -561,3 +573,55 @@ def test_a_rename_in_case_only_is_said_as_such(capsys, tmp_path, monkeypatch):
     (tmp_path / "j.toml").write_text(job.replace("{h}", "H"))
     code, out, err = run_main(capsys, "explain", "j.toml")
     assert "renamed, in case only" in out + err and "chunking or tiles" not in out + err, out + err
+
+
+def test_a_write_that_fails_at_commit_is_the_steps_error_not_a_bug(tmp_path, capsys, monkeypatch):
+    """The disk full (a trial filled a 3 MB tmpfs) failed COMMIT and the job's own records:
+    "internal error: TransactionException", naming no step. Now an EinsumError saying it could
+    not commit, and a JobError with the file, line and step; nothing half-written, and the
+    next run resumes."""
+    import duckdb
+
+    from eindecomp_sql.jobs import runner
+
+    db = eds.connect()
+    db.store("A", np.arange(6.0).reshape(2, 3))
+    real = db.backend._run
+
+    def full_disk(sql, params=None):
+        if sql == "COMMIT":
+            raise duckdb.IOException('Could not write file "t.duckdb.wal": No space left on device')
+        return real(sql, params)
+
+    monkeypatch.setattr(db.backend, "_run", full_disk)
+    with pytest.raises(eds.EinsumError, match="could not commit: .*No space left on device"):
+        db.einsum("ij->j", "A", out="S")
+    monkeypatch.undo()
+    assert db.tensors() == ["A"]  # nothing of the failed call
+    np.testing.assert_array_equal(db.einsum("ij->j", "A", out="S").to_numpy(), [3.0, 5.0, 7.0])
+    db.close()
+
+    job = small_job(tmp_path)
+    init = runner.Runner.__init__
+
+    class FullCursor:
+        def __init__(self, cur):
+            self.cur = cur
+
+        def execute(self, sql, params=None):
+            if sql.startswith(f"INSERT OR REPLACE INTO {runner.TABLE}") and params[0] == "h":
+                raise duckdb.IOException("No space left on device")
+            return self.cur.execute(sql, params) if params is not None else self.cur.execute(sql)
+
+    def patched(self, *a, **k):
+        init(self, *a, **k)
+        self.cur = FullCursor(self.cur)
+
+    monkeypatch.setattr(runner.Runner, "__init__", patched)
+    code, out, err = run_main(capsys, "run", job)
+    assert code == 1 and "internal error" not in err, err
+    assert "step 'h'" in err and "could not record its state in eds_jobs: " in err and "No space left" in err, err
+    monkeypatch.undo()
+    code, out, err = run_main(capsys, "run", job, "--json")  # space again: it resumes
+    assert code == 0 and {e["name"]: e["skipped"] for e in json.loads(out)["steps"]} == {"x": True, "h": False,
+                                                                                          "s": False}, err

@@ -691,7 +691,12 @@ class DuckDBBackend:
             if not self.own:
                 return False
             if et is None:
-                self.backend._run("COMMIT")
+                try:
+                    self.backend._run("COMMIT")
+                except duckdb.Error as e:  # the disk full, the WAL not writable: bad luck, not a bug
+                    self.backend._cleanup("ROLLBACK")  # (DuckDB rolled back already: "no transaction")
+                    self.backend.open_transaction = False
+                    raise EinsumError(f"could not commit: {e} (nothing of this call was written)") from None
             else:
                 self.backend._cleanup("ROLLBACK")
             self.backend.open_transaction = False

@@ -117,6 +117,7 @@ class Part:
     status: str = "todo"  # 'done' | 'todo' | 'changed' | 'conflict' | 'blocked'
     why: str = ""
     committed_not_done: bool = False  # done, but its row still 'pending' (killed between (3) and (4))
+    recorded_stat: dict | None = None  # a load's file_stat as its row has it (refreshed once re-hashed)
 
     @property
     def tiles(self) -> int:
@@ -405,7 +406,7 @@ def prepare(job: Job, db=None) -> Prepared:
             sha = files.file_digest(i.file)
         detail = {"kind": "load", "version": __version__, "sha256": sha, **_value_json(v)}
         p = Part(i.name, "load", i.line, v, source=i, detail=detail, fingerprint=digest(detail),
-                 file_stat={**stat, "file": str(i.file)})
+                 file_stat={**stat, "file": str(i.file)}, recorded_stat=row["file_stat"] if row is not None else None)
         fps[i.name] = p.fingerprint
         parts.append(p)
     for name in job.order:
@@ -543,6 +544,11 @@ class Runner:
                 if p.committed_not_done:  # (4) for a run killed after (3): record its md5 now, so a
                     # result replaced by hand from here on is found changed, as for any done part
                     self._write(p, "done", md5=content_md5(self.db, self.db.tensor(p.name)))
+                elif p.kind == "load" and p.file_stat != p.recorded_stat:
+                    # re-hashed (touched, or the job moved) and found the same: the size, mtime and
+                    # path now, so the next run trusts them (a trial: every run hashed it again)
+                    self._guarded(p, lambda: self.cur.execute(f"UPDATE {TABLE} SET file_stat = ? WHERE tensor = ?",
+                                                              [json.dumps(p.file_stat), p.name.lower()]))
                 self.reporter.skipped(p, k, n)
                 self.entries.append(entry(p, True, 0.0))
                 continue
@@ -550,12 +556,24 @@ class Runner:
         return self.entries
 
     def _write(self, p: Part, state: str, seconds=None, md5=None) -> None:
-        self.cur.execute(
+        self._guarded(p, lambda: self.cur.execute(
             f"INSERT OR REPLACE INTO {TABLE} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, now(), ?)",
             [p.name.lower(), p.name, p.kind, str(self.prep.job.path), p.fingerprint,
              json.dumps(p.detail, sort_keys=True), json.dumps(p.file_stat) if p.file_stat else None, state,
              seconds, p.tiles if seconds is not None else None, _nbytes(p.value) if seconds is not None else None,
-             p.peak, md5])
+             p.peak, md5]))
+
+    def _guarded(self, p: Part, write) -> None:
+        """A write of the job's own records: the disk full or the WAL not writable is the part's
+        failure, said with its file, line and step (an "internal error" naming nothing before)."""
+        import duckdb
+
+        try:
+            write()
+        except duckdb.Error as e:
+            raise JobError(f"could not record its state in {TABLE}: {_one_line(e)}", self.prep.job.path, p.line,
+                           step=p.name if p.kind == "step" else None,
+                           input=p.name if p.kind == "load" else None) from None
 
     def _run(self, p: Part, k: int, n: int) -> dict:
         from . import files
