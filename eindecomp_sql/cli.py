@@ -109,6 +109,11 @@ def main(argv=None) -> None:
         if _interrupted(e):
             _err("terminated (SIGTERM)" if terminated else "interrupted")
             code = EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+        elif type(e).__name__ == "OutOfMemoryException":  # the cap given, not a bug (store --memory 100KB)
+            if debug:
+                traceback.print_exc()
+            _err(f"error: DuckDB ran out of memory: {one_line(e)} (give a larger --memory)")
+            code = EXIT_FAILED
         else:
             if debug:
                 traceback.print_exc()
@@ -282,12 +287,24 @@ def store(database, name, file, tile, dtype, shape, index, value, replace, memor
     if not path.is_file():
         raise Failure(f"no such file {str(path)!r}")
     t0 = time.perf_counter()
-    with _connect(database, create=True) as db:
-        files.cap_cache(db, memory if memory is not None else files.store_cache_limit(db, path, tile, dtype))
-        t = files.store_file(db, name, path, tile=tile, dtype=dtype, shape=shape, replace=replace, index=index,
-                             value=value)
-        click.echo(f"stored {t.name}: shape {_shape(t.shape)} {t.dtype} in tiles {_shape(t.tile)} "
-                   f"({_fmt_bytes(t.value.nbytes)}, {time.perf_counter() - t0:.2f} s)")
+    # a store that fails leaves no database file it created (a bad name made an empty 270 kB
+    # one, a trial); one that was there stays as it was (the store is atomic)
+    created = database != ":memory:" and not os.path.exists(database)
+    try:
+        with _connect(database, create=True) as db:
+            files.cap_cache(db, memory if memory is not None else files.store_cache_limit(db, path, tile, dtype))
+            t = files.store_file(db, name, path, tile=tile, dtype=dtype, shape=shape, replace=replace, index=index,
+                                 value=value)
+    except BaseException:
+        if created:
+            for leftover in (database, f"{database}.wal"):
+                try:
+                    os.remove(leftover)
+                except OSError:
+                    pass
+        raise
+    click.echo(f"stored {t.name}: shape {_shape(t.shape)} {t.dtype} in tiles {_shape(t.tile)} "
+               f"({_fmt_bytes(t.value.nbytes)}, {time.perf_counter() - t0:.2f} s)")
 
 
 @cli.command(name="ls")

@@ -299,3 +299,22 @@ def test_a_closed_stdout_and_sigterm(files, tmp_path):
     assert p.returncode == 143 and "terminated (SIGTERM)" in err, (p.returncode, err)
     summary = json.loads(out)
     assert summary["ok"] is False and summary["error"] == "interrupted" and summary["ran"] == 0
+
+
+def test_a_failed_store_leaves_no_new_database_and_a_tiny_cap_is_an_error(files, tmp_path, capsys):
+    """A store refused for its name left an empty 270 kB database it had created; ``--memory
+    1KB`` / ``100KB`` were "internal error"s (DuckDB's OutOfMemoryException) (a trial)."""
+    d, arr = files
+    db_path = tmp_path / "new.duckdb"
+    for args, said in ((["bad-name", d / "a.npy"], "invalid tensor name"),
+                       (["A", d / "a.npy", "--memory", "1KB"], "less than DuckDB needs"),
+                       (["A", d / "a.npy", "--memory", "100KB"], "DuckDB ran out of memory")):
+        code, out, err = run_main(capsys, "store", db_path, *args)
+        assert code == 1 and "internal error" not in err and said in err, err
+        assert not db_path.exists() and not Path(f"{db_path}.wal").exists()
+    code, out, err = run_main(capsys, "store", db_path, "A", d / "a.npy")
+    assert code == 0, err
+    code, out, err = run_main(capsys, "store", db_path, "bad-name", d / "a.npy")  # one that was there stays
+    assert code == 1 and db_path.exists()
+    with eds.connect(str(db_path), read_only=True) as db:
+        np.testing.assert_array_equal(db.tensor("A").to_numpy(), arr["a"])

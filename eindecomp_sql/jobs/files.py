@@ -116,7 +116,14 @@ def cap_cache(db, limit: int) -> int:
     # checkpoint (a 2 GiB store kept its 2.5 GB of committed blocks in memory until the close)
     now = _limit_now(con)
     if now is None or limit < now:
-        con.execute(f"SET memory_limit = '{int(limit)}B'")
+        import duckdb
+
+        from ..errors import EinsumError
+
+        try:
+            con.execute(f"SET memory_limit = '{int(limit)}B'")
+        except duckdb.Error as e:  # below what DuckDB holds already (--memory 1KB): an "internal error" before
+            raise EinsumError(f"a memory cap of {int(limit)} bytes is less than DuckDB needs: {e}") from None
         return int(limit)
     return now
 
