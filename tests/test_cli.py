@@ -182,11 +182,13 @@ def test_a_locked_database_is_one_line_exit_1(tmp_path):
         t0 = time.perf_counter()
         locked = [subprocess.Popen(command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                   for args in (("ls", path), ("store", path, "B", tmp_path / "b.npy"))]
-        for p in locked:
+        for p, read_only in zip(locked, (True, False)):
             out, err = p.communicate(timeout=120)
             assert p.returncode == 1, err
             assert err.startswith(f"eindecomp-sql: error: database {str(path)!r} is locked by another process"), err
             assert err.count("\n") == 1 and "Traceback" not in err
+            # ls, itself read-only, is not told to open it read-only (a trial): it must wait
+            assert ("wait until it is done" in err) == read_only and ("read-only" in err) != read_only, err
         assert time.perf_counter() - t0 < 60
     finally:
         holder.communicate("", timeout=60)

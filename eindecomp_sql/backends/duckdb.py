@@ -1288,8 +1288,12 @@ def _open(database, read_only: bool, config: dict | None):
     except duckdb.IOException as e:
         text = str(e)
         if "lock" in text.lower():
-            raise EinsumError(f"database {str(database)!r} is locked by another process (DuckDB allows one "
-                              f"writing process per file; open it read_only=True from the others): {text}") from None
+            # opened read-only ourselves, the holder is a writer: read-only readers can share
+            # only among themselves, so the advice to open read-only would be the same refusal
+            advice = ("wait until it is done: DuckDB lets no other process open a file one process writes"
+                      if read_only else "DuckDB allows one writing process per file; open it read_only=True from "
+                      "the others")
+            raise EinsumError(f"database {str(database)!r} is locked by another process ({advice}): {text}") from None
         if "not a valid DuckDB database" in text:
             raise EinsumError(f"{str(database)!r} is not a DuckDB database file") from None
         raise EinsumError(f"cannot open database {str(database)!r}: {text}") from None
