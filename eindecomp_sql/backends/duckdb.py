@@ -855,27 +855,28 @@ class DuckDBBackend:
     def check_tables(self, tables: list[tuple[TiledValue, str]]) -> None:
         """Refuse, before anything runs, to read a stored table (``(value, table name)``) that no
         longer holds ``value``'s grid: edited in SQL, a tile deleted, repeated, NULL, of the
-        wrong length or keyed outside the grid (``compile/tile_check.py``). One query for all;
-        a table that is gone is left to the statements' own error."""
+        wrong length or keyed outside the grid (``compile/tile_check.py``). One query for all
+        (their keys and tile lengths, ~0.3 ms a table); a table that is gone is left to the
+        statements' own error."""
         if not tables:
             return
-        from ..compile.tile_check import check_query, problems
+        from ..compile.tile_check import check_query, problems, split_rows
 
-        query = check_query(tuple(tables))
+        tables = tuple(tables)
+        query = check_query(tables)
         try:
             with self.lock:  # our cursor, which another thread's plan may be running on
-                rows = self._run(query)  # keys and lengths only: quick (a plan's Ctrl-C watch follows)
+                self._check_open()
+                columns = self._work.execute(query).fetchnumpy()  # keys and lengths only: quick
         except duckdb.CatalogException:
             return
-        for row in rows:
-            v, t = tables[row[0]]
-            wrong = problems(v, tuple(row[1:]))
+        for (v, t), (keys, lengths) in zip(tables, split_rows(tables, columns)):
+            wrong = problems(v, keys, lengths)
             if wrong:
                 raise EinsumError(f"stored tensor {v.name!r} (table {t!r}) no longer holds its tiles: "
                                   f"{'; '.join(wrong)} (was its table edited in SQL? store it again with "
                                   "replace=True); nothing was run")
 
-    # -- execution --------------------------------------------------------------------------
     def execute(self, plan: Plan, inputs, outputs, replace: bool = False, progress=None) -> dict:
         """Run the plan's steps, one statement each (or one per batch), in one transaction;
         see ``base.Backend.execute`` for the binding. Numpy inputs are registered as Arrow
