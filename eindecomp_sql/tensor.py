@@ -209,9 +209,12 @@ class Tensor:
         (a trial: ``eindecomp-sql export tensors.arrow A tensors.arrow`` said it wrote A, and the
         database with every other tensor was gone)."""
         files = getattr(self.session.backend, "database_files", None)
+        try:
+            target = os.path.realpath(os.fspath(path))
+        except TypeError:  # not a path: the writer says so, in its own words
+            return
         if files is None:
             return
-        target = os.path.realpath(os.fspath(path))
         for f in files():
             if os.path.realpath(f) == target or (os.path.exists(f) and os.path.exists(target)
                                                  and os.path.samefile(f, target)):
