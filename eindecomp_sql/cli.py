@@ -91,6 +91,12 @@ def main(argv=None) -> None:
     except click.ClickException as e:  # usage errors: exit 2, with click's own hint
         e.show()
         code = e.exit_code
+        if args[:1] == ["run"] and "--json" in args:
+            # a failed run prints its summary (docs/cli.md), a bad option value too: a script
+            # reading stdout got nothing (a trial: --memory lots, --workers 0)
+            job_file = next((a for a in args[1:] if a.endswith(".toml")), None)
+            click.echo(json.dumps(_summary(None, [], time.perf_counter(), error=e.format_message(), path=job_file),
+                                  indent=1))
     except (click.exceptions.Abort, KeyboardInterrupt):
         _err("terminated (SIGTERM)" if terminated else "interrupted")
         code = EXIT_TERMINATED if terminated else EXIT_INTERRUPTED

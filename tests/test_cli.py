@@ -320,3 +320,13 @@ def test_a_failed_store_leaves_no_new_database_and_a_tiny_cap_is_an_error(files,
     assert code == 1 and db_path.exists()
     with eds.connect(str(db_path), read_only=True) as db:
         np.testing.assert_array_equal(db.tensor("A").to_numpy(), arr["a"])
+
+
+def test_run_json_prints_its_summary_on_a_bad_option_value_too(capsys):
+    """``run --json --memory lots``: click's usage message on stderr and nothing on stdout,
+    where a script parses the summary a failed run promises (a trial)."""
+    for bad in (["--memory", "lots"], ["--workers", "0"]):
+        code, out, err = run_main(capsys, "run", "ok.toml", "--json", *bad)
+        assert code == 2 and "Usage:" in err
+        summary = json.loads(out)
+        assert summary["ok"] is False and summary["job"] == "ok.toml" and bad[0] in summary["error"], summary
