@@ -40,6 +40,26 @@ def chain_steps(plan) -> list[EinsumStep]:
     return [s for s in steps if isinstance(s, EinsumStep) and s.node.held]
 
 
+def random_operands(g, dtype: str, seed: int) -> dict:
+    """Random inputs of ``g`` in ``dtype`` (small integers for int64: no overflow)."""
+    rng = np.random.default_rng(seed)
+    if dtype == "int64":
+        return {v.name: rng.integers(-3, 4, v.shape) for v in g.inputs}
+    return {v.name: (rng.standard_normal(v.shape) / 2).astype(dtype) for v in g.inputs}
+
+
+def assert_matches(got, want, dtype: str, terms: int) -> None:
+    """A chain's result against the float64 reference: exact for int64, else within the
+    dtype's tolerance on the result's scale (``terms``: how many rounded terms a value sums)."""
+    assert got.dtype == np.dtype(dtype) and got.shape == want.shape
+    if dtype == "int64":
+        np.testing.assert_array_equal(got, want.astype(np.int64))
+    else:
+        tol = {"float64": 1e-10, "float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * scale * terms)
+
+
 def _graph(b, d, f, dtype, maps, transpose, p_agg, c_agg, p_join):
     """relu-like maps between two products; the reference computes each node as numpy would
     and stores it in ``dtype`` as an unfused step does."""
@@ -82,11 +102,7 @@ def test_a_fused_chain_matches_numpy(db, chains, b, d, f, dtype, maps, transpose
     first product) or by workers."""
     chains("always")
     g, ref = _graph(b, d, f, dtype, maps, transpose, p_agg, c_agg, p_join)
-    rng = np.random.default_rng(seed)
-    if dtype == "int64":
-        xs = {v.name: rng.integers(-4, 5, v.shape) for v in g.inputs}
-    else:
-        xs = {v.name: (rng.standard_normal(v.shape) / 2).astype(dtype) for v in g.inputs}
+    xs = random_operands(g, dtype, seed)
     try:
         p = plan_graph(g, workers=workers, memory=budget, tile_bytes=tile)
     except EinsumError as e:  # the budget or the cap refuses every plan, chained or not
@@ -97,15 +113,7 @@ def test_a_fused_chain_matches_numpy(db, chains, b, d, f, dtype, maps, transpose
     event(f"chain fused: {bool(fused)}; pieces {sorted(fused[0].pieces.items()) if fused else None}")
     for s in fused:  # what the kernel computes whole is never cut
         assert all(s.pieces[lab] == 1 for lab in s.node.whole)
-    got = p.run(db, **xs).to_numpy()
-    want = ref(**xs)
-    assert got.dtype == np.dtype(dtype) and got.shape == want.shape
-    if dtype == "int64":
-        np.testing.assert_array_equal(got, want.astype(np.int64))
-    else:
-        tol = {"float64": 1e-10, "float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
-        scale = max(1.0, float(np.abs(want).max()))
-        np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * scale * max(d, f))
+    assert_matches(p.run(db, **xs).to_numpy(), ref(**xs), dtype, terms=max(d, f))
 
 
 def test_the_ffn_under_a_tile_cap_runs_as_one_step_and_explain_says_so(chains):
@@ -358,11 +366,7 @@ def test_a_chain_through_a_join_of_two_products_matches_numpy(db, chains, b, d, 
     chains("always")
     g, ref = _branched(b, d, f, dtype, shared, combine, maps, transposed)
     assert len(find_chains(g.nodes, {"y"})[1]) == 1  # the graph is a chain, whatever the plan
-    rng = np.random.default_rng(seed)
-    if dtype == "int64":
-        xs = {v.name: rng.integers(-3, 4, v.shape) for v in g.inputs}
-    else:
-        xs = {v.name: (rng.standard_normal(v.shape) / 2).astype(dtype) for v in g.inputs}
+    xs = random_operands(g, dtype, seed)
     try:
         p = plan_graph(g, workers=workers, memory=budget, tile_bytes=tile)
     except EinsumError as e:
@@ -376,15 +380,7 @@ def test_a_chain_through_a_join_of_two_products_matches_numpy(db, chains, b, d, 
         assert len(s.fused.prologues) >= 3 and sum(n.reduced != () for n in s.fused.prologues) == 2
         values = [op.value for op in s.node.operands]
         assert len(values) == len(set(values))  # x, read by both products, joined once
-    got = p.run(db, **xs).to_numpy()
-    want = ref(**xs)
-    assert got.dtype == np.dtype(dtype) and got.shape == want.shape
-    if dtype == "int64":
-        np.testing.assert_array_equal(got, want.astype(np.int64))
-    else:
-        tol = {"float64": 1e-10, "float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
-        scale = max(1.0, float(np.abs(want).max()))
-        np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * scale * max(d, f) ** 2)
+    assert_matches(p.run(db, **xs).to_numpy(), ref(**xs), dtype, terms=max(d, f) ** 2)
 
 
 def test_swiglu_runs_as_one_step_and_reads_x_once(chains):
