@@ -81,7 +81,7 @@ def main(argv=None) -> None:
     # reached us as duckdb-python's RuntimeError('Query interrupted'): "internal error", exit
     # 1, where the docs promise "interrupted", 130 (a new user's random SIGINTs, 3 of 16)
     _MARK = CtrlCMark()
-    terminated = _on_sigterm()
+    sigterm = _on_sigterm()  # [the displaced handler], then the signal number once one came
     try:
         _MARK.install()
         rv = cli.main(args=args, prog_name="eindecomp-sql", standalone_mode=False)
@@ -98,8 +98,8 @@ def main(argv=None) -> None:
             click.echo(json.dumps(_summary(None, [], time.perf_counter(), error=e.format_message(), path=job_file),
                                   indent=1))
     except (click.exceptions.Abort, KeyboardInterrupt):
-        _err("terminated (SIGTERM)" if terminated else "interrupted")
-        code = EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+        _err("terminated (SIGTERM)" if len(sigterm) > 1 else "interrupted")
+        code = EXIT_TERMINATED if len(sigterm) > 1 else EXIT_INTERRUPTED
     except BrokenPipeError:  # | head: not an error of ours
         try:
             sys.stdout = open(os.devnull, "w")
@@ -113,8 +113,8 @@ def main(argv=None) -> None:
         code = EXIT_FAILED
     except Exception as e:  # noqa: BLE001 - a bug of ours: still one line, the traceback on request
         if _interrupted(e):
-            _err("terminated (SIGTERM)" if terminated else "interrupted")
-            code = EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+            _err("terminated (SIGTERM)" if len(sigterm) > 1 else "interrupted")
+            code = EXIT_TERMINATED if len(sigterm) > 1 else EXIT_INTERRUPTED
         elif type(e).__name__ == "OutOfMemoryException":  # the cap given, not a bug (store --memory 100KB)
             if debug:
                 traceback.print_exc()
@@ -127,6 +127,11 @@ def main(argv=None) -> None:
                  + ("" if debug else " (run with --debug for the traceback)"))
             code = EXIT_FAILED
     finally:
+        if sigterm:  # an in-process caller of main() gets its SIGTERM handler back
+            try:
+                signal.signal(signal.SIGTERM, sigterm[0])
+            except (ValueError, OSError, TypeError):
+                pass
         try:
             settle(_MARK.remove)
         except KeyboardInterrupt:  # a Ctrl-C just then: still ours to report
@@ -140,20 +145,24 @@ def _on_sigterm() -> list:
     statement rolled back, an export's temporary file removed, ``run --json``'s summary
     printed; killed outright, a job printed nothing and an export left its temporary file (a
     trial). It is passed on as a SIGINT, which the session's Ctrl-C handling already stops
-    cleanly everywhere. The list returned is non-empty once one came (exit 143, not 130)."""
+    cleanly everywhere, once the main thread runs Python again (a statement running then ends
+    first: the watchdog that interrupts statements acts on SIGINT's byte only; not built). The
+    list returned holds the handler displaced, then the signal once one came (exit 143)."""
     came: list = []
     if threading.current_thread() is not threading.main_thread():
         return came
 
+    if not callable(signal.getsignal(signal.SIGINT)):
+        # SIGINT ignored (a script's background job): raising from a handler lands inside a
+        # running kernel as its error (a reviewer's case), so SIGTERM keeps its default there
+        return came
+
     def term(signum, frame):
         came.append(signum)
-        if callable(signal.getsignal(signal.SIGINT)):
-            os.kill(os.getpid(), signal.SIGINT)
-        else:  # SIGINT ignored (nohup, a background job): stop here
-            raise KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGINT)
 
     try:
-        signal.signal(signal.SIGTERM, term)
+        came.append(signal.signal(signal.SIGTERM, term))  # the handler it displaced, for main to put back
     except (ValueError, OSError):  # no signals here
         pass
     return came
@@ -294,21 +303,23 @@ def store(database, name, file, tile, dtype, shape, index, value, replace, memor
         raise Failure(f"no such file {str(path)!r}")
     t0 = time.perf_counter()
     # a store that fails leaves no database file it created (a bad name made an empty 270 kB
-    # one, a trial); one that was there stays as it was (the store is atomic)
+    # one, a trial); one that was there stays as it was (the store is atomic). Removed while
+    # this process still holds DuckDB's lock on it: another store that created the file first,
+    # and holds it, makes this one fail on the lock, before anything here could remove it
     created = database != ":memory:" and not os.path.exists(database)
-    try:
-        with _connect(database, create=True) as db:
+    with _connect(database, create=True) as db:
+        try:
             files.cap_cache(db, memory if memory is not None else files.store_cache_limit(db, path, tile, dtype))
             t = files.store_file(db, name, path, tile=tile, dtype=dtype, shape=shape, replace=replace, index=index,
                                  value=value)
-    except BaseException:
-        if created:
-            for leftover in (database, f"{database}.wal"):
-                try:
-                    os.remove(leftover)
-                except OSError:
-                    pass
-        raise
+        except BaseException:
+            if created:
+                for leftover in (database, f"{database}.wal"):
+                    try:
+                        os.remove(leftover)
+                    except OSError:
+                        pass
+            raise
     click.echo(f"stored {t.name}: shape {_shape(t.shape)} {t.dtype} in tiles {_shape(t.tile)} "
                f"({_fmt_bytes(t.value.nbytes)}, {time.perf_counter() - t0:.2f} s)")
 

@@ -64,7 +64,7 @@ def _resolve(session, name: str):
     value = session.backend.lookup(name)
     if value is not None:
         return value
-    op = read_table_operand(session.backend.con, name)
+    op = read_table_operand(session.backend.con, name, getattr(session.backend, "home", None))
     if op is None:
         raise EinsumError(
             f"einsum(): no stored tensor named {name!r}, nor a table or view (einsum reads tables from another "

@@ -330,3 +330,11 @@ def test_run_json_prints_its_summary_on_a_bad_option_value_too(capsys):
         assert code == 2 and "Usage:" in err
         summary = json.loads(out)
         assert summary["ok"] is False and summary["job"] == "ok.toml" and bad[0] in summary["error"], summary
+
+
+def test_main_gives_an_in_process_caller_its_sigterm_handler_back(capsys):
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    code, out, err = run_main(capsys, "--version")
+    assert code == 0 and signal.getsignal(signal.SIGTERM) is before

@@ -7,6 +7,7 @@ one registration per connection serves every plan, including plans built inside 
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -394,10 +395,16 @@ def retile_assemble(spec_arr, keys_arr, members_arr) -> pa.Array:
     writer = TileWriter(kernel.dtype, [kernel.dst_shape(k) for k in keys])
     for g, new in enumerate(keys):
         out = writer.out(g)
+        covered = 0
         for m in range(offsets[g], offsets[g + 1]):
             old = mkeys[m]
             idx = kernel.piece_index(old, new, "dst")
-            out[idx] = tile_view(views[m], kernel.dtype, tuple(s.stop - s.start for s in idx))
+            piece = tuple(s.stop - s.start for s in idx)
+            out[idx] = tile_view(views[m], kernel.dtype, piece)
+            covered += math.prod(piece)
+        if covered != out.size:  # a source tile NULL (its split was NULL: no pieces), or missing
+            raise RuntimeError(f"eindecomp_sql kernel: re-tiled tile {new} got {covered} of its {out.size} elements: "
+                               "a source tile is NULL or missing (a tile column must hold every tile's bytes)")
     return _finished(writer)
 
 

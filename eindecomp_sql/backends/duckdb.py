@@ -244,6 +244,12 @@ class DuckDBBackend:
                         spill.quietly(spill.sweep_files, folder)
         except BaseException as e:
             self._closed = True
+            for setting, value in self._their_settings.items():  # a failed connect changes nothing of theirs
+                try:
+                    self.con.execute(f"SET {setting} = ?", [_shown_limit(value) if setting == "memory_limit"
+                                                             else value]).fetchall()
+                except duckdb.Error:
+                    pass
             if self._work is not None:
                 self._work.close()
             if self.owns_connection:
@@ -256,6 +262,10 @@ class DuckDBBackend:
                                   "first") from None
             if isinstance(e, duckdb.ConnectionException):
                 raise EinsumError(f"cannot use this DuckDB connection: {e}") from e
+            if isinstance(e, duckdb.InvalidInputException) and "read-only" in str(e) and not self.owns_connection:
+                # the session keeps its catalog where the connection's USE points
+                raise EinsumError(f"the connection's current database is read-only ({e}): USE a writable database "
+                                  "before eds.connect(con)") from None
             if isinstance(e, duckdb.CatalogException) and "already exists" in str(e):
                 # the kernels are registered in the database, and a file opened twice in one
                 # process is one database: the second session would share (and cancel, count
@@ -854,10 +864,10 @@ class DuckDBBackend:
 
     def check_tables(self, tables: list[tuple[TiledValue, str]]) -> None:
         """Refuse, before anything runs, to read a stored table (``(value, table name)``) that no
-        longer holds ``value``'s grid: edited in SQL, a tile deleted, repeated, NULL, of the
-        wrong length or keyed outside the grid (``compile/tile_check.py``). One query for all
-        (their keys and tile lengths, ~0.3 ms a table); a table that is gone is left to the
-        statements' own error."""
+        longer holds ``value``'s grid's keys: edited in SQL, a tile deleted or repeated, a key
+        NULL or outside the grid (``compile/tile_check.py``; a NULL tile or one of the wrong
+        length, the kernels refuse). One query for all (their keys, ~0.3 ms a table); a table
+        that is gone or no longer binds is left to the statements' own error."""
         if not tables:
             return
         from ..compile.tile_check import check_query, problems, split_rows
@@ -868,10 +878,10 @@ class DuckDBBackend:
             with self.lock:  # our cursor, which another thread's plan may be running on
                 self._check_open()
                 columns = self._work.execute(query).fetchnumpy()  # keys and lengths only: quick
-        except duckdb.CatalogException:
+        except duckdb.Error:  # gone, or its columns renamed: the statements say so, naming the step
             return
-        for (v, t), (keys, lengths) in zip(tables, split_rows(tables, columns)):
-            wrong = problems(v, keys, lengths)
+        for (v, t), keys in zip(tables, split_rows(tables, columns)):
+            wrong = problems(v, keys)
             if wrong:
                 raise EinsumError(f"stored tensor {v.name!r} (table {t!r}) no longer holds its tiles: "
                                   f"{'; '.join(wrong)} (was its table edited in SQL? store it again with "

@@ -37,10 +37,15 @@ COUNT_NAMED = ("SELECT (SELECT count(*) FROM duckdb_tables() WHERE lower(table_n
                "(SELECT count(*) FROM duckdb_views() WHERE lower(view_name) = lower($1) AND {where})")
 
 
-def read_table_operand(con: duckdb.DuckDBPyConnection, name: str) -> TableOperand | None:
-    """The table or view ``name`` as an operand, or None if there is none by that name."""
+def read_table_operand(con: duckdb.DuckDBPyConnection, name: str, home: tuple | None = None) -> TableOperand | None:
+    """The table or view ``name`` as an operand, or None if there is none by that name.
+    ``home``: the (database, schema) the session works in, where the einsum's query reads the
+    name (a new cursor starts in the default catalog: after ``USE`` of an attached file, a
+    table of the same name in memory was read for its shape and dtype)."""
     cur = con.cursor()
     try:
+        if home is not None:
+            cur.execute(f"USE {'.'.join(exp.to_identifier(str(n), quoted=True).sql(dialect=DIALECT) for n in home)}")
         try:
             rel = cur.sql(exp.select("*").from_(table(name)).limit(0).sql(dialect=DIALECT))
             columns, types = list(rel.columns), [str(t) for t in rel.types]
