@@ -465,3 +465,14 @@ def test_a_connection_using_a_read_only_database_is_refused_and_left_as_it_was(t
     with eds.connect(con) as db:  # nothing of the failed one is left in the way
         np.testing.assert_array_equal(db.store("A", np.ones(3)).to_numpy(), np.ones(3))
     con.close()
+
+
+@pytest.mark.parametrize("alter", ["RENAME COLUMN d0 TO x0", "ALTER d0 TYPE VARCHAR", "DROP COLUMN tile"])
+def test_a_tensor_table_altered_in_sql_is_the_steps_error_not_a_raw_one(alter):
+    """The check before a plan met a table that no longer binds with DuckDB's raw
+    BinderException (an "internal error" on the command line); the step's own error names it."""
+    db = eds.connect()
+    db.store("A", np.ones((4, 4)), tile=(2, 2))
+    db.connection.execute(f"ALTER TABLE A {alter}")
+    with pytest.raises(eds.EinsumError, match=r"step 0 \(einsum ij->j"):
+        db.einsum("ij->j", "A")

@@ -877,10 +877,12 @@ class DuckDBBackend:
         try:
             with self.lock:  # our cursor, which another thread's plan may be running on
                 self._check_open()
-                columns = self._work.execute(query).fetchnumpy()  # keys and lengths only: quick
-        except duckdb.Error:  # gone, or its columns renamed: the statements say so, naming the step
-            return
-        for (v, t), keys in zip(tables, split_rows(tables, columns)):
+                columns = self._work.execute(query).fetchnumpy()  # the keys only: quick
+            rows = split_rows(tables, columns)
+        except (duckdb.CatalogException, duckdb.BinderException, duckdb.ConversionException, ValueError,
+                TypeError):  # gone, its columns renamed or retyped: the statements say so, naming the step
+            return  # (a Ctrl-C's InterruptException is not caught: it stops the call)
+        for (v, t), keys in zip(tables, rows):
             wrong = problems(v, keys)
             if wrong:
                 raise EinsumError(f"stored tensor {v.name!r} (table {t!r}) no longer holds its tiles: "
