@@ -22,7 +22,7 @@ from ..plan.kernel_spec import device_only_results, host_reason, inputs_read_by_
 from ..compile.sql import table
 from ..errors import EinsumError, ExecutionError
 from ..plan import Plan, TiledValue
-from ..plan.cost import BUDGET_SHARE, CostModel, plan_share
+from ..plan.cost import BUDGET_SHARE, CostModel, parse_memory, plan_share
 from ..plan.steps import EinsumStep, ProgramStep, format_bytes, output_tiles, step_reads, step_target
 from ..sql_templates import template
 from ..udfs.tiles import array_from_tiles, null_tiles, tiles_from_array
@@ -1222,20 +1222,15 @@ class DuckDBBackend:
 
 _SCRATCH = Target(None, temporary=True)  # a value the plan computes but does not keep
 
-_UNITS = {"bytes": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "pib": 1 << 50,
-          "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12, "pb": 10 ** 15}
-
-
 def _shown_limit(text: str) -> str:
     """A ``memory_limit`` as DuckDB shows it ("2.7 GiB": rounded down to a tenth) as a limit
     that shows the same again: the middle of what rounds to it (SET '2.7 GiB' showed "2.6 GiB",
     so a session opened and closed on a user's connection lowered the user's limit each time)."""
-    number, _, unit = text.strip().partition(" ")
+    _, _, unit = text.strip().partition(" ")
     try:
-        size = _UNITS[unit.strip().lower()]
-        return f"{int((float(number) + 0.05) * size) if size > 1 else int(float(number))}B"
-    except (KeyError, ValueError):
-        return text  # as DuckDB showed it
+        return f"{parse_memory(text, 'memory_limit') + parse_memory(f'0.05 {unit}', 'memory_limit')}B"
+    except EinsumError:  # "0 bytes", or a form of DuckDB's we do not read: as DuckDB showed it
+        return text
 
 
 def _native(x: np.ndarray, dtype) -> np.ndarray:
