@@ -308,11 +308,14 @@ def test_a_failed_store_leaves_no_new_database_and_a_tiny_cap_is_an_error(files,
     1KB`` / ``100KB`` were "internal error"s (DuckDB's OutOfMemoryException) (a trial)."""
     d, arr = files
     db_path = tmp_path / "new.duckdb"
-    for args, said in ((["bad-name", d / "a.npy"], "invalid tensor name"),
-                       (["A", d / "a.npy", "--memory", "1KB"], "less than DuckDB needs"),
-                       (["A", d / "a.npy", "--memory", "100KB"], "DuckDB ran out of memory")):
+    # (which of DuckDB's two refusals a tiny cap meets depends on what the process holds: SET
+    # memory_limit fails, or the store runs out under it)
+    tiny = ("less than DuckDB needs", "DuckDB ran out of memory")
+    for args, said in ((["bad-name", d / "a.npy"], ("invalid tensor name",)),
+                       (["A", d / "a.npy", "--memory", "1KB"], tiny),
+                       (["A", d / "a.npy", "--memory", "100KB"], tiny)):
         code, out, err = run_main(capsys, "store", db_path, *args)
-        assert code == 1 and "internal error" not in err and said in err, err
+        assert code == 1 and "internal error" not in err and any(s in err for s in said), err
         assert not db_path.exists() and not Path(f"{db_path}.wal").exists()
     code, out, err = run_main(capsys, "store", db_path, "A", d / "a.npy")
     assert code == 0, err
