@@ -146,6 +146,34 @@ def test_the_ffn_under_a_tile_cap_runs_as_one_step_and_explain_says_so(chains):
     assert len(unfused.plan.steps) == 4 and unfused.retiles == 1  # what it replaced
 
 
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16", "int64"])
+def test_an_operand_alike_in_every_member_is_gathered_once_per_group(db, chains, dtype):
+    """The capped FFN's step groups by (b, i) over the pieces of o; x (labels b and the whole
+    j) is the same tile in every member of a group, so the SQL hands it once per group
+    (``eds_einsum_group2s``, ``ANY_VALUE``), not in each member's struct, and with b in pieces
+    each group's x is its own (a kernel reading another group's x fails this). Inputs stored in
+    the plan's tiles and as arrays."""
+    chains("always")
+    b, d, f = 12, 4, 30
+    g = Graph()
+    x, w1, w2 = g.input("x", (b, d), dtype), g.input("w1", (d, f), dtype), g.input("w2", (f, d), dtype)
+    g.einsum("bo,oi->bi", g.map("relu", g.einsum("bi,io->bo", x, w1)), w2, name="y")
+    p = plan_graph(g, tile_bytes=25 * (2 if dtype == "bfloat16" else 8))
+    (step,) = p.plan.steps
+    assert step.pieces["b"] > 1 and step.pieces["o"] > 1 and step.grouped
+    with eds.connect() as s:
+        sql = s.backend.compiler.sql_listing(p.plan)
+    assert "EDS_EINSUM_GROUP2S(" in sql and '[ANY_VALUE("t0")]' in sql and "'t0': \"t1\", 't1': \"t2\"" in sql
+    xs = random_operands(g, dtype, 5)
+    want = np.maximum(xs["x"].astype(np.float64) @ xs["w1"].astype(np.float64), 0)
+    if dtype == "bfloat16":  # the unfused step stores the hidden value in the dtype
+        want = want.astype(dtype).astype(np.float64)
+    # stored, so the tiles come through the SQL (arrays' tiles are read in place, by key)
+    stored = {k: db.store(f"shared_{k}", a, tile=p.plan_input_tile(k), replace=True) for k, a in xs.items()}
+    assert_matches(p.run(db, **stored).to_numpy(), want @ xs["w2"].astype(np.float64), dtype, terms=f)
+    assert_matches(p.run(db, **xs).to_numpy(), want @ xs["w2"].astype(np.float64), dtype, terms=f)
+
+
 def test_a_chain_is_not_fused_where_it_must_not_be(chains):
     chains("always")
     g = Graph()

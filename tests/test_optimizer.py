@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from eindecomp_sql.graph import Graph
 from eindecomp_sql.plan import EinsumStep
+from eindecomp_sql.plan.passes.chains import find_chains
 from eindecomp_sql.plan.optimize import (EXACT_CUT_LIMIT, STRATEGIES, _bounded_products, _greedy, _Problem, baseline,
                                          exhaustive, optimize)
 from graphs import attention, llama_block, random_inputs
@@ -165,8 +166,14 @@ def test_vectorized_node_costs_are_the_step_costs_of_every_candidate(threshold):
     x, w = g.input("x", (64, 512)), g.input("w", (512, 8))  # left 128 KB, right 16 KB
     g.einsum("bi,io->bo", x, w)
     g.einsum("bi,io->bo", g.input("v", (8, 512)), g.input("u", (512, 64)))  # right bigger: never
-    prob = _Problem(g.nodes, {v.name: v for v in g.inputs}, {}, 4, None, None, model)
-    grouped = 0
+    # an FFN chain's fused node: s's tile is the same in every member of a group where o is
+    # cut (j is whole), and is handed once per group (``kernel_spec.shared_operands``)
+    s_, t_, r_ = g.input("s", (64, 32)), g.input("t", (32, 256)), g.input("r", (256, 16))
+    g.einsum("bo,oi->bi", g.map("relu", g.einsum("bj,jo->bo", s_, t_)), r_)
+    nodes, chains = find_chains(tuple(g.nodes), set())
+    assert len(chains) == 1
+    prob = _Problem(nodes, {v.name: v for v in g.inputs}, {}, 4, None, None, model)
+    grouped = shared = 0
     for n in prob.nodes:
         cands = prob.cands[n.result.name]
         labels = list(n.labels)
@@ -175,6 +182,8 @@ def test_vectorized_node_costs_are_the_step_costs_of_every_candidate(threshold):
         want = [prob.node_cost(n, p) for p in cands]
         np.testing.assert_allclose(got, [c.total for c in want])
         grouped += sum(0 < c.group < c.join for c in want)
+        shared += sum(len(n.operands) == 3 and p["j"] == 1 and p["o"] > 1 for p in cands)
+    assert shared > 0
     assert (grouped > 0) == (threshold is not None and threshold >= 16384)  # the rule was exercised
 
 

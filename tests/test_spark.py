@@ -148,6 +148,28 @@ def test_a_fused_chain_on_spark_matches_numpy(sdb, monkeypatch, tile, make):
     assert_close(plan.run(sdb, **xs).to_numpy(), ref(**xs))
 
 
+def test_an_operand_alike_in_every_member_is_gathered_once_per_group_on_spark(sdb, monkeypatch):
+    """The capped FFN's grouped step on Spark: x (the same tile in every member of a (b, i)
+    group) goes to the kernel once per group, ``ARRAY(ANY_VALUE(t0))`` beside the members'
+    ``COLLECT_LIST``; each group gets its own x (stored inputs: the tiles come through Spark)."""
+    from eindecomp_sql.plan import graph_plan
+
+    g, ref = ffn(b=12, d=4, f=30)
+    xs = random_inputs(g, 3)
+    graph_plan._plan_cached.cache_clear()
+    monkeypatch.setattr(graph_plan, "CHAINS", "always")
+    try:
+        p = graph_plan.plan_graph(g, workers=2, tile_bytes=200, costs=sdb.backend.cost_model)
+    finally:
+        graph_plan._plan_cached.cache_clear()
+    (step,) = p.plan.steps
+    assert step.grouped and step.pieces["b"] > 1 and step.pieces["o"] > 1
+    sql = sdb.backend.sql_listing(p.plan)
+    assert "EDS_EINSUM_GROUP2S(" in sql and "ARRAY(ANY_VALUE(`t0`))" in sql
+    stored = {k: sdb.store(f"shared_{k}", a, tile=p.plan_input_tile(k), replace=True) for k, a in xs.items()}
+    assert_close(p.run(sdb, **stored).to_numpy(), ref(**xs))
+
+
 def test_a_value_read_once_runs_inside_its_readers_statement(sdb, monkeypatch):
     """A step whose value is no output and is read by one later step is a view of its statement
     (no Parquet written and read back): the reader's statement runs it. A value read twice, or

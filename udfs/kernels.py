@@ -16,7 +16,7 @@ import numpy as np
 from eindecomp_sql.errors import EinsumError
 from eindecomp_sql.notation.numpy_impl import AGG_UFUNC, join_callable, product_dtype, widened
 from eindecomp_sql.plan.kernel_spec import (EinsumKernelSpec, KernelSpec, ProgramKernelSpec, RetileKernelSpec, from_json,
-                                            to_json)
+                                            shared_operands, to_json)
 
 from . import devices
 
@@ -60,6 +60,8 @@ class _TileLayout:
         self.tf32 = spec.tf32  # float32 products on a device may use TF32 (udfs/devices.py)
         self.values = spec.values  # on a device: the operands' value names (their tiles' cache names)
         self.result = spec.result  # ... and the result's
+        # in a grouped step, the operands gathered once per group instead of in every member
+        self.shared = shared_operands(spec.inputs, spec.reduced, spec.size, spec.tile)
 
     # -- shapes -----------------------------------------------------------------------------
     def extents(self, keys: dict[str, int]) -> dict[str, int]:

@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
+from eindecomp_sql.errors import EinsumError
 from eindecomp_sql.plan.kernel_spec import MAX_OPERANDS, FillKernelSpec
 
 from .devices import DEVICE_LOCK, float32_products, to_device, to_host
@@ -122,13 +123,15 @@ def _tile_of(array: np.ndarray, tile: tuple, keys: tuple) -> np.ndarray:
     return (array[index] if index else array).view(np.ndarray)
 
 
-def _operand_tiles(kernel, views, nulls, i: int, labkeys: dict, device: bool, state, values) -> list:
-    """The operand tiles of joined row ``i`` (``labkeys``: every label's key): views of the bytes
-    DuckDB handed, or for a NULL tile, None on a device (``_device_tile`` finds it) and the
-    array operand's own tile on the host (``_host_tile``)."""
-    return [tile_view(v[i], dt, s) if n is None or not n[i]
+def _operand_tiles(kernel, views, nulls, i, labkeys: dict, device: bool, state, values) -> list:
+    """The operand tiles of joined row ``i`` (``labkeys``: every label's key; ``i`` a list: each
+    operand's own row): views of the bytes DuckDB handed, or for a NULL tile, None on a device
+    (``_device_tile`` finds it) and the array operand's own tile on the host (``_host_tile``)."""
+    at = i if isinstance(i, list) else [i] * len(views)
+    return [tile_view(v[r], dt, s) if n is None or not n[r]
             else None if device else _host_tile(state, values[k], tuple(labkeys[lab] for lab in kernel.inputs[k]), s)
-            for k, (v, n, dt, s) in enumerate(zip(views, nulls, kernel.dtypes, kernel.in_shapes(kernel.extents(labkeys))))]
+            for k, (v, n, dt, s, r) in enumerate(zip(views, nulls, kernel.dtypes,
+                                                     kernel.in_shapes(kernel.extents(labkeys)), at))]
 
 
 def _output_tile(writer: TileWriter, r: int, state, value: str | None, keys: tuple) -> np.ndarray:
@@ -266,19 +269,33 @@ def einsum_rows(spec_arr, keys_arr, *tile_arrs) -> pa.Array:
     return _finished(writer)
 
 
-def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
+def einsum_groups(spec_arr, group_keys_arr, members_arr, shared_arr=None) -> pa.Array:
     """One output tile per group: every member is one joined row (keys of the reduced labels
-    and one tile per operand); the kernel contracts them all and aggregates in place."""
+    and one tile per operand); the kernel contracts them all and aggregates in place. With
+    ``shared_arr`` (``eds_einsum_group<m>s``), the operands the kernel's ``shared`` names (the
+    same tile in every member of a group) come once per group in that list, in operand order,
+    and a member's struct carries the other operands' tiles as ``t0``, ``t1``, ..."""
     kernel = einsum_kernel(_spec(spec_arr))
+    shared = kernel.shared if shared_arr is not None else ()
     gkeys = _key_rows(group_keys_arr)
     members = _as_array(members_arr)
     offsets = members.offsets.to_numpy()
     structs = members.values
     mkeys = _key_rows(structs.field("k"))
-    views = [blob_views(structs.field(f"t{k}")) for k in range(len(kernel.inputs))]
+    n = len(kernel.inputs)
+    varying = [k for k in range(n) if k not in shared]
+    fields = {k: structs.field(f"t{j}") for j, k in enumerate(varying)}
+    if shared:
+        lists = _as_array(shared_arr)
+        shared_offsets = lists.offsets.to_numpy()
+        if structs.type.num_fields != len(varying) + 1 or (np.diff(shared_offsets) != len(shared)).any():
+            raise EinsumError(f"kernel {kernel.np_spec}: a group call's shared tiles and members {structs.type} do "
+                              f"not match the spec's shared operands {list(shared)}")
+        fields.update({k: lists.values for k in shared})
+    views = [blob_views(fields[k]) for k in range(n)]
+    nulls = [_null_mask(fields[k]) for k in range(n)]
     device = kernel.xp is not np
-    nulls = [_null_mask(structs.field(f"t{k}")) for k in range(len(kernel.inputs))]
-    state, values = current(), kernel.values or [None] * len(kernel.inputs)
+    state, values = current(), kernel.values or [None] * n
     base = [dict(zip(kernel.output, g.tolist())) for g in gkeys]
     writer = TileWriter(kernel.out_dtype, [kernel.out_shape(kernel.extents(b)) for b in base])
     items = []
@@ -287,7 +304,10 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr) -> pa.Array:
         member_tiles, member_keys = [], []
         for m in rows:
             labkeys = {**b, **dict(zip(kernel.reduced, mkeys[m].tolist()))}
-            member_tiles.append(_operand_tiles(kernel, views, nulls, m, labkeys, device, state, values))
+            at = [m] * n
+            for j, k in enumerate(shared):
+                at[k] = shared_offsets[g] + j
+            member_tiles.append(_operand_tiles(kernel, views, nulls, at, labkeys, device, state, values))
             member_keys.append(labkeys)
         out = _output_tile(writer, g, state, kernel.result, tuple(b[lab] for lab in kernel.output))
 
@@ -482,11 +502,16 @@ def register_kernels(con, state: KernelState | None = None) -> None:
     # would skip it and give the output tile NULL; and a kernel returns NULL for a result it
     # leaves on the device (_keep_result), which DEFAULT refuses
     tile_opts = dict(opts, null_handling="special")
+    groups = _with_arity(einsum_groups, ["spec", "keys", "members"])
+    groups_shared = _with_arity(einsum_groups, ["spec", "keys", "members", "shared"])
     for n in range(1, MAX_ARITY + 1):
         rows = _with_arity(einsum_rows, ["spec", "keys"] + [f"t{k}" for k in range(n)])
         create_function(f"eds_einsum{n}", rows, [text, keys] + [blob] * n, blob, **tile_opts)
         member = duckdb.struct_type({"k": keys, **{f"t{k}": blob for k in range(n)}})
-        create_function(f"eds_einsum_group{n}", einsum_groups, [text, keys, duckdb.list_type(member)], blob, **tile_opts)
+        create_function(f"eds_einsum_group{n}", groups, [text, keys, duckdb.list_type(member)], blob, **tile_opts)
+        if n < MAX_ARITY:  # n operands in the members, the shared ones once per group in a list
+            create_function(f"eds_einsum_group{n}s", groups_shared, [text, keys, duckdb.list_type(member),
+                                                                     duckdb.list_type(blob)], blob, **tile_opts)
     create_function("eds_program", program_rows, [text, duckdb.list_type(blob)], blob, **tile_opts)
     for n in range(1, MAX_PROGRAM_ARITY + 1):
         args = _with_arity(program_args, ["spec"] + [f"t{k}" for k in range(n)])

@@ -49,6 +49,8 @@ def register_spark_kernels(spark) -> None:
     for n in range(1, MAX_ARITY + 1):
         register(f"eds_einsum{n}", _r.einsum_rows, 2 + n, blob)
         register(f"eds_einsum_group{n}", _r.einsum_groups, 3, blob)
+        if n < MAX_ARITY:
+            register(f"eds_einsum_group{n}s", _r.einsum_groups, 4, blob)
     register("eds_program", _r.program_rows, 2, blob)
     for n in range(1, _r.MAX_PROGRAM_ARITY + 1):
         register(f"eds_program{n}", _r.program_args, 1 + n, blob)

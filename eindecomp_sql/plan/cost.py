@@ -160,16 +160,21 @@ def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str
     partial results are aggregated in ``agg_dtype`` (default: the result's; a fused step
     aggregates its core's result, before any epilogue changes the dtype). ``model``'s engine
     decides what a grouped step groups (``CostModel.broadcast_bytes``)."""
+    red = 1
+    for lab in node.reduced:
+        red *= pieces[lab]
+    cut = {lab for lab in node.reduced if pieces[lab] > 1}
     join = 0
     for op in node.operands:
         rep = 1
         for lab in node.labels:
             if lab not in op.labels:
                 rep *= pieces[lab]
+        if cut and not cut & set(op.labels):
+            # the same tile in every member of a group: the step hands it to the kernel once
+            # per group (``kernel_spec.shared_operands``), not once per member
+            rep //= red
         join += operand_bytes[op.value] * rep
-    red = 1
-    for lab in node.reduced:
-        red *= pieces[lab]
     out = nbytes(node.result.shape, agg_dtype or node.result.dtype)
     group = join if red > 1 else 0
     if group and repartition_label(node, pieces, operand_bytes, model.broadcast_bytes) is not None:

@@ -69,6 +69,23 @@ MAX_OPERANDS = 8
 OPS = ("einsum", "retile", "fill", "program")
 
 
+def shared_operands(inputs, reduced, size: dict, tile: dict) -> tuple[int, ...]:
+    """The operands of a grouped einsum step whose tile is the same in every member of a
+    group: those that carry no reduced label cut in several pieces (``tile < size``), so their
+    keys are group keys or 0. The step's SQL gathers such a tile once per group, not once per
+    member (``SQLCompiler.einsum_groups``); the kernels read the same rule from the spec, and
+    the cost model prices it (``plan.cost.step_costs``). Empty for a step that is not grouped.
+
+    >>> shared_operands([("b", "j"), ("j", "o"), ("o", "i")], ("j", "o"), {"b": 8, "j": 4, "o": 8, "i": 2},
+    ...                 {"b": 4, "j": 4, "o": 2, "i": 2})
+    (0,)
+    """
+    cut = {lab for lab in reduced if tile[lab] < size[lab]}
+    if not cut:
+        return ()
+    return tuple(k for k, labels in enumerate(inputs) if not cut & set(labels))
+
+
 def _check_device(device) -> str:
     if device not in DEVICES:
         raise EinsumError(f"kernel spec device {device!r} is unknown; devices are {', '.join(DEVICES)}")

@@ -160,9 +160,13 @@ class _Problem:
             return pieces[:, idx].prod(axis=1) if idx else np.ones(len(pieces), dtype=np.int64)
 
         join = np.zeros(len(pieces), dtype=np.int64)
-        for op in node.operands:
-            join += self.bytes[op.value] * prod([lab for lab in node.labels if lab not in op.labels])
         red = prod(node.reduced)
+        for op in node.operands:
+            rep = prod([lab for lab in node.labels if lab not in op.labels])
+            own = [col[lab] for lab in node.reduced if lab in op.labels]
+            # ``step_costs``: an operand with no cut reduced label is handed once per group
+            shared = (red > 1) & ((pieces[:, own] == 1).all(axis=1) if own else True)
+            join += self.bytes[op.value] * np.where(shared, rep // red, rep)
         agg = nbytes(node.result.shape, node.result.dtype) * (red - 1)
         group = np.where(red > 1, join, 0)
         m = self.model
