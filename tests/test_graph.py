@@ -11,6 +11,9 @@ from eindecomp_sql import EinsumError
 from eindecomp_sql.graph import Graph
 from eindecomp_sql.plan import EinsumStep, RetileStep
 from graphs import attention, chain, ffn, llama_block, random_inputs
+from helpers import NUMPY_DTYPES, random_array
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 WORKLOADS = {"chain": chain, "ffn": ffn, "attention": attention, "llama_block": llama_block}
 
@@ -313,6 +316,31 @@ def test_graph_arguments_numpy_users_write_and_bad_ones():
     for run in (lambda: plan.run(None, x=a), lambda: plan.run("my.duckdb", x=a), lambda: g.run(None, x=a)):
         with pytest.raises(EinsumError, match="db must be a session from eds.connect"):
             run()
+
+
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=3), dtype=st.sampled_from(NUMPY_DTYPES),
+       agg=st.sampled_from(["sum", "max", "min", "prod"]), workers=st.sampled_from([1, 4]), data=st.data())
+@settings(max_examples=60, deadline=None)
+def test_reduce_gives_numpys_reduction_in_numpys_dtype(shape, dtype, agg, workers, data):
+    """``g.reduce`` is ``np.sum`` / ``np.max`` / ``np.min`` / ``np.prod`` over the axes, values
+    and dtype: a sum of bools counts them (as einsum it OR-ed them: [True, True] where numpy
+    says [2, 3]), a sum of int8 widens to int64 instead of wrapping, every dtype, random shapes
+    and axes, the step cut or whole."""
+    axes = tuple(sorted(data.draw(st.sets(st.integers(0, len(shape) - 1), min_size=1))))
+    a = random_array(np.random.default_rng(len(shape) + sum(shape)), shape, dtype)
+    if dtype in ("int8", "uint8"):
+        a = (a * 60).astype(dtype)  # sums past int8's range: wrapped before
+    want = getattr(np, agg)(a, axis=axes)
+    g = eds.Graph()
+    g.reduce(g.input("x", a.shape, dtype), axes, agg=agg, name="r")
+    with eds.connect() as db:
+        got = g.plan(workers=workers).run(db, x=a).to_numpy()
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    if want.dtype.kind in "fc":
+        tol = {2: 2e-2, 4: 1e-5, 8: 1e-9}[np.finfo(want.dtype).dtype.itemsize]  # by its float precision
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    else:
+        np.testing.assert_array_equal(got, want)
 
 
 def test_a_value_two_nodes_read_cut_alike_is_retiled_once():

@@ -153,7 +153,8 @@ class Graph:
 
     def reduce(self, x, axis, agg: str = "sum", name: str | None = None) -> GraphValue:
         """Aggregate ``x`` over ``axis`` (an int or a tuple of ints; None: every axis, as in
-        numpy) with sum, max, min or prod."""
+        numpy) with sum, max, min or prod, in the dtype numpy's reduction gives (``np.sum``
+        of bools or small integers is int64, of unsigned ones uint64)."""
         v = self._value(x, "reduce")
         if axis is None:
             axis = tuple(range(len(v.shape)))
@@ -168,7 +169,13 @@ class Graph:
             raise EinsumError(f"reduce: duplicate value in axis {axis} (for shape {v.shape})")
         s = _pick_labels([(lab,) for lab in self._labels_of(v)])
         out = "".join(c for k, c in enumerate(s) if k not in axes)
-        return self.einsum(f"{s}->{out}", x, agg=agg, name=name)
+        # np.sum's dtype, not np.einsum's: a sum of bools counts them and a sum of small
+        # integers widens to int64 / uint64 (as einsum, bools were OR-ed and int8 wrapped, in
+        # silence: a trial's mask count came back [True, True]); the identity join takes
+        # ``agg.reduce``'s dtype, which is numpy's
+        integral = v.dtype == "bool" or v.dtype.startswith(("int", "uint"))
+        join = "identity" if integral and parse_agg(agg).name == "sum" else None
+        return self.einsum(f"{s}->{out}", x, join=join, agg=agg, name=name)
 
     def elementwise(self, join, *operands, name: str | None = None) -> GraphValue:
         """A join of operands broadcast against each other the numpy way (right-aligned)."""
