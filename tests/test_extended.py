@@ -199,6 +199,11 @@ def _raises(x, y):
         (_tile_dependent_shape, "_tile_dependent_shape\\) is not element-wise"),
         (_tile_dependent_dtype, "_tile_dependent_dtype\\) returned float32.*probe.*gave float64"),
         (_tile_dependent_strings, "_tile_dependent_strings\\) returned <U"),
+        # shape and dtype kept, not element-wise: ran, its result depending on the tiling (a trial)
+        (lambda x, y: x * y - (x * y).mean(), "<lambda>\\) is not element-wise: on probes.*first element"),
+        (lambda x, y: np.sort(x * y, axis=None).reshape(np.broadcast_shapes(x.shape, y.shape)), "not element-wise"),
+        (lambda x, y: np.cumsum(x + y, axis=-1), "<lambda>\\) is not element-wise: on probes.*last element"),
+        (lambda x, y: x * y / np.abs(x * y).max(), "not element-wise"),
     ],
 )
 def test_callable_joins_are_checked_on_every_tile(db, fn, match):
@@ -225,6 +230,9 @@ def test_element_wise_callables_still_run_on_every_tiling(db):
         return np.maximum(1 - x * y, np.zeros((), x.dtype))
 
     want = reference("ij,jk->ik", a, b, join=hinge, agg="sum")
+    # the element-wise probe lets through what is element-wise in any form
+    assert_close(eds.einsum("ij,jk->ik", a, b, join=np.vectorize(lambda x, y: max(1 - x * y, 0.0))), want)
+    assert_close(eds.einsum("ij,jk->ik", a, b, join=lambda x, y: np.where(x * y < 1, 1 - x * y, 0 * x)), want)
     for ta, tb in [((7, 6), (6, 5)), ((2, 3), (3, 2)), ((1, 1), (1, 1)), ((3, 5), (4, 4))]:
         A = db.store("ok_a", a, tile=ta, replace=True)
         B = db.store("ok_b", b, tile=tb, replace=True)

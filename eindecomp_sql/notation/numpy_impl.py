@@ -238,6 +238,7 @@ def join_dtype(join: JoinFunction, dtypes: list[np.dtype]) -> np.dtype:
         with np.errstate(all="ignore"):
             if join.func is not None:
                 vals = _callable_result(join, probes)
+                _check_elementwise(join, [_stand_in(d) for d in dtypes])
             else:
                 vals = np.asarray(join_callable(join)(*probes))
     except EinsumError:
@@ -245,6 +246,36 @@ def join_dtype(join: JoinFunction, dtypes: list[np.dtype]) -> np.dtype:
     except Exception as e:  # noqa: BLE001 - a user's join failing on a probe is bad input
         raise EinsumError(f"join {join.label} failed on a probe of dtypes {[d.name for d in dtypes]}: {e}") from e
     return narrow_bfloat16(vals.dtype, dtypes)
+
+
+def _check_elementwise(join: JoinFunction, dtypes: list[np.dtype]) -> None:
+    """A user's callable must compute each element from the same element of its inputs: on
+    probes of distinct values, in no order, its first and last elements must be what it gives
+    on those elements alone. ``v - v.mean()`` keeps the shape and dtype, so the checks on
+    every call let it through, and its result depended on the tiling (a trial: the row maxima
+    of ``x - x.mean()`` came out different at 1 and 16 workers, with no error). Compared
+    within a tolerance: numpy's vectorised and scalar loops of one function may differ in the
+    last bit."""
+    n = len(dtypes)
+    full = []
+    for k, d in enumerate(dtypes):
+        shape = [1] * (n + 1)
+        shape[k] = shape[n] = 2
+        values = np.array([3, 1, 4, 2])  # distinct, not sorted: a sort or a cumulative sum shows
+        full.append((values % 2 == 0 if d.kind == "b" else values).reshape(shape).astype(d))
+    whole = np.asarray(join.func(*full))
+    for at in (0, -1):
+        alone = np.asarray(join.func(*[x[(slice(at, None) if at else slice(0, 1),) * (n + 1)] for x in full]))
+        got, want = alone.reshape(-1)[:1], whole[(at,) * (n + 1)].reshape(1)
+        same = (np.array_equal(got, want) if got.dtype.kind not in "fc" or want.dtype.kind not in "fc"
+                else np.allclose(got, want, rtol=1e-2, atol=1e-6, equal_nan=True))
+        if alone.size != 1 or not same:
+            raise EinsumError(
+                f"join {join.label} is not element-wise: on probes of shape {_shapes(full)}, its "
+                f"{'first' if at == 0 else 'last'} element was {want[0].item()!r}, but on that element alone it "
+                f"gives {alone.reshape(-1)[0].item() if alone.size else alone!r}; a join must compute each element from the "
+                "same element of its inputs (no means, sums, sorts or running totals: the result would depend "
+                "on how the tensors are tiled)")
 
 
 def result_dtype(join: JoinFunction, agg: Aggregation, dtypes: list[np.dtype], reduces: bool) -> np.dtype:
