@@ -343,6 +343,25 @@ def test_reduce_gives_numpys_reduction_in_numpys_dtype(shape, dtype, agg, worker
         np.testing.assert_array_equal(got, want)
 
 
+def test_plan_run_refuses_a_plan_over_the_sessions_budget():
+    """A plan made without a budget ran on a session opened with ``memory=`` below its peak
+    (a trial: 201 MB projected, ``memory="150MB"``, max RSS +118 MB); the README says such a
+    plan is refused before it runs. Planned for the session, or by ``g.run``, it runs."""
+    n = 1024
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    g = eds.Graph()
+    g.einsum("ij,jk->ik", g.input("a", (n, n), "float64"), g.input("b", (n, n), "float64"), name="c")
+    free = g.plan()
+    with eds.connect(memory="24MB") as db:
+        assert free.plan.peak_bytes > db.memory
+        with pytest.raises(EinsumError, match=r"plan.run: step 0 .* over the memory budget .* memory=\); .*g.plan\(m"):
+            free.run(db, a=a, b=b, out="c")
+        assert "c" not in db.tensors()
+        np.testing.assert_allclose(g.plan(memory=db.plan_budget).run(db, a=a, b=b).to_numpy(), a @ b)
+        np.testing.assert_allclose(g.run(db, a=a, b=b).to_numpy(), a @ b)
+
+
 def test_a_value_two_nodes_read_cut_alike_is_retiled_once():
     """square-tiles re-tiled h for relu(h) and again for the product that reads h: a statement
     and its bytes twice, and a baseline's cost inflated in explain()."""
