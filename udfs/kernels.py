@@ -23,6 +23,9 @@ from . import devices
 # Elements one task materialises at once when a join is not a plain product (for mul/sum the
 # kernel is np.einsum, i.e. BLAS, and needs no blocking): 4M elements = 32 MB of float64.
 BLOCK_ELEMENTS = 1 << 22
+# ... and at least this many where the tiles are smaller (a numpy call's own cost then stays
+# small against its work): 256K elements, 2 MB of float64
+MIN_BLOCK = 1 << 18
 # Do not split a tile's work across kernel threads below this many element-operations.
 MIN_SPLIT_WORK = 1 << 18
 
@@ -207,20 +210,34 @@ class EinsumKernel(_TileLayout):
         red_axes = tuple(range(n_out, len(self.all)))
         if not red_axes:
             return xp.broadcast_to(xp.asarray(self.join(*xs)), full)
-        # block over the longest reduced axis so no task holds the whole join space
-        axis = max(red_axes, key=lambda a: full[a])
-        others = int(np.prod([full[a] for a in range(len(full)) if a != axis], dtype=np.int64))
-        step = max(1, BLOCK_ELEMENTS // max(others, 1))
+        # block over the reduced axes, longest first, so that no task holds more of the join
+        # space than the larger of its tiles (which the projected peak counts) or MIN_BLOCK:
+        # one slice of the longest axis alone was 36^5 elements of a 5-operand add/sum over
+        # 36 x 36 tiles (+519 MB resident, projected 124 kB: a trial), and up to 32 MB a task
+        # for a 512² max-plus product (+127 MB over its mul/sum twin)
+        out_elems = int(np.prod(full[:n_out], dtype=np.int64))
+        largest = max([int(np.prod(x.shape, dtype=np.int64)) for x in xs] + [out_elems])
+        # a block of at least 8 output tiles' worth, where that fits BLOCK_ELEMENTS: each block
+        # is folded into the accumulator, a pass over one output tile (2 a block made a 1024²
+        # max-plus product 1.5x slower)
+        limit = min(BLOCK_ELEMENTS, max(MIN_BLOCK, largest, 8 * out_elems))
+        steps = {a: full[a] for a in red_axes}
+        for a in sorted(red_axes, key=lambda a: -full[a]):
+            rest = out_elems * int(np.prod([steps[b] for b in red_axes if b != a], dtype=np.int64))
+            steps[a] = max(1, min(full[a], limit // max(rest, 1)))
+            if out_elems * int(np.prod(list(steps.values()), dtype=np.int64)) <= limit:
+                break
         acc = None
-        for s in range(0, full[axis], step):
-            sl = [x[(slice(None),) * axis + (slice(s, s + step),)] if x.shape[axis] != 1 else x for x in xs]
+        for starts in itertools.product(*(range(0, full[a], steps[a]) for a in red_axes)):
+            cut = dict(zip(red_axes, starts))
+            sl = [x[tuple(slice(cut[a], cut[a] + steps[a]) if a in cut and x.shape[a] != 1 else slice(None)
+                          for a in range(len(full)))] for x in xs]
             vals = xp.asarray(self.join(*sl))
-            shape = list(full)
-            shape[axis] = min(step, full[axis] - s)
+            shape = [min(steps[a], full[a] - cut[a]) if a in cut else full[a] for a in range(len(full))]
             # float16 values reduce in float32, as numpy's half loops do (``acc_dtype``)
             wide = self.acc_dtype if vals.dtype == np.float16 and self.acc_dtype != vals.dtype else None
             part = _reduce(xp.broadcast_to(vals, shape), self.agg_name, red_axes, wide)
-            acc = part if acc is None else self.agg(acc, part)
+            acc = part if acc is None else self.agg(acc, part, out=acc)  # part is a reduction's own array
         return acc
 
 
