@@ -177,3 +177,16 @@ def test_a_users_table_of_that_name_gets_no_advice_to_replace_it():
                 call()
             assert "pass replace=True" not in str(e.value)
         assert db.connection.execute("SELECT x FROM mine").fetchall() == [(1,)]
+
+
+def test_an_einsum_too_large_to_plan_is_an_einsum_error():
+    """(2**31, 2**31) inputs reached the optimizer, whose int64 costs raised a raw
+    OverflowError (a trial); an einsum whose join space passes 2**56 elements is refused
+    where it is declared, naming the sizes. The largest that plans still plans."""
+    g = eds.Graph()
+    x, y = g.input("x", (2**31, 2**31)), g.input("y", (2**31, 4))
+    with pytest.raises(eds.EinsumError, match=r"'ij,jk->ik' over sizes .*'i': 2147483648.* spans 1.84e\+19 elements"):
+        g.einsum("ij,jk->ik", x, y)
+    g = eds.Graph()
+    g.einsum("ij,jk->ik", g.input("a", (2**20, 2**18)), g.input("b", (2**18, 2**18)))  # 2**56: plans
+    assert g.plan(workers=4).plan.steps

@@ -11,6 +11,8 @@ right); letters stay themselves, so a label is a ``str`` everywhere below this m
 
 from __future__ import annotations
 
+import math
+
 import string
 from dataclasses import dataclass
 
@@ -89,6 +91,8 @@ def _scan_operand(text: str, start: int, end: int) -> tuple[list[str], int | Non
     return labels, ellipsis_at
 
 
+# the most elements an einsum's join space may span (2^56: its bytes and costs stay in int64)
+MAX_JOIN_SPACE = 1 << 56
 MAX_LABELS = 52  # a-z and A-Z: what numpy's einsum, in the kernels, can name
 
 
@@ -219,6 +223,12 @@ def parse_spec(text: str, shapes: list[tuple[int, ...]] | tuple[tuple[int, ...],
         # einsum takes more only as broadcast dimensions); an IndexError in a UDF before
         raise EinsumError(f"einsum {text!r} has {len(named)} distinct labels (each dimension an ellipsis stands for "
                           f"counts as one): at most {MAX_LABELS}")
+    space = math.prod(sizes[lab] for lab in named)
+    if space > MAX_JOIN_SPACE:
+        # its bytes, times the pieces a plan cuts, are priced in int64 (a raw OverflowError
+        # from the optimizer before, for (2**31, 2**31) inputs: a trial)
+        raise EinsumError(f"einsum {text!r} over sizes {dict(sorted(sizes.items()))} spans {space:.3g} elements (the "
+                          f"product of every label's size), beyond the {MAX_JOIN_SPACE:.3g} this library plans")
     return EinsumSpec(
         inputs=tuple(final_inputs),
         output=output,
