@@ -520,8 +520,7 @@ class Session:
                     bound[v.name] = t.name
                 else:
                     a = as_array(x, f"input {v.name!r}")
-                    if a.dtype != v.dtype and can_cast(a.dtype, v.dtype, "same_kind"):
-                        a = a.astype(v.dtype)  # an array is cast to the declared dtype, as numpy would
+                    a = _cast_input(a, v)
                     if a.shape != v.shape or a.dtype != v.dtype:
                         raise EinsumError(f"input {v.name!r}: the graph wants {v.shape} {v.dtype}, got {a.shape} {a.dtype}")
                     bound[v.name] = a
@@ -628,6 +627,27 @@ class _Holder:
         if session is None:
             raise EinsumError("this session is closed")
         return session._einsum_sql(*args, **kw)
+
+
+def _cast_input(a: np.ndarray, v) -> np.ndarray:
+    """An array bound to graph input ``v``, in its declared dtype: integers (and bools) to any
+    integer dtype their values fit, refused where one does not (numpy's cast wraps: 300 into
+    int8 was 44, uint64 2**63 into int64 -2**63, in silence: a trial); otherwise numpy's
+    same-kind casts (floats to narrower floats lose digits, as ``np.asarray`` would). Across
+    kinds (floats to integers, complex to real) stays the caller's to do."""
+    if a.dtype == v.dtype:
+        return a
+    if a.dtype.kind in "biu" and (v.dtype.startswith(("int", "uint"))):
+        info = np.iinfo(v.dtype)
+        if a.size and a.dtype.kind != "b":
+            lo, hi = int(a.min()), int(a.max())
+            if lo < info.min or hi > info.max:
+                raise EinsumError(f"input {v.name!r}: values {lo}..{hi} do not fit the graph's {v.dtype} "
+                                  f"({info.min}..{info.max}); cast them yourself, or declare a wider dtype")
+        return a.astype(v.dtype)
+    if can_cast(a.dtype, v.dtype, "same_kind"):
+        return a.astype(v.dtype)
+    return a  # refused by the caller: the graph wants another dtype
 
 
 def _check_replace(replace) -> None:

@@ -411,3 +411,26 @@ def test_explain_says_which_inputs_each_whole_run_peak_assumes():
     assert (f"whole run {format_bytes(stored)} with the inputs stored, {format_bytes(arrays)} with them passed as "
             "arrays (read in place)") in text
     assert f"(largest step; whole run {format_bytes(stored)})" in text
+
+
+def test_graph_inputs_are_cast_only_where_no_value_changes_past_digits():
+    """Integers go to any integer dtype their values fit (np.arange's int64 into a uint8 input
+    was refused) and are refused where one does not (300 into int8 became 44, uint64 2**63
+    into int64 -2**63, in silence: a trial); floats narrow as numpy casts them; floats into
+    integers stay refused."""
+    def run(dtype, a):
+        g = eds.Graph()
+        g.map("identity", g.input("x", a.shape, dtype), name="y")
+        with eds.connect() as db:
+            return g.plan().run(db, x=a).to_numpy()
+
+    np.testing.assert_array_equal(run("uint8", np.arange(5)), np.arange(5, dtype=np.uint8))
+    np.testing.assert_array_equal(run("int8", np.array([-128, 127], np.int64)), np.array([-128, 127], np.int8))
+    np.testing.assert_array_equal(run("int16", np.array([True, False])), np.array([1, 0], np.int16))
+    assert run("float32", np.array([0.1, 2.5])).dtype == np.float32
+    for dtype, a, match in (("int8", np.array([1, 300]), r"values 1..300 do not fit the graph's int8 \(-128..127\)"),
+                            ("int64", np.array([2**63], np.uint64), "do not fit the graph's int64"),
+                            ("uint8", np.array([-1, 3]), r"values -1..3 do not fit the graph's uint8"),
+                            ("int8", np.array([1.0]), "the graph wants .* int8, got .* float64")):
+        with pytest.raises(EinsumError, match=match):
+            run(dtype, a)

@@ -110,8 +110,11 @@ class Graph:
 
     def input(self, name: str, shape, dtype="float32") -> GraphValue:
         """A tensor given when the plan runs (an array, a stored Tensor or its name). An array is
-        cast to ``dtype`` (float32 by default), as ``np.asarray(x, dtype)`` would, even where that
-        loses digits (int64 above 2**24, float64); a stored Tensor must have it."""
+        cast to ``dtype`` (float32 by default): integers and bools to any integer dtype their
+        values fit (one that does not fit is refused, where numpy would wrap it), and any
+        same-kind cast numpy makes, even where that loses digits (int64 above 2**24 into
+        float32, float64 into float32); floats into integers or complex into real values are
+        refused. A stored Tensor must have ``dtype``."""
         self._check_new_name(name)
         try:
             # operator.index: ints and numpy ints only; int() would take "12" as (1, 2) and 2.5 as 2
