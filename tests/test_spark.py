@@ -1026,3 +1026,51 @@ def test_a_spark_frame_of_tiles_is_stored_by_spark(sdb, tdb, tables, monkeypatch
     monkeypatch.undo()
     with pytest.raises(EinsumError, match="needs shape=, dtype= and tile="):  # the driver path says what is missing
         db.store("TX", f, shape=(7, 5))
+
+
+@pytest.mark.parametrize("edit", ["repeat", "delete", "rekey"])
+def test_a_stored_tensor_edited_out_of_shape_is_refused_on_spark(sdb, edit):
+    """A Parquet file of a stored tensor rewritten by hand (a tile repeated, deleted, or moved
+    outside the grid) ran as it was: a grouped GEMM summed a repeated tile twice. Its keys are
+    checked before any statement runs, once per change of its files; nothing is written."""
+    import glob
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(21)
+    a, b = rng.standard_normal((40, 30)), rng.standard_normal((30, 20))
+    A = sdb.store("EA", a, tile=(10, 10), replace=True)
+    B = sdb.store("EB", b, tile=(10, 20), replace=True)
+    assert_close(sdb.einsum("ij,jk->ik", A, B).to_numpy(), a @ b)  # checked, and remembered
+    assert any(k[0] == "ea" for k in sdb.backend._checked)
+    (path,) = glob.glob(os.path.join(sdb.backend._dir("EA"), "*.parquet"))
+    t = pq.read_table(path)
+    if edit == "repeat":
+        t = pa.concat_tables([t, t.slice(0, 1)])
+        match = "13 tile rows, but shape .* has 12; 1 tile key\\(s\\) repeated"
+    elif edit == "delete":
+        t = t.slice(1)
+        match = "11 tile rows, but shape .* has 12"
+    else:
+        t = t.set_column(0, "d0", pc.add(t.column("d0"), 1))
+        match = "key d0 runs 1..4, outside the grid's 0..3"
+    pq.write_table(t, path)
+    before = sdb.tensors()
+    with pytest.raises(EinsumError, match=f"stored tensor 'EA' .*no longer holds its tiles: {match}.*nothing was run"):
+        sdb.einsum("ij,jk->ik", A, B, out="E_out")
+    assert sdb.tensors() == before
+    sdb.store("EA", a, tile=(10, 10), replace=True)  # stored again: runs
+    assert_close(sdb.einsum("ij,jk->ik", "EA", B).to_numpy(), a @ b)
+
+
+def test_a_spark_table_edited_in_sql_is_refused(tdb, spark):
+    """The same for a tensor kept as a Spark table, edited with Spark SQL."""
+    rng = np.random.default_rng(22)
+    a = rng.standard_normal((12, 9))
+    A = tdb.store("TE", a, tile=(4, 9), replace=True)
+    assert_close(tdb.einsum("ij,kj->ik", A, A).to_numpy(), a @ a.T)
+    spark.sql("INSERT INTO eds_t.te SELECT * FROM eds_t.te WHERE d0 = 0")
+    with pytest.raises(EinsumError, match="stored tensor 'TE' .*4 tile rows, but .* has 3; 1 tile key\\(s\\) repeated"):
+        tdb.einsum("ij,kj->ik", A, A)

@@ -271,6 +271,8 @@ class SparkBackend:
         self._counter = itertools.count()
         # lower-cased name -> (value named as the session knows it, where its tiles are)
         self._temporary: dict[str, tuple[TiledValue, Where]] = {}
+        # stored tensor (lower-cased name, its value) -> the files its keys were last checked in
+        self._checked: dict[tuple[str, TiledValue], tuple] = {}
 
     @property
     def compiler(self) -> SparkCompiler:
@@ -594,6 +596,8 @@ class SparkBackend:
             try:
                 os.makedirs(run.path)
                 where = {v.name: self._bind_input(v, inputs[v.name], run) for v in plan.inputs}
+                self._check_stored([(v, inputs[v.name], where[v.name]) for v in plan.inputs
+                                    if isinstance(inputs[v.name], str)])
                 tables = {v.name: self._view(where[v.name], v, views) for v in plan.inputs}
                 arrays: dict[str, pa.Table] = {}
                 inlined = inlined_steps(plan)
@@ -653,6 +657,89 @@ class SparkBackend:
                     with contextlib.suppress(Exception):
                         self._tables.discard(name)
                 shutil.rmtree(run.path, ignore_errors=True)
+
+    def _check_stored(self, stored: list[tuple[TiledValue, str, Where]]) -> None:
+        """Refuse, before any statement runs, to read a stored tensor whose tiles no longer hold
+        its grid's keys: a Parquet file or a table row deleted, repeated or re-keyed by hand
+        (``compile/tile_check.py``, as the DuckDB backend checks its tables). Edited so, a GEMM
+        on Spark summed a repeated tile twice, or dropped a deleted one's products, in silence.
+        One Spark job reads the keys of every tensor not checked since its files last changed
+        (``DataFrame.inputFiles``, and each local file's size and time): a tensor the session
+        stored, read again, costs no job. A NULL tile or one of the wrong length, the kernels
+        refuse."""
+        from ..compile.tile_check import NULL_KEY, problems
+
+        todo = []
+        for v, name, where in stored:
+            frame = None
+            stamp = self._dir_stamp(where.path) if where.table is None else None
+            if stamp is None:
+                frame = self._frame(where, v)
+                stamp = self._files_stamp(frame)
+            key = (name.lower(), v)
+            if stamp is None or self._checked.get(key) != stamp:
+                todo.append((v, name, frame if frame is not None else self._frame(where, v), key, stamp))
+        if not todo:
+            return
+        from pyspark.sql import functions as F
+
+        most = max(len(v.keys) for v, *_ in todo)
+        union = None
+        for q, (v, _, frame, _, _) in enumerate(todo):
+            cols = [F.lit(q).alias("q")] + [F.col(v.keys[p]).cast("bigint").alias(f"k{p}") if p < len(v.keys)
+                                             else F.lit(0).cast("bigint").alias(f"k{p}") for p in range(most)]
+            part = frame.select(*cols)
+            union = part if union is None else union.unionAll(part)
+        try:
+            got = union.toArrow()
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # noqa: BLE001 - a file gone or unreadable: the statements say it, naming the step
+            del e
+            return
+        q = got.column("q").to_numpy()
+        columns = [got.column(f"k{p}").fill_null(NULL_KEY).to_numpy() for p in range(most)]
+        for n, (v, name, _, key, stamp) in enumerate(todo):
+            mine = q == n
+            keys = (np.stack([c[mine] for c in columns[:len(v.keys)]], axis=1) if v.keys
+                    else np.zeros((int(mine.sum()), 0), np.int64))
+            wrong = problems(v, keys.astype(np.int64))
+            if wrong:
+                raise EinsumError(f"stored tensor {v.name!r} ({name!r}) no longer holds its tiles: {'; '.join(wrong)} "
+                                  "(were its files or table edited? store it again with replace=True); nothing was run")
+            if stamp is not None:
+                self._checked[key] = stamp
+
+    @staticmethod
+    def _dir_stamp(path: str | None) -> tuple | None:
+        """``_files_stamp`` of a tensor's directory on this machine, from the directory itself
+        (~µs; asking Spark for a frame's files took ~13 ms a tensor)."""
+        if path is None or not os.path.isdir(path):
+            return None
+        try:
+            with os.scandir(path) as it:
+                return tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in it
+                                    if not e.name.startswith(("_", "."))))
+        except OSError:
+            return None
+
+    def _files_stamp(self, frame) -> tuple | None:
+        """What a tensor's tiles are read from: its files' names, and for local ones their size
+        and modification time (a file rewritten in place keeps its name). None where Spark
+        cannot say (the check then runs every time)."""
+        try:
+            files = sorted(frame.inputFiles())
+        except Exception:  # noqa: BLE001 - a source without files: check it every time
+            return None
+        stamp = []
+        for f in files:
+            path = f[len("file:"):] if f.startswith("file:") else None
+            try:
+                st = os.stat(path) if path is not None else None
+            except OSError:
+                st = None
+            stamp.append((f, st.st_size, st.st_mtime_ns) if st is not None else (f,))
+        return tuple(stamp)
 
     @staticmethod
     def _made_by(run: _Run, where: Where) -> bool:
