@@ -153,15 +153,18 @@ def test_dp_equals_exhaustive_under_an_engine_that_repartitions(name, threshold)
         assert choice.costs.total == pytest.approx(best)
 
 
-@pytest.mark.parametrize("threshold", [None, 0, 300, 1 << 20])
-def test_vectorized_node_costs_are_the_step_costs_of_every_candidate(threshold):
+@pytest.mark.parametrize("threshold,shares", [(None, True), (None, False), (0, False), (300, False),
+                                               (1 << 20, False), (1 << 20, True)])
+def test_vectorized_node_costs_are_the_step_costs_of_every_candidate(threshold, shares):
     """The DP prices every candidate at once; each price must be ``step_costs`` of that
-    candidate under the same engine (a repartitioned grouped step groups its left operand only)."""
+    candidate under the same engine (a repartitioned grouped step groups its left operand only;
+    an operand alike in a group's members is priced once per group where the engine hands it
+    so: DuckDB, not Spark)."""
     from dataclasses import replace
 
     from eindecomp_sql.backends.spark import COSTS
 
-    model = replace(COSTS, broadcast_bytes=threshold)
+    model = replace(COSTS, broadcast_bytes=threshold, shares_group_operands=shares)
     g = Graph()
     x, w = g.input("x", (64, 512)), g.input("w", (512, 8))  # left 128 KB, right 16 KB
     g.einsum("bi,io->bo", x, w)

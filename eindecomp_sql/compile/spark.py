@@ -17,7 +17,7 @@ from sqlglot import exp
 
 from ..plan import EinsumStep, FillStep, ProgramStep, RetileStep, Step
 from ..plan.steps import step_reads, step_target
-from ..plan.cost import nbytes
+from ..plan.cost import CostModel, nbytes
 from ..plan.cost import repartition_label as _repartition_label
 from ..plan.kernel_spec import kernel_spec
 from .compiler import (TILE, SQLCompiler, alias, call, cast, col, fold, ident, name, num, slot, struct, subquery,
@@ -251,5 +251,11 @@ def shuffle_bytes(step: Step, broadcast_bytes: int = 10 << 20) -> int:
         seen |= set(op.labels)
         left += value.nbytes  # the joined rows so far carry every tile read yet
     if step.grouped:
-        moved += step.inputs[0].nbytes if repartition_label(step, broadcast_bytes) else step.costs.join
+        # every joined row, each with every tile (an operand alike in a group's members too:
+        # the kernel gets it once, after the shuffle)
+        moved += (step.inputs[0].nbytes if repartition_label(step, broadcast_bytes)
+                  else step.costs_on(_UNSHARED).join)
     return moved
+
+
+_UNSHARED = CostModel(shares_group_operands=False)

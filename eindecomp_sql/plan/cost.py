@@ -84,6 +84,12 @@ class CostModel:
     # repartitions the left one by an output key (Spark, ``repartition_label``) groups only the
     # left operand's bytes there; None: a grouped step groups every joined byte (DuckDB's list())
     broadcast_bytes: int | None = None
+    # a grouped step's SQL hands an operand alike in every member of a group to the kernel once
+    # per group (``kernel_spec.shared_operands``), so its join and group bytes count it so. Not
+    # on Spark: its joined rows, each carrying every tile, are shuffled to their group before
+    # the aggregate (the FFN's grouped plan, priced with the discount, was chosen there and ran
+    # 1.6x slower than the plan it replaced, with 1.33x the shuffle predicted)
+    shares_group_operands: bool = True
 
     @property
     def row_retile_weight(self) -> float:
@@ -170,7 +176,7 @@ def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str
         for lab in node.labels:
             if lab not in op.labels:
                 rep *= pieces[lab]
-        if cut and not cut & set(op.labels):
+        if cut and model.shares_group_operands and not cut & set(op.labels):
             # the same tile in every member of a group: the step hands it to the kernel once
             # per group (``kernel_spec.shared_operands``), not once per member
             rep //= red

@@ -165,7 +165,7 @@ class _Problem:
             rep = prod([lab for lab in node.labels if lab not in op.labels])
             own = [col[lab] for lab in node.reduced if lab in op.labels]
             # ``step_costs``: an operand with no cut reduced label is handed once per group
-            shared = (red > 1) & ((pieces[:, own] == 1).all(axis=1) if own else True)
+            shared = (red > 1) & ((pieces[:, own] == 1).all(axis=1) if own else True) & self.model.shares_group_operands
             join += self.bytes[op.value] * np.where(shared, rep // red, rep)
         agg = nbytes(node.result.shape, node.result.dtype) * (red - 1)
         group = np.where(red > 1, join, 0)
