@@ -1080,3 +1080,24 @@ def test_a_spark_table_edited_in_sql_is_refused(tdb, spark):
     spark.sql("INSERT INTO eds_t.te SELECT * FROM eds_t.te WHERE d0 = 0")
     with pytest.raises(EinsumError, match="stored tensor 'TE' .*4 tile rows, but .* has 3; 1 tile key\\(s\\) repeated"):
         tdb.einsum("ij,kj->ik", A, A)
+
+
+def test_a_database_path_is_absolute_and_never_a_glob(spark, tmp_path, monkeypatch):
+    """Spark reads a path as a glob and relative to its JVM's start directory, pyarrow relative
+    to Python's: a database "run[1]" read "run1"'s tensors, and "tensors" after an os.chdir read
+    the first directory's (a trial: 28.0 where 4.0). The root is made absolute, and a path
+    with glob characters refused."""
+    with pytest.raises(EinsumError, match=r"Spark reads paths as glob patterns, and \[ \] would match"):
+        eds.connect(tmp_path / "run[1]", backend="spark", spark=spark)
+    assert not (tmp_path / "run[1]").exists()
+    (tmp_path / "p1").mkdir()
+    (tmp_path / "p2").mkdir()
+    monkeypatch.chdir(tmp_path / "p1")
+    with eds.connect("tensors", backend="spark", spark=spark) as db1:
+        db1.store("A", np.full((2, 2), 7.0))
+    monkeypatch.chdir(tmp_path / "p2")
+    with eds.connect("tensors", backend="spark", spark=spark) as db2:
+        assert db2.backend.root == str(tmp_path / "p2" / "tensors")
+        A = db2.store("A", np.ones((2, 2)))
+        assert db2.einsum_numpy("ij->", A) == 4.0
+        assert db2.einsum("ij->", A).to_numpy() == 4.0

@@ -222,8 +222,17 @@ class SparkBackend:
             self.root = tempfile.mkdtemp(prefix="eds-spark-")
             self._owns_root = True
         elif isinstance(database, (str, os.PathLike)):
-            self.root = os.fspath(database)
+            # absolute: pyarrow writes relative to Python's working directory, Spark reads
+            # relative to the one its JVM started in; after an os.chdir a session read another
+            # directory's tensors (a trial: 28.0 where 4.0)
+            self.root = os.path.abspath(os.fspath(database))
             self._owns_root = False
+            glob = sorted(set(self.root) & set("[]?*{}"))
+            if glob:
+                # Spark reads a path as a glob pattern: run[1] read run1's tensors (a trial)
+                raise EinsumError(f"the Spark backend cannot keep tensors under {self.root!r}: Spark reads paths as "
+                                  f"glob patterns, and {' '.join(glob)} would match other directories; choose a "
+                                  "directory name without [ ] ? * { }")
             if os.path.exists(self.root) and not os.path.isdir(self.root):
                 raise EinsumError(f"the Spark backend keeps tensors in a directory; {self.root!r} is a file")
             if read_only and not os.path.isdir(self.root):
