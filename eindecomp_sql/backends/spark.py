@@ -676,7 +676,7 @@ class SparkBackend:
         (``DataFrame.inputFiles``, and each local file's size and time): a tensor the session
         stored, read again, costs no job. A NULL tile or one of the wrong length, the kernels
         refuse."""
-        from ..compile.tile_check import NULL_KEY, problems
+        from ..compile.tile_check import NULL_KEY, problems, split_rows
 
         todo = []
         for v, name, where in stored:
@@ -703,16 +703,13 @@ class SparkBackend:
             got = union.toArrow()
         except KeyboardInterrupt:
             raise
-        except Exception as e:  # noqa: BLE001 - a file gone or unreadable: the statements say it, naming the step
-            del e
+        except Exception:  # noqa: BLE001 - a file gone or unreadable: the statements say it, naming the step
             return
-        q = got.column("q").to_numpy()
-        columns = [got.column(f"k{p}").fill_null(NULL_KEY).to_numpy() for p in range(most)]
-        for n, (v, name, _, key, stamp) in enumerate(todo):
-            mine = q == n
-            keys = (np.stack([c[mine] for c in columns[:len(v.keys)]], axis=1) if v.keys
-                    else np.zeros((int(mine.sum()), 0), np.int64))
-            wrong = problems(v, keys.astype(np.int64))
+        columns = {c: (got.column(c).fill_null(NULL_KEY) if c != "q" else got.column(c)).to_numpy()
+                   for c in got.column_names}
+        rows = split_rows([(v, name) for v, name, *_ in todo], columns)  # the DuckDB check's split
+        for (v, name, _, key, stamp), keys in zip(todo, rows):
+            wrong = problems(v, keys)
             if wrong:
                 raise EinsumError(f"stored tensor {v.name!r} ({name!r}) no longer holds its tiles: {'; '.join(wrong)} "
                                   "(were its files or table edited? store it again with replace=True); nothing was run")

@@ -189,16 +189,22 @@ def _callable_result(join: JoinFunction, xs) -> np.ndarray:
     return r
 
 
-def _probes(dtypes: list[np.dtype]) -> list[np.ndarray]:
+def _probes(dtypes: list[np.dtype], distinct: bool = False) -> list[np.ndarray]:
     """One small input per operand, as kernels pass them (one axis per label, 1 where the
     operand lacks the label): operand k has its own axis k of length 2 and shares the last,
-    so a join that is not element-wise (a sum, a constant) shows in its result's shape."""
+    so a join that is not element-wise (a sum, a constant) shows in its result's shape. Ones,
+    or with ``distinct`` values in no order (``_check_elementwise``: a sort or a running total
+    shows)."""
     n = len(dtypes)
     out = []
     for k, d in enumerate(dtypes):
         shape = [1] * (n + 1)
         shape[k] = shape[n] = 2
-        out.append(np.ones(shape, dtype=d))
+        if distinct:
+            values = np.array([3, 1, 4, 2])
+            out.append((values % 2 == 0 if d.kind == "b" else values).reshape(shape).astype(d))
+        else:
+            out.append(np.ones(shape, dtype=d))
     return out
 
 
@@ -257,12 +263,7 @@ def _check_elementwise(join: JoinFunction, dtypes: list[np.dtype]) -> None:
     within a tolerance: numpy's vectorised and scalar loops of one function may differ in the
     last bit."""
     n = len(dtypes)
-    full = []
-    for k, d in enumerate(dtypes):
-        shape = [1] * (n + 1)
-        shape[k] = shape[n] = 2
-        values = np.array([3, 1, 4, 2])  # distinct, not sorted: a sort or a cumulative sum shows
-        full.append((values % 2 == 0 if d.kind == "b" else values).reshape(shape).astype(d))
+    full = _probes(dtypes, distinct=True)
     whole = np.asarray(join.func(*full))
     for at in (0, -1):
         alone = np.asarray(join.func(*[x[(slice(at, None) if at else slice(0, 1),) * (n + 1)] for x in full]))
