@@ -213,6 +213,12 @@ class Tensor:
             target = os.path.realpath(os.fspath(path))
         except TypeError:  # not a path: the writer says so, in its own words
             return
+        owned = getattr(self.session.backend, "owned_directory", None)
+        inside = owned(target) if owned is not None else None
+        if inside is not None:
+            raise EinsumError(f"cannot write {self.name!r} to {os.fspath(path)!r}: that is inside {inside}, where this "
+                              "session keeps its tensors' files (a file there would become part of a stored tensor); "
+                              "write it elsewhere")
         if files is None:
             return
         for f in files():

@@ -606,7 +606,7 @@ def test_tensors_as_spark_tables_are_tables_spark_sql_reads(tdb, spark):
     assert tdb.tensors() == ["Weights", "colsum"]
     assert _tables(spark, "eds_t") == ["colsum", "weights"]
     props = dict(spark.sql("SHOW TBLPROPERTIES eds_t.weights").collect())
-    assert from_description(props[PROPERTY]) == W.value
+    assert from_description(props[PROPERTY], "weights", "") == W.value
     rows = spark.sql("SELECT d0, d1, tile FROM eds_t.weights ORDER BY d0").collect()
     assert [(r["d0"], r["d1"]) for r in rows] == [(0, 0), (1, 0), (2, 0)]
     np.testing.assert_array_equal(np.frombuffer(rows[0]["tile"], "<f4").reshape(4, 7), a[:4])
@@ -1101,3 +1101,110 @@ def test_a_database_path_is_absolute_and_never_a_glob(spark, tmp_path, monkeypat
         A = db2.store("A", np.ones((2, 2)))
         assert db2.einsum_numpy("ij->", A) == 4.0
         assert db2.einsum("ij->", A).to_numpy() == 4.0
+
+
+def test_a_copied_tensor_directory_or_renamed_table_is_found_under_its_own_name(sdb, tdb, spark):
+    """A tensor directory copied by hand (or a table renamed) keeps the description of the
+    tensor it came from; found by that name, a plan read the original's tiles (a trial: the
+    copy of a since-replaced tensor summed to 32.0, not 16.0). The catalog's name wins."""
+    import shutil
+
+    sdb.store("CopySrc", np.ones((4, 4)), replace=True)
+    shutil.copytree(sdb.backend._dir("CopySrc"), os.path.join(sdb.backend.root, "copydst"))
+    try:
+        sdb.store("CopySrc", np.full((4, 4), 2.0), replace=True)
+        dst = sdb.tensor("copydst")
+        assert dst.name == "copydst" and "copydst" in sdb.tensors() and "CopySrc" in sdb.tensors()
+        assert dst.to_numpy().sum() == 16.0 and sdb.einsum("ij->", dst).to_numpy() == 16.0
+        assert sdb.einsum("ij->", "CopySrc").to_numpy() == 32.0
+    finally:
+        sdb.drop("copydst")
+    tdb.store("RenSrc", np.ones((3, 3)), replace=True)
+    spark.sql("ALTER TABLE eds_t.rensrc RENAME TO eds_t.rendst")
+    tdb.store("RenSrc", np.full((3, 3), 5.0), replace=True)
+    assert tdb.tensor("rendst").name == "rendst" and tdb.einsum("ij->", "rendst").to_numpy() == 9.0
+    assert sorted(n for n in tdb.tensors() if n.lower().startswith("ren")) == ["RenSrc", "rendst"]
+    tdb.drop("rendst")
+    # a description edited unreadable: said, naming what to remove
+    sdb.store("Garbled", np.ones(3), replace=True)
+    with open(os.path.join(sdb.backend._dir("Garbled"), "_eds_tensor.json"), "w") as f:
+        f.write("{not json")
+    with pytest.raises(EinsumError, match="stored tensor 'garbled': its description is not readable .*Remove its "
+                                          "directory .*garbled by hand"):
+        sdb.tensor("Garbled")
+    shutil.rmtree(sdb.backend._dir("Garbled"))
+
+
+@pytest.mark.parametrize("form", ["directory", "table"])
+@pytest.mark.parametrize("when", ["first step", "last step"])
+def test_a_tensor_replaced_by_another_session_during_a_run_is_refused(sdb, tdb, form, when):
+    """Spark has no lock across sessions: a second session's replace renames a stored input's
+    files away while a plan reads it, and a statement reads whatever is under the name then.
+    The run is refused, saying so, and writes nothing, whether a statement failed on the
+    missing files (first step) or every statement had already run (last step)."""
+    db = sdb if form == "directory" else tdb
+    other = eds.connect(db.backend.root, backend="spark", spark=db.backend.spark) if form == "directory" else \
+        eds.connect(backend="spark", spark=db.backend.spark, spark_database="eds_t")
+    rng = np.random.default_rng(31)
+    a, b = rng.standard_normal((40, 30)), rng.standard_normal((30, 20))
+    A = db.store("RA", a, tile=(10, 7), replace=True)
+    B = db.store("RB", b, tile=(6, 11), replace=True)
+    n = len(db.plan("ij,jk->ik", A, B).steps)
+    assert n >= 3
+    fire = 1 if when == "first step" else n
+
+    def replace_at(p):
+        if p.step == fire:
+            other.store("RB", rng.standard_normal((30, 20)).astype(np.float32), tile=(6, 11), replace=True)
+    try:
+        with pytest.raises(ExecutionError, match="stored tensor 'RB' was replaced or dropped .*while this plan "
+                                                 "ran.*nothing was written"):
+            db.einsum("ij,jk->ik", A, B, out="ROut", progress=replace_at)
+        assert "ROut" not in db.tensors()
+        assert db.tensor("RB").dtype == "float32"
+    finally:
+        other.close()
+
+
+def test_to_spark_refuses_edited_tiles_and_a_key_named_value(tdb, spark, tmp_path):
+    """``to_spark()`` hands a stored tensor's tiles to the user's jobs: they are checked as a
+    plan's inputs are (a trial: a tile repeated in SQL came out twice), and the element form of
+    a tensor with a key named ``value`` (two columns of that name) is refused as ``to_arrow``
+    refuses it."""
+    a = np.random.default_rng(32).standard_normal((12, 9))
+    T = tdb.store("TS", a, tile=(4, 9), replace=True)
+    assert T.to_spark("elements").count() == a.size
+    spark.sql("INSERT INTO eds_t.ts SELECT * FROM eds_t.ts WHERE d0 = 1")
+    for form in ("tiles", "elements"):
+        with pytest.raises(EinsumError, match="stored tensor 'TS' .*1 tile key\\(s\\) repeated"):
+            T.to_spark(form)
+    V = tdb.store("TV", a, tile=(4, 9), keys=("row", "value"), replace=True)
+    assert V.to_spark("tiles").count() == 3
+    with pytest.raises(EinsumError, match="to_spark.form='elements'. of 'TV': the keys .* include 'value'"):
+        V.to_spark("elements")
+
+
+def test_an_export_into_a_tensors_directory_is_refused(sdb, tdb, tmp_path):
+    """Spark reads every file in a tensor's directory as its tiles, so an export written into
+    one (or into the runs' scratch, or the tables' warehouse location) became part of a stored
+    tensor: refused, as the DuckDB backend refuses to write over its database file. A file at
+    the database directory's top is no tensor's, and is written."""
+    A = sdb.store("XA", np.ones((4, 4)), replace=True)
+    B = sdb.store("XB", np.full((4, 4), 2.0), replace=True)
+    root = sdb.backend.root
+    for target in [os.path.join(root, "xa", "b.parquet"), os.path.join(root, "xa"),
+                   os.path.join(root, "_eds_scratch", "b.npy")]:
+        for write in (B.to_parquet, B.export):
+            if write == B.to_parquet and target.endswith(".npy"):
+                continue
+            with pytest.raises(EinsumError, match="is inside .* where this session keeps its tensors' files"):
+                write(target)
+    assert sdb.einsum("ij->", A).to_numpy() == 16.0
+    top = B.export(os.path.join(root, "xb.npy"))
+    assert np.load(top).sum() == 32.0 and sdb.tensors() == sorted(sdb.tensors())
+    os.remove(top)
+    T = tdb.store("XT", np.ones((2, 2)), replace=True)
+    location = tdb.backend._tables.location()
+    with pytest.raises(EinsumError, match="is inside"):
+        T.to_parquet(os.path.join(location, "xt", "more.parquet"))
+    assert tdb.einsum("ij->", T).to_numpy() == 4.0

@@ -313,7 +313,7 @@ class SparkBackend:
     def _read_meta(self, path: str) -> TiledValue | None:
         try:
             with open(os.path.join(path, META)) as f:
-                return from_description(f.read())
+                return from_description(f.read(), os.path.basename(path), f"its directory {path}")
         except (FileNotFoundError, NotADirectoryError):
             return None
 
@@ -370,6 +370,29 @@ class SparkBackend:
         self._temporary.pop(value.name.lower(), None)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+    def owned_directory(self, path: str) -> str | None:
+        """The directory of this session's that file ``path`` (a real path) would be written in
+        or over, where a file becomes part of something: a stored tensor's directory (Spark reads
+        every file there as its tiles: a trial's export into one added its tiles to the tensor),
+        the runs' scratch, the tables' location in the warehouse; None elsewhere (a file beside
+        the tensors, at the database directory's top, or in a folder of the user's there)."""
+        if self.root is not None:
+            root = os.path.realpath(self.root)
+            rel = os.path.relpath(path, root)
+            if rel == os.curdir:
+                return root
+            first = rel.split(os.sep)[0]
+            if first != os.pardir and (first.lower().startswith("_eds_")
+                                       or os.path.isfile(os.path.join(root, first, META))):
+                return os.path.join(root, first)
+        if self._tables is not None:
+            location = self._tables.location()
+            if location is not None:
+                location = os.path.realpath(location)
+                if path == location or path.startswith(location.rstrip(os.sep) + os.sep):
+                    return location
+        return None
 
     def broadcast_bytes(self) -> int:
         """Spark's ``autoBroadcastJoinThreshold`` (bytes; -1: never broadcast)."""
@@ -535,6 +558,10 @@ class SparkBackend:
         with self.lock:
             self._check_open()
             where = self._stored(value.name, value, f"tensor {value.name!r} was replaced: it is now")
+            # the tiles a user's Spark job will read are checked as a plan's inputs are: a
+            # table edited by hand (a tile repeated, deleted, re-keyed) is refused here, not
+            # handed on (a trial: to_spark() gave the repeated tile twice)
+            self._check_stored([(value, value.name, where)])
             tiles = self._frame(where, value)
         if form == "tiles":
             return tiles
@@ -605,8 +632,8 @@ class SparkBackend:
             try:
                 os.makedirs(run.path)
                 where = {v.name: self._bind_input(v, inputs[v.name], run) for v in plan.inputs}
-                self._check_stored([(v, inputs[v.name], where[v.name]) for v in plan.inputs
-                                    if isinstance(inputs[v.name], str)])
+                stored = [(v, inputs[v.name], where[v.name]) for v in plan.inputs if isinstance(inputs[v.name], str)]
+                stamps = self._check_stored(stored)
                 tables = {v.name: self._view(where[v.name], v, views) for v in plan.inputs}
                 arrays: dict[str, pa.Table] = {}
                 inlined = inlined_steps(plan)
@@ -631,11 +658,13 @@ class SparkBackend:
                     except KeyboardInterrupt:
                         raise
                     except Exception as e:  # noqa: BLE001 - Spark's errors come as many classes
+                        self._check_unchanged(stored, stamps, f"step {k} ({step.describe()}) failed: ")
                         raise ExecutionError(f"step {k} ({step.describe()}) failed on Spark: {_spark_error(e)}") from e
                     if progress is not None:
                         n = output_tiles(step)
                         progress(StepProgress(k + 1, len(compiled), step.describe(), n, n, 0,
                                               time.perf_counter() - start))
+                self._check_unchanged(stored, stamps, "")
                 values = {o.name: o for o in plan.outputs}
                 result = {name: array_from_tiles(arrays[name], values[name].shape, values[name].tile,
                                                  values[name].dtype, values[name].keys)
@@ -667,7 +696,7 @@ class SparkBackend:
                         self._tables.discard(name)
                 shutil.rmtree(run.path, ignore_errors=True)
 
-    def _check_stored(self, stored: list[tuple[TiledValue, str, Where]]) -> None:
+    def _check_stored(self, stored: list[tuple[TiledValue, str, Where]]) -> dict[str, tuple | None]:
         """Refuse, before any statement runs, to read a stored tensor whose tiles no longer hold
         its grid's keys: a Parquet file or a table row deleted, repeated or re-keyed by hand
         (``compile/tile_check.py``, as the DuckDB backend checks its tables). Edited so, a GEMM
@@ -675,21 +704,22 @@ class SparkBackend:
         One Spark job reads the keys of every tensor not checked since its files last changed
         (``DataFrame.inputFiles``, and each local file's size and time): a tensor the session
         stored, read again, costs no job. A NULL tile or one of the wrong length, the kernels
-        refuse."""
+        refuse. Returns each tensor's files as read (for ``_check_unchanged``)."""
         from ..compile.tile_check import NULL_KEY, problems, split_rows
 
-        todo = []
+        todo, stamps = [], {}
         for v, name, where in stored:
             frame = None
             stamp = self._dir_stamp(where.path) if where.table is None else None
             if stamp is None:
                 frame = self._frame(where, v)
                 stamp = self._files_stamp(frame)
+            stamps[name.lower()] = stamp
             key = (name.lower(), v)
             if stamp is None or self._checked.get(key) != stamp:
                 todo.append((v, name, frame if frame is not None else self._frame(where, v), key, stamp))
         if not todo:
-            return
+            return stamps
         from pyspark.sql import functions as F
 
         most = max(len(v.keys) for v, *_ in todo)
@@ -704,7 +734,7 @@ class SparkBackend:
         except KeyboardInterrupt:
             raise
         except Exception:  # noqa: BLE001 - a file gone or unreadable: the statements say it, naming the step
-            return
+            return stamps
         columns = {c: (got.column(c).fill_null(NULL_KEY) if c != "q" else got.column(c)).to_numpy()
                    for c in got.column_names}
         rows = split_rows([(v, name) for v, name, *_ in todo], columns)  # the DuckDB check's split
@@ -715,6 +745,32 @@ class SparkBackend:
                                   "(were its files or table edited? store it again with replace=True); nothing was run")
             if stamp is not None:
                 self._checked[key] = stamp
+        return stamps
+
+    def _check_unchanged(self, stored: list[tuple[TiledValue, str, Where]], stamps: dict[str, tuple | None],
+                         what: str) -> None:
+        """Refuse a run's results if a stored tensor it read was replaced or dropped meanwhile
+        (files not those ``_check_stored`` saw). Spark has no lock across sessions or processes:
+        a replace by another session renames the tensor's files away mid-run, and a statement
+        reads what is under its name when it runs (the old files, the new tiles under the old
+        dtype, or none). Every replace writes files of new names, so a changed tensor never
+        looks unchanged. Called before the catalog changes (nothing is written then) and when a
+        statement fails (to say why, rather than Spark's missing file)."""
+        for v, name, where in stored:
+            before = stamps.get(name.lower())
+            if before is None:
+                continue
+            try:
+                if where.table is None:
+                    now = self._dir_stamp(where.path)
+                else:
+                    now = self._files_stamp(self._frame(where, v)) if self._tables.find(name) == v else None
+            except Exception:  # noqa: BLE001 - dropped meanwhile: the table is gone
+                now = None
+            if now != before:
+                raise ExecutionError(f"{what}stored tensor {name!r} was replaced or dropped (by another session?) "
+                                     "while this plan ran, so what it read is not one tensor: nothing was written; "
+                                     "run it again")
 
     @staticmethod
     def _dir_stamp(path: str | None) -> tuple | None:

@@ -276,6 +276,9 @@ def elements_frame(tiles, value):
     if value.dtype not in SPARK_VALUE:
         raise EinsumError(f"to_spark(form='elements'): Spark has no type for {value.dtype} values (complex "
                           "numbers, unsigned 64-bit integers); read the tiles (form='tiles') or to_numpy()")
+    if io.VALUE in (k.lower() for k in value.keys):  # two columns of that name, as to_arrow refuses
+        raise EinsumError(f"to_spark(form='elements') of {value.name!r}: the keys {value.keys} include "
+                          f"{io.VALUE!r}, the element form's value column; store the tensor with other keys")
     spark_type, out = SPARK_VALUE[value.dtype]
     spec = {"shape": list(value.shape), "tile": list(value.tile), "dtype": value.dtype, "out": out,
             "keys": list(value.keys), "name": value.name}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+from dataclasses import replace as _replace
 
 from sqlglot import exp
 
@@ -44,9 +45,18 @@ def describe(value: TiledValue) -> str:
                        "tile": list(value.tile), "keys": list(value.keys)})
 
 
-def from_description(text: str) -> TiledValue:
-    m = json.loads(text)
-    return TiledValue(m["name"], tuple(m["shape"]), m["dtype"], tuple(m["tile"]), tuple(m["keys"]))
+def from_description(text: str, name: str, where: str) -> TiledValue:
+    """The tensor a description says, found under ``name`` (its directory or table). The name is
+    the catalog's, not the description's: a directory copied (or a table renamed) by hand keeps
+    the description of the tensor it was copied from, and named so a plan read that tensor's
+    tiles instead (a trial: the copy of a replaced tensor summed to the new one's 32.0, not 16.0)."""
+    try:
+        m = json.loads(text)
+        value = TiledValue(m["name"], tuple(m["shape"]), m["dtype"], tuple(m["tile"]), tuple(m["keys"]))
+    except (ValueError, KeyError, TypeError) as e:
+        raise EinsumError(f"stored tensor {name!r}: its description is not readable ({e}); was it edited by hand? "
+                          f"Remove {where} by hand") from None
+    return value if value.name.lower() == name.lower() else _replace(value, name=name.lower())
 
 
 def split_database(database) -> tuple[str | None, str]:
@@ -87,6 +97,19 @@ class SparkTables:
         name = self._database_sql()
         return bool(self.spark.catalog.databaseExists(name))
 
+    def location(self) -> str | None:
+        """The local directory the database's tables are kept in, or None (not on this
+        machine's file system, or Spark cannot say)."""
+        try:
+            uri = str(self.spark.catalog.getDatabase(self._database_sql()).locationUri)
+        except Exception:  # noqa: BLE001 - a catalog that does not say
+            return None
+        if not uri.startswith("file:"):
+            return None
+        from urllib.parse import unquote, urlparse
+
+        return unquote(urlparse(uri).path)
+
     def qualified(self, name: str, catalog: bool = True) -> str:
         """Table ``name`` of this database as Spark SQL: every part quoted by sqlglot. Tensor
         names compare case-insensitively, as the directory form's do, whatever
@@ -112,7 +135,7 @@ class SparkTables:
         props = self._properties(name)
         if props is None or PROPERTY not in props:
             return None
-        return from_description(props[PROPERTY])
+        return from_description(props[PROPERTY], name, f"Spark table {self.qualified(name)} (DROP TABLE)")
 
     def occupied(self, name: str) -> bool:
         """A table or view of that name that is no tensor: the user's, never written over."""
