@@ -268,7 +268,7 @@ def test_a_stored_tensor_edited_out_of_shape_in_sql_is_refused_by_export_leaving
 # what the check of keys before a plan (compile/tile_check.py) names for each edit, or (tile
 # bytes, which it does not read) what the kernel reading the tile says
 EINSUM_NAMES = {
-    "a tile cut short": "tile holds 2 bytes",
+    "a tile cut short": "tile at keys (0, 0)",  # and which operand, where the kernel knows (a trial)
     "a tile row deleted": "3 tile rows, but shape (4, 4) in tiles of (2, 2) has 4",
     "every row deleted": "0 tile rows",
     "a tile row repeated": "5 tile rows",

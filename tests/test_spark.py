@@ -1208,3 +1208,106 @@ def test_an_export_into_a_tensors_directory_is_refused(sdb, tdb, tmp_path):
     with pytest.raises(EinsumError, match="is inside"):
         T.to_parquet(os.path.join(location, "xt", "more.parquet"))
     assert tdb.einsum("ij->", T).to_numpy() == 4.0
+
+
+def test_a_killed_sessions_scratch_is_swept_by_the_next_session(spark, tmp_path):
+    """A process killed mid-run left its step results in ``_eds_scratch`` for good (a trial).
+    Each session holds a lock on its scratch while alive; the next session to open the
+    database removes the scratch of sessions whose lock is free, and spares a live one's."""
+    import signal
+    import subprocess
+    import sys
+
+    root = tmp_path / "db"
+    code = (f"import eindecomp_sql as eds, os, sys, time\n"
+            f"db = eds.connect({str(root)!r}, backend='spark')\n"
+            f"open(os.path.join(db.backend._scratch, 'half-written.parquet'), 'w').write('x')\n"
+            f"print(db.backend._scratch, flush=True)\n"
+            f"time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        dead = proc.stdout.readline().strip()
+        assert os.path.isfile(os.path.join(dead, "half-written.parquet"))
+        with eds.connect(root, backend="spark", spark=spark) as live:
+            assert os.path.isdir(dead)  # its process is alive: spared
+            mine = live.backend._scratch
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(60)
+            assert os.path.isdir(dead)
+            with eds.connect(root, backend="spark", spark=spark) as again:
+                assert not os.path.exists(dead) and not os.path.exists(dead + ".lock")
+                assert os.path.isdir(mine) and os.path.isdir(again.backend._scratch)  # live ones spared
+            assert os.path.isdir(mine)
+        assert not os.path.exists(mine) and not os.path.exists(mine + ".lock")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_what_spark_refuses_is_said_in_our_words(spark, sdb, tdb, tmp_path):
+    """Raw pyspark and pyarrow errors a trial met, each now an EinsumError that says what is
+    wrong: a stray file in a tensor's directory, a database name Spark does not take, a table
+    location left by an earlier Spark session, a tile cut short (which operand, which keys)."""
+    import glob
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    A = sdb.store("SA", np.ones((4, 4)), tile=(2, 2), replace=True)
+    note = os.path.join(sdb.backend._dir("SA"), "notes.txt")
+    with open(note, "w") as f:
+        f.write("mine")
+    for read in (lambda: sdb.einsum("ij->", A), A.to_numpy, A.to_spark):
+        with pytest.raises(EinsumError, match="stored tensor 'SA': its directory .* holds notes.txt, which is none "
+                                              "of its tiles' Parquet files"):
+            read()
+    os.remove(note)
+    assert sdb.einsum("ij->", A).to_numpy() == 16.0
+    for name, match in [("my-db", "each of letters, digits and _ only"), ("a b", "letters, digits"),
+                        ("nocatalog.db", "Spark refused it: .*REQUIRES_SINGLE_PART_NAMESPACE")]:
+        with pytest.raises(EinsumError, match=f"spark_database {name!r}: .*{match}"):
+            eds.connect(backend="spark", spark=spark, spark_database=name)
+    # files where a table of that name was, left by a session whose in-memory catalog forgot it
+    stale = os.path.join(tdb.backend._tables.location(), "stale")
+    os.makedirs(stale)
+    open(os.path.join(stale, "part-0.parquet"), "w").close()
+    with pytest.raises(EinsumError, match="cannot store tensor 'stale' as Spark table .*already holds files, left by "
+                                          "a table of that name from an earlier Spark session"):
+        tdb.store("stale", np.ones(3))
+    assert "stale" not in tdb.tensors() and os.path.exists(os.path.join(stale, "part-0.parquet"))
+    # a tile cut short by hand: the kernel names the operand and the tile's keys
+    B = sdb.store("SB", np.ones((4, 4)), tile=(2, 2), replace=True)
+    (path,) = glob.glob(os.path.join(sdb.backend._dir("SB"), "*.parquet"))
+    t = pq.read_table(path)
+    tiles = t.column("tile").to_pylist()
+    keys = (t.column("d0")[1].as_py(), t.column("d1")[1].as_py())
+    tiles[1] = tiles[1][:8]
+    pq.write_table(t.set_column(t.column_names.index("tile"), "tile", pa.array(tiles, pa.binary())), path)
+    with pytest.raises(ExecutionError, match=fr"operand 1 of the step, its tile at keys \({keys[0]}, {keys[1]}\): "
+                                             "tile holds 8 bytes"):
+        sdb.einsum("ij,jk->ik", A, B, out="SOut")
+    assert "SOut" not in sdb.tensors()
+
+
+def test_a_stopped_spark_session_is_said(tmp_path):
+    """A user's ``spark.stop()`` left the session calling into a dead JVM (py4j's errors); it
+    now says the SparkSession was stopped. Its own process: the suite's session runs on."""
+    import subprocess
+    import sys
+
+    code = (f"import eindecomp_sql as eds, numpy as np\n"
+            f"db = eds.connect({str(tmp_path / 'db')!r}, backend='spark')\n"
+            f"A = db.store('A', np.ones(3))\n"
+            f"db.backend.spark.stop()\n"
+            f"for call in (db.tensors, A.to_numpy, lambda: db.einsum('i->', A)):\n"
+            f"    try:\n"
+            f"        call()\n"
+            f"    except eds.EinsumError as e:\n"
+            f"        print(type(e).__name__, e)\n"
+            f"db.close()\n"
+            f"print('closed')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    lines = out.stdout.strip().splitlines()
+    assert lines == ["EinsumError the SparkSession this session runs on was stopped; connect again with a running "
+                     "one"] * 3 + ["closed"], (out.stdout, out.stderr[-2000:])

@@ -128,6 +128,27 @@ def _operand_tiles(kernel, views, nulls, i, labkeys: dict, device: bool, state, 
     operand's own row): views of the bytes DuckDB handed, or for a NULL tile, None on a device
     (``_device_tile`` finds it) and the array operand's own tile on the host (``_host_tile``)."""
     at = i if isinstance(i, list) else [i] * len(views)
+    try:
+        return _operand_views(kernel, views, nulls, at, labkeys, device, state, values)
+    except ValueError as e:  # a tile of the wrong length: which operand, at which keys
+        k, bad = next(((k, lab) for k, lab in enumerate(kernel.inputs) if str(e).startswith("tile holds")
+                       and _wrong_length(views[k], nulls[k], kernel, k, labkeys, at[k])), (None, None))
+        if k is None:
+            raise
+        name = f" ({values[k]!r})" if values[k] else ""
+        keys = tuple(labkeys[lab] for lab in bad)
+        raise ValueError(f"operand {k}{name} of the step, its tile at keys {keys}: {e}; was the table edited "
+                         "by hand?") from None
+
+
+def _wrong_length(view, null, kernel, k, labkeys, r) -> bool:
+    if null is not None and null[r]:
+        return False
+    shape = kernel.in_shapes(kernel.extents(labkeys))[k]
+    return view[r].nbytes != int(np.prod(shape, dtype=np.int64)) * kernel.dtypes[k].itemsize
+
+
+def _operand_views(kernel, views, nulls, at, labkeys, device, state, values) -> list:
     return [tile_view(v[r], dt, s) if n is None or not n[r]
             else None if device else _host_tile(state, values[k], tuple(labkeys[lab] for lab in kernel.inputs[k]), s)
             for k, (v, n, dt, s, r) in enumerate(zip(views, nulls, kernel.dtypes,
@@ -378,7 +399,10 @@ def retile_split(spec_arr, keys_arr, tile_arr) -> pa.Array:
     views = blob_views(tile_arr)
     pieces, new_keys, old_keys, counts = [], [], [], []
     for old, raw in zip(keys, views):
-        src = tile_view(raw, kernel.dtype, kernel.src_shape(old))
+        try:
+            src = tile_view(raw, kernel.dtype, kernel.src_shape(old))
+        except ValueError as e:  # which tile: the retile's source at these keys
+            raise ValueError(f"the tile at keys {tuple(old)} being re-tiled: {e}; was the table edited by hand?") from None
         targets = kernel.targets(old)
         counts.append(len(targets))
         for new in targets:

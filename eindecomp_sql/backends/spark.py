@@ -171,6 +171,47 @@ def _spark_error(e: BaseException) -> str:
     return "\n".join(head)
 
 
+def _hold(path: str):
+    """An open file holding an exclusive lock on ``path`` for as long as it stays open: the
+    mark of a live session on its scratch (the system drops the lock when the process dies)."""
+    import fcntl
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    f = open(path, "a")  # noqa: SIM115 - held open for the session's life
+    fcntl.flock(f, fcntl.LOCK_EX)
+    return f
+
+
+def _sweep_scratch(folder: str) -> None:
+    """Remove the scratch of sessions no longer alive from ``folder`` (``<db>/_eds_scratch``):
+    a run killed with its process, or a session never closed, left its step results there (a
+    trial: a killed run's Parquet stayed beside the tensors for good). A session is alive while
+    its ``<id>.lock`` is locked (``_hold``); a folder without a lock file is an older version's."""
+    import fcntl
+
+    try:
+        entries = [e.name for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for name in entries:
+        lock = os.path.join(folder, name + ".lock")
+        try:
+            f = open(lock, "r+")  # noqa: SIM115
+        except FileNotFoundError:
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+            continue
+        except OSError:
+            continue
+        with f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a live session's
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.remove(lock)
+
+
 @dataclass(frozen=True)
 class Where:
     """Where a value's tiles are: a Parquet directory, or a table of the session's Spark database."""
@@ -276,6 +317,10 @@ class SparkBackend:
         self._run_tables = self._tables if not read_only else None
         # a local session's executors share this machine's files (arrays may go there directly)
         self._local = str(self.spark.sparkContext.master).startswith("local")
+        self._alive = None
+        if self._scratch_base is None:
+            self._alive = _hold(self._scratch + ".lock")  # before the folder: a sweep spares it
+            _sweep_scratch(os.path.dirname(self._scratch))
         os.makedirs(self._scratch, exist_ok=True)
         self._counter = itertools.count()
         # lower-cased name -> (value named as the session knows it, where its tiles are)
@@ -301,6 +346,8 @@ class SparkBackend:
     def _check_open(self) -> None:
         if self._closed:
             raise EinsumError("this session is closed")
+        if getattr(self.spark.sparkContext, "_jsc", None) is None:  # what SparkContext.stop() leaves
+            raise EinsumError("the SparkSession this session runs on was stopped; connect again with a running one")
 
     def _check_writable(self, name: str) -> None:
         if self.read_only:
@@ -603,8 +650,22 @@ class SparkBackend:
         return contextlib.nullcontext(iter(self.read_tiles(value).to_batches()))
 
     def _stored(self, name: str, want: TiledValue, what: str) -> Where:
-        """Where stored tensor ``name`` is, which must be cut as ``want`` says."""
-        return stored_as_wanted(self._find(name), name, want, what)
+        """Where stored tensor ``name`` is, which must be cut as ``want`` says; a directory
+        holding a file that is none of its tiles' is refused (Spark and pyarrow read every file
+        there as Parquet: a trial's notes.txt failed a plan with Spark's unreadable-file error)."""
+        where = stored_as_wanted(self._find(name), name, want, what)
+        if where.path is not None and name.lower() not in self._temporary:
+            try:
+                with os.scandir(where.path) as it:
+                    stray = sorted(e.name for e in it if not e.name.startswith(("_", "."))
+                                   and not (e.name.endswith(".parquet") and e.is_file()))
+            except OSError:
+                stray = []  # gone meanwhile: the read says so
+            if stray:
+                raise EinsumError(f"stored tensor {name!r}: its directory {where.path} holds {', '.join(stray[:3])}"
+                                  f"{' ...' if len(stray) > 3 else ''}, which is none of its tiles' Parquet files "
+                                  "(Spark would read it as one); move it out of the directory")
+        return where
 
     # -- execution --------------------------------------------------------------------------
     def execute(self, plan: Plan, inputs: Mapping[str, str | np.ndarray], outputs: Mapping[str, Target],
@@ -879,6 +940,10 @@ class SparkBackend:
             if self._tables is not None:  # temporary results kept as run tables
                 self._tables.close()
             shutil.rmtree(self._scratch, ignore_errors=True)
+            if self._alive is not None:
+                with contextlib.suppress(OSError):
+                    os.remove(self._scratch + ".lock")
+                self._alive.close()
             if self._scratch_base is not None:
                 shutil.rmtree(self._scratch_base, ignore_errors=True)
             self._remove_root()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import re
 from dataclasses import replace as _replace
 
 from sqlglot import exp
@@ -64,9 +65,10 @@ def split_database(database) -> tuple[str | None, str]:
     if not isinstance(database, str) or not database.strip():
         raise EinsumError(f"spark_database must be the name of a Spark database, such as 'tensors', got {database!r}")
     parts = database.split(".")
-    if len(parts) > 2 or not all(p.strip() and p == p.strip() and "`" not in p for p in parts):
-        raise EinsumError(f"spark_database {database!r}: give a database name, or catalog.database, without "
-                          "spaces around the dot or backquotes")
+    if len(parts) > 2 or not all(re.fullmatch(r"[A-Za-z0-9_]+", p) for p in parts):
+        # Spark's own rule for its session catalog's names (INVALID_SCHEMA_OR_RELATION_NAME)
+        raise EinsumError(f"spark_database {database!r}: give a database name, or catalog.database, each of "
+                          "letters, digits and _ only (Spark's rule for its database names)")
     return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
 
 
@@ -79,11 +81,16 @@ class SparkTables:
         self.catalog, self.database = split_database(database)
         self._session_id = session_id
         self._counter = itertools.count()
-        exists = self._database_exists()
+        try:
+            exists = self._database_exists()
+            if not exists and not read_only:
+                self.sql(f"CREATE DATABASE IF NOT EXISTS {self._database_sql()}")
+        except Exception as e:  # noqa: BLE001 - Spark's errors come as many classes
+            # a catalog Spark does not know, a namespace it does not take (x.y in spark_catalog)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise EinsumError(f"spark_database {database!r}: Spark refused it: {first}") from None
         if not exists and read_only:
             raise EinsumError(f"no Spark database {database!r} to open read-only")
-        if not exists:
-            self.sql(f"CREATE DATABASE IF NOT EXISTS {self._database_sql()}")
         self.scratch: set[str] = set()  # this session's run tables not yet dropped (lower-cased)
 
     def sql(self, text: str):
@@ -183,7 +190,18 @@ class SparkTables:
             # close() never drops it, whatever happens below
             self.sql(f"ALTER TABLE {target} RENAME TO {self.qualified(old, catalog=False)}")
         try:
-            self.sql(f"ALTER TABLE {self.qualified(written)} RENAME TO {self.qualified(value.name, catalog=False)}")
+            try:
+                self.sql(f"ALTER TABLE {self.qualified(written)} RENAME TO "
+                         f"{self.qualified(value.name, catalog=False)}")
+            except Exception as e:  # noqa: BLE001 - Spark's errors come as many classes
+                if "LOCATION_ALREADY_EXISTS" not in str(e):
+                    raise
+                raise EinsumError(
+                    f"cannot store tensor {value.name!r} as Spark table {target}: the table's location in the "
+                    "warehouse already holds files, left by a table of that name from an earlier Spark session "
+                    "(Spark's default in-memory catalog forgets its tables when the session stops, not their "
+                    "files). Remove that directory, keep tensors in a persistent catalog (enableHiveSupport()), "
+                    f"or in a directory (database=). Spark said: {str(e).strip().splitlines()[0]}") from None
         except BaseException as e:
             if old is not None:
                 try:
