@@ -82,6 +82,11 @@ def main(argv=None) -> None:
     # 1, where the docs promise "interrupted", 130 (a new user's random SIGINTs, 3 of 16)
     _MARK = CtrlCMark()
     sigterm = _on_sigterm()  # [the displaced handler], then the signal number once one came
+    said: list[str] = []  # what a failure printed, for --json's error object
+
+    def _fail(text: str) -> None:
+        said.append(text.removeprefix("error: "))
+        _err(text)
     try:
         _MARK.install()
         rv = cli.main(args=args, prog_name="eindecomp-sql", standalone_mode=False)
@@ -91,6 +96,7 @@ def main(argv=None) -> None:
     except click.ClickException as e:  # usage errors: exit 2, with click's own hint
         e.show()
         code = e.exit_code
+        said.append(e.format_message())
         if args[:1] == ["run"] and "--json" in args:
             # a failed run prints its summary (docs/cli.md), a bad option value too: a script
             # reading stdout got nothing (a trial: --memory lots, --workers 0)
@@ -98,7 +104,7 @@ def main(argv=None) -> None:
             click.echo(json.dumps(_summary(None, [], time.perf_counter(), error=e.format_message(), path=job_file),
                                   indent=1))
     except (click.exceptions.Abort, KeyboardInterrupt):
-        _err("terminated (SIGTERM)" if len(sigterm) > 1 else "interrupted")
+        _fail("terminated (SIGTERM)" if len(sigterm) > 1 else "interrupted")
         code = EXIT_TERMINATED if len(sigterm) > 1 else EXIT_INTERRUPTED
     except BrokenPipeError:  # | head: not an error of ours
         try:
@@ -109,21 +115,21 @@ def main(argv=None) -> None:
     except (EinsumError, Failure, OSError) as e:
         if debug:
             traceback.print_exc()
-        _err(f"error: {one_line(e)}")
+        _fail(f"error: {one_line(e)}")
         code = EXIT_FAILED
     except Exception as e:  # noqa: BLE001 - a bug of ours: still one line, the traceback on request
         if _interrupted(e):
-            _err("terminated (SIGTERM)" if len(sigterm) > 1 else "interrupted")
+            _fail("terminated (SIGTERM)" if len(sigterm) > 1 else "interrupted")
             code = EXIT_TERMINATED if len(sigterm) > 1 else EXIT_INTERRUPTED
         elif type(e).__name__ == "OutOfMemoryException":  # the cap given, not a bug (store --memory 100KB)
             if debug:
                 traceback.print_exc()
-            _err(f"error: DuckDB ran out of memory: {one_line(e)} (give a larger --memory)")
+            _fail(f"error: DuckDB ran out of memory: {one_line(e)} (give a larger --memory)")
             code = EXIT_FAILED
         else:
             if debug:
                 traceback.print_exc()
-            _err(f"internal error: {type(e).__name__}: {one_line(e)}"
+            _fail(f"internal error: {type(e).__name__}: {one_line(e)}"
                  + ("" if debug else " (run with --debug for the traceback)"))
             code = EXIT_FAILED
     finally:
@@ -135,8 +141,15 @@ def main(argv=None) -> None:
         try:
             settle(_MARK.remove)
         except KeyboardInterrupt:  # a Ctrl-C just then: still ours to report
-            _err("interrupted")
+            _fail("interrupted")
             code = EXIT_INTERRUPTED
+    if code not in (0, EXIT_BROKEN_PIPE) and said and args[:1] in (["einsum"], ["ls"]) and "--json" in args:
+        # a script reading --json's stdout got nothing at all on a failure (a trial): an
+        # object it can parse, with the message stderr has and the exit status
+        try:
+            click.echo(json.dumps({"error": said[-1], "exit_code": code}))
+        except OSError:
+            pass
     sys.exit(code)
 
 

@@ -341,3 +341,25 @@ def test_main_gives_an_in_process_caller_its_sigterm_handler_back(capsys):
     before = signal.getsignal(signal.SIGTERM)
     code, out, err = run_main(capsys, "--version")
     assert code == 0 and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_einsum_and_ls_json_print_an_error_object_on_failure(capsys, tmp_path):
+    """``einsum --json`` and ``ls --json`` printed nothing on stdout when they failed: a script
+    parsing stdout got an empty string. They now print ``{"error": ..., "exit_code": ...}``
+    (the message stderr has), for an error of ours and a usage error alike."""
+    db = tmp_path / "j.duckdb"
+    with eds.connect(db) as s:
+        s.store("A", np.arange(6.0).reshape(2, 3))
+    cases = [(("einsum", db, "ij->i", "Nope", "--json"), 1, "Nope"),
+             (("einsum", db, "ij,jk->ik", "A", "A", "--json"), 1, "3"),
+             (("einsum", db, "ij->i", "A", "--agg", "median", "--json"), 2, "median"),
+             (("ls", tmp_path / "absent.duckdb", "--json"), 1, "absent.duckdb")]
+    for args, want, named in cases:
+        code, out, err = run_main(capsys, *args)
+        assert code == want, (args, err)
+        got = json.loads(out)
+        assert got["exit_code"] == want and named in got["error"] and got["error"] in err, (args, out, err)
+    code, out, _ = run_main(capsys, "einsum", db, "ij->i", "Nope")  # without --json: stdout stays empty
+    assert code == 1 and out == ""
+    code, out, _ = run_main(capsys, "ls", db, "--json")
+    assert code == 0 and [t["name"] for t in json.loads(out)] == ["A"]
