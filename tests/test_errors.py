@@ -52,6 +52,9 @@ def test_error_is_a_value_error():
         (dict(join="x.__class__"), "not allowed"),
         (dict(join="__import__('os')"), "unknown function"),
         (dict(join="x + z"), "operand 'z'"),
+        (dict(join="max(x)"), r"max\(\) takes 2 or more argument"),  # was read as x (a trial)
+        (dict(join="min(y)"), r"min\(\) takes 2 or more argument"),
+        (dict(join="abs(x, y)"), r"abs\(\) takes 1 argument"),
     ],
 )
 def test_bad_join_agg(kwargs, match):

@@ -4,7 +4,10 @@ A *join* is an element-wise function of the inputs: a name (``"mul"``, ``"add"``
 ``"div"``, ``"max"``, ``"min"``, ``"pow"``; for one operand ``"exp"``, ``"log"``, ``"relu"``,
 ``"neg"``, ``"square"``, ``"sqrt"``, ``"abs"``, ``"identity"``), a small scalar expression
 over the operands ``x, y, z, w`` (or ``x0, x1, ...``) such as ``"relu(x - y)"`` or
-``"where(x > y, x, 0.5 * y)"``, or a Python callable taking numpy arrays. An *aggregation*
+``"where(x > y, x, 0.5 * y)"`` (comparisons, ``and``, ``or`` and ``not`` are element-wise and
+logical, numpy's ``logical_or`` and kin: a bool, never an operand's value as Python's ``or``
+returns; ``max`` and ``min`` take two or more arguments), or a Python callable taking numpy
+arrays. An *aggregation*
 combines the values of the labels not in the output: ``sum``, ``max``, ``min`` or ``prod``.
 
 This module only validates and describes; ``udfs/`` turns a description into numpy code.
@@ -25,7 +28,8 @@ BINARY_JOINS = ("mul", "add", "sub", "div", "max", "min", "pow")
 UNARY_JOINS = ("identity", "exp", "log", "relu", "neg", "square", "sqrt", "abs", "sigmoid", "tanh")
 AGGREGATIONS = ("sum", "max", "min", "prod")
 
-# Functions callable inside a join expression: name -> number of arguments (None: 1 or more).
+# Functions callable inside a join expression: name -> number of arguments (None: 2 or more:
+# max(x) was read as x, where Python's max of one number and np.maximum refuse it; a trial).
 EXPR_FUNCTIONS = {
     "exp": 1, "log": 1, "relu": 1, "neg": 1, "square": 1, "sqrt": 1, "abs": 1, "sigmoid": 1,
     "tanh": 1, "sin": 1, "cos": 1, "log1p": 1, "expm1": 1, "sign": 1,
@@ -141,9 +145,9 @@ def _check_expr(text: str, arity: int) -> None:
                     f"join expression: unknown function {what!r}; use {', '.join(EXPR_FUNCTIONS)}\n{caret(text, pos)}"
                 )
             want = EXPR_FUNCTIONS[node.func.id]
-            if node.keywords or (want is not None and len(node.args) != want) or not node.args:
+            if node.keywords or (len(node.args) != want if want is not None else len(node.args) < 2):
                 raise EinsumError(
-                    f"join expression: {node.func.id}() takes {want or '1 or more'} argument(s)\n{caret(text, pos)}"
+                    f"join expression: {node.func.id}() takes {want or '2 or more'} argument(s)\n{caret(text, pos)}"
                 )
         if isinstance(node, ast.Name) and not (isinstance(getattr(node, "_parent", None), ast.Call)):
             pass
