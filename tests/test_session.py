@@ -470,6 +470,13 @@ def test_a_users_connection_gets_its_settings_back_when_the_session_closes():
         np.testing.assert_array_equal(db.einsum("ij->j", "A").to_numpy(), [3.0, 5.0, 7.0])
         db.close()
         assert settings() == before
+    # a setting the user changed while the session was open is theirs: close() leaves it (it
+    # put back the value from before the session over it; a trial)
+    db = eds.connect(con, memory="64MB")
+    db.store("A", np.arange(6.0).reshape(2, 3), replace=True)
+    con.execute("SET memory_limit = '5GB'")
+    db.close()
+    assert settings() == ("4.6 GiB",) + before[1:]  # the rest, still as the session left them, put back
     con.close()
 
 

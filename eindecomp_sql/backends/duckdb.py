@@ -382,6 +382,23 @@ class DuckDBBackend:
             value = (con or self._work).execute("SELECT current_setting(?)::VARCHAR", [setting]).fetchall()[0][0]
             self._their_settings[setting] = value
 
+    def _still_ours(self, setting: str) -> bool:
+        """Whether ``setting`` on the user's connection is still what this session left it at:
+        one the user changed since (``SET memory_limit`` between plans) is theirs, and
+        ``close()`` put back the value from before the session over it (a trial)."""
+        if setting == "memory_limit":
+            if self._memory_limit is None:
+                return False
+            now, ours = self._work.execute("SELECT current_setting('memory_limit')::VARCHAR, format_bytes(?::BIGINT)",
+                                           [int(self._memory_limit)]).fetchall()[0]
+            return now == ours  # both as DuckDB shows a limit ("2.7 GiB")
+        now = str(self._work.execute("SELECT current_setting(?)::VARCHAR", [setting]).fetchall()[0][0])
+        if setting == "temp_directory":
+            return self._temp_dir is not None and os.path.abspath(now) == os.path.abspath(self._temp_dir)
+        if setting == "arrow_large_buffer_size":
+            return now.lower() == "true"  # what every step leaves
+        return True
+
     def _set_memory_limit(self, limit: int) -> None:
         if limit != self._memory_limit:
             self._remember("memory_limit")
@@ -1206,7 +1223,8 @@ class DuckDBBackend:
                 if setting == "memory_limit":
                     value = _shown_limit(value)
                 try:
-                    self._work.execute(f"SET {setting} = ?", [value]).fetchall()
+                    if self._still_ours(setting):
+                        self._work.execute(f"SET {setting} = ?", [value]).fetchall()
                 except duckdb.Error:  # best effort: DuckDB may refuse to move a spill folder in use
                     pass
             try:
