@@ -508,9 +508,7 @@ class Session:
                 x = inputs[v.name]
                 want = by_name.get(v.name)  # None: an input the plan no longer reads (a fill)
                 if isinstance(x, (Tensor, str)):
-                    t = self._resolve([x], [f"input {v.name!r}"])[0][0]
-                    if t.shape != v.shape or t.dtype != v.dtype:
-                        raise EinsumError(f"input {v.name!r}: the graph wants {v.shape} {v.dtype}, got {t.shape} {t.dtype}")
+                    t = self._graph_input(v, x)
                     if want is not None and (t.tile != want.tile or t.keys != want.keys):
                         raise EinsumError(
                             f"input {v.name!r}: tensor {t.name!r} is stored in tiles {t.tile} (keys {t.keys}), but this "
@@ -519,11 +517,7 @@ class Session:
                             "or run g.run(db, ...), which does")
                     bound[v.name] = t.name
                 else:
-                    a = as_array(x, f"input {v.name!r}")
-                    a = _cast_input(a, v)
-                    if a.shape != v.shape or a.dtype != v.dtype:
-                        raise EinsumError(f"input {v.name!r}: the graph wants {v.shape} {v.dtype}, got {a.shape} {a.dtype}")
-                    bound[v.name] = a
+                    bound[v.name] = self._graph_input(v, x)
             outs = {}
             for v in gplan.outputs:
                 table = targets.get(v.name)
@@ -542,6 +536,27 @@ class Session:
             result = self._execute(gplan.plan, bound, outs, replace, progress)
         # one return type per plan, fixed by how its outputs were asked for (never by count)
         return next(iter(result.values())) if gplan.single else result
+
+    def _graph_input(self, v, x):
+        """What is given for graph input ``v`` (a ValueInfo), checked against its shape and
+        dtype: a stored tensor's value (a Tensor or a name), or the array cast as ``v`` says."""
+        if isinstance(x, (Tensor, str)):
+            t = self._resolve([x], [f"input {v.name!r}"])[0][0]
+            if t.shape != v.shape or t.dtype != v.dtype:
+                raise EinsumError(f"input {v.name!r}: the graph wants {v.shape} {v.dtype}, got {t.shape} {t.dtype}")
+            return t
+        a = _cast_input(as_array(x, f"input {v.name!r}"), v)
+        if a.shape != v.shape or a.dtype != v.dtype:
+            raise EinsumError(f"input {v.name!r}: the graph wants {v.shape} {v.dtype}, got {a.shape} {a.dtype}")
+        return a
+
+    def check_graph_inputs(self, values, inputs: dict) -> None:
+        """Check what ``inputs`` gives for graph inputs ``values`` (ValueInfos) a plan does not
+        read, as if it did: an input given for no use must still be right."""
+        with self._call():
+            for v in values:
+                if v.name in inputs:
+                    self._graph_input(v, inputs[v.name])
 
     # -- SQL interface ----------------------------------------------------------------------
     def _einsum_sql(self, spec: str, names: list[str], mode: str, join=None, agg=None, k=None) -> str:

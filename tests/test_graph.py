@@ -104,14 +104,23 @@ def test_a_node_nobody_uses_is_left_out_with_a_warning(db):
     with pytest.warns(UserWarning, match=r"only the last-added value 'y'.*left out: z \(bi,bi->\)"):
         plan = g.plan()
     assert [n.result.name for n in plan.nodes] == ["h", "y"]
-    assert [v.name for v in plan.outputs] == ["y"] and plan.unused_inputs == ("u",)
+    assert [v.name for v in plan.outputs] == ["y"] and [v.name for v in plan.unused_inputs] == ["u"]
     xs = random_inputs(g, 4)
-    out = plan.run(db, **xs)  # u is a graph input the plan does not read: accepted, ignored
+    out = plan.run(db, **xs)  # u is a graph input the plan does not read: checked, then ignored
     assert isinstance(out, eds.Tensor)
     np.testing.assert_allclose(out.to_numpy(), np.maximum(xs["x"] @ xs["w"], 0))
     assert "inputs not read: u" in plan.explain(sql=False)
     with pytest.raises(EinsumError, match=r"missing inputs \['w'\]"):
         plan.run(db, x=xs["x"])
+    # ... but what is given for it must be right: a wrong shape or dtype ran in silence (a trial)
+    for bad, match in [(np.ones((4, 8)), r"input 'u': the graph wants \(8, 4\) float64, got \(4, 8\)"),
+                       (np.ones((8, 4), np.complex128), "got .8, 4. complex128"),
+                       (np.full((8, 4), 2**70), "u"), ("nope", "no stored tensor named 'nope'")]:
+        for run in (lambda: plan.run(db, **{**xs, "u": bad}), lambda: g.run(db, outputs=y, **{**xs, "u": bad})):
+            with pytest.raises(EinsumError, match=match):
+                run()
+    np.testing.assert_allclose(g.run(db, outputs=y, **{**xs, "u": np.arange(32).reshape(8, 4)}).to_numpy(),
+                               np.maximum(xs["x"] @ xs["w"], 0))  # ints cast as a read input's would be
 
 
 def test_the_return_type_follows_how_outputs_were_given(db):

@@ -40,7 +40,7 @@ class GraphPlan:
     ``nodes`` are the nodes the ``outputs`` depend on (others were left out); ``inputs`` the
     graph inputs they read. ``single``: ``run`` returns one Tensor (outputs given as None or
     one value) rather than a dict; ``unused_inputs``: graph inputs no kept node reads (``run``
-    accepts and ignores them). Plans are cached and shared: treat them as read-only.
+    checks what it is given for them, then ignores it). Plans are cached and shared: treat them as read-only.
     """
 
     nodes: tuple[EinsumNode, ...]
@@ -53,7 +53,7 @@ class GraphPlan:
     plan: Plan
     baselines: dict[str, Costs | None]  # strategy -> its cost (None: over the memory budget)
     single: bool = True
-    unused_inputs: tuple[str, ...] = ()
+    unused_inputs: tuple[ValueInfo, ...] = ()
     # the baseline whose chunking EinDecomp took because it came out cheaper after fusion (None:
     # the optimizer's own)
     taken_from: str | None = None
@@ -112,7 +112,7 @@ class GraphPlan:
             f"{len(self.plan.steps)} step(s), {self.retiles} retile(s)"
             + (f", {len(fused)} node(s) fused into others' steps" if fused else ""),
             f"outputs: {', '.join(v.name for v in self.outputs)}"
-            + (f"; inputs not read: {', '.join(self.unused_inputs)}" if self.unused_inputs else ""),
+            + (f"; inputs not read: {', '.join(v.name for v in self.unused_inputs)}" if self.unused_inputs else ""),
             f"cost {describe_costs(c)}",
             # both assumptions said, each by name: the whole run with the inputs passed as arrays
             # (read in place, none of their tiles in a statement) read as if below the largest
@@ -244,12 +244,15 @@ class GraphPlan:
         inputs as a dict instead (for inputs named like this method's own arguments)."""
         check_session(db, "plan.run")
         inputs = merge_inputs(inputs, named)
-        known = {v.name for v in self.inputs} | set(self.unused_inputs)
+        known = {v.name for v in self.inputs} | {v.name for v in self.unused_inputs}
         missing = [v.name for v in self.inputs if v.name not in inputs]
         extra = [k for k in inputs if k not in known]
         if missing or extra:
             raise EinsumError(f"plan.run: missing inputs {missing}, unknown inputs {extra}")
         used = {v.name for v in self.inputs}
+        # an input no output needs is still checked: a wrong shape or dtype there is a mistake
+        # of the caller's, which ran in silence (a trial)
+        db.check_graph_inputs(self.unused_inputs, inputs)
         return db.run_graph_plan(self, {k: x for k, x in inputs.items() if k in used}, out=out, replace=replace,
                                  progress=progress)
 
@@ -304,7 +307,7 @@ def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp"
     read = {op.value for n in nodes for op in n.operands}
     fixed = _fixed_tiles(graph, inputs)
     used = tuple(v for v in graph.inputs if v.name in read)
-    unused = tuple(v.name for v in graph.inputs if v.name not in read)
+    unused = tuple(v for v in graph.inputs if v.name not in read)
     return _plan_cached(nodes, used, picked, single, unused, workers, budget, strategy, tile_bytes,
                         tuple(sorted(fixed.items())), costs, fuse)
 
@@ -377,7 +380,7 @@ CHAINS = "auto"
 
 @lru_cache(maxsize=128)
 def _plan_cached(nodes: tuple[EinsumNode, ...], inputs: tuple[ValueInfo, ...], picked: tuple[ValueInfo, ...],
-                 single: bool, unused: tuple[str, ...], workers: int, budget: int | None, strategy: str,
+                 single: bool, unused: tuple[ValueInfo, ...], workers: int, budget: int | None, strategy: str,
                  tile_bytes: int | None, fixed: tuple, costs: CostModel, fuse: bool | str = True) -> GraphPlan:  # noqa: PLR0913
     cut = dict(fixed)  # input name -> (tile, keys) it is stored in
     values = tuple(TiledValue(v.name, v.shape, v.dtype, *cut.get(v.name, (None, tuple(f"d{k}" for k in range(len(v.shape))))))
