@@ -13,6 +13,7 @@ import dataclasses
 import contextlib
 import itertools
 import os
+import sys
 import weakref
 
 import numpy as np
@@ -143,6 +144,10 @@ class Session:
             self.backend.close()
             raise
         _open_sessions.add(self)
+        # what a session dropped without close() is found by (_close_dropped_sessions): its file,
+        # and how many refer to its connection before the user can (db.connection held: kept)
+        self._database = os.fspath(database) if isinstance(database, (str, os.PathLike)) else None
+        self._con_refs = sys.getrefcount(self.backend.con) if getattr(self.backend, "con", None) is not None else 0
 
     _pid = None  # set in __init__: the process the session belongs to
 
@@ -631,6 +636,32 @@ def _pick_device(device, allow_tf32, backend: str) -> str:
     return "cpu"
 
 
+_OPEN_ELSEWHERE = ("this database is already open in another eindecomp_sql session", "cannot open database")
+
+
+def _close_dropped_sessions(database) -> bool:
+    """Close the open sessions on file ``database`` that opened their connection themselves and
+    that nothing can reach any more: no handle, no Tensor, not their ``db.connection`` (only
+    the SQL interface's holder refers to them). Whether one was closed."""
+    if not isinstance(database, (str, os.PathLike)) or os.fspath(database) in ("", ":memory:"):
+        return False
+    target = os.path.realpath(os.fspath(database))
+    closed = False
+    candidates = [s for s in list(_open_sessions) if getattr(s.backend, "owns_connection", False)
+                  and not s.backend.closed and s._database is not None and os.path.realpath(s._database) == target]
+    while candidates:
+        s = candidates.pop()
+        # by reference counts: a local variable of a running function is no object the
+        # collector lists as a referrer. Three are ours: the holder's, ``s``, getrefcount's
+        # argument; a handle, a Tensor or a temporary result's finalizer is one more
+        held = sys.getrefcount(s) > 3 or s.__dict__.get("_sql_target") is None
+        if not held and sys.getrefcount(s.backend.con) <= s._con_refs:
+            s.close()
+            closed = True
+        del s
+    return closed
+
+
 class _Holder:
     """The session the SQL interface's UDF serves, until the session closes."""
 
@@ -745,6 +776,17 @@ def connect(database=None, *, tile_bytes: int | None = None, workers: int | None
     ...     db.store("A", np.arange(6.0).reshape(2, 3)).shape
     (2, 3)
     """
-    return Session(database, tile_bytes=tile_bytes, workers=workers, memory=memory, read_only=read_only,
-                   backend=backend, device_memory=device_memory, spark=spark, device=device, allow_tf32=allow_tf32,
-                   spark_database=spark_database)
+    def opened():
+        return Session(database, tile_bytes=tile_bytes, workers=workers, memory=memory, read_only=read_only,
+                       backend=backend, device_memory=device_memory, spark=spark, device=device,
+                       allow_tf32=allow_tf32, spark_database=spark_database)
+
+    try:
+        return opened()
+    except EinsumError as e:
+        # a session dropped without close() holds the file open (its SQL interface's UDF keeps
+        # it alive): a notebook cell "db = eds.connect('f.duckdb')" run twice failed, with no
+        # handle left to close the first. One nobody can reach is closed, and the open retried.
+        if not str(e).startswith(_OPEN_ELSEWHERE) or not _close_dropped_sessions(database):
+            raise
+    return opened()

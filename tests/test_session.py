@@ -639,3 +639,34 @@ def test_closing_while_a_query_runs_on_the_connection_leaves_the_session_whole(t
     db.close()
     with eds.connect(path) as again:
         assert again.tensors() == ["A"]
+
+
+def test_a_dropped_session_does_not_keep_its_file_from_opening_again(tmp_path):
+    """A notebook cell ``db = eds.connect("f.duckdb")`` run twice: the first session, dropped
+    without close(), stayed open (its SQL interface's UDF keeps it), and the second connect
+    failed with "already open in another session", with no handle left to close. A session
+    nothing refers to any more is closed for the new one; one still reachable (a Tensor of
+    it, its ``db.connection`` held) is left open, and the error says why."""
+    f = tmp_path / "nb.duckdb"
+    db = eds.connect(f)
+    db.store("A", np.arange(3.0))
+    del db
+    db = eds.connect(f)  # the same options
+    np.testing.assert_array_equal(db.tensor("A").to_numpy(), np.arange(3.0))
+    del db
+    db = eds.connect(f, memory="100MB")  # other options: DuckDB's "different configuration"
+    T = db.tensor("A")
+    del db
+    with pytest.raises(EinsumError, match="already open in another eindecomp_sql session.*no Tensor of it"):
+        eds.connect(f)
+    np.testing.assert_array_equal(T.to_numpy(), np.arange(3.0))  # its session kept, and working
+    del T
+    db = eds.connect(f)
+    con = db.connection
+    del db
+    with pytest.raises(EinsumError, match="already open"):
+        eds.connect(f)
+    assert con.sql("SELECT * FROM einsum_elements('i->', 'A')").fetchall() == [(3.0,)]
+    del con
+    with eds.connect(f, read_only=True) as db:
+        assert db.tensors() == ["A"]

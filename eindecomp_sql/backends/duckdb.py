@@ -273,7 +273,8 @@ class DuckDBBackend:
                 raise EinsumError(
                     "this database is already open in another eindecomp_sql session of this process "
                     "(a file opened twice in one process is one DuckDB database, and the kernels are "
-                    "registered in it once): use that session, or close it first") from None
+                    "registered in it once): use that session, or close it first (one whose handle you dropped "
+                    "is closed for you, once nothing refers to it: no Tensor of it, not its db.connection)") from None
             raise
         allocator.attach()  # counted only once set up, so the last close() can trim
 
