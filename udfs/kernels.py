@@ -14,6 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from eindecomp_sql.errors import EinsumError
+from eindecomp_sql.plan.cost import BLOCK_ELEMENTS, MIN_BLOCK
 from eindecomp_sql.notation.numpy_impl import AGG_UFUNC, join_callable, product_dtype, widened
 from eindecomp_sql.plan.kernel_spec import (EinsumKernelSpec, KernelSpec, ProgramKernelSpec, RetileKernelSpec, from_json,
                                             shared_operands, to_json)
@@ -21,11 +22,10 @@ from eindecomp_sql.plan.kernel_spec import (EinsumKernelSpec, KernelSpec, Progra
 from . import devices
 
 # Elements one task materialises at once when a join is not a plain product (for mul/sum the
-# kernel is np.einsum, i.e. BLAS, and needs no blocking): 4M elements = 32 MB of float64.
-BLOCK_ELEMENTS = 1 << 22
-# ... and at least this many where the tiles are smaller (a numpy call's own cost then stays
-# small against its work): 256K elements, 2 MB of float64
-MIN_BLOCK = 1 << 18
+# kernel is np.einsum, i.e. BLAS, and needs no blocking): 4M elements = 32 MB of float64 ...
+# and at least MIN_BLOCK where the tiles are smaller (a numpy call's own cost then stays small
+# against its work): 256K elements, 2 MB of float64. The plans' projected peaks count them
+# (plan/cost.py: join_block_bytes), hence defined there (imported above).
 # Do not split a tile's work across kernel threads below this many element-operations.
 MIN_SPLIT_WORK = 1 << 18
 

@@ -41,6 +41,7 @@ runs as several statements, each over a range of keys of one output label (``bat
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -284,7 +285,8 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
         # failed at 298 MB; with 3 copies the FFN's grouped step still measured 1.5x its
         # projected run peak, bench/run_peak.py)
         lists = out_tiles * reduced * in_tile * (4 if model.engine_holds_inputs else 1)
-        return engine + lists + min(out_tiles, rows) * (2 * out_tile + held_tile_bytes)
+        return (engine + lists + min(out_tiles, rows) * (2 * out_tile + held_tile_bytes)
+                + join_block_bytes(node, tile, min(out_tiles, rows)))
     # a hash join copies its build side: the statement's tiles are held twice (one tile each
     # is read side by side, no hash table)
     joined = 2 * engine if any(pieces[lab] > 1 for lab in node.labels) else engine
@@ -295,7 +297,34 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
     in_flight = min(out_tiles, rows)
     shared = sum(max(in_flight - math.prod(each[lab] for lab in op.labels), 0) * b
                  for op, b in zip(node.operands, op_tile))
-    return joined + in_flight * (in_tile + 2 * out_tile + held_tile_bytes) + shared
+    return (joined + in_flight * (in_tile + 2 * out_tile + held_tile_bytes) + shared
+            + join_block_bytes(node, tile, in_flight))
+
+
+# udfs/kernels.py's blocking of a join that is not a plain product (mul/sum is BLAS or np.einsum,
+# which hold no join space): each kernel task materialises a block of the join space of up to
+# max(MIN_BLOCK, its largest tile, 8 output tiles) elements, at most BLOCK_ELEMENTS, and one
+# output tile's reduction of it, on each of the kernel pool's threads (udfs/pool.py: the CPUs
+# this process may use). Uncounted, a 1024² max-plus product's blocks were 32 MB a task that
+# no projected peak had (a trial); on 16 cores that is 512 MB.
+BLOCK_ELEMENTS = 1 << 22
+MIN_BLOCK = 1 << 18
+try:
+    KERNEL_THREADS = len(os.sched_getaffinity(0))
+except AttributeError:  # not on Linux
+    KERNEL_THREADS = os.cpu_count() or 1
+
+
+def join_block_bytes(node: EinsumNode, tile: dict[str, int], rows: int) -> int:
+    """What the kernels materialise of a non-product join's space while ``rows`` joined rows
+    are in flight (see ``BLOCK_ELEMENTS``); 0 for a plain product or nothing reduced."""
+    if not node.reduced or (node.join.name == "mul" and node.agg.name == "sum"):
+        return 0
+    out = math.prod(tile[lab] for lab in node.output)
+    largest = max([out] + [math.prod(tile[lab] for lab in op.labels) for op in node.operands])
+    block = min(BLOCK_ELEMENTS, max(MIN_BLOCK, largest, 8 * out))
+    itemsize = max(np.dtype(node.result.dtype).itemsize, 4)  # float16 blocks reduce in float32
+    return min(max(rows, 1), KERNEL_THREADS) * (block + out) * itemsize
 
 
 def step_kernel_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str],
@@ -309,7 +338,9 @@ def step_kernel_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: d
     each = _batch_pieces(node, pieces, batches)
     out_tiles = math.prod(each[lab] for lab in node.output)
     held_tile_bytes += held_bytes(node, {lab: tile_of(size[lab], pieces[lab]) for lab in node.labels})
-    return min(out_tiles, model.vector_rows) * (out_tile + held_tile_bytes)
+    tile = {lab: tile_of(size[lab], pieces[lab]) for lab in node.labels}
+    rows = min(out_tiles, model.vector_rows)
+    return rows * (out_tile + held_tile_bytes) + join_block_bytes(node, tile, rows)
 
 
 def held_bytes(node: EinsumNode, tile: dict[str, int]) -> int:
