@@ -476,3 +476,27 @@ def test_a_tensor_table_altered_in_sql_is_the_steps_error_not_a_raw_one(alter):
     db.connection.execute(f"ALTER TABLE A {alter}")
     with pytest.raises(eds.EinsumError, match=r"step 0 \(einsum ij->j"):
         db.einsum("ij->j", "A")
+
+
+def test_a_tensors_table_renamed_or_dropped_in_sql_is_said_by_name():
+    """A tensor's table renamed (or dropped) in SQL failed step 0 with DuckDB's "Table with
+    name A does not exist!" (a trial): the key check before a plan now names the tensor and
+    the way out, for db.einsum and the SQL interface alike, and db.drop clears the entry."""
+    db = eds.connect()
+    a = random_array(np.random.default_rng(8), (5, 4), "float64")
+    db.store("A", a, tile=(2, 2))
+    db.store("B", a, tile=(2, 2))
+    db.connection.execute("ALTER TABLE A RENAME TO A_moved")
+    said = "stored tensor 'A': its table 'A' no longer exists .renamed or dropped in SQL.*db.drop.'A'."
+    with pytest.raises(eds.EinsumError, match=said):
+        db.einsum("ij,ij->", "B", "A", out="S")
+    with pytest.raises(duckdb.Error, match=said):
+        db.connection.sql("SELECT * FROM einsum('ij->', 'A')").fetchall()
+    assert "S" not in db.tensors()
+    db.connection.execute("ALTER TABLE A_moved RENAME TO A")  # back: runs
+    np.testing.assert_allclose(db.einsum("ij,ij->", "B", "A").to_numpy(), (a * a).sum())
+    db.connection.execute("DROP TABLE A")
+    with pytest.raises(eds.EinsumError, match=said):
+        db.einsum("ij->", "A")
+    db.drop("A")
+    assert db.tensors() == ["B"]

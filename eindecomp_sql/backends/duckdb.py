@@ -885,7 +885,8 @@ class DuckDBBackend:
         longer holds ``value``'s grid's keys: edited in SQL, a tile deleted or repeated, a key
         NULL or outside the grid (``compile/tile_check.py``; a NULL tile or one of the wrong
         length, the kernels refuse). One query for all (their keys, ~0.3 ms a table); a table
-        that is gone or no longer binds is left to the statements' own error."""
+        that is gone (renamed or dropped in SQL) is said by name, one that no longer binds (its
+        columns renamed or retyped) is left to the statements' own error."""
         if not tables:
             return
         from ..compile.tile_check import check_query, problems, split_rows
@@ -897,8 +898,11 @@ class DuckDBBackend:
                 self._check_open()
                 columns = self._work.execute(query).fetchnumpy()  # the keys only: quick
             rows = split_rows(tables, columns)
-        except (duckdb.CatalogException, duckdb.BinderException, duckdb.ConversionException, ValueError,
-                TypeError):  # gone, its columns renamed or retyped: the statements say so, naming the step
+        except duckdb.CatalogException:
+            self._say_gone(tables)  # a table renamed or dropped in SQL: "Table with name A does not
+            return  # exist!" from step 0 said neither what nor why (a trial)
+        except (duckdb.BinderException, duckdb.ConversionException, ValueError,
+                TypeError):  # its columns renamed or retyped: the statements say so, naming the step
             return  # (a Ctrl-C's InterruptException is not caught: it stops the call)
         for (v, t), keys in zip(tables, rows):
             wrong = problems(v, keys)
@@ -906,6 +910,17 @@ class DuckDBBackend:
                 raise EinsumError(f"stored tensor {v.name!r} (table {t!r}) no longer holds its tiles: "
                                   f"{'; '.join(wrong)} (was its table edited in SQL? store it again with "
                                   "replace=True); nothing was run")
+
+    def _say_gone(self, tables) -> None:
+        """Refuse with the first stored tensor of ``tables`` whose table no longer exists."""
+        for v, t in tables:
+            try:
+                with self.lock:
+                    self._work.execute(exp.select("1").from_(exp.Table(this=ident(t))).limit(0).sql(dialect="duckdb"))
+            except duckdb.CatalogException:
+                raise EinsumError(f"stored tensor {v.name!r}: its table {t!r} no longer exists (renamed or dropped "
+                                  f"in SQL?); rename it back, or db.drop({v.name!r}) its catalog entry; nothing "
+                                  "was run") from None
 
     def execute(self, plan: Plan, inputs, outputs, replace: bool = False, progress=None) -> dict:
         """Run the plan's steps, one statement each (or one per batch), in one transaction;
