@@ -482,3 +482,48 @@ def test_a_plans_run_peak_leaves_out_the_tiles_of_inputs_read_in_place():
     assert step.peak(plan.model, frozenset({"w"})) <= step.peak(plan.model) - 4 * w_bytes
     assert plan.run_peak(arrays=["x", "w"], returned=["y"]) < plan.run_peak(returned=["y"]) - 4 * w_bytes
     assert max(s.peak(plan.model) for s in plan.steps) == plan.peak_bytes  # budgets: unchanged
+
+
+def test_a_temporary_result_is_read_back_under_the_budget(tmp_path):
+    """A result made without ``out=`` and then read by the next einsum, the README's own
+    pattern: a 256 MB one under ``memory="100MB"`` failed the next einsum with DuckDB's out of
+    memory (a trial; ``out=`` worked), for a temporary result was one TEMP table, whose scan
+    pins a whole row group. It is written as TEMP parts behind a TEMP view now, as a kept one
+    is, read and exported part by part, and dropped with its parts."""
+    import gc
+
+    import eindecomp_sql as eds
+
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((8192, 16), dtype=np.float32)
+    b = rng.standard_normal((16, 8192), dtype=np.float32)
+    with eds.connect(memory="100MB") as db:
+        C = db.einsum("ij,jk->ik", db.store("A", a), db.store("B", b))  # 256 MB, temporary
+        assert len(db.backend._temp_parts[C.name.lower()]) > 1
+        c = a @ b
+        np.testing.assert_allclose(db.einsum("ik->i", C).to_numpy(), c.sum(1), rtol=1e-4, atol=1e-2)
+        C.export(tmp_path / "c.npy")
+        np.testing.assert_array_equal(np.load(tmp_path / "c.npy", mmap_mode="r")[::997], c[::997])
+        del C
+        gc.collect()
+        db.tensors()  # a call: what was collected is dropped
+        assert db.backend._temp_parts == {}
+        assert db.connection.sql("SELECT count(*) FROM duckdb_tables() WHERE temporary").fetchall() == [(0,)]
+
+
+def test_a_tile_too_large_for_the_budget_is_said_in_our_words(tmp_path):
+    """``store(..., tile=)`` of a tile DuckDB cannot hold under ``memory=`` was DuckDB's "could
+    not allocate block" with its advice to SET threads (a trial): it now names the tile, its
+    size and the budget, and what to pass; nothing is stored."""
+    import eindecomp_sql as eds
+
+    a = np.random.default_rng(13).standard_normal((3000, 3000))  # one 72 MB tile
+    np.save(tmp_path / "a.npy", a)
+    with eds.connect(memory="100MB") as db:
+        for source in (a, tmp_path / "a.npy"):
+            with pytest.raises(eds.EinsumError, match=r"store\('T'\): a tile of \(3000, 3000\) float64 is 72.0 MB, "
+                                                      r"more than DuckDB can hold under memory=100.0 MB .*pass a "
+                                                      "smaller tile="):
+                db.store("T", source, tile=(3000, 3000))
+            assert db.tensors() == []
+        np.testing.assert_array_equal(db.store("T", a).to_numpy(), a)  # tiles cut to fit: stored

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import shutil
 import threading
@@ -176,6 +177,9 @@ class DuckDBBackend:
         self._functions = None  # what we register on the connection (_Registrar)
         self.budget: int | None = None  # the session's memory budget (set_memory)
         self.part_bytes: int | None = None  # tiles per stored part (None: parts.PART_BYTES)
+        # temporary results written as parts (lower-cased name -> its TEMP part tables): the
+        # result is a TEMP view over them, dropped with them (drop_table)
+        self._temp_parts: dict[str, list[str]] = {}
         self._memory_limit: int | None = None  # what we last SET DuckDB's memory_limit to
         # a connection the user passed in keeps its own settings (docs/LAYOUT.md): those we
         # change (global in DuckDB: the database's) as they were, put back by close()
@@ -439,7 +443,8 @@ class DuckDBBackend:
         larger limit would let DuckDB cache more of a big file)."""
         if self.budget is None:
             return self._memory_limit_while(None)
-        need = parted.PART_BYTES if self._parts_of(value.name) else value.nbytes
+        parted_value = value.name.lower() in self._temp_parts or self._parts_of(value.name)
+        need = parted.PART_BYTES if parted_value else value.nbytes
         limit = self._idle_limit() + need + MIN_ENGINE_BYTES // 4
         return self._memory_limit_while(limit if limit > (self._memory_limit or 0) else None)
 
@@ -597,10 +602,33 @@ class DuckDBBackend:
         self._catalog_seen.update(seen)
         self._parts_seen.update(parts)
 
+    def _store_failed(self, value: TiledValue, e: duckdb.Error) -> str:
+        """What a failed store says: DuckDB's error, and where it ran out of memory under a
+        budget, which tile did not fit and what to pass (a trial: a 137.5 MiB tile under
+        memory="100MB" was DuckDB's "could not allocate block", with its advice to SET threads)."""
+        text = f"store({value.name!r}): DuckDB could not store the tiles: {e}"
+        if not isinstance(e, duckdb.OutOfMemoryException) or self.budget is None:
+            return text
+        tile = math.prod(value.tile) * np.dtype(value.dtype).itemsize
+        fit = max(1, self._idle_limit() // 4)
+        return (f"store({value.name!r}): a tile of {value.tile} {value.dtype} is {format_bytes(tile)}, more than "
+                f"DuckDB can hold under memory={format_bytes(self.budget)} (its memory_limit "
+                f"{format_bytes(self._memory_limit or 0)}); pass a smaller tile= (under {format_bytes(fit)}; "
+                f"without tile=, store cuts tiles to fit the budget) or a larger memory=. DuckDB said: "
+                f"{str(e).splitlines()[0]}")
+
     def drop_table(self, table_name: str) -> None:
-        """Drop a table that is not in the catalog (a temporary result), if it exists."""
+        """Drop a table that is not in the catalog (a temporary result), if it exists; one
+        written as parts is a view, dropped with its parts."""
         with self.lock:
-            self._run(self.compiler.drop_table_sql(table_name))
+            names = self._temp_parts.get(table_name.lower())
+            if names is None:
+                self._run(self.compiler.drop_table_sql(table_name))
+                return
+            self._run(exp.Drop(tables=[table(table_name)], kind="VIEW", exists=True).sql(dialect="duckdb"))
+            for p in names:
+                self._run(self.compiler.drop_table_sql(p))
+            del self._temp_parts[table_name.lower()]
 
     def drop(self, name: str) -> None:
         try:
@@ -797,7 +825,7 @@ class DuckDBBackend:
             try:
                 self._store_parts(value, sources, exists, watch)
             except duckdb.Error as e:
-                raise EinsumError(f"store({value.name!r}): DuckDB could not store the tiles: {e}") from None
+                raise EinsumError(self._store_failed(value, e)) from None
             return
         old_parts = exists and bool(self._parts_of(value.name))
         view = "_eds_load"
@@ -814,7 +842,7 @@ class DuckDBBackend:
                 if not watch.commit():  # Ctrl-C after the statement: roll back, the old tensor stands
                     raise Cancelled("the store was stopped before it committed")
         except duckdb.Error as e:
-            raise EinsumError(f"store({value.name!r}): DuckDB could not store the tiles: {e}") from None
+            raise EinsumError(self._store_failed(value, e)) from None
         finally:
             if query is None:
                 self._work.unregister(view)
@@ -1141,7 +1169,8 @@ class DuckDBBackend:
                             mine = parts[c.value] = []
                             for name, text in zip(parted.new_part_names(len(c.batches)), c.batches):
                                 mine.append(name)
-                                self._run(f"CREATE {'' if c.value in outputs else 'TEMP '}TABLE "
+                                kept = c.value in outputs and not outputs[c.value].temporary
+                                self._run(f"CREATE {'' if kept else 'TEMP '}TABLE "
                                           f"{table(name).sql(dialect='duckdb')} AS {bind(going_on(text), tables)}")
                             if k + 1 < len(compiled):  # later steps read it by a TEMP view
                                 readers.append(f"_eds_pv{k}")
@@ -1183,6 +1212,10 @@ class DuckDBBackend:
                                 self._run(self.compiler.drop_table_sql(p))
                             continue
                         final = outputs[value].table
+                        if outputs[value].temporary:  # a TEMP view over its TEMP parts
+                            self._run(parted.view_sql(final, names, temporary=True))
+                            self._temp_parts[final.lower()] = names
+                            continue
                         if parts_of[value]:
                             self._drop_stored(final)
                         self._list_parts(final, names)
@@ -1286,7 +1319,10 @@ def _parted(step, compiled, target: Target | None) -> bool:
     table's blob column whole, see backends/parts.py). Not a result returned as an array."""
     if len(compiled.batches) <= 1 or step_target(step).nbytes <= parted.PART_BYTES:
         return False
-    return target is None or (target.table is not None and not target.temporary)
+    # a temporary result too: one TEMP table of a 256 MB result could not be read back by the
+    # next einsum under memory="100MB" (a scan pins its whole row group; a trial), nor
+    # exported within the budget
+    return target is None or target.table is not None
 
 
 def _atomic(plan: Plan, compiled, outputs) -> bool:
