@@ -302,7 +302,8 @@ def cli():
                                             "named 'value', or the only non-index column).")
 @click.option("--replace", is_flag=True, help="Overwrite a stored tensor of the same name.")
 @click.option("--memory", callback=_memory, metavar="SIZE",
-              help="Cap on DuckDB's cache while the file streams in (default: 256 MiB, or four of the "
+              help="Memory budget of the store, as connect(memory=): tiles are cut to fit it, and DuckDB's "
+                   "cache stays within it (default: no budget, the cache capped at 256 MiB, or four of the "
                    "tensor's stored parts if more).")
 @_debug_option
 def store(database, name, file, tile, dtype, shape, index, value, replace, memory):
@@ -320,7 +321,10 @@ def store(database, name, file, tile, dtype, shape, index, value, replace, memor
     # this process still holds DuckDB's lock on it: another store that created the file first,
     # and holds it, makes this one fail on the lock, before anything here could remove it
     created = database != ":memory:" and not os.path.exists(database)
-    with _connect(database, create=True) as db:
+    # --memory is the session's budget, as connect(memory=) is: tiles are cut to fit it (a
+    # trial: a 144 MB .npy under --memory 100MB was cut in 64 MiB tiles, then DuckDB ran out of
+    # memory under the cap), and DuckDB's cache stays within it
+    with _connect(database, create=True, memory=memory) as db:
         try:
             files.cap_cache(db, memory if memory is not None else files.store_cache_limit(db, path, tile, dtype))
             t = files.store_file(db, name, path, tile=tile, dtype=dtype, shape=shape, replace=replace, index=index,

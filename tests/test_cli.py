@@ -363,3 +363,18 @@ def test_einsum_and_ls_json_print_an_error_object_on_failure(capsys, tmp_path):
     assert code == 1 and out == ""
     code, out, _ = run_main(capsys, "ls", db, "--json")
     assert code == 0 and [t["name"] for t in json.loads(out)] == ["A"]
+
+
+def test_store_memory_is_the_budget_tiles_are_cut_to(tmp_path):
+    """``store --memory 100MB`` of a 144 MB .npy cut it in 64 MiB tiles and then ran out of
+    memory under the cap (a trial; the library cut 376² tiles under the same budget): --memory
+    is the session's budget now, as ``connect(memory=)`` is, and the tiles fit it."""
+    a = np.random.default_rng(14).standard_normal((3000, 3500)).astype(np.float32)  # 42 MB
+    np.save(tmp_path / "a.npy", a)
+    db = tmp_path / "m.duckdb"
+    r = sh("store", db, "A", tmp_path / "a.npy", "--memory", "64MB")
+    assert r.returncode == 0, r.stderr
+    with eds.connect(str(db), read_only=True) as s:
+        t = s.tensor("A")
+        assert np.prod(t.tile) * 4 <= (64 << 20) // 64, t.tile
+        np.testing.assert_array_equal(t.to_numpy(), a)
