@@ -143,7 +143,8 @@ def main(argv=None) -> None:
         except KeyboardInterrupt:  # a Ctrl-C just then: still ours to report
             _fail("interrupted")
             code = EXIT_INTERRUPTED
-    if code not in (0, EXIT_BROKEN_PIPE) and said and args[:1] in (["einsum"], ["ls"]) and "--json" in args:
+    command = next((a for a in args if not a.startswith("-")), None)
+    if code not in (0, EXIT_BROKEN_PIPE) and said and command in ("einsum", "ls") and "--json" in args:
         # a script reading --json's stdout got nothing at all on a failure (a trial): an
         # object it can parse, with the message stderr has and the exit status
         try:

@@ -143,11 +143,11 @@ class Session:
         except BaseException:
             self.backend.close()
             raise
-        _open_sessions.add(self)
         # what a session dropped without close() is found by (_close_dropped_sessions): its file,
         # and how many refer to its connection before the user can (db.connection held: kept)
         self._database = os.fspath(database) if isinstance(database, (str, os.PathLike)) else None
         self._con_refs = sys.getrefcount(self.backend.con) if getattr(self.backend, "con", None) is not None else 0
+        _open_sessions.add(self)
 
     _pid = None  # set in __init__: the process the session belongs to
 
@@ -647,18 +647,33 @@ def _close_dropped_sessions(database) -> bool:
         return False
     target = os.path.realpath(os.fspath(database))
     closed = False
-    candidates = [s for s in list(_open_sessions) if getattr(s.backend, "owns_connection", False)
-                  and not s.backend.closed and s._database is not None and os.path.realpath(s._database) == target]
+    for _ in range(3):  # a session opened on another thread meanwhile changes the set
+        try:
+            listed = list(_open_sessions)
+            break
+        except RuntimeError:
+            continue
+    else:
+        return False
+    candidates = [s for s in listed if getattr(s.backend, "owns_connection", False) and not s.backend.closed
+                  and s._database is not None and os.path.realpath(s._database) == target]
+    del listed
+    # by reference counts: a local variable of a running function is no object the collector
+    # lists as a referrer. A dropped session has two: the holder's and ``s`` here, plus what
+    # getrefcount's argument adds on this interpreter (nothing from Python 3.14, which lends
+    # locals): measured on a probe held the same way. A handle, a Tensor or a temporary
+    # result's finalizer is one more
+    probe = object()
+    keep = [probe]
+    expected = sys.getrefcount(probe)
     while candidates:
         s = candidates.pop()
-        # by reference counts: a local variable of a running function is no object the
-        # collector lists as a referrer. Three are ours: the holder's, ``s``, getrefcount's
-        # argument; a handle, a Tensor or a temporary result's finalizer is one more
-        held = sys.getrefcount(s) > 3 or s.__dict__.get("_sql_target") is None
+        held = sys.getrefcount(s) > expected or s.__dict__.get("_sql_target") is None
         if not held and sys.getrefcount(s.backend.con) <= s._con_refs:
             s.close()
             closed = True
         del s
+    del keep
     return closed
 
 

@@ -1311,3 +1311,14 @@ def test_a_stopped_spark_session_is_said(tmp_path):
     lines = out.stdout.strip().splitlines()
     assert lines == ["EinsumError the SparkSession this session runs on was stopped; connect again with a running "
                      "one"] * 3 + ["closed"], (out.stdout, out.stderr[-2000:])
+
+
+def test_a_temporary_result_feeds_the_next_einsum_with_tensors_as_tables(tdb):
+    """With tensors as Spark tables a temporary result is a run table of the session's, under
+    no tensor's name: the check that a stored input was not replaced mid-run took it for a
+    tensor gone, and refused every plan reading one (a review). Only the session writes it."""
+    rng = np.random.default_rng(33)
+    a, b = rng.standard_normal((9, 7)), rng.standard_normal((7, 5))
+    T = tdb.einsum("ij,jk->ik", tdb.store("TA", a, tile=(4, 7), replace=True), tdb.store("TB", b, replace=True))
+    assert T.is_temporary
+    assert_close(tdb.einsum("ik->k", T).to_numpy(), (a @ b).sum(0))

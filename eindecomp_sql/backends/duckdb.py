@@ -443,8 +443,11 @@ class DuckDBBackend:
         larger limit would let DuckDB cache more of a big file)."""
         if self.budget is None:
             return self._memory_limit_while(None)
-        parted_value = value.name.lower() in self._temp_parts or self._parts_of(value.name)
-        need = parted.PART_BYTES if parted_value else value.nbytes
+        temp_parts = self._temp_parts.get(value.name.lower())
+        if temp_parts:  # one part per statement of the plan that wrote it: maybe over PART_BYTES
+            need = max(parted.PART_BYTES, -(-value.nbytes // len(temp_parts)))
+        else:
+            need = parted.PART_BYTES if self._parts_of(value.name) else value.nbytes
         limit = self._idle_limit() + need + MIN_ENGINE_BYTES // 4
         return self._memory_limit_while(limit if limit > (self._memory_limit or 0) else None)
 
@@ -611,6 +614,8 @@ class DuckDBBackend:
             return text
         tile = math.prod(value.tile) * np.dtype(value.dtype).itemsize
         fit = max(1, self._idle_limit() // 4)
+        if tile <= fit:
+            return f"{text} (under memory={format_bytes(self.budget)}: give a larger memory=)"
         return (f"store({value.name!r}): a tile of {value.tile} {value.dtype} is {format_bytes(tile)}, more than "
                 f"DuckDB can hold under memory={format_bytes(self.budget)} (its memory_limit "
                 f"{format_bytes(self._memory_limit or 0)}); pass a smaller tile= (under {format_bytes(fit)}; "

@@ -819,7 +819,7 @@ class SparkBackend:
         statement fails (to say why, rather than Spark's missing file)."""
         for v, name, where in stored:
             before = stamps.get(name.lower())
-            if before is None:
+            if before is None or name.lower() in self._temporary:  # the session's own: no other replaces it
                 continue
             try:
                 if where.table is None:

@@ -322,9 +322,11 @@ def join_block_bytes(node: EinsumNode, tile: dict[str, int], rows: int) -> int:
         return 0
     out = math.prod(tile[lab] for lab in node.output)
     largest = max([out] + [math.prod(tile[lab] for lab in op.labels) for op in node.operands])
-    block = min(BLOCK_ELEMENTS, max(MIN_BLOCK, largest, 8 * out))
+    # never under an output tile (the kernel cuts reduced axes only), and the accumulator and
+    # a block's reduction besides
+    block = max(min(BLOCK_ELEMENTS, max(MIN_BLOCK, largest, 8 * out)), out)
     itemsize = max(np.dtype(node.result.dtype).itemsize, 4)  # float16 blocks reduce in float32
-    return min(max(rows, 1), KERNEL_THREADS) * (block + out) * itemsize
+    return min(max(rows, 1), KERNEL_THREADS) * (block + 2 * out) * itemsize
 
 
 def step_kernel_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str],
