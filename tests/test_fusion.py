@@ -221,6 +221,16 @@ def check_fused_plan(plan, unfused_steps: int):
     return hidden
 
 
+def _chain_slack(p: GraphPlan) -> float:
+    """The bytes a fused chain of plan ``p`` keeps inside its kernels, at a join byte's weight:
+    what an unchained plan would write of them (``GraphPlan.explain``'s note)."""
+    from eindecomp_sql.plan.cost import DEFAULT_COSTS
+
+    hidden = [n for s in p.plan.steps if isinstance(s, EinsumStep) and s.node.held for n in s.fused.hidden]
+    values = {n.result.name: n.result for n in p.nodes}
+    return DEFAULT_COSTS.join * sum(nbytes(values[h].shape, values[h].dtype) for h in hidden if h in values)
+
+
 @settings(max_examples=60)
 @given(random_graph(), st.data())
 def test_random_graphs_fused_match_numpy_and_unfused(db, case, data):
@@ -233,8 +243,13 @@ def test_random_graphs_fused_match_numpy_and_unfused(db, case, data):
         workers = data.draw(st.integers(1, 4), label="workers")
         gplans = {fuse: plan_graph(g, workers=workers, outputs=outputs, fuse=fuse) for fuse in (False, True)}
         plans = {fuse: p.plan for fuse, p in gplans.items()}
-        # EinDecomp never costs more than a baseline, fused or not
-        assert all(p.cost <= c.total for p in gplans.values() for c in p.baselines.values() if c is not None)
+        # EinDecomp never costs more than a baseline, fused or not; a fused chain is chosen
+        # counting what an unchained plan writes of the values it keeps inside its kernels,
+        # which the baselines' totals leave out (graph_plan._cheaper; explain() says so): a
+        # chained plan may cost those bytes more than a baseline's total (8 B over data-
+        # parallel's 7,500,200 on one graph hypothesis found)
+        assert all(p.cost <= c.total + _chain_slack(p) for p in gplans.values() for c in p.baselines.values()
+                   if c is not None)
     else:
         draws = {}
         for n in g.needed(outputs):
