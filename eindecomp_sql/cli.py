@@ -323,7 +323,7 @@ def store(database, name, file, tile, dtype, shape, index, value, replace, memor
     # and holds it, makes this one fail on the lock, before anything here could remove it
     created = database != ":memory:" and not os.path.exists(database)
     # --memory is the session's budget, as connect(memory=) is: tiles are cut to fit it (a
-    # trial: a 144 MB .npy under --memory 100MB was cut in 64 MiB tiles, then DuckDB ran out of
+    # trial: a 144 MB .npy under --memory 100MB was stored as one 144 MB tile, and DuckDB ran out of
     # memory under the cap), and DuckDB's cache stays within it
     with _connect(database, create=True, memory=memory) as db:
         try:

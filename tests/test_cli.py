@@ -366,7 +366,7 @@ def test_einsum_and_ls_json_print_an_error_object_on_failure(capsys, tmp_path):
 
 
 def test_store_memory_is_the_budget_tiles_are_cut_to(tmp_path):
-    """``store --memory 100MB`` of a 144 MB .npy cut it in 64 MiB tiles and then ran out of
+    """``store --memory 100MB`` of a 144 MB .npy stored it as one tile and then ran out of
     memory under the cap (a trial; the library cut 376² tiles under the same budget): --memory
     is the session's budget now, as ``connect(memory=)`` is, and the tiles fit it."""
     a = np.random.default_rng(14).standard_normal((3000, 3500)).astype(np.float32)  # 42 MB
