@@ -131,12 +131,12 @@ def _operand_tiles(kernel, views, nulls, i, labkeys: dict, device: bool, state, 
     try:
         return _operand_views(kernel, views, nulls, at, labkeys, device, state, values)
     except ValueError as e:  # a tile of the wrong length: which operand, at which keys
-        k, bad = next(((k, lab) for k, lab in enumerate(kernel.inputs) if str(e).startswith("tile holds")
-                       and _wrong_length(views[k], nulls[k], kernel, k, labkeys, at[k])), (None, None))
+        k = next((k for k in range(len(views)) if _wrong_length(views[k], nulls[k], kernel, k, labkeys, at[k]))
+                 if str(e).startswith("tile holds") else None, None)
         if k is None:
             raise
         name = f" ({values[k]!r})" if values[k] else ""
-        keys = tuple(labkeys[lab] for lab in bad)
+        keys = tuple(labkeys[lab] for lab in kernel.inputs[k])
         raise ValueError(f"operand {k}{name} of the step, its tile at keys {keys}: {e}; was the table edited "
                          "by hand?") from None
 

@@ -630,9 +630,7 @@ class DuckDBBackend:
             if names is None:
                 self._run(self.compiler.drop_table_sql(table_name))
                 return
-            self._run(exp.Drop(tables=[table(table_name)], kind="VIEW", exists=True).sql(dialect="duckdb"))
-            for p in names:
-                self._run(self.compiler.drop_table_sql(p))
+            self._drop_parted(table_name, names)
             del self._temp_parts[table_name.lower()]
 
     def drop(self, name: str) -> None:
@@ -666,10 +664,15 @@ class DuckDBBackend:
         if not parts:
             self._run(drop_table(name).sql(dialect="duckdb"))
             return
+        self._drop_parted(name, parts)
+        self._run(f"DELETE FROM {parted.PARTS_TABLE} WHERE lower(name) = lower(?)", [name])
+
+    def _drop_parted(self, name: str, parts: list[str]) -> None:
+        """A value written as parts: its view, then its part tables (a stored tensor's or a
+        temporary result's)."""
         self._run(exp.Drop(tables=[table(name)], kind="VIEW", exists=True).sql(dialect="duckdb"))
         for p in parts:
             self._run(self.compiler.drop_table_sql(p))
-        self._run(f"DELETE FROM {parted.PARTS_TABLE} WHERE lower(name) = lower(?)", [name])
 
     def _list_parts(self, name: str, parts: list[str]) -> None:
         """Make ``parts`` stored tensor ``name``: its view and its ``eds_parts`` rows (inside

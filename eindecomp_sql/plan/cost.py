@@ -339,8 +339,8 @@ def step_kernel_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: d
     out_tile = math.prod(tile_of(size[lab], pieces[lab]) for lab in node.output) * np.dtype(node.result.dtype).itemsize
     each = _batch_pieces(node, pieces, batches)
     out_tiles = math.prod(each[lab] for lab in node.output)
-    held_tile_bytes += held_bytes(node, {lab: tile_of(size[lab], pieces[lab]) for lab in node.labels})
     tile = {lab: tile_of(size[lab], pieces[lab]) for lab in node.labels}
+    held_tile_bytes += held_bytes(node, tile)
     rows = min(out_tiles, model.vector_rows)
     return rows * (out_tile + held_tile_bytes) + join_block_bytes(node, tile, rows)
 
