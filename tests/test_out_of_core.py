@@ -364,12 +364,19 @@ def test_a_temporary_result_bigger_than_duckdbs_limit_reads_back(tmp_path):
         assert db.backend._memory_limit == limit == 64 << 20
 
 
-def test_a_refusal_says_what_does_not_fit_when_the_step_does():
+def test_a_refusal_says_what_does_not_fit_when_the_step_does(monkeypatch):
     """A whole-tensor sum of a stored 8192² float32 under 2 GB was refused with "the smallest
     projected peak is 537 MB" against a 1.2 GB plan budget, and no why (a new user's report):
-    the step fits, the re-tile of the stored input to one tile does not."""
+    the step fits, the re-tile of the stored input to one tile does not. (It now runs as
+    partial and combine steps: below; the refusal stays for steps that cannot be split.)"""
+    from eindecomp_sql.plan import einsum as pe, partials
+
     with eds.connect(memory="2GB") as db:
         A = db.store("A", np.zeros((8192, 8192), np.float32))
+        plan = db.plan("ij->", A)  # the sum reads A as stored, in partial and combine steps
+        assert [s.node.kept for s in plan.steps] == [("i", "j"), ()] and plan.peak_bytes <= db.plan_budget
+        monkeypatch.setattr(partials, "can_split", lambda node, pieces, model: False)
+        pe._plan.cache_clear()  # (plans are cached: not the one above)
         with pytest.raises(eds.EinsumError, match=r"the step itself fits .*but it reads stored 'A' \(tiles "
                                                   r"\(2048, 2048\)\) in tiles \(8192, 8192\).*store 'A' with "
                                                   r"tile=\(8192, 8192\)"):

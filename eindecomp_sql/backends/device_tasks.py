@@ -73,11 +73,11 @@ def _einsum_tasks(step: EinsumStep) -> list[Task]:
     kernel = einsum_kernel(kernel_spec(step))
     node, result = step.node, step.result
     tasks = []
-    for okey in itertools.product(*(range(step.pieces[lab]) for lab in node.output)):
+    for okey in itertools.product(*(range(step.pieces[lab]) for lab in node.keys)):
         members = []  # per piece of the reduced labels: (the operands' tile shapes, their tile ids)
         work = []  # join-space elements per member (the simulated device's compute time)
-        for rkey in itertools.product(*(range(step.pieces[lab]) for lab in node.reduced)):
-            keys = dict(zip(node.output, okey)) | dict(zip(node.reduced, rkey))
+        for rkey in itertools.product(*(range(step.pieces[lab]) for lab in node.summed)):
+            keys = dict(zip(node.keys, okey)) | dict(zip(node.summed, rkey))
             ids = []
             for op, v in zip(node.operands, step.inputs):
                 labels = iter(op.labels)
@@ -93,8 +93,9 @@ def _einsum_tasks(step: EinsumStep) -> list[Task]:
         def run(arrays, members=members, index=index, shape=shape):
             # a tile read with its size-1 axes dropped is the same bytes in the kernel's shape
             out = np.empty(shape, dtype=kernel.out_dtype)
+            # (a partial result's tile has an axis of extent 1 per kept label the kernel omits)
             kernel.contract_group([[arrays[index[i]].reshape(s) for s, i in zip(shapes, ids)]
-                                   for shapes, ids in members], out)
+                                   for shapes, ids in members], out.reshape(shape[:len(kernel.output)]))
             return out
 
         flops = 2.0 * sum(work)

@@ -175,8 +175,10 @@ class _Einsum:
         self.agg = AGG_UFUNC[node.agg.name]
         self.order = tuple(node.output) + tuple(node.reduced)  # axes of the joined values
         result = step.result
-        if result.shape != tuple(node.size[lab] for lab in node.output):
-            raise EinsumError(f"{step.describe()}: result shape {result.shape} is not that of labels {node.output}")
+        # a partial result (kept labels) has one more axis per kept label: its pieces, each a key
+        want = tuple(node.size[lab] for lab in node.output) + tuple(self.pieces[lab] for lab in node.kept)
+        if result.shape != want:
+            raise EinsumError(f"{step.describe()}: result shape {result.shape} is not that of labels {node.keys}")
 
     def extents(self, keys: dict[str, int]) -> dict[str, int]:
         return {lab: min(self.tile[lab], self.node.size[lab] - q * self.tile[lab]) for lab, q in keys.items()}
@@ -219,10 +221,10 @@ class _Einsum:
     def run(self, inputs: list[tuple[TiledValue, Tiles]]) -> Tiles:
         node, result = self.node, self.step.result
         out = {}
-        for okey in itertools.product(*(range(self.pieces[lab]) for lab in node.output)):
+        for okey in itertools.product(*(range(self.pieces[lab]) for lab in node.keys)):
             acc = None
-            for rkey in itertools.product(*(range(self.pieces[lab]) for lab in node.reduced)):
-                keys = dict(zip(node.output, okey)) | dict(zip(node.reduced, rkey))
+            for rkey in itertools.product(*(range(self.pieces[lab]) for lab in node.summed)):
+                keys = dict(zip(node.keys, okey)) | dict(zip(node.summed, rkey))
                 ext = self.extents(keys)
                 tiles = [self.operand_tile(k, v, t, keys, ext) for k, (v, t) in enumerate(inputs)]
                 part = self.partial(tiles, ext)
@@ -232,6 +234,8 @@ class _Einsum:
                 raise EinsumError(f"{self.step.describe()}: a reduced label has no pieces")
             acc = acc.astype(self.out_dtype, casting="unsafe", copy=False)
             want = _extent(_box(result.shape, result.tile, okey))
+            if node.kept:  # a partial tile: extent 1 along each kept label's axis
+                acc = acc.reshape(acc.shape + (1,) * len(node.kept))
             if acc.shape != want:
                 raise EinsumError(f"{self.step.describe()}: output tile {okey} is {acc.shape}, but the result's "
                                   f"tiling {result.tile} wants {want}")

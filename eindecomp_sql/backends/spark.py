@@ -88,7 +88,7 @@ WRITE_OPTIONS = {"compression": "none", "parquet.enable.dictionary": "false",
 # tile took 0.23 s more than reading it stored whole, against ~0.7 s through the kernels
 # (2026-11-25): ~0.5 of a join byte.
 COSTS = CostModel("spark", join=1.0, group=0.3, agg=1.0, retile=3.0, statement=93e6, vector_rows=10_000,
-                  grouped_holds_all=True, row_retile=0.5, shares_group_operands=False)
+                  grouped_holds_all=True, row_retile=0.5, shares_group_operands=False, splits_reductions=False)
 
 
 _local_lock = threading.Lock()

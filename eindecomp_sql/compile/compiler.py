@@ -473,8 +473,9 @@ class SQLCompiler:
         tiles = [col(TILE, f"t{k}") for k in range(arity)]
         kernel = call(self.einsum_udf.format(arity=arity), self.spec_literal(step),
                       key_list([first[lab].copy() for lab in node.labels]), *tiles)
+        # a partial result (plan/partials.py) also keys each tile by its kept labels' pieces
         select = exp.Select(expressions=[alias(first[lab].copy(), ident(key))
-                                         for lab, key in zip(node.output, step.result.keys)]
+                                         for lab, key in zip(node.keys, step.result.keys)]
                             + [alias(kernel, name(TILE))])
         select = self.join_sources(step, select)
         select.set("where", _where(conditions))

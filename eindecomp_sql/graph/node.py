@@ -49,6 +49,11 @@ class EinsumNode:
     # ... and the values its kernel computes and holds per output tile, (labels, dtype) each:
     # what its projected peak counts besides the tiles it joins (plan/cost.py: step_peak)
     held: tuple[tuple[tuple[str, ...], str], ...] = ()
+    # reduced labels whose pieces the result keeps apart: it has one key per kept label (as many
+    # keys as the label has pieces, each of extent 1), and each of its tiles aggregates over one
+    # piece of them only. A partial result, which a combine step finishes (plan/partials.py);
+    # the kernel contracts them within a tile as any reduced label
+    kept: tuple[str, ...] = ()
 
     # cached: the optimizer asks these thousands of times (frozen dataclasses allow it, as
     # cached_property writes the instance __dict__ directly)
@@ -63,6 +68,16 @@ class EinsumNode:
     @cached_property
     def reduced(self) -> tuple[str, ...]:
         return tuple(lab for lab in self.labels if lab not in self.output)
+
+    @cached_property
+    def keys(self) -> tuple[str, ...]:
+        """The labels the result has a key for: the output's, then the kept ones."""
+        return self.output + self.kept
+
+    @cached_property
+    def summed(self) -> tuple[str, ...]:
+        """The reduced labels whose pieces meet in the aggregation (all but the kept ones)."""
+        return tuple(lab for lab in self.reduced if lab not in self.kept)
 
     @property
     def elementwise(self) -> bool:
@@ -80,6 +95,8 @@ class EinsumNode:
             text += f" join={self.join.label}"
         if self.reduced and self.agg.name != "sum":
             text += f" agg={self.agg.name}"
+        if self.kept:  # a partial result (plan/partials.py)
+            text += f" partial over {','.join(_short(lab) for lab in self.kept)}"
         return text
 
 

@@ -91,6 +91,9 @@ class CostModel:
     # the aggregate (the FFN's grouped plan, priced with the discount, was chosen there and ran
     # 1.6x slower than the plan it replaced, with 1.33x the shuffle predicted)
     shares_group_operands: bool = True
+    # a grouped step over the budget may run as partial results and a combine step
+    # (plan/partials.py); not tried on Spark, whose steps are not held by list() the same way
+    splits_reductions: bool = True
 
     @property
     def row_retile_weight(self) -> float:
@@ -152,7 +155,7 @@ def repartition_label(node: EinsumNode, pieces: dict[str, int], operand_bytes: d
     key already, and only the left operand is shuffled."""
     if broadcast_bytes is None or broadcast_bytes < 0 or len(node.operands) != 2:
         return None
-    if not any(pieces[lab] > 1 for lab in node.reduced):
+    if not any(pieces[lab] > 1 for lab in node.summed):
         return None
     left, right = (operand_bytes[op.value] for op in node.operands)
     if right > broadcast_bytes or right > left:
@@ -168,9 +171,9 @@ def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str
     aggregates its core's result, before any epilogue changes the dtype). ``model``'s engine
     decides what a grouped step groups (``CostModel.broadcast_bytes``)."""
     red = 1
-    for lab in node.reduced:
+    for lab in node.summed:  # a kept label's pieces stay apart (a partial result: its keys)
         red *= pieces[lab]
-    cut = {lab for lab in node.reduced if pieces[lab] > 1}
+    cut = {lab for lab in node.summed if pieces[lab] > 1}
     join = 0
     for op in node.operands:
         rep = 1
@@ -198,9 +201,10 @@ MAX_BATCHES = 1024
 
 def batch_labels(node: EinsumNode, pieces: dict[str, int]) -> tuple[str, ...]:
     """The output labels a step's statements split (at most two, the most cut first; ties in
-    output order). Two, so that a statement reads a bounded share of *every* operand: split
-    along ``i`` alone, each statement of a GEMM ``ij,jk->ik`` still reads the whole of B."""
-    return tuple(sorted(node.output, key=lambda lab: -pieces[lab])[:2])
+    output order; a partial result's kept labels count as output labels: they are its keys).
+    Two, so that a statement reads a bounded share of *every* operand: split along ``i``
+    alone, each statement of a GEMM ``ij,jk->ik`` still reads the whole of B."""
+    return tuple(sorted(node.keys, key=lambda lab: -pieces[lab])[:2])
 
 
 def batch_label(node: EinsumNode, pieces: dict[str, int]) -> str | None:
@@ -274,8 +278,8 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
     in_tile = sum(op_tile)
     out_tile = math.prod(tile[lab] for lab in node.output) * np.dtype(node.result.dtype).itemsize
     each = _batch_pieces(node, pieces, batches)
-    out_tiles = math.prod(each[lab] for lab in node.output)
-    reduced = math.prod(pieces[lab] for lab in node.reduced)
+    out_tiles = math.prod(each[lab] for lab in node.keys)
+    reduced = math.prod(pieces[lab] for lab in node.summed)
     rows = model.vector_rows
     engine = engine_bytes(node, each, op_tile) if model.engine_holds_inputs else 0
     if reduced > 1 and model.grouped_holds_all:
@@ -338,7 +342,7 @@ def step_kernel_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: d
     size = node.size
     out_tile = math.prod(tile_of(size[lab], pieces[lab]) for lab in node.output) * np.dtype(node.result.dtype).itemsize
     each = _batch_pieces(node, pieces, batches)
-    out_tiles = math.prod(each[lab] for lab in node.output)
+    out_tiles = math.prod(each[lab] for lab in node.keys)
     tile = {lab: tile_of(size[lab], pieces[lab]) for lab in node.labels}
     held_tile_bytes += held_bytes(node, tile)
     rows = min(out_tiles, model.vector_rows)

@@ -891,7 +891,9 @@ def device_only_results(plan, device: str, min_work: int = 0, exclude=frozenset(
     kept = set()
     for s in plan.steps:
         name = step_target(s).name
+        # (not a partial result: its kernel is not told the kept keys that tell its tiles apart)
         if (isinstance(s, (EinsumStep, ProgramStep)) and name not in excluded and readers.get(name)
+                and not (isinstance(s, EinsumStep) and s.node.kept)
                 and host_reason(s, min_work) is None
                 and all(host_reason(r, min_work) is None for r in readers[name])):
             kept.add(name)
@@ -972,7 +974,8 @@ def _einsum_spec(step, device: str, portable: bool, tf32: bool = False, values: 
         # the operands' names: a tile the SQL hands as NULL is found by them (an array operand's
         # in the caller's memory, a device's in its cache); not in specs that travel (Spark's)
         values=tuple(v.name for v in step.inputs) if values and not portable else None,
-        result=step.result.name if values and not portable else None,
+        # (not a partial result's: its tiles are told apart by keys the kernel is not given)
+        result=step.result.name if values and not portable and not node.kept else None,
     )
 
 

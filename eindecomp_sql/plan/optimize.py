@@ -40,6 +40,7 @@ from ..errors import EinsumError
 from ..graph import EinsumNode, ValueInfo
 from .cost import (DEFAULT_COSTS, CostModel, Costs, max_batches, nbytes, needed_batches, retile_max_batches,
                    retile_peak, step_costs, step_peak)
+from . import partials
 from .steps import format_bytes
 from .tiling import Chunking, ceil_div, moves_whole_rows, pieces_of, tile_of
 
@@ -178,7 +179,13 @@ class _Problem:
                 group = np.where((red > 1) & (pieces[:, outs] > 1).any(axis=1), left, group)
         statements = np.array([self.statements(node, dict(zip(col, row))) for row in pieces.tolist()],
                               dtype=np.int64) if self.budget is not None else 1
-        return m.join * join + m.group * group + m.agg * agg + m.statement * statements
+        total = m.join * join + m.group * group + m.agg * agg + m.statement * statements
+        if self.budget is not None:  # candidates run as partial and combine steps cost those
+            for r, row in enumerate(pieces.tolist()):
+                p = dict(zip(col, row))
+                if partials.splits(node, p, self.dtypes, self.budget, m):
+                    total[r] = self.node_cost(node, p).total
+        return total
 
     def _axes(self, node: EinsumNode, k: int) -> tuple[str | None, ...]:
         """The label of every axis of operand ``k``'s value (None: a dropped size-1 axis)."""
@@ -204,6 +211,17 @@ class _Problem:
         return {lab: sorted(v) for lab, v in opts.items()}
 
     def _candidates(self, node: EinsumNode) -> list[dict[str, int]]:
+        out = self._candidates_fitting(node, split=False)
+        if not out and self.budget is not None:
+            # any split only where no step fits as one otherwise: a split's partial results
+            # are as big as the output per piece of the reduced labels, which a GEMM's plan
+            # never needed (plan/partials.py)
+            out = self._candidates_fitting(node, split=True)
+        if not out:
+            self._refuse(node)
+        return out
+
+    def _candidates_fitting(self, node: EinsumNode, split: bool) -> list[dict[str, int]]:
         opts = self._label_options(node)
         labels = list(node.labels)
         most = math.prod(max(v) for v in opts.values())
@@ -215,7 +233,7 @@ class _Problem:
             out = []
             for combo in _bounded_products([opts[lab] for lab in labels], lo, hi):
                 pieces = dict(zip(labels, combo))
-                if self._fits(node, pieces):
+                if self._fits(node, pieces, split):
                     out.append(pieces)
             if hi >= min(most, cap):
                 break
@@ -230,41 +248,46 @@ class _Problem:
         # the baselines' chunkings are always candidates, so EinDecomp never costs more
         for strategy in STRATEGIES[1:]:
             p = baseline_pieces(strategy, node, self.workers)
-            if p not in out and self._fits(node, p):
+            if p not in out and self._fits(node, p, split):
                 out.append(p)
         # so is reading stored inputs as they are cut, where their cuts agree: under a budget
         # the first candidates that fit may all need a re-tile over it (a 2048² GEMM of
         # 128x128 stored tiles under 25 MB was refused with i:16 j:16 k:16 never tried)
         stored = self._stored_pieces(node)
-        if stored is not None and stored not in out and self._fits(node, stored):
+        if stored is not None and stored not in out and self._fits(node, stored, split):
             out.append(stored)
         if node.whole:  # a baseline's or a stored cut may cut what a fused chain needs whole (and,
             # with those labels put back to one piece, leave fewer join tasks than workers)
             out = [p for p in out if all(p[lab] == 1 for lab in node.whole) and math.prod(p.values()) >= lo]
-        if not out:
-            if self.budget is None:  # only the tile cap can refuse every candidate
-                item = max(np.dtype(self.dtypes[v]).itemsize for v in {node.result.name, *(o.value for o in node.operands)})
-                raise EinsumError(
-                    f"no chunking of node {node.describe()} -> {node.result.name} keeps the tiles it makes under "
-                    f"tile_bytes = {format_bytes(self.tile_bytes)} with at most {cap} tile tuples per step (one element "
-                    f"takes up to {item} B); give a larger tile_bytes")
-            smallest, pieces = min(((self._best_peak(node, p), p) for p in
-                                    (dict(zip(labels, c)) for c in _bounded_products([opts[lab] for lab in labels], 1, cap))),
-                                   key=lambda t: t[0])
-            capped = '' if self.tile_bytes is None else f' (tiles capped at {format_bytes(self.tile_bytes)})'
-            head = (f"no chunking of node {node.describe()} -> {node.result.name} fits the memory budget of "
-                    f"{format_bytes(self.budget)}: ")
-            if smallest <= self.budget:  # the step fits; what it reads or makes does not (a new user's
-                # report: "the smallest projected peak is 537 MB" against a budget of 1.2 GB, and no why)
-                why, advice = self._why_not(node, pieces)
-                raise EinsumError(head + f"the step itself fits ({format_bytes(smallest)} at "
-                                  f"{' '.join(f'{lab}:{pieces[lab]}' for lab in labels)}), but {why}{capped}; "
-                                  f"{advice}")
-            raise EinsumError(
-                head + f"the smallest projected peak with at most {cap} tile tuples per step is "
-                f"{format_bytes(smallest)}{capped}; give more memory"
-            )
         return out
+
+    def _refuse(self, node: EinsumNode) -> None:
+        """Raise the EinsumError that says why no chunking of ``node`` is a candidate."""
+        opts = self._label_options(node)
+        labels = list(node.labels)
+        cap = max(self.workers * MAX_PRODUCT_FACTOR, MAX_JOIN_TASKS)  # as _candidates_fitting's
+        if self.budget is None:  # only the tile cap can refuse every candidate
+            item = max(np.dtype(self.dtypes[v]).itemsize for v in {node.result.name, *(o.value for o in node.operands)})
+            raise EinsumError(
+                f"no chunking of node {node.describe()} -> {node.result.name} keeps the tiles it makes under "
+                f"tile_bytes = {format_bytes(self.tile_bytes)} with at most {cap} tile tuples per step (one element "
+                f"takes up to {item} B); give a larger tile_bytes")
+        smallest, pieces = min(((self._best_peak(node, p), p) for p in
+                                (dict(zip(labels, c)) for c in _bounded_products([opts[lab] for lab in labels], 1, cap))),
+                               key=lambda t: t[0])
+        capped = '' if self.tile_bytes is None else f' (tiles capped at {format_bytes(self.tile_bytes)})'
+        head = (f"no chunking of node {node.describe()} -> {node.result.name} fits the memory budget of "
+                f"{format_bytes(self.budget)}: ")
+        if smallest <= self.budget:  # the step fits; what it reads or makes does not (a new user's
+            # report: "the smallest projected peak is 537 MB" against a budget of 1.2 GB, and no why)
+            why, advice = self._why_not(node, pieces)
+            raise EinsumError(head + f"the step itself fits ({format_bytes(smallest)} at "
+                              f"{' '.join(f'{lab}:{pieces[lab]}' for lab in labels)}), but {why}{capped}; "
+                              f"{advice}")
+        raise EinsumError(
+            head + f"the smallest projected peak with at most {cap} tile tuples per step is "
+            f"{format_bytes(smallest)}{capped}; give more memory"
+        )
 
     def _stored_pieces(self, node: EinsumNode) -> dict[str, int] | None:
         """Pieces of every label as the node's stored inputs are cut (None: a label no stored
@@ -283,8 +306,16 @@ class _Problem:
                     return None
         return pieces if set(pieces) == set(node.labels) else None
 
-    def _best_peak(self, node: EinsumNode, pieces: dict[str, int]) -> int:
-        return step_peak(node, pieces, self.dtypes, max_batches(node, pieces), self.model)
+    def _best_peak(self, node: EinsumNode, pieces: dict[str, int], split: bool = True) -> int:
+        """The smallest projected peak of the node's step(s) under ``pieces``: as one step, or,
+        where that is over the budget and it can, as partial and combine steps
+        (``plan/partials.py``): always with ``split``, else where the partial results are small
+        (a reduction to a small output; ``partials.small_partials``)."""
+        peak = step_peak(node, pieces, self.dtypes, max_batches(node, pieces), self.model)
+        if (self.budget is not None and peak > self.budget and partials.can_split(node, pieces, self.model)
+                and (split or partials.small_partials(node, pieces, self.bytes, self.budget))):
+            return min(peak, partials.split_peak(node, pieces, self.dtypes, self.model))
+        return peak
 
     def _why_not(self, node: EinsumNode, pieces: dict[str, int]) -> tuple[str, str]:
         """What refuses a chunking whose step fits the budget (``_fits``' other checks), and
@@ -302,9 +333,10 @@ class _Problem:
             return "the tiles it makes exceed tile_bytes", "give a larger tile_bytes, or more memory"
         return "every chunking that fits needs more tile tuples per step than a step may have", "give more memory"
 
-    def _fits(self, node: EinsumNode, pieces: dict[str, int]) -> bool:
-        if self.budget is not None and step_peak(node, pieces, self.dtypes, max_batches(node, pieces),
-                                                 self.model) > self.budget:
+    def _fits(self, node: EinsumNode, pieces: dict[str, int], split: bool = False) -> bool:
+        """Whether ``pieces`` is a candidate: its step within the budget (``split``: or its
+        partial and combine steps), what it re-tiles too, and its tiles under the cap."""
+        if self.budget is not None and self._best_peak(node, pieces, split) > self.budget:
             return False
         if self.budget is not None:  # and a stored input it would re-tile can be re-tiled within it
             for k, op in enumerate(node.operands):
@@ -331,13 +363,18 @@ class _Problem:
         return tuple(1 if lab is None else tile_of(size[lab], pieces[lab]) for lab in self._axes(node, k))
 
     def node_cost(self, node: EinsumNode, pieces: dict[str, int]) -> Costs:
-        c = step_costs(node, pieces, self.bytes, model=self.model)
+        if self.budget is not None and partials.splits(node, pieces, self.dtypes, self.budget, self.model):
+            c = partials.split_costs(node, pieces, self.bytes, self.model)
+        else:
+            c = step_costs(node, pieces, self.bytes, model=self.model)
         return Costs(c.join, c.agg, c.retile, c.group, self.model, self.statements(node, pieces))
 
     def statements(self, node: EinsumNode, pieces: dict[str, int]) -> int:
         """Statements the node's step runs as: one, or under a budget the batches it needs."""
         if self.budget is None:
             return 1
+        if partials.splits(node, pieces, self.dtypes, self.budget, self.model):
+            return partials.split_statements(node, pieces, self.dtypes, self.budget, self.model)
         return needed_batches(node, pieces, self.dtypes, self.budget, self.model)
 
     def retile(self, value: str, target: tuple[int, ...]) -> Costs:

@@ -16,9 +16,11 @@ from .passes.chunking import choose_chunking
 from .passes.fill_empty import fill_empty
 from .passes.fuse import fuse_elementwise
 from .passes.program import fuse_programs
+from .passes.reductions import split_reductions
 from .passes.retiles import insert_retiles
 
-PASSES = (fill_empty, fuse_chains, choose_chunking, insert_retiles, fuse_elementwise, fuse_programs, split_batches, check_budget)
+PASSES = (fill_empty, fuse_chains, choose_chunking, insert_retiles, fuse_elementwise, fuse_programs, split_reductions, split_batches,
+          check_budget)
 
 
 def run_passes(draft: Draft, passes=PASSES) -> Draft:

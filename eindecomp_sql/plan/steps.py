@@ -206,7 +206,7 @@ class EinsumStep:
     @property
     def grouped(self) -> bool:
         pieces = self.pieces
-        return any(pieces[lab] > 1 for lab in self.node.reduced)
+        return any(pieces[lab] > 1 for lab in self.node.summed)
 
     @property
     def costs(self) -> Costs:
