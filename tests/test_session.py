@@ -670,3 +670,14 @@ def test_a_dropped_session_does_not_keep_its_file_from_opening_again(tmp_path):
     del con
     with eds.connect(f, read_only=True) as db:
         assert db.tensors() == ["A"]
+
+
+def test_an_array_where_the_name_goes_is_named_by_its_type_not_printed(db):
+    """``store(a, "A")`` (arguments swapped) printed the whole array in its message."""
+    a = np.arange(100_000.0).reshape(1000, 100)
+    with pytest.raises(EinsumError) as e:
+        db.store(a, "A")
+    msg = str(e.value)
+    assert msg == ("invalid tensor name: expected a str, got a ndarray of shape (1000, 100) (the name comes first: "
+                   "store(name, data))"), msg
+    assert db.tensors() == [] or "A" not in db.tensors()

@@ -121,7 +121,13 @@ def sql_value_dtype(dtype) -> np.dtype:
 def check_name(name, what: str = "tensor name") -> str:
     """Names are plain identifiers. They reach SQL only quoted by sqlglot, but a name that is
     not an identifier is refused outright, so nothing that looks like SQL gets in."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name):  # fullmatch: "$" also matches before a final newline
+    if not isinstance(name, str):
+        # not its repr: an array passed where the name goes (``store(a, "A")``) printed whole
+        shape = getattr(name, "shape", None)
+        got = type(name).__name__ + (f" of shape {tuple(shape)}" if shape is not None else "")
+        hint = " (the name comes first: store(name, data))" if shape is not None and what == "tensor name" else ""
+        raise EinsumError(f"invalid {what}: expected a str, got a {got}{hint}")
+    if not _NAME.fullmatch(name):  # fullmatch: "$" also matches before a final newline
         raise EinsumError(
             f"invalid {what} {name!r}: use letters, digits and '_' (starting with a letter or '_'), "
             "at most 63 characters"
