@@ -534,3 +534,20 @@ def test_a_tile_too_large_for_the_budget_is_said_in_our_words(tmp_path):
                 db.store("T", source, tile=(3000, 3000))
             assert db.tensors() == []
         np.testing.assert_array_equal(db.store("T", a).to_numpy(), a)  # tiles cut to fit: stored
+
+
+def test_a_refusal_suggests_the_coarsest_tile_that_fits(tmp_path):
+    """A stored tensor of one 144 MB tile under 100 MB: the refusal said `store 'A' with
+    tile=(6, 6007)` (the chunking of the smallest peak: 1,000 tiles). It names the coarsest
+    chunking whose step fits, and taking the advice plans and runs."""
+    a = np.random.default_rng(0).standard_normal((6000, 6007), dtype=np.float32)
+    path = str(tmp_path / "t.duckdb")
+    with eds.connect(path) as db:
+        db.store("A", a, tile=a.shape)
+    with eds.connect(path, memory="100MB") as db:
+        with pytest.raises(eds.EinsumError, match=r"store 'A' with tile=\(750, 6007\)") as e:
+            db.plan("ij->i", db.tensor("A"))
+        assert "the step itself fits (54.1 MB at i:8 j:1)" in str(e.value)
+        A = db.store("A", a, tile=(750, 6007), replace=True)
+        np.testing.assert_allclose(db.einsum("ij->i", A).to_numpy(), a.sum(axis=1, dtype=np.float64), rtol=1e-4,
+                                   atol=1e-3)

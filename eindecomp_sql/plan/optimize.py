@@ -272,16 +272,21 @@ class _Problem:
                 f"no chunking of node {node.describe()} -> {node.result.name} keeps the tiles it makes under "
                 f"tile_bytes = {format_bytes(self.tile_bytes)} with at most {cap} tile tuples per step (one element "
                 f"takes up to {item} B); give a larger tile_bytes")
-        smallest, pieces = min(((self._best_peak(node, p), p) for p in
-                                (dict(zip(labels, c)) for c in _bounded_products([opts[lab] for lab in labels], 1, cap))),
-                               key=lambda t: t[0])
+        peaks = [(self._best_peak(node, p), p) for p in
+                 (dict(zip(labels, c)) for c in _bounded_products([opts[lab] for lab in labels], 1, cap))]
+        smallest, pieces = min(peaks, key=lambda t: t[0])
+        if smallest <= self.budget:
+            # what it says to store is the coarsest chunking whose step fits, not the one of the
+            # smallest peak: a 144 MB stored tile was told to be stored as tile=(6, 6007)
+            pieces = min((p for peak, p in peaks if peak <= self.budget),
+                         key=lambda p: (math.prod(p.values()), self._best_peak(node, p)))
         capped = '' if self.tile_bytes is None else f' (tiles capped at {format_bytes(self.tile_bytes)})'
         head = (f"no chunking of node {node.describe()} -> {node.result.name} fits the memory budget of "
                 f"{format_bytes(self.budget)}: ")
         if smallest <= self.budget:  # the step fits; what it reads or makes does not (a new user's
             # report: "the smallest projected peak is 537 MB" against a budget of 1.2 GB, and no why)
             why, advice = self._why_not(node, pieces)
-            raise EinsumError(head + f"the step itself fits ({format_bytes(smallest)} at "
+            raise EinsumError(head + f"the step itself fits ({format_bytes(self._best_peak(node, pieces))} at "
                               f"{' '.join(f'{lab}:{pieces[lab]}' for lab in labels)}), but {why}{capped}; "
                               f"{advice}")
         raise EinsumError(
