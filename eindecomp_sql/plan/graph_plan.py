@@ -26,7 +26,8 @@ from .draft import FUSE_MODES, Draft, Options
 from .optimize import STRATEGIES, Choice
 from .passes.chains import find_chains
 from .pipeline import PASSES, run_passes
-from .steps import EinsumStep, Plan, ProgramStep, RetileStep, TiledValue, describe_costs, format_bytes, step_target
+from .steps import (EinsumStep, Plan, ProgramStep, RetileStep, TiledValue, describe_costs, format_bytes, step_reads,
+                    step_target)
 from .tiling import check_tile
 
 
@@ -184,6 +185,13 @@ class GraphPlan:
             out.append(f"  {q(n.result.name)} [shape=ellipse{extra}, label={q(label)}{style}];")
         values = {v.name: v for v in self.inputs}
         values.update((n.result.name, n.result) for n in self.nodes)
+        for step in self.plan.steps:  # a reduction run as partial results and a combine step
+            if isinstance(step, EinsumStep) and step.node.kept:
+                part = step.node.result
+                values[part.name] = part
+                label = (f"{part.name} = {step.node.describe()}" + NL + size(part) + NL
+                         + f"partial results, combined into the next step's {step_reads_by(self.plan, part.name)}")
+                out.append(f"  {q(part.name)} [shape=ellipse, label={q(label)}];")
         for k, step in enumerate(self.plan.steps):
             if isinstance(step, ProgramStep):
                 parts, inside = step.steps, {s.result.name for s in step.steps}
@@ -255,6 +263,11 @@ class GraphPlan:
         db.check_graph_inputs(self.unused_inputs, inputs)
         return db.run_graph_plan(self, {k: x for k, x in inputs.items() if k in used}, out=out, replace=replace,
                                  progress=progress)
+
+
+def step_reads_by(plan: Plan, name: str) -> str:
+    """The value of the step that reads ``name`` (a partial result's combine step)."""
+    return next((step_target(s).name for s in plan.steps if any(v.name == name for v in step_reads(s))), "?")
 
 
 def check_session(db, where: str) -> None:

@@ -60,7 +60,7 @@ def split_nodes(node: EinsumNode, pieces: dict[str, int], partial: str) -> tuple
     shape = tuple(size[lab] for lab in node.output) + tuple(pieces[lab] for lab in kept)
     first = replace(node, kept=kept, result=ValueInfo(partial, shape, dtype))
     # the kept labels name the partial tiles' extra axes (size: their pieces, one per key)
-    sizes = tuple((lab, size[lab]) for lab in node.output) + tuple((lab, pieces[lab]) for lab in kept)
+    sizes = tuple(sorted([(lab, size[lab]) for lab in node.output] + [(lab, pieces[lab]) for lab in kept]))
     combine = EinsumNode((Operand(partial, node.output + kept),), node.output, sizes, parse_join(None, 1),
                          node.agg, node.result)
     combine_pieces = {lab: pieces[lab] for lab in node.output + kept}
