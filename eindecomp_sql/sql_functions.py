@@ -94,6 +94,18 @@ def _check_dense(session, op) -> None:
             "densely, or select a part of the table in a view)")
 
 
+def _said_of_tables(e: EinsumError, tables: dict) -> EinsumError:
+    """``e`` with the tables the plan read under internal names (``_eds_op0``, ...) named as
+    the user wrote them; its advice to re-store one in other tiles (which a table is not)
+    replaced by what applies (a trial: "store '_eds_op0' with tile=(50000, 1)")."""
+    text = str(e)
+    for cte, op in tables.items():
+        text = re.sub(rf"store {re.escape(repr(cte))} with tile=\([0-9, ]*\)",
+                      "give a smaller tile_bytes (a table is cut into tiles of up to tile_bytes)", text)
+        text = text.replace(f"stored {cte!r}", op.describe()).replace(repr(cte), op.describe())
+    return e if text == str(e) else type(e)(text)
+
+
 def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=None) -> str:
     """The query answering ``einsum(spec, names...)`` in ``mode`` (tiles, elements or topk)."""
     if mode not in MODES:
@@ -115,13 +127,18 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
         key = (op.table.lower(), op.shape)
         if key not in by_name:
             cte = f"_eds_op{len(by_name)}"
-            tile = array_tile(op, session.tile_bytes) if isinstance(op, ArrayTable) else None  # None: the plan cuts it
+            # whole rows, as many as a stored tensor's tile may hold (under a budget, sized from it:
+            # one tile of a 154 MB table under memory="1GB" ran DuckDB out of memory, a trial)
+            tile = array_tile(op, session.store_tile_bytes) if isinstance(op, ArrayTable) else None  # None: the plan cuts it
             # named after its CTE: the plan tells values apart by name, and one table may be two
             by_name[key] = TiledValue(cte, op.shape, op.dtype, tile, tuple(f"d{p}" for p in range(op.ndim)))
             tables[cte] = op
         values.append(by_name[key])
     try:
-        plan = session._plan(spec, values, join, agg)
+        try:
+            plan = session._plan(spec, values, join, agg)
+        except EinsumError as e:
+            raise _said_of_tables(e, tables) from None
     except EinsumError as e:
         if len(operands) == MAX_OPERANDS and str(e).startswith(("unknown join", "unknown agg")):
             # a 9th (10th) name is read as the join (aggregation): "unknown join 'A'" alone

@@ -296,9 +296,14 @@ def test_array_table_against_numpy(sdb, elem, key_type):
     assert "row_number" in sdb._einsum_sql("ij->ij", ["emb"], "tiles").lower()
     assert_close(elements(con, "SELECT * FROM einsum_elements('ij->ij', 'emb')", ordered.shape, ordered.dtype), ordered)
     # and in one tile (one ordered list, no window)
-    sdb.tile_bytes = 1 << 20
-    assert "row_number" not in sdb._einsum_sql("ij->ij", ["emb"], "tiles").lower()
-    assert_close(elements(con, "SELECT * FROM einsum_elements('ij->ij', 'emb')", ordered.shape, ordered.dtype), ordered)
+    saved = sdb.tile_bytes, sdb.store_tile_bytes
+    sdb.tile_bytes = sdb.store_tile_bytes = 1 << 20  # a table is cut as a store cuts it
+    try:
+        assert "row_number" not in sdb._einsum_sql("ij->ij", ["emb"], "tiles").lower()
+        assert_close(elements(con, "SELECT * FROM einsum_elements('ij->ij', 'emb')", ordered.shape, ordered.dtype),
+                     ordered)
+    finally:
+        sdb.tile_bytes, sdb.store_tile_bytes = saved
 
 
 def test_array_table_errors(sdb):
@@ -497,3 +502,31 @@ def test_a_view_over_einsum_as_an_operand_says_what_to_do():
         con.execute("CREATE TABLE W AS SELECT * FROM V")
         np.testing.assert_allclose(elements(con, "SELECT * FROM einsum_elements('ik->i', 'W')", (3,), "float64"),
                                    (a @ a).sum(1))
+
+
+@pytest.mark.duckdb_only("SQL table functions on DuckDB")
+def test_an_array_form_table_is_cut_for_the_budget_and_named_in_errors(tmp_path):
+    """An (id, emb FLOAT[768]) table of 30,000 rows (92 MB) under memory="600MB" was cut into
+    one tile and ran DuckDB out of memory (a trial); its tiles are sized as a store's under
+    the budget now. And a refusal named the table by an internal name, with advice to store it
+    ("store '_eds_op0' with tile=(50000, 1)"): it names the table and what applies."""
+    import re
+
+    from eindecomp_sql.sql_functions import _said_of_tables
+    from eindecomp_sql.compile.sql_interface import ArrayTable
+
+    path = str(tmp_path / "a.duckdb")
+    with eds.connect(path) as db:
+        db.connection.execute("CREATE TABLE items AS SELECT i AS id, list_transform(range(768), lambda x: "
+                              "(random() - 0.5)::FLOAT)::FLOAT[768] AS emb FROM range(30000) t(i)")
+    with eds.connect(path, memory="600MB") as db:
+        got = db.connection.sql("SELECT * FROM einsum_elements('ij->j', 'items') ORDER BY 1").fetchall()
+        emb = np.array(db.connection.sql("SELECT emb FROM items ORDER BY id").fetchnumpy()["emb"].tolist())
+        np.testing.assert_allclose([v for _, v in got], emb.sum(axis=0), rtol=1e-4, atol=1e-3)
+    op = ArrayTable("items", "id", "emb", "float32", 768, 50000)
+    e = _said_of_tables(eds.EinsumError("no chunking fits: it reads stored '_eds_op0' (tiles (50000, 768)) in tiles "
+                                        "(50000, 192), and that re-tile does not fit; store '_eds_op0' with "
+                                        "tile=(50000, 192), or give more memory"), {"_eds_op0": op})
+    assert "_eds_op0" not in str(e) and "it reads table 'items' (array form" in str(e)
+    assert re.search(r"give a smaller tile_bytes \(a table is cut into tiles of up to tile_bytes\), or give more",
+                     str(e))
