@@ -506,23 +506,24 @@ def test_a_view_over_einsum_as_an_operand_says_what_to_do():
 
 @pytest.mark.duckdb_only("SQL table functions on DuckDB")
 def test_an_array_form_table_is_cut_for_the_budget_and_named_in_errors(tmp_path):
-    """An (id, emb FLOAT[768]) table of 30,000 rows (92 MB) under memory="600MB" was cut into
+    """An (id, emb FLOAT[768]) table of 50,000 rows (154 MB) under memory="1GB" was cut into
     one tile and ran DuckDB out of memory (a trial); its tiles are sized as a store's under
-    the budget now. And a refusal named the table by an internal name, with advice to store it
+    the budget now (the one query that packs a table still holds it ~3-4 times: at 92 MB
+    under 600 MB it ran out in 2 runs of 3, docs/DESIGN.md). And a refusal named the table by an internal name, with advice to store it
     ("store '_eds_op0' with tile=(50000, 1)"): it names the table and what applies."""
     import re
-
-    from eindecomp_sql.sql_functions import _said_of_tables
-    from eindecomp_sql.compile.sql_interface import ArrayTable
 
     path = str(tmp_path / "a.duckdb")
     with eds.connect(path) as db:
         db.connection.execute("CREATE TABLE items AS SELECT i AS id, list_transform(range(768), lambda x: "
-                              "(random() - 0.5)::FLOAT)::FLOAT[768] AS emb FROM range(30000) t(i)")
-    with eds.connect(path, memory="600MB") as db:
+                              "(random() - 0.5)::FLOAT)::FLOAT[768] AS emb FROM range(50000) t(i)")
+    with eds.connect(path, memory="1GB") as db:
         got = db.connection.sql("SELECT * FROM einsum_elements('ij->j', 'items') ORDER BY 1").fetchall()
         emb = np.array(db.connection.sql("SELECT emb FROM items ORDER BY id").fetchnumpy()["emb"].tolist())
         np.testing.assert_allclose([v for _, v in got], emb.sum(axis=0), rtol=1e-4, atol=1e-3)
+    from eindecomp_sql.compile.sql_interface import ArrayTable
+    from eindecomp_sql.sql_functions import _said_of_tables
+
     op = ArrayTable("items", "id", "emb", "float32", 768, 50000)
     e = _said_of_tables(eds.EinsumError("no chunking fits: it reads stored '_eds_op0' (tiles (50000, 768)) in tiles "
                                         "(50000, 192), and that re-tile does not fit; store '_eds_op0' with "
