@@ -658,3 +658,20 @@ def test_a_streamed_array_is_cast_and_swapped_tile_by_tile(tmp_path):
             np.testing.assert_array_equal(t.to_numpy(), x)
         t = db.store("c", a.astype(">i4") * 0 + 5, tile=(5, 5), dtype="int8", replace=True)
         assert t.dtype == "int8" and (t.to_numpy() == 5).all()
+
+
+def test_a_tall_skinny_array_stored_under_a_budget_keeps_its_short_side_whole(tmp_path):
+    """Under a budget store rounds a tile to a power of 4 elements (square tiles for square
+    matrices); a 200k x 768 embeddings matrix got 391 x 384 tiles, and every product re-tiled
+    them into row panels (3.4x slower, a trial). Its rows stay whole; a square matrix's tiles
+    stay square."""
+    from eindecomp_sql.plan.tiling import auto_tile
+
+    assert auto_tile((200000, 768), 4, 3125000, square=True) == (782, 768)
+    assert auto_tile((8192, 4096), 4, 3125000, square=True) == auto_tile((4096, 8192), 4, 3125000, square=True) \
+        == (512, 512)
+    with eds.connect(str(tmp_path / "t.duckdb"), memory="200MB") as db:
+        e = db.store("E", np.zeros((20000, 768), np.float32))
+        w = db.store("W", np.ones((768, 64), np.float32))
+        assert e.tile[1] == 768
+        assert not any(s.describe().startswith("retile") for s in db.plan("ij,jk->ik", e, w).steps)
