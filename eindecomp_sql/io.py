@@ -292,6 +292,29 @@ def as_table(x, where: str, con=None) -> pa.Table | None:
     return None
 
 
+def _parquet_memory_hint(e: Exception, p: str) -> str:
+    """What to do when DuckDB ran out of memory reading a Parquet file: it holds a row group
+    whole (a file of one 154 MB row group under memory="200MB" failed in DuckDB's words alone,
+    a trial), and an element-form file is read whole."""
+    import duckdb
+
+    if not isinstance(e, duckdb.OutOfMemoryException):
+        return ""
+    try:
+        import pyarrow.parquet as pq
+
+        md = pq.ParquetFile(p).metadata
+        largest = max((md.row_group(k).total_byte_size for k in range(md.num_row_groups)), default=0)
+        rows = md.num_rows
+    except Exception:  # noqa: BLE001 - the hint is a courtesy; DuckDB's error stands
+        return ""
+    return (f" under its memory limit [DuckDB reads a row group whole: this file's largest is {format_bytes(largest)} uncompressed, in "
+            f"{md.num_row_groups} row group(s); a file in element form is read whole, about 100 bytes an element "
+            f"at peak ({rows:,} rows). Write it with smaller row groups (pyarrow.parquet.write_table(table, path, "
+            "row_group_size=...)), store it from a tiled file (Tensor.export(path) writes one), or give a larger "
+            "memory=]. DuckDB said")
+
+
 def read_parquet(path, where: str, con=None) -> pa.Table:
     """A Parquet file read whole by DuckDB (on a cursor of ``con``, or a connection of its
     own), with the file's key-value metadata put back on the Arrow schema."""
@@ -306,7 +329,7 @@ def read_parquet(path, where: str, con=None) -> pa.Table:
         table = cur.read_parquet(p).to_arrow_table()
         meta = _parquet_meta(cur, p)
     except duckdb.Error as e:
-        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet: {e}") from None
+        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet{_parquet_memory_hint(e, p)}: {e}") from None
     finally:
         cur.close()
     return _float16_back(table, p).replace_schema_metadata(meta)
@@ -1121,7 +1144,7 @@ def _parquet_cursor(p: str, where: str, con):
                               "file(s)); rename the file without '*', '?' or '['")
     except duckdb.Error as e:
         cur.close()
-        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet: {e}") from None
+        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet{_parquet_memory_hint(e, p)}: {e}") from None
     except BaseException:
         cur.close()
         raise
@@ -1158,7 +1181,7 @@ def _from_parquet(p: str, want: Wanted, where: str, con, stream: bool) -> Incomi
         rows = cur.execute("SELECT count(*) FROM read_parquet(?)", [p]).fetchall()[0][0]
         keys = rel.project(", ".join(_quote(k) for k in t.keys)).to_arrow_table() if t.keys else None
     except duckdb.Error as e:
-        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet: {e}") from None
+        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet{_parquet_memory_hint(e, p)}: {e}") from None
     finally:
         cur.close()
     kcols = [_index_array(keys, k, where) for k in t.keys]

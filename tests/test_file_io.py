@@ -675,3 +675,20 @@ def test_a_tall_skinny_array_stored_under_a_budget_keeps_its_short_side_whole(tm
         w = db.store("W", np.ones((768, 64), np.float32))
         assert e.tile[1] == 768
         assert not any(s.describe().startswith("retile") for s in db.plan("ij,jk->ik", e, w).steps)
+
+
+def test_a_parquet_file_duckdb_cannot_hold_says_why_and_what_to_do(tmp_path):
+    """A Parquet file of one big row group under a small budget failed in DuckDB's words alone
+    ("could not allocate block", with advice to SET threads; a trial): the error says DuckDB
+    reads a row group whole, how big this file's is, and what to do."""
+    n = 20000  # 15.4M elements in element form, one row group of ~240 MB
+    a = np.random.default_rng(0).standard_normal((n, 768), dtype=np.float32)
+    t = pa.table({"i": np.repeat(np.arange(n), 768), "j": np.tile(np.arange(768), n), "value": a.ravel()})
+    pq.write_table(t, tmp_path / "one.parquet", row_group_size=len(t))
+    del t
+    with eds.connect(str(tmp_path / "t.duckdb"), memory="32MB") as db:
+        with pytest.raises(EinsumError, match=r"as Parquet under its memory limit \[DuckDB reads a row group whole: "
+                                              r"this file's largest is .* in 1 row group\(s\).*row_group_size=") as e:
+            db.store("X", tmp_path / "one.parquet")
+        assert "DuckDB said: Out of Memory Error" in str(e.value)
+        assert db.tensors() == []
