@@ -141,7 +141,8 @@ class GraphPlan:
         for n in self.nodes:
             p = self.choice.pieces.get(n.result.name) or {lab: 1 for lab in n.labels}  # a fill: none
             size = n.size
-            tiles = {lab: tile_of(size[lab], p[lab]) for lab in n.labels}
+            sides = self.choice.sides.get(n.result.name, {})  # a stored input's side where it is not even
+            tiles = {lab: sides.get(lab, {}).get(p[lab]) or tile_of(size[lab], p[lab]) for lab in n.labels}
             lines.append(f"  {n.result.name} = {n.describe()}  shape {n.result.shape} {n.result.dtype} "
                          f"({format_bytes(nbytes(n.result.shape, n.result.dtype))})")
             lines.append("    pieces " + " ".join(f"{lab}:{p[lab]}" for lab in n.labels)

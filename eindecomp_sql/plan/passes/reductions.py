@@ -37,5 +37,9 @@ def split_reductions(d: Draft) -> Draft:
         value = TiledValue(info.name, info.shape, info.dtype, s.result.tile + (1,) * len(first.kept),
                            key_names(first.keys))
         steps.append(replace(s, node=first, result=value))
-        steps.append(EinsumStep(combine, (value,), s.result, Chunking.from_pieces(combine.size, pieces)))
+        # the output's tile sides as the step cut them (a stored input's may not be even), the
+        # kept labels' one element each
+        tiles = {lab: s.tile_of[lab] for lab in s.node.output} | dict.fromkeys(first.kept, 1)
+        steps.append(EinsumStep(combine, (value,), s.result,
+                                Chunking(tuple(sorted(combine.size.items())), tuple(sorted(tiles.items())))))
     return replace(d, steps=tuple(steps))
