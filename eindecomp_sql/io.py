@@ -185,13 +185,17 @@ def _array_stream(a: np.ndarray, want: Wanted, where: str) -> Incoming:
     return _tile_stream(a, shape, dtype, tile, keys, where)
 
 
-def _tile_stream(a: np.ndarray, shape, dtype: np.dtype, tile, keys, where: str) -> Incoming:
-    """``a`` (an array, or a ``.npy`` file's memory map) as a stream of batches of tiles."""
+def _tile_stream(a: np.ndarray, shape, dtype: np.dtype, tile, keys, where: str, own_map: bool = False) -> Incoming:
+    """``a`` as a stream of batches of tiles. ``own_map``: ``a`` is a ``.npy`` file's memory
+    map this module opened, read from the file and its pages released as it goes; never a
+    caller's array (a caller's memmap may be a slice, whose filename and offset are its
+    parent's, or copy-on-write, whose edits the file does not have and a release would drop:
+    a review found both stored wrong, and the edits lost)."""
     largest = math.prod(tile) * dtype.itemsize
     per = max(1, min(STREAM_BATCH_BYTES // max(largest, 1), 1 << 16))
     schema = _tile_schema(keys, _binary_type(per * largest))
     failures: list = []
-    tiles = _streamed(schema, _npy_batches(a, shape, tile, keys, dtype, per, schema, where), failures)
+    tiles = _streamed(schema, _npy_batches(a, shape, tile, keys, dtype, per, schema, where, own_map), failures)
     return Incoming(shape, dtype.name, tile, keys, tiles, failures)
 
 
@@ -915,7 +919,7 @@ def _from_npy(p: str, want: Wanted, where: str, stream: bool) -> Incoming:
     shape = tuple(int(n) for n in a.shape)
     tile = check_tile(shape, want.tile) if want.tile is not None else auto_tile(shape, dtype.itemsize, want.tile_bytes, want.square)
     keys = check_keys(want.keys if want.keys is not None else tuple(f"d{k}" for k in range(len(shape))), len(shape))
-    incoming = _tile_stream(a, shape, dtype, tile, keys, where)
+    incoming = _tile_stream(a, shape, dtype, tile, keys, where, own_map=True)
     if not stream:
         return replace(incoming, tiles=incoming.tiles.read_all())
     return incoming
@@ -1005,15 +1009,17 @@ class _FileBoxes:
                 part, at = part[n:], at + n
 
 
-def _npy_batches(a: np.ndarray, shape, tile, keys, dtype: np.dtype, per: int, schema: pa.Schema, where: str):
+def _npy_batches(a: np.ndarray, shape, tile, keys, dtype: np.dtype, per: int, schema: pa.Schema, where: str,
+                 own_map: bool = True):
     grid = tiling.grid(shape, tile)
     coords = np.ndindex(*grid)  # C order of keys; one () for a 0-d array, none for a size-0 one
-    mm = getattr(a, "_mmap", None)
+    mm = getattr(a, "_mmap", None) if own_map else None
     cast = a.dtype.name != dtype.name
     # C-order files are read with preadv; Fortran order (and 0-d arrays) through the map
     # (a size-0 view of a map, as bfloat16 of '|V2' is, has no file: there is nothing to read)
     boxes_in = (_FileBoxes(a.filename, a.offset, a.shape, a.dtype.itemsize, where)
-                if isinstance(a, np.memmap) and a.filename is not None and a.ndim and a.flags.c_contiguous and hasattr(os, "preadv") else None)
+                if own_map and isinstance(a, np.memmap) and a.filename is not None and a.ndim and a.flags.c_contiguous
+                and hasattr(os, "preadv") else None)
     try:
         while True:
             chunk = list(itertools.islice(coords, per))

@@ -103,6 +103,7 @@ def _said_of_tables(e: EinsumError, tables: dict) -> EinsumError:
         text = re.sub(rf"store {re.escape(repr(cte))} with tile=\([0-9, ]*\)",
                       "give a smaller tile_bytes (a table is cut into tiles of up to tile_bytes)", text)
         text = text.replace(f"stored {cte!r}", op.describe()).replace(repr(cte), op.describe())
+        text = re.sub(rf"\b{re.escape(cte)}\b", f"table {op.table!r}", text)  # in a step's description
     return e if text == str(e) else type(e)(text)
 
 
@@ -160,10 +161,11 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
         # a step over the budget runs as several statements, each committed before the next,
         # which is what keeps it within the budget; one query would hold all of it at once
         k, s = batched[0]
-        raise EinsumError(
+        raise _said_of_tables(EinsumError(
             f"einsum(): under the session's memory budget of {format_bytes(session.memory or 0)} the plan runs step {k} "
             f"({s.describe()}) as {s.batches} statements, but a SQL table function is one query; call "
-            "db.einsum(...) from Python, which runs them one after another, or connect with a larger memory=")
+            "db.einsum(...) from Python, which runs them one after another, or connect with a larger memory="),
+            tables)
     result = plan.result
     if mode == "topk":
         if not result.shape:

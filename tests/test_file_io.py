@@ -670,6 +670,7 @@ def test_a_tall_skinny_array_stored_under_a_budget_keeps_its_short_side_whole(tm
     assert auto_tile((200000, 768), 4, 3125000, square=True) == (782, 768)
     assert auto_tile((8192, 4096), 4, 3125000, square=True) == auto_tile((4096, 8192), 4, 3125000, square=True) \
         == (512, 512)
+    assert auto_tile((4, 1024, 1024), 4, 3 << 20, square=True) == (4, 256, 256)  # a stack of squares: square
     with eds.connect(str(tmp_path / "t.duckdb"), memory="200MB") as db:
         e = db.store("E", np.zeros((20000, 768), np.float32))
         w = db.store("W", np.ones((768, 64), np.float32))
@@ -692,3 +693,20 @@ def test_a_parquet_file_duckdb_cannot_hold_says_why_and_what_to_do(tmp_path):
             db.store("X", tmp_path / "one.parquet")
         assert "DuckDB said: Out of Memory Error" in str(e.value)
         assert db.tensors() == []
+
+
+def test_a_callers_memmap_slice_or_copy_on_write_map_stores_its_own_values(tmp_path):
+    """Arrays stream through the cutter that reads a .npy file's own map from its file: a
+    caller's memmap slice was read at its parent's offset (rows 0-9 stored for rows 10:20),
+    and a copy-on-write map's edits were stored as the file's zeros and then dropped from the
+    caller's array (a review). A caller's array is only ever read as an array."""
+    p = tmp_path / "m.npy"
+    np.save(p, np.arange(40 * 6, dtype=np.float64).reshape(40, 6))
+    with eds.connect() as db:
+        mm = np.load(p, mmap_mode="r")
+        for x in (mm[10:20], mm[7], mm[::3, 1:], mm):
+            np.testing.assert_array_equal(db.store("T", x, replace=True).to_numpy(), np.asarray(x))
+        c = np.load(p, mmap_mode="c")
+        c[:] = -1.0
+        np.testing.assert_array_equal(db.store("T", c, replace=True).to_numpy(), np.full((40, 6), -1.0))
+        assert (c == -1.0).all()  # the caller's edits are still there

@@ -531,3 +531,7 @@ def test_an_array_form_table_is_cut_for_the_budget_and_named_in_errors(tmp_path)
     assert "_eds_op0" not in str(e) and "it reads table 'items' (array form" in str(e)
     assert re.search(r"give a smaller tile_bytes \(a table is cut into tiles of up to tile_bytes\), or give more",
                      str(e))
+    # a step's description names it bare (the refusal of a plan that needs several statements)
+    e = _said_of_tables(eds.EinsumError("runs step 0 (retile _eds_op0 (938, 96) -> (1876, 96) in 4 batches)"),
+                        {"_eds_op0": op})
+    assert str(e) == "runs step 0 (retile table 'items' (938, 96) -> (1876, 96) in 4 batches)"
