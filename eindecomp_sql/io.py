@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .arrays import as_array, native, read_array
+from .arrays import as_array, read_array
 from .backends import spill
 from .errors import EinsumError
 from .notation.checks import can_cast, check_dtype, check_name, is_bfloat16
@@ -155,8 +155,7 @@ def _from_array(a: np.ndarray, want: Wanted, where: str, stream: bool = False) -
     tile), so storing the array adds a batch, not a second copy of it (a 549 MiB array rose
     resident memory by 677 MB, a trial); else the whole table of tiles at once."""
     if stream:
-        return _array_stream(a, want, where)
-    a = native(a)
+        return _tile_stream(a, want, where)
     if want.dtype is not None and a.dtype != want.dtype:
         if not can_cast(a.dtype, want.dtype, "same_kind"):
             raise EinsumError(f"{where}: cannot cast {a.dtype} values to dtype={want.dtype} "
@@ -171,26 +170,22 @@ def _from_array(a: np.ndarray, want: Wanted, where: str, stream: bool = False) -
     return Incoming(a.shape, dtype, tile, keys, tiles_from_array(a, tile, keys))
 
 
-def _array_stream(a: np.ndarray, want: Wanted, where: str) -> Incoming:
-    dtype = np.dtype(a.dtype.name)  # native byte order: tiles are converted as they are cut
+def _tile_stream(a: np.ndarray, want: Wanted, where: str, own_map: bool = False) -> Incoming:
+    """``a`` (an array, or a ``.npy`` file's memory map) as a stream of batches of tiles, cast to
+    ``want.dtype`` and put in native byte order tile by tile. ``own_map``: ``a`` is a ``.npy``
+    file's memory map this module opened, read from the file and its pages released as it goes;
+    never a caller's array (a caller's memmap may be a slice, whose filename and offset are its
+    parent's, or copy-on-write, whose edits the file does not have and a release would drop:
+    a review found both stored wrong, and the edits lost)."""
+    dtype = np.dtype(a.dtype.name)  # native byte order
     if want.dtype is not None and dtype != want.dtype:
         if not can_cast(dtype, want.dtype, "same_kind"):
-            raise EinsumError(f"{where}: cannot cast {a.dtype} values to dtype={want.dtype} "
-                              "(numpy's same_kind rule)")
+            raise EinsumError(f"{where}: cannot cast {dtype} values to dtype={want.dtype} (numpy's same_kind rule)")
         dtype = np.dtype(want.dtype)
     check_dtype(dtype, where)
     shape = tuple(int(n) for n in a.shape)
     tile = check_tile(shape, want.tile) if want.tile is not None else auto_tile(shape, dtype.itemsize, want.tile_bytes, want.square)
     keys = check_keys(want.keys if want.keys is not None else tuple(f"d{k}" for k in range(len(shape))), len(shape))
-    return _tile_stream(a, shape, dtype, tile, keys, where)
-
-
-def _tile_stream(a: np.ndarray, shape, dtype: np.dtype, tile, keys, where: str, own_map: bool = False) -> Incoming:
-    """``a`` as a stream of batches of tiles. ``own_map``: ``a`` is a ``.npy`` file's memory
-    map this module opened, read from the file and its pages released as it goes; never a
-    caller's array (a caller's memmap may be a slice, whose filename and offset are its
-    parent's, or copy-on-write, whose edits the file does not have and a release would drop:
-    a review found both stored wrong, and the edits lost)."""
     largest = math.prod(tile) * dtype.itemsize
     per = max(1, min(STREAM_BATCH_BYTES // max(largest, 1), 1 << 16))
     schema = _tile_schema(keys, _binary_type(per * largest))
@@ -911,15 +906,7 @@ def _from_npy(p: str, want: Wanted, where: str, stream: bool) -> Incoming:
     a = _load_npy(p, where)
     if npy_dtype(a.dtype, want.dtype, f"{where}: {p!r}") != a.dtype:
         a = a.view(np.dtype("bfloat16"))
-    dtype = np.dtype(a.dtype.name)  # native byte order
-    if want.dtype is not None and dtype != want.dtype:
-        if not can_cast(dtype, want.dtype, "same_kind"):
-            raise EinsumError(f"{where}: cannot cast {dtype} values to dtype={want.dtype} (numpy's same_kind rule)")
-        dtype = np.dtype(want.dtype)
-    shape = tuple(int(n) for n in a.shape)
-    tile = check_tile(shape, want.tile) if want.tile is not None else auto_tile(shape, dtype.itemsize, want.tile_bytes, want.square)
-    keys = check_keys(want.keys if want.keys is not None else tuple(f"d{k}" for k in range(len(shape))), len(shape))
-    incoming = _tile_stream(a, shape, dtype, tile, keys, where, own_map=True)
+    incoming = _tile_stream(a, want, where, own_map=True)
     if not stream:
         return replace(incoming, tiles=incoming.tiles.read_all())
     return incoming

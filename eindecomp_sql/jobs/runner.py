@@ -288,11 +288,12 @@ def split(job: Job, g, owner: dict[str, str], gplan) -> dict[str, object]:
     steps = gplan.plan.steps
     # a reduction run as partial results and a combine step (plan/partials.py): the partial
     # value is no graph node's; it belongs to the job step whose combine step reads it
+    from ..plan.graph_plan import step_reads_by
+
     owner = dict(owner)
-    for k, s in enumerate(steps):
+    for s in steps:
         if isinstance(s, EinsumStep) and s.node.kept:
-            combine = next(c for c in steps[k + 1:] if any(v.name == s.result.name for v in step_reads(c)))
-            owner[s.result.name] = owner[combine.result.name]
+            owner[s.result.name] = owner[step_reads_by(gplan.plan, s.result.name)]
     mine: dict[str, list[int]] = {name: [] for name in job.order}
     readers: dict[str, set[str]] = {}  # a value -> job steps whose einsum steps read it
     # a program (plan/passes/program.py) never spans job steps: each job step's result is kept

@@ -126,17 +126,11 @@ class _Problem:
         out = {}
         for n in self.nodes:
             found: dict[str, dict[int, int | None]] = {}
-            for k, op in enumerate(n.operands):
-                tile = self.fixed.get(op.value)
-                if tile is None:
-                    continue
-                for lab, t in zip(self._axes(n, k), tile):
-                    if lab is None:
-                        continue
-                    d = found.setdefault(lab, {})
-                    p = pieces_of(n.size[lab], t)
-                    if d.setdefault(p, t) != t:
-                        d[p] = None  # two sides for these pieces: the even one
+            for lab, t in self._stored_axes(n):
+                d = found.setdefault(lab, {})
+                p = pieces_of(n.size[lab], t)
+                if d.setdefault(p, t) != t:
+                    d[p] = None  # two sides for these pieces: the even one
             for lab, d in found.items():
                 d = {p: t for p, t in d.items() if t is not None and t != tile_of(n.size[lab], p)
                      and t <= tile_of(n.size[lab], p) * (1 + SIDE_SLACK)}
@@ -329,15 +323,15 @@ class _Problem:
         if smallest <= self.budget:
             # what it says to store is the coarsest chunking whose step fits, not the one of the
             # smallest peak: a 144 MB stored tile was told to be stored as tile=(6, 6007)
-            pieces = min((p for peak, p in peaks if peak <= self.budget),
-                         key=lambda p: (math.prod(p.values()), self._best_peak(node, p)))
+            peak, pieces = min(((peak, p) for peak, p in peaks if peak <= self.budget),
+                               key=lambda t: (math.prod(t[1].values()), t[0]))
         capped = '' if self.tile_bytes is None else f' (tiles capped at {format_bytes(self.tile_bytes)})'
         head = (f"no chunking of node {node.describe()} -> {node.result.name} fits the memory budget of "
                 f"{format_bytes(self.budget)}: ")
         if smallest <= self.budget:  # the step fits; what it reads or makes does not (a new user's
             # report: "the smallest projected peak is 537 MB" against a budget of 1.2 GB, and no why)
             why, advice = self._why_not(node, pieces)
-            raise EinsumError(head + f"the step itself fits ({format_bytes(self._best_peak(node, pieces))} at "
+            raise EinsumError(head + f"the step itself fits ({format_bytes(peak)} at "
                               f"{' '.join(f'{lab}:{pieces[lab]}' for lab in labels)}), but {why}{capped}; "
                               f"{advice}")
         raise EinsumError(
@@ -348,19 +342,19 @@ class _Problem:
     def _stored_pieces(self, node: EinsumNode) -> dict[str, int] | None:
         """Pieces of every label as the node's stored inputs are cut (None: a label no stored
         input has, or two that cut one label differently)."""
-        size = node.size
         pieces: dict[str, int] = {}
+        for lab, t in self._stored_axes(node):
+            p = pieces_of(node.size[lab], t)
+            if pieces.setdefault(lab, p) != p:
+                return None
+        return pieces if set(pieces) == set(node.labels) else None
+
+    def _stored_axes(self, node: EinsumNode):
+        """``(label, tile side)`` of every labelled axis of the node's stored operands."""
         for k, op in enumerate(node.operands):
             tile = self.fixed.get(op.value)
-            if tile is None:
-                continue
-            for lab, t in zip(self._axes(node, k), tile):
-                if lab is None:
-                    continue
-                p = pieces_of(size[lab], t)
-                if pieces.setdefault(lab, p) != p:
-                    return None
-        return pieces if set(pieces) == set(node.labels) else None
+            if tile is not None:
+                yield from ((lab, t) for lab, t in zip(self._axes(node, k), tile) if lab is not None)
 
     def _best_peak(self, node: EinsumNode, pieces: dict[str, int], split: bool = True) -> int:
         """The smallest projected peak of the node's step(s) under ``pieces``: as one step, or,

@@ -31,7 +31,7 @@ def split_reductions(d: Draft) -> Draft:
                 s.node, s.pieces, {op.value: v.dtype for op, v in zip(s.node.operands, s.inputs)}, budget, model):
             steps.append(s)
             continue
-        first, combine, pieces = partials.split_nodes(s.node, s.pieces, next(fresh))
+        first, combine, _ = partials.split_nodes(s.node, s.pieces, next(fresh))
         info = first.result
         # a partial tile is an output tile's bytes: extent 1 along each kept label
         value = TiledValue(info.name, info.shape, info.dtype, s.result.tile + (1,) * len(first.kept),
