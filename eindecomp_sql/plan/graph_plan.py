@@ -140,9 +140,11 @@ class GraphPlan:
         lines += ["", "nodes:"]
         for n in self.nodes:
             p = self.choice.pieces.get(n.result.name) or {lab: 1 for lab in n.labels}  # a fill: none
-            # (the chosen chunking's sides: a stored input's where it is not even)
-            tiles = (self.choice.chunking(n).tile_of if self.choice.pieces.get(n.result.name)
-                     else {lab: tile_of(n.size[lab], 1) for lab in n.labels})
+            size = n.size
+            # a stored input's side where it is not even (not Choice.chunking: a fused chain's
+            # hidden node has pieces for its own labels only, and a chunking needs every size)
+            sides = self.choice.sides.get(n.result.name, {})
+            tiles = {lab: sides.get(lab, {}).get(p[lab]) or tile_of(size[lab], p[lab]) for lab in n.labels}
             lines.append(f"  {n.result.name} = {n.describe()}  shape {n.result.shape} {n.result.dtype} "
                          f"({format_bytes(nbytes(n.result.shape, n.result.dtype))})")
             lines.append("    pieces " + " ".join(f"{lab}:{p[lab]}" for lab in n.labels)
