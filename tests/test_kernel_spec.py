@@ -129,7 +129,7 @@ def _body(**change):
 
 
 @pytest.mark.parametrize("text,match", [
-    (_body(v=5), "version 5 is not supported; this eindecomp_sql reads version 1, 2, 3, 4"),
+    (_body(v=6), "version 6 is not supported; this eindecomp_sql reads version 1, 2, 3, 4, 5"),
     (_body(v="1"), "version '1' is not supported"),
     (_body(v=...), r"no version \(\"v\"\); this eindecomp_sql reads version 1"),
     (_body(op="gemm"), "op 'gemm' is unknown; ops are einsum, retile, fill"),

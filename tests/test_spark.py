@@ -176,6 +176,30 @@ def test_an_operand_alike_in_every_member_is_gathered_once_per_group_on_spark(sd
     assert_close(p.run(sdb, **stored).to_numpy(), ref(**xs))
 
 
+@pytest.mark.parametrize("spec,shapes,join", [("ij,ij->i", [(7, 5)] * 2, "mul"), ("ij,ij->j", [(7, 5)] * 2, "mul"),
+                                              ("b,b,bi->b", [(7,), (7,), (7, 5)], "add")])
+def test_a_repeated_operand_is_read_once_on_spark(sdb, spec, shapes, join):
+    """``ij,ij->i`` of X with itself: one table read, nothing joined or shuffled for the
+    repeat, the tile handed once (kernel_spec.operand_args), in row and grouped steps."""
+    from eindecomp_sql.compile.spark import shuffle_bytes
+
+    rng = np.random.default_rng(11)
+    terms = spec.split("->")[0].split(",")
+    arrays = {t: rng.standard_normal(shape) for t, shape in zip(terms, shapes)}
+    stored = {t: sdb.store(f"rep_{k}", x, tile=tuple(min(d, 3) for d in x.shape), replace=True)
+              for k, (t, x) in enumerate(arrays.items())}
+    ops = [stored[t] for t in terms]
+    plan = sdb.plan(spec, *ops, join=join)
+    sql = sdb.backend.sql_listing(plan)
+    assert '"args":[0,0' in sql, sql
+    step = plan.steps[-1]
+    if len(arrays) == 1:
+        assert shuffle_bytes(step, sdb.backend.broadcast_bytes()) == (step.costs_on(sdb.backend.cost_model).join
+                                                                      if step.grouped else 0)
+    got = sdb.einsum(spec, *ops, join=join).to_numpy()
+    assert_close(got, reference(spec, *[arrays[t] for t in terms], join=join), eps=1e-12)
+
+
 def test_a_value_read_once_runs_inside_its_readers_statement(sdb, monkeypatch):
     """A step whose value is no output and is read by one later step is a view of its statement
     (no Parquet written and read back): the reader's statement runs it. A value read twice, or

@@ -17,7 +17,7 @@ from eindecomp_sql.errors import EinsumError
 from eindecomp_sql.plan.cost import BLOCK_ELEMENTS, MIN_BLOCK
 from eindecomp_sql.notation.numpy_impl import AGG_UFUNC, join_callable, product_dtype, widened
 from eindecomp_sql.plan.kernel_spec import (EinsumKernelSpec, KernelSpec, ProgramKernelSpec, RetileKernelSpec, from_json,
-                                            shared_operands, to_json)
+                                            read_operands, shared_operands, to_json)
 
 from . import devices
 
@@ -65,6 +65,11 @@ class _TileLayout:
         self.result = spec.result  # ... and the result's
         # in a grouped step, the operands gathered once per group instead of in every member
         self.shared = shared_operands(spec.inputs, spec.reduced, spec.size, spec.tile)
+        # the operands whose tiles a call hands (an operand repeating one of them reads its tile)
+        self.args = spec.args or tuple(range(len(spec.inputs)))
+        self.read = read_operands(spec.args, len(spec.inputs))
+        # how errors name the kernel (an EinsumKernel's own numpy subscripts replace it)
+        self.np_spec = ",".join(" ".join(x) for x in spec.inputs) + "->" + " ".join(spec.output)
 
     # -- shapes -----------------------------------------------------------------------------
     def extents(self, keys: dict[str, int]) -> dict[str, int]:

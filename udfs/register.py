@@ -256,6 +256,15 @@ def _on_device(kernel, members: list[tuple[list, dict]], out: np.ndarray, out_ke
     return kept
 
 
+def _per_operand(kernel, handed: list | tuple) -> list:
+    """The tiles of each operand, from those a call hands: one per operand the kernel reads,
+    an operand repeating one of them (``kernel.args``) reading the same."""
+    if len(handed) != len(kernel.read):
+        raise EinsumError(f"kernel {kernel.np_spec}: a call handed {len(handed)} tile columns where its spec reads "
+                          f"{len(kernel.read)}")
+    return [handed[kernel.args[k]] for k in range(len(kernel.inputs))]
+
+
 def _finished(writer: TileWriter) -> pa.Array:
     """The output tiles of one kernel call, counted for progress reports."""
     note_tiles(len(writer.shapes), int(writer.offsets[-1]))
@@ -265,6 +274,7 @@ def _finished(writer: TileWriter) -> pa.Array:
 def einsum_rows(spec_arr, keys_arr, *tile_arrs) -> pa.Array:
     """One output tile per row: keys give every label's key, tiles are the operands' tiles."""
     kernel = einsum_kernel(_spec(spec_arr))
+    tile_arrs = _per_operand(kernel, tile_arrs)
     rows = [dict(zip(kernel.labels, k.tolist())) for k in _key_rows(keys_arr)]
     views = [blob_views(a) for a in tile_arrs]
     exts = [kernel.extents(labkeys) for labkeys in rows]
@@ -304,7 +314,11 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr, shared_arr=None) -> pa.
     structs = members.values
     mkeys = _key_rows(structs.field("k"))
     n = len(kernel.inputs)
-    varying = [k for k in range(n) if k not in shared]
+    # the operands handed (a repeated one reads its first's: ``kernel.args``), varying ones in
+    # each member's struct, shared ones once per group
+    varying = [k for k in kernel.read if k not in shared]
+    shared = [k for k in kernel.read if k in shared]
+    first = {kernel.args[k]: k for k in reversed(range(n))}
     fields = {k: structs.field(f"t{j}") for j, k in enumerate(varying)}
     if shared:
         lists = _as_array(shared_arr)
@@ -313,6 +327,7 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr, shared_arr=None) -> pa.
             raise EinsumError(f"kernel {kernel.np_spec}: a group call's shared tiles and members {structs.type} do "
                               f"not match the spec's shared operands {list(shared)}")
         fields.update({k: lists.values for k in shared})
+    fields.update({k: fields[first[kernel.args[k]]] for k in range(n)})
     views = [blob_views(fields[k]) for k in range(n)]
     nulls = [_null_mask(fields[k]) for k in range(n)]
     device = kernel.xp is not np
@@ -328,6 +343,7 @@ def einsum_groups(spec_arr, group_keys_arr, members_arr, shared_arr=None) -> pa.
             at = [m] * n
             for j, k in enumerate(shared):
                 at[k] = shared_offsets[g] + j
+            at = [at[first[kernel.args[k]]] for k in range(n)]
             member_tiles.append(_operand_tiles(kernel, views, nulls, at, labkeys, device, state, values))
             member_keys.append(labkeys)
         out = _output_tile(writer, g, state, kernel.result, tuple(b[lab] for lab in kernel.output))

@@ -43,7 +43,7 @@ from sqlglot import exp
 
 from ..plan import EinsumStep, FillStep, Plan, ProgramStep, RetileStep, Step, TiledValue
 from ..plan.cost import nbytes
-from ..plan.kernel_spec import host_reason, kernel_spec, shared_operands, step_device
+from ..plan.kernel_spec import host_reason, kernel_spec, operand_args, read_operands, shared_operands, step_device
 from ..plan.steps import step_target
 
 TILE = "tile"
@@ -423,13 +423,21 @@ class SQLCompiler:
         """Whether the operands, one row each, are paired by position (no join condition)."""
         return self.positional_join_single_tiles and _single_tiles(step)
 
+    @staticmethod
+    def read_operands(step: EinsumStep) -> list[int]:
+        """The operands whose tables an einsum step reads, as ``t<k>``: an operand repeating
+        one of them (``kernel_spec.operand_args``: the same value under the same labels) is
+        neither read nor joined again, and its tile reaches the kernel once."""
+        return read_operands(operand_args(step.node.operands), len(step.node.operands))
+
     def label_columns(self, step: EinsumStep) -> tuple[dict[str, exp.Column], list[exp.Expression]]:
         """The key column standing for each label, and the join conditions between occurrences."""
         first: dict[str, exp.Column] = {}
         conditions: list[exp.Expression] = []
         pieces = step.pieces
         drop = self.drops_condition(step)
-        for k, (op, value) in enumerate(zip(step.node.operands, step.inputs)):
+        for k in self.read_operands(step):
+            op, value = step.node.operands[k], step.inputs[k]
             kept = [key for ax, key in enumerate(value.keys) if ax not in op.dropped]
             for lab, key in zip(op.labels, kept):
                 c = col(key, f"t{k}")
@@ -446,7 +454,8 @@ class SQLCompiler:
         return self._read_inputs(step.inputs, select, self.pairs_by_position(step), step)
 
     def _read_inputs(self, inputs, select: exp.Select, positional: bool, step: Step | None = None) -> exp.Select:
-        tables = [self.input_source(step, k, v) for k, v in enumerate(inputs)]
+        read = self.read_operands(step) if isinstance(step, EinsumStep) else range(len(inputs))
+        tables = [self.input_source(step, k, inputs[k]) for k in read]
         method = "POSITIONAL" if positional else None
         select = select.from_(tables[0], copy=False)
         if len(tables) > 1:
@@ -469,9 +478,8 @@ class SQLCompiler:
         """
         node = step.node
         first, conditions = self._einsum_conditions(step, batch)
-        arity = len(node.operands)
-        tiles = [col(TILE, f"t{k}") for k in range(arity)]
-        kernel = call(self.einsum_udf.format(arity=arity), self.spec_literal(step),
+        tiles = [col(TILE, f"t{k}") for k in self.read_operands(step)]
+        kernel = call(self.einsum_udf.format(arity=len(tiles)), self.spec_literal(step),
                       key_list([first[lab].copy() for lab in node.labels]), *tiles)
         # a partial result (plan/partials.py) also keys each tile by its kept labels' pieces
         select = exp.Select(expressions=[alias(first[lab].copy(), ident(key))
@@ -494,19 +502,20 @@ class SQLCompiler:
         """
         node = step.node
         first, conditions = self._einsum_conditions(step, batch)
-        arity = len(node.operands)
+        read = self.read_operands(step)
         keys = step.result.keys
         # name every joined column after its role, group by the output keys
         joined = [alias(first[lab].copy(), ident(key)) for lab, key in zip(node.output, keys)]
         joined += [alias(first[lab].copy(), ident(f"r{q}")) for q, lab in enumerate(node.reduced)]
-        joined += [alias(col(TILE, f"t{k}"), ident(f"t{k}")) for k in range(arity)]
+        joined += [alias(col(TILE, f"t{k}"), ident(f"t{k}")) for k in read]
         inner = self.join_sources(step, exp.Select(expressions=joined))
         inner.set("where", _where(conditions))
         # an operand whose tile is the same in every member of a group (no cut reduced label:
         # the FFN chain's x, a fused residual) is gathered once per group, not into each member:
         # the capped FFN's lists held x once per piece of o (8 x 8 MB a group; 369 -> 257 MB)
         shared = shared_operands([op.labels for op in node.operands], node.reduced, node.size, step.tile_of)
-        varying = [k for k in range(arity) if k not in shared]
+        shared = [k for k in read if k in shared]
+        varying = [k for k in read if k not in shared]
         member = struct(k=exp.Array(expressions=[col(f"r{q}") for q in range(len(node.reduced))]),
                         **{f"t{j}": col(f"t{k}") for j, k in enumerate(varying)})
         args = [self.spec_literal(step), key_list([col(key) for key in keys]), self.list_aggregate(this=member)]

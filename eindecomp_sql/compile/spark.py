@@ -241,10 +241,12 @@ def shuffle_bytes(step: Step, broadcast_bytes: int = 10 << 20) -> int:
     if isinstance(step, (FillStep, ProgramStep)):
         return 0
     moved = 0
-    ops = step.node.operands
+    read = SQLCompiler.read_operands(step)  # a repeated operand is neither read nor joined again
+    ops = [step.node.operands[k] for k in read]
+    inputs = [step.inputs[k] for k in read]
     seen = set(ops[0].labels)
-    left = step.inputs[0].nbytes
-    for op, value in zip(ops[1:], step.inputs[1:]):
+    left = inputs[0].nbytes
+    for op, value in zip(ops[1:], inputs[1:]):
         keyed = bool(seen & set(op.labels))
         if keyed and min(left, value.nbytes) > broadcast_bytes:
             moved += left + value.nbytes

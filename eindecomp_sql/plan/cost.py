@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..graph import EinsumNode
+from .kernel_spec import operand_args, read_operands
 from .tiling import ceil_div, pieces_of, tile_of  # noqa: F401 - tile_of/pieces_of are part of this module's face
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ def repartition_label(node: EinsumNode, pieces: dict[str, int], operand_bytes: d
     and no bigger than the left one, and an output label of the left operand in several pieces
     (the one in most: the step's parallelism). The joined rows are then partitioned by a group
     key already, and only the left operand is shuffled."""
-    if broadcast_bytes is None or broadcast_bytes < 0 or len(node.operands) != 2:
+    if broadcast_bytes is None or broadcast_bytes < 0 or len(node.operands) != 2 or operand_args(node.operands):
         return None
     if not any(pieces[lab] > 1 for lab in node.summed):
         return None
@@ -175,7 +176,8 @@ def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str
         red *= pieces[lab]
     cut = {lab for lab in node.summed if pieces[lab] > 1}
     join = 0
-    for op in node.operands:
+    for k in read_operands(operand_args(node.operands), len(node.operands)):  # a repeated operand is read once
+        op = node.operands[k]
         rep = 1
         for lab in node.labels:
             if lab not in op.labels:
@@ -272,9 +274,11 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
     size = node.size
     tile = {lab: tile_of(size[lab], pieces[lab]) for lab in node.labels}
     held_tile_bytes += held_bytes(node, tile)
-    op_tile = [0 if op.value in in_place else
+    # an operand read in place, or repeating another (read and handed once), adds nothing
+    read = read_operands(operand_args(node.operands), len(node.operands))
+    op_tile = [0 if op.value in in_place or k not in read else
                math.prod(tile[lab] for lab in op.labels) * np.dtype(operand_dtypes[op.value]).itemsize
-               for op in node.operands]
+               for k, op in enumerate(node.operands)]
     in_tile = sum(op_tile)
     out_tile = math.prod(tile[lab] for lab in node.output) * np.dtype(node.result.dtype).itemsize
     each = _batch_pieces(node, pieces, batches)
@@ -293,7 +297,8 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
                 + join_block_bytes(node, tile, min(out_tiles, rows)))
     # a hash join copies its build side: the statement's tiles are held twice (one tile each
     # is read side by side, no hash table)
-    joined = 2 * engine if any(pieces[lab] > 1 for lab in node.labels) else engine
+    # (nor is one table read alone: an operand repeating it is not joined)
+    joined = 2 * engine if len(read) > 1 and any(pieces[lab] > 1 for lab in node.labels) else engine
     # each joined row in flight: its tiles' Arrow copy, its result twice; and rows that share a
     # tile get their own copy of it in the join's output (the model-parallel FFN, four rows
     # sharing a 64 MB tile, measured 1.7x its projected run peak without this, bench/run_peak.py;
