@@ -43,7 +43,7 @@ from .errors import EinsumError
 from .notation.checks import can_cast, check_dtype, check_name, is_bfloat16
 from .plan import DEFAULT_TILE_BYTES, auto_tile, check_tile, tiling
 from .plan.steps import format_bytes
-from .plan.tiling import check_count
+from .plan.tiling import _physical_memory, check_count
 from .udfs.tiles import array_from_tiles, blob_views, tiles_from_array
 
 # Schema metadata this package writes on a tensor's Arrow table and Parquet file.
@@ -66,6 +66,9 @@ class Wanted:
     value: str | None = None
     tile_bytes: int = DEFAULT_TILE_BYTES
     square: bool = False  # an automatic tile holds a power of 4 elements (square for square powers of 2)
+    # the session's memory budget: a table in element form is built dense, and one whose dense
+    # array exceeds it (or, without one, this machine's memory) is refused before it is built
+    memory: int | None = None
 
 
 @dataclass(frozen=True)
@@ -212,7 +215,7 @@ def _wanted_checked(want: Wanted, where: str) -> Wanted:
     tuple of names), as every reader of a source takes them."""
     want = Wanted(want.tile, want.keys, _shape_arg(want.shape, where),
                   None if want.dtype is None else check_dtype(want.dtype, where),
-                  _names_arg(want.index, "index", where), want.value, want.tile_bytes, want.square)
+                  _names_arg(want.index, "index", where), want.value, want.tile_bytes, want.square, want.memory)
     if want.value is not None and not isinstance(want.value, str):
         raise EinsumError(f"{where}: value= names the value column, got {want.value!r}")
     return want
@@ -223,6 +226,11 @@ def _read_source(source, where: str, want: Wanted, con=None, stream: bool = Fals
     if _is_path(source):
         return _read_path(source, where, want, con, stream)
     table = as_table(source, where, con)
+    if table is not None and (hint := _pandas_index_hint(source)):
+        try:
+            return _from_table(table, want, where)
+        except EinsumError as e:
+            raise EinsumError(f"{e}{hint}" if "reset_index" not in str(e) else str(e)) from None
     if table is None:
         if any(x is not None for x in (want.shape, want.index, want.value)):
             raise EinsumError(f"{where}: shape=, index= and value= describe a table in element form; "
@@ -267,6 +275,8 @@ def as_table(x, where: str, con=None) -> pa.Table | None:
     if mod.startswith("scipy.sparse") or (mod.startswith("sparse") and hasattr(x, "todense")):
         raise EinsumError(f"{where}: a sparse {name} is not read directly; call .toarray() first, or "
                           "store its (row, col, value) triplets as a table in element form")
+    if mod.startswith("pandas") and name == "Series":
+        return _series_elements(x, where)
     if mod.startswith("pandas") and name == "DataFrame":
         try:
             # the frame's index is not a column: reset_index() makes it one
@@ -289,6 +299,51 @@ def as_table(x, where: str, con=None) -> pa.Table | None:
                 return None  # a stream of one column (a polars Series): an array
             raise EinsumError(f"{where}: cannot read this {name} as an Arrow table ({e})") from None
     return None
+
+
+def _series_elements(x, where: str) -> pa.Table | None:
+    """A pandas Series: its values as an array where its index is the default one (0, 1, ...,
+    unnamed); element rows where every level of its index is named (``df.groupby(["i",
+    "j"])["v"].sum()``, ``df.set_index("i")["v"]``: the levels are the index columns, the values
+    the value column). An unnamed index of other labels (a filtered frame's column) says where
+    each value belongs or nothing: refused, not guessed (a trial stored a grouped Series' values
+    as a flat vector, its coordinates lost)."""
+    import pandas as pd
+
+    index = x.index
+    names = list(index.names)
+    if (isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1) and names == [None]:
+        return None
+    if any(n is None for n in names):
+        raise EinsumError(f"{where}: this pandas Series has an unnamed index other than 0, 1, ..., {len(x) - 1}, "
+                          "so where its values belong is not clear; name the index levels (s.rename_axis(['i', "
+                          "...])) to store it in element form, or pass s.to_numpy() for its values in order")
+    columns = [str(n) for n in names]
+    if len({c.lower() for c in columns}) != len(columns) or VALUE in {c.lower() for c in columns}:
+        raise EinsumError(f"{where}: this pandas Series' index levels {columns} repeat a name or are named "
+                          f"{VALUE!r}; rename them (s.rename_axis([...]))")
+    try:
+        arrays = [pa.array(index.get_level_values(k)) for k in range(index.nlevels)]
+        bad = [f"{c!r} ({_type_word(a.type)})" for c, a in zip(columns, arrays) if _kind(a.type) != "int"]
+        if bad:
+            raise EinsumError(f"{where}: this pandas Series' index level(s) {', '.join(bad)} are not integers; its "
+                              "named index levels are read as element indices (pass s.to_numpy() for its values "
+                              "in order)")
+        values = x.to_numpy()
+        arrays.append(pa.array(values, type=pa.from_numpy_dtype(values.dtype)) if values.dtype.kind in "fc"
+                      else pa.array(x))  # NaN in a float Series is a value, not a missing one
+    except (pa.ArrowException, TypeError, ValueError) as e:
+        raise EinsumError(f"{where}: this pandas Series cannot be read as element rows ({e})") from None
+    return pa.table(arrays, names=columns + [VALUE])
+
+
+def _pandas_index_hint(x) -> str:
+    """What to say of a DataFrame whose named index ``store`` did not read."""
+    names = [n for n in getattr(getattr(x, "index", None), "names", []) if n is not None]
+    if not names or type(x).__name__ != "DataFrame" or not _module(x).startswith("pandas"):
+        return ""
+    return (f" (this DataFrame's index {', '.join(map(repr, map(str, names)))} is not read: .reset_index() "
+            "makes it a column)")
 
 
 def _parquet_memory_hint(e: Exception, p: str) -> str:
@@ -589,6 +644,14 @@ def _from_elements(table: pa.Table, meta: dict, want: Wanted, where: str) -> Inc
             row = int(np.argmax(col >= n))
             raise EinsumError(f"{where}: index column {c!r} holds {col[row]} at row {row}, outside shape {shape}")
     nbytes = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
+    limit = want.memory or _physical_memory()
+    if limit and nbytes > limit:
+        # np.zeros would not fail: Linux hands pages out as they are written, and the scatter
+        # then writes until the process is killed (a trial: one row at index 1e9, killed at 19 GB)
+        what = "the session's memory budget" if want.memory else "this machine's memory"
+        raise EinsumError(f"{where}: the table in element form is read as a dense {shape} {dtype} array of "
+                          f"{format_bytes(nbytes)}, more than {what} ({format_bytes(limit)}); tensors are stored "
+                          "dense (renumber the indices densely from 0, or store only the rows you need)")
     try:  # before the duplicate check, whose flat indices must fit an int64
         dense = np.zeros(shape, dtype=dtype)
     except (MemoryError, ValueError):
@@ -603,7 +666,8 @@ def _from_elements(table: pa.Table, meta: dict, want: Wanted, where: str) -> Inc
     if meta.get("shape") == list(shape):
         keys = keys if keys is not None else tuple(meta.get("keys", ())) or None
         tile = tile if tile is not None else tuple(meta.get("tile", ())) or None
-    return _from_array(dense, Wanted(tile, keys, tile_bytes=want.tile_bytes, square=want.square), where)
+    return _from_array(dense, Wanted(tile, keys, tile_bytes=want.tile_bytes, square=want.square, memory=want.memory),
+                       where)
 
 
 def _check_unique(idx: np.ndarray, shape: tuple[int, ...], names: list[str], where: str, tiles: bool = False) -> None:

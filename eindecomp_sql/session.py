@@ -319,7 +319,7 @@ class Session:
         # other backends take whole tables
         _check_replace(replace)  # before reading: replace="no" is truthy
         want = io.Wanted(tile, keys, shape, dtype, index, value, tile_bytes=self.store_tile_bytes,
-                         square=self.store_square)
+                         square=self.store_square, memory=self.memory)
         # an engine may read a source of its own without this process holding it whole (a Spark
         # DataFrame on Spark: tiles made by Spark); else every source is read here
         own = getattr(self.backend, "read_frame", None)
@@ -642,10 +642,18 @@ _OPEN_ELSEWHERE = ("this database is already open in another eindecomp_sql sessi
 def _close_dropped_sessions(database) -> bool:
     """Close the open sessions on file ``database`` that opened their connection themselves and
     that nothing can reach any more: no handle, no Tensor, not their ``db.connection`` (only
-    the SQL interface's holder refers to them). Whether one was closed."""
-    if not isinstance(database, (str, os.PathLike)) or os.fspath(database) in ("", ":memory:"):
+    the SQL interface's holder refers to them); or, ``database`` being a DuckDB connection of
+    the caller's, the session on it that nothing reaches (its connection is the caller's, so
+    only the session counts: a trial's ``eds.connect(con)`` inside a function left a session
+    no handle could close, the connection refused to a new one and its memory_limit lowered).
+    Whether one was closed."""
+    if type(database).__name__ == "DuckDBPyConnection":
+        on_connection = database
+    elif not isinstance(database, (str, os.PathLike)) or os.fspath(database) in ("", ":memory:"):
         return False
-    target = os.path.realpath(os.fspath(database))
+    else:
+        on_connection = None
+        target = os.path.realpath(os.fspath(database))
     closed = False
     for _ in range(3):  # a session opened on another thread meanwhile changes the set
         try:
@@ -655,8 +663,12 @@ def _close_dropped_sessions(database) -> bool:
             continue
     else:
         return False
-    candidates = [s for s in listed if getattr(s.backend, "owns_connection", False) and not s.backend.closed
-                  and s._database is not None and os.path.realpath(s._database) == target]
+    if on_connection is not None:
+        candidates = [s for s in listed if not getattr(s.backend, "owns_connection", True) and not s.backend.closed
+                      and getattr(s.backend, "con", None) is on_connection]
+    else:
+        candidates = [s for s in listed if getattr(s.backend, "owns_connection", False) and not s.backend.closed
+                      and s._database is not None and os.path.realpath(s._database) == target]
     del listed
     # by reference counts: a local variable of a running function is no object the collector
     # lists as a referrer. A dropped session has two: the holder's and ``s`` here, plus what
@@ -669,7 +681,7 @@ def _close_dropped_sessions(database) -> bool:
     while candidates:
         s = candidates.pop()
         held = sys.getrefcount(s) > expected or s.__dict__.get("_sql_target") is None
-        if not held and sys.getrefcount(s.backend.con) <= s._con_refs:
+        if not held and (on_connection is not None or sys.getrefcount(s.backend.con) <= s._con_refs):
             s.close()
             closed = True
         del s
@@ -802,6 +814,8 @@ def connect(database=None, *, tile_bytes: int | None = None, workers: int | None
         # a session dropped without close() holds the file open (its SQL interface's UDF keeps
         # it alive): a notebook cell "db = eds.connect('f.duckdb')" run twice failed, with no
         # handle left to close the first. One nobody can reach is closed, and the open retried.
-        if not str(e).startswith(_OPEN_ELSEWHERE) or not _close_dropped_sessions(database):
+        from .backends.duckdb import SESSION_ON_CONNECTION
+
+        if not str(e).startswith(_OPEN_ELSEWHERE + (SESSION_ON_CONNECTION,)) or not _close_dropped_sessions(database):
             raise
     return opened()

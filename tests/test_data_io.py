@@ -555,3 +555,60 @@ def test_a_dataframe_keeps_nan_values_and_metadata_true_is_no_version():
         meta[b"eindecomp_sql.format_version"] = b"true"
         with pytest.raises(eds.EinsumError, match="format_version"):
             db.store("E", t.replace_schema_metadata(meta))
+
+
+def test_a_pandas_series_index_is_read_as_element_indices_or_refused():
+    """A Series whose index levels are named is element rows (a groupby's sum: the (i, j)
+    coordinates); the default index keeps its values as a vector; an unnamed index of other
+    labels is refused, not guessed (a trial stored a grouped Series' values as a flat vector)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(4)
+    df = pd.DataFrame({"i": rng.integers(0, 5, 40), "j": rng.integers(0, 3, 40), "v": rng.standard_normal(40)})
+    grouped = df.groupby(["i", "j"])["v"].sum()
+    want = np.zeros((grouped.index.get_level_values(0).max() + 1, grouped.index.get_level_values(1).max() + 1))
+    for (i, j), v in grouped.items():
+        want[i, j] = v
+    with eds.connect() as db:
+        np.testing.assert_array_equal(db.store("G", grouped).to_numpy(), want)
+        one = pd.Series([5.0, np.nan], index=pd.Index([2, 6], name="i"))
+        np.testing.assert_array_equal(db.store("S", one).to_numpy(), [0, 0, 5, 0, 0, 0, np.nan])
+        np.testing.assert_array_equal(db.store("D", pd.Series([3, 1, 2])).to_numpy(), [3, 1, 2])
+        np.testing.assert_array_equal(db.store("I", pd.Series([3, 1], index=pd.Index([1, 0], name="k"))).to_numpy(),
+                                      [1, 3])
+        filtered = df[df.v > 0]["v"]
+        with pytest.raises(EinsumError, match=r"unnamed index .* s\.to_numpy\(\)"):
+            db.store("F", filtered)
+        with pytest.raises(EinsumError, match="not integers"):
+            db.store("T", pd.Series([1.0], index=pd.Index(["a"], name="name")))
+        with pytest.raises(EinsumError, match="named 'value'"):
+            db.store("V", pd.Series([1.0], index=pd.Index([0], name="value")))
+        assert db.tensors() == ["D", "G", "I", "S"]
+        # the numpy face reads a Series as numpy does: its values
+        assert eds.einsum("i->", pd.Series([1.0, 2.0], index=[5, 9])) == 3.0
+
+
+def test_a_dataframe_with_a_named_index_is_told_to_reset_it():
+    import pandas as pd
+
+    with eds.connect() as db:
+        frame = pd.DataFrame({"value": [1.0, 2.0]}, index=pd.Index([0, 1], name="i"))
+        with pytest.raises(EinsumError, match=r"this DataFrame's index 'i' is not read: \.reset_index\(\)"):
+            db.store("A", frame)
+        np.testing.assert_array_equal(db.store("A", frame.reset_index()).to_numpy(), [1.0, 2.0])
+
+
+def test_element_rows_whose_dense_array_exceeds_the_budget_are_refused_before_it_is_built():
+    """One row at index 2e7 under memory="64MB" built 160 MB; at 1e9 without a budget the
+    process was killed at 19 GB (np.zeros does not fail: pages come as they are written)."""
+    t = pa.table({"i": pa.array([20_000_000], pa.int64()), "value": [1.0]})
+    with eds.connect(memory="64MB") as db:
+        with pytest.raises(EinsumError, match=r"dense \(20000001,\) float64 array of 160\.0 MB, more than the "
+                                              r"session's memory budget \(64\.0 MB\)"):
+            db.store("S", t)
+        assert db.tensors() == []
+        assert db.store("S", t.slice(0, 0).append_column("j", pa.array([], pa.int64())).select(["i", "j", "value"]),
+                        shape=(3, 2)).shape == (3, 2)
+    with eds.connect() as db:
+        with pytest.raises(EinsumError, match=r"more than this machine's memory"):
+            db.store("S", pa.table({"i": pa.array([10**12], pa.int64()), "value": [1.0]}))

@@ -425,6 +425,40 @@ def test_arrays_are_readable_for_the_run_only(registry, monkeypatch):
                     db.backend._work.execute(f'SELECT * FROM "{name}"').fetchall()
 
 
+def test_a_session_dropped_on_a_users_connection_gives_way_to_a_new_one():
+    """``eds.connect(con)`` inside a function, its handle gone: the SQL interface's holder kept
+    the session alive, so the connection refused every later session and kept the lowered
+    memory_limit. A session nothing reaches is closed by the next connect; one still held (a
+    handle, a Tensor) is not."""
+    import duckdb
+
+    con = duckdb.connect()
+    limit = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+
+    def work():
+        s = eds.connect(con, memory="512MB")
+        return s.store("X", np.arange(3.0)).to_numpy()
+
+    np.testing.assert_array_equal(work(), [0, 1, 2])
+    gc.collect()
+    assert con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] != limit
+    db = eds.connect(con)  # the dropped one is closed: its memory_limit put back
+    assert con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] == limit
+    np.testing.assert_array_equal(db.tensor("X").to_numpy(), [0, 1, 2])
+    with pytest.raises(eds.EinsumError, match="already has an eindecomp_sql session open on it"):
+        eds.connect(con)  # a handle holds it
+    kept = db.tensor("X")
+    del db
+    gc.collect()
+    with pytest.raises(eds.EinsumError, match="already has an eindecomp_sql session open on it"):
+        eds.connect(con)  # so does a Tensor
+    del kept
+    gc.collect()
+    with eds.connect(con) as again:
+        np.testing.assert_array_equal(again.tensor("X").to_numpy(), [0, 1, 2])
+    con.close()
+
+
 def test_a_users_connection_takes_a_new_session_after_close_and_refuses_a_second_at_once():
     """A session on a connection it does not own leaves the connection open; its functions
     stayed registered there, so a new session on it failed with DuckDB's own error."""

@@ -74,6 +74,7 @@ _RUNS = itertools.count()
 # connection, their names), for connections we do
 # not own: a new session there replaces a closed one's functions (DuckDB refuses a name twice)
 _OWNERS: dict[int, tuple] = {}
+SESSION_ON_CONNECTION = "this DuckDB connection already has an eindecomp_sql session open on it"
 
 
 # the SQL interface's table macros: name, mode, and the k parameter einsum_topk adds
@@ -139,8 +140,8 @@ def _take_over(con) -> None:
         return
     owner = ref()
     if owner is not None and not owner.closed:
-        raise EinsumError("this DuckDB connection already has an eindecomp_sql session open on it (its functions "
-                          "are registered on the connection): use that session, or close it first")
+        raise EinsumError(f"{SESSION_ON_CONNECTION} (its functions are registered on the connection): use that "
+                          "session, or close it first")
     leftover = _Registrar(con)
     leftover.names = list(names)  # (a connection that only reuses a dead one's id has none of them)
     try:
