@@ -34,8 +34,19 @@ def _module(x) -> str:
 
 
 def _from_arrow(x, where: str) -> np.ndarray:
-    """A pyarrow Array / ChunkedArray of numbers without nulls, as a 1-D numpy array."""
+    """A pyarrow Array / ChunkedArray of numbers without nulls, as a 1-D numpy array; of
+    fixed-size lists (of fixed-size lists ...) of numbers, as an N-D one (rows, n, ...), as
+    ``FixedSizeListArray.to_numpy`` cannot give it."""
     t = x.type
+    if pa.types.is_fixed_size_list(t):
+        if x.null_count:
+            raise EinsumError(f"{where}: the pyarrow {type(x).__name__} has {x.null_count} null array(s); fill or "
+                              "drop them first")
+        arr = x.combine_chunks() if isinstance(x, pa.ChunkedArray) else x
+        if isinstance(arr, pa.ChunkedArray):  # no chunk at all
+            arr = pa.array([], t)
+        inner = _from_arrow(arr.flatten(), where)
+        return inner.reshape((len(arr), t.list_size) + inner.shape[1:])
     if pa.types.is_struct(t):
         raise EinsumError(f"{where}: a pyarrow {type(x).__name__} of structs is a table, not an array; "
                           f"{_STORE_TABLE}")

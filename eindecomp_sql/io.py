@@ -1332,7 +1332,94 @@ def _from_table(table: pa.Table, want: Wanted, where: str) -> Incoming:
     _check_columns(table.schema, tiled, where)
     if tiled:
         return _from_tiles(table, meta, want, where)
-    return _from_elements(_drop_pandas_index(table), meta, want, where)
+    table = _drop_pandas_index(table)
+    column = _array_column(table, want, where)
+    if column is not None:
+        return _from_array_rows(table, column, want, where)
+    return _from_elements(table, meta, want, where)
+
+
+# -- array form: one array column (a row each) and a key ordering the rows ----------------------
+def _is_list(t: pa.DataType) -> bool:
+    return (pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
+            or pa.types.is_list_view(t) or pa.types.is_large_list_view(t))
+
+
+def _array_column(table: pa.Table, want: Wanted, where: str) -> str | None:
+    """The array column of a table in array form (an embeddings table: ``(id, emb FLOAT[768])``,
+    as the SQL functions read it), or None for a table in element form."""
+    lists = [c for c in table.column_names if _is_list(table.schema.field(c).type)]
+    if want.value is not None:
+        value = _find(table, want.value, where, "value=")
+        return value if value in lists else None
+    if len(lists) > 1:
+        raise EinsumError(f"{where}: several array columns ({', '.join(map(repr, lists))}); a table in array form "
+                          "has one array column and one key column: pass value='...' (and index='...')")
+    return lists[0] if lists else None
+
+
+def _from_array_rows(table: pa.Table, column: str, want: Wanted, where: str) -> Incoming:
+    """A table in array form as a ``(rows, n)`` matrix: row ``r`` is the array of the ``r``-th
+    row in key order (the SQL functions' rule, docs/sql_interface.md), or in table order where
+    there is no other column. Arrays of one length (fixed-size or not), no NULLs, unique keys."""
+    if want.index is not None:
+        if len(want.index) != 1:
+            raise EinsumError(f"{where}: a table in array form has one key column; index={tuple(want.index)} "
+                              "names several")
+        others = [_find(table, want.index[0], where, "index column")]
+    else:
+        others = [c for c in table.column_names if c != column]
+    if len(others) > 1:
+        raise EinsumError(f"{where}: a table in array form has one array column ({column!r}) and one key column, "
+                          f"not {len(others)} others ({', '.join(map(repr, others))}); select the two, or pass "
+                          f"index='...' and value={column!r}")
+    arrays = _no_nulls(table, column, where).combine_chunks()
+    if isinstance(arrays, pa.ChunkedArray):  # (an empty table's has no chunk)
+        arrays = pa.concat_arrays(arrays.chunks) if arrays.num_chunks else pa.array([], arrays.type)
+    rows = len(arrays)
+    if pa.types.is_fixed_size_list(arrays.type):
+        n = arrays.type.list_size
+    else:
+        lengths = pc.list_value_length(arrays).to_numpy(zero_copy_only=False)
+        # (no row says how long an array is: shape= may)
+        n = int(lengths[0]) if rows else want.shape[1] if want.shape is not None and len(want.shape) == 2 else 0
+        if rows and (lengths != n).any():
+            r = int(np.argmax(lengths != n))
+            raise EinsumError(f"{where}: array column {column!r} holds arrays of {n} elements in row 0 and of "
+                              f"{lengths[r]} in row {r}; a table in array form has arrays of one length")
+    flat = arrays.flatten()
+    if flat.null_count:
+        raise EinsumError(f"{where}: array column {column!r} has {flat.null_count} NULL element(s); fill them first")
+    if _kind(flat.type) == "other":
+        raise EinsumError(f"{where}: array column {column!r} holds {_type_word(flat.type)} elements, not numbers; "
+                          "cast them to a numeric type")
+    vals = flat.to_numpy(zero_copy_only=False)
+    check_dtype(vals.dtype, f"{where}: array column {column!r}")
+    dtype = want.dtype or vals.dtype.name
+    if vals.dtype != dtype:
+        if not can_cast(vals.dtype, dtype, "same_kind"):
+            raise EinsumError(f"{where}: cannot cast array column {column!r} ({vals.dtype}) to {dtype} "
+                              "(numpy's same_kind rule)")
+        vals = _exact_cast(vals, dtype, f"{where}: array column {column!r}")
+    dense = vals.reshape(rows, n)
+    if others and rows:
+        key = others[0]
+        keys = _no_nulls(table, key, where)
+        if pc.count_distinct(keys).as_py() < rows:
+            raise EinsumError(f"{where}: key column {key!r} repeats values; a table in array form is ordered by its "
+                              "key, which must be unique")
+        try:
+            order = pc.sort_indices(table.select([key]), [(key, "ascending")]).to_numpy()
+        except pa.ArrowException as e:
+            raise EinsumError(f"{where}: key column {key!r} ({_type_word(keys.type)}) cannot be ordered ({e})") from None
+        if not (order == np.arange(rows)).all():
+            dense = dense[order]
+    shape = (rows, n)
+    if want.shape is not None and tuple(want.shape) != shape:
+        raise EinsumError(f"{where}: shape={tuple(want.shape)} does not fit the table in array form, a {shape} "
+                          "matrix (one row per key, one column per array element)")
+    return _from_array(np.ascontiguousarray(dense), Wanted(want.tile, want.keys, tile_bytes=want.tile_bytes,
+                                                           square=want.square, memory=want.memory), where)
 
 
 # -- out: export to a file, streamed ------------------------------------------------------------

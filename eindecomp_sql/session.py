@@ -275,7 +275,10 @@ class Session:
         """Store ``source`` as tiled table ``name`` and return its Tensor.
 
         ``source`` is one of
-          - an array: numpy, or anything numpy reads as numbers (a pyarrow Array, a list, ...);
+          - an array: numpy, or anything numpy reads as numbers (a pyarrow Array, a list, ...; a
+            pyarrow array of fixed-size lists is 2-D, one row per list; a pandas Series with the
+            default index, its values: one whose index levels are named is element rows, one
+            with an unnamed index of other labels is refused);
           - a table: a pyarrow Table / RecordBatch / RecordBatchReader, a pandas DataFrame, a
             DuckDB relation (``db.connection.sql(...)``, read by DuckDB), any object with
             ``__arrow_c_stream__`` (polars);
@@ -283,7 +286,7 @@ class Session:
             tile), ``.parquet`` (read by DuckDB) or ``.arrow`` / ``.feather`` (Arrow IPC). On the
             DuckDB backend a ``.npy`` file or a tiled Parquet / Arrow file never passes through
             Python whole (docs/LAYOUT.md);
-        and a table is in one of two forms:
+        and a table is in one of three forms:
           - **tiled**: integer key columns and a binary ``tile`` column, as ``Tensor.to_arrow()``
             and ``Tensor.to_parquet()`` write it. Shape, dtype, tile shape, key names and byte
             order come from the ``eindecomp_sql.*`` schema metadata (docs/LAYOUT.md); without it,
@@ -296,7 +299,12 @@ class Session:
             every other column in order (all must be integers; for a table carrying this
             package's metadata, in the order of its keys unless ``shape=`` is given). The shape is ``shape=``, else
             the table's metadata, else the largest index + 1 in each dimension. Duplicate,
-            negative and out-of-range indices are refused.
+            negative and out-of-range indices are refused, and so is a dense array larger than
+            the session's ``memory=`` (without one, the machine's memory).
+          - **array form**, one row per matrix row (an embeddings table, as the SQL functions
+            read it): one array column (fixed-size or plain lists of one length, no NULLs) and at
+            most one other column, a key of any orderable type: row ``r`` is the ``r``-th row in
+            key order (in table order without a key); ``value=`` / ``index=`` name the two.
 
         ``tile`` is the tile shape (chosen to fit the session's ``tile_bytes`` if not given),
         ``keys`` the key column names (``d0, d1, ...``, or a tiled table's own), ``dtype`` a

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import eindecomp_sql as eds
 from eindecomp_sql import EinsumError, io
 from eindecomp_sql.notation.checks import DTYPES
+from helpers import random_array
 
 MACRO_FILE = pathlib.Path(__file__).resolve().parents[1] / "sql_templates" / "elements_macro.sql"
 REAL = [d for d in DTYPES if np.dtype(d).kind != "c"]
@@ -612,3 +613,71 @@ def test_element_rows_whose_dense_array_exceeds_the_budget_are_refused_before_it
     with eds.connect() as db:
         with pytest.raises(EinsumError, match=r"more than this machine's memory"):
             db.store("S", pa.table({"i": pa.array([10**12], pa.int64()), "value": [1.0]}))
+
+
+@given(rows=st.integers(0, 9), n=st.integers(1, 6), dtype=st.sampled_from(["float32", "float64", "int16", "bool",
+                                                                           "float16", "uint8"]),
+       form=st.sampled_from(["fixed", "list", "large_list"]), key=st.sampled_from([None, "int", "str"]),
+       seed=st.integers(0, 2**31))
+def test_tables_in_array_form_are_stored_as_matrices_in_key_order(rows, n, dtype, form, key, seed):
+    """``(id, emb FLOAT[n])``, as the SQL functions read it: row r is the r-th row in key order
+    (table order without a key); fixed-size or plain lists of one length; every dtype."""
+    rng = np.random.default_rng(seed)
+    a = random_array(rng, (rows, n), dtype)
+    flat = pa.array(a.ravel())
+    offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * n)
+    arrays = {"fixed": lambda: pa.FixedSizeListArray.from_arrays(flat, n),
+              "list": lambda: pa.ListArray.from_arrays(offsets, flat),
+              "large_list": lambda: pa.LargeListArray.from_arrays(offsets.cast(pa.int64()), flat)}[form]()
+    perm = rng.permutation(rows)
+    columns = {"emb": arrays.take(pa.array(perm, pa.int64()))} if key else {"emb": arrays}
+    if key == "int":
+        columns["id"] = pa.array(perm * 3 + 7, pa.int64())  # sparse keys: their order counts, not their values
+    elif key == "str":
+        columns["id"] = pa.array([f"k{p:03d}" for p in perm], pa.string())
+    with eds.connect() as db:
+        shape = (rows, n) if rows or form == "fixed" or seed % 2 else None  # no row says n but shape=
+        got = db.store("E", pa.table(columns), tile=(max(1, min(rows, 4)), max(1, min(n, 3))), shape=shape).to_numpy()
+    if shape is None:
+        assert got.shape == (0, 0)
+        return
+    assert got.dtype == a.dtype and got.shape == (rows, n)
+    np.testing.assert_array_equal(got, a)
+
+
+def test_array_form_from_duckdb_parquet_and_arrow_arrays_and_its_refusals(tmp_path):
+    rng = np.random.default_rng(8)
+    emb = rng.standard_normal((10, 8)).astype(np.float32)
+    fsl = pa.FixedSizeListArray.from_arrays(pa.array(emb.ravel()), 8)
+    with eds.connect() as db:
+        con = db.connection
+        con.execute("CREATE TABLE items(id INTEGER, emb FLOAT[8])")
+        con.executemany("INSERT INTO items VALUES (?, ?)", [(int(k), [float(x) for x in emb[k]]) for k in
+                                                            rng.permutation(10)])
+        np.testing.assert_array_equal(db.store("A", con.table("items")).to_numpy(), emb)
+        pq.write_table(pa.table({"id": np.arange(10), "emb": fsl}), tmp_path / "e.parquet", row_group_size=3)
+        np.testing.assert_array_equal(db.store("P", str(tmp_path / "e.parquet")).to_numpy(), emb)
+        np.testing.assert_array_equal(db.store("F", fsl).to_numpy(), emb)  # an Arrow array of arrays: 2-D
+        cube = pa.FixedSizeListArray.from_arrays(fsl, 2)
+        np.testing.assert_array_equal(db.store("C", cube).to_numpy(), emb.reshape(5, 2, 8))
+        np.testing.assert_allclose(eds.einsum("ij,kj->ik", fsl, fsl), emb.astype(np.float64) @ emb.T, rtol=1e-5)
+        np.testing.assert_array_equal(db.store("D", pa.table({"k": [1, 0], "e": fsl[:2]}), dtype="float64",
+                                               value="e", index=["k"]).to_numpy(), emb[[1, 0]])
+        bad = [
+            (pa.table({"id": [0, 0], "emb": fsl[:2]}), "repeats values"),
+            (pa.table({"id": [0, None], "emb": fsl[:2]}), "null"),
+            (pa.table({"id": [0, 1], "emb": pa.array([[1.0, 2.0], None], pa.list_(pa.float32()))}), "null"),
+            (pa.table({"id": [0, 1], "emb": pa.array([[1.0, None], [2.0, 3.0]], pa.list_(pa.float32()))}),
+             "NULL element"),
+            (pa.table({"id": [0, 1], "emb": pa.array([[1.0, 2.0], [3.0]], pa.list_(pa.float32()))}),
+             "2 elements in row 0 and of 1 in row 1"),
+            (pa.table({"a": fsl[:2], "b": fsl[:2]}), "several array columns"),
+            (pa.table({"id": [0, 1], "x": [1, 2], "emb": fsl[:2]}), "one key column, not 2 others"),
+            (pa.table({"id": [0, 1], "emb": pa.array([["a"], ["b"]], pa.list_(pa.string()))}), "not numbers"),
+        ]
+        for table, match in bad:
+            with pytest.raises(EinsumError, match=match):
+                db.store("X", table)
+        with pytest.raises(EinsumError, match=r"shape=\(3, 8\) does not fit"):
+            db.store("X", pa.table({"id": [0, 1], "emb": fsl[:2]}), shape=(3, 8))
+        assert "X" not in db.tensors()
