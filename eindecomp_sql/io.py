@@ -1332,11 +1332,43 @@ def _from_table(table: pa.Table, want: Wanted, where: str) -> Incoming:
     _check_columns(table.schema, tiled, where)
     if tiled:
         return _from_tiles(table, meta, want, where)
-    table = _drop_pandas_index(table)
+    table = _plain_columns(_drop_pandas_index(table), where)
     column = _array_column(table, want, where)
     if column is not None:
         return _from_array_rows(table, column, want, where)
     return _from_elements(table, meta, want, where)
+
+
+def _plain_columns(table: pa.Table, where: str) -> pa.Table:
+    """Columns of a table not in tiled form in the types element and array rows are read in:
+    dictionary-encoded ones (a pandas category, Arrow's dictionary arrays) decoded; decimals
+    (DuckDB's type of a literal such as 1.5, and of ``sum()`` over decimals) as float64, and
+    those of scale 0 (DuckDB's HUGEINT, what ``sum()`` of integers gives) as int64, where each
+    value fits (else an error naming the column)."""
+    for k, f in enumerate(table.schema):
+        t = f.type
+        if pa.types.is_dictionary(t):
+            t = t.value_type
+        if pa.types.is_decimal(t):
+            t = pa.int64() if t.scale == 0 else pa.float64()
+        elif (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) and \
+                pa.types.is_decimal(t.value_type):
+            t = _list_like(t, pa.float64())
+        if t == f.type:
+            continue
+        try:
+            column = pc.cast(table.column(k), t)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise EinsumError(f"{where}: column {f.name!r} ({_type_word(f.type)}) cannot be read as {t} ({e}); cast "
+                              "it to a numeric type first") from None
+        table = table.set_column(k, pa.field(f.name, t), column)
+    return table
+
+
+def _list_like(t: pa.DataType, value: pa.DataType) -> pa.DataType:
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(value, t.list_size)
+    return pa.large_list(value) if pa.types.is_large_list(t) else pa.list_(value)
 
 
 # -- array form: one array column (a row each) and a key ordering the rows ----------------------

@@ -124,9 +124,13 @@ TableOperand = ElementTable | ArrayTable
 
 
 def _value_dtype(table_name: str, column: str, sql_type: str) -> str:
+    # DuckDB's type of a literal such as 1.5 and of sum() over decimals: read as DOUBLE (the pack
+    # query casts every value to its dtype's type); HUGEINT, what sum() of integers gives, as
+    # BIGINT (a value beyond it fails the cast, in DuckDB's words)
     if sql_type.startswith("DECIMAL"):
-        raise EinsumError(f"einsum(): table {table_name!r}: value column {column!r} is {sql_type}; cast it to "
-                          f"DOUBLE in a view (CREATE VIEW ... AS SELECT ..., {_q(column)}::DOUBLE AS value FROM ...)")
+        return "float64"
+    if sql_type in ("HUGEINT", "UHUGEINT"):
+        return "int64" if sql_type == "HUGEINT" else "uint64"
     if sql_type not in DTYPE_OF:
         raise EinsumError(f"einsum(): table {table_name!r}: value column {column!r} is {sql_type}; a value must be "
                           f"one of {', '.join(DTYPE_OF)}")
