@@ -82,6 +82,12 @@ def read_array(x, where: str) -> np.ndarray:
         a = x
     elif isinstance(x, (pa.Array, pa.ChunkedArray)):
         a = _from_arrow(x, where)
+    elif hasattr(x, "__arrow_c_array__") and not hasattr(x, "__array__"):  # an Arrow C array export
+        try:
+            arrow = pa.array(x)
+        except Exception as e:  # noqa: BLE001 - a foreign exporter's failure is bad input
+            raise EinsumError(f"{where}: cannot read this {type(x).__name__} as an Arrow array ({e})") from None
+        a = _from_arrow(arrow, where)
     else:
         if isinstance(x, np.ma.MaskedArray):
             if np.ma.count_masked(x):

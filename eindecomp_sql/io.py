@@ -265,6 +265,14 @@ def as_table(x, where: str, con=None) -> pa.Table | None:
         return pa.Table.from_batches([x])
     if isinstance(x, pa.RecordBatchReader):
         return x.read_all()
+    if _module(x).startswith("pyarrow") and hasattr(x, "to_table") and hasattr(x, "scanner"):
+        return x.to_table()  # a pyarrow.dataset Dataset (its files read whole, as a table)
+    if hasattr(x, "__arrow_c_array__") and not hasattr(x, "__array__") and not hasattr(x, "__arrow_c_stream__"):
+        try:  # an Arrow C array export: a struct array is a table, another an array
+            got = pa.array(x)
+        except Exception as e:  # noqa: BLE001 - a foreign exporter's failure is bad input
+            raise EinsumError(f"{where}: cannot read this {type(x).__name__} as an Arrow array ({e})") from None
+        return pa.Table.from_struct_array(got) if pa.types.is_struct(got.type) else None
     if isinstance(x, duckdb.DuckDBPyRelation):
         try:
             # DuckDB runs the relation (on its own connection) and hands back Arrow, whole in memory

@@ -60,6 +60,10 @@ def _k(k) -> int:
 
 
 def _resolve(session, name: str):
+    if isinstance(name, str) and "." in name:
+        raise EinsumError(f"einsum(): operand {name!r} names a table of another schema or database; einsum reads "
+                          "tables of the main schema by name: make a view there (CREATE VIEW v AS SELECT * FROM "
+                          f"{name})")
     check_name(name)
     value = session.backend.lookup(name)
     if value is not None:

@@ -268,7 +268,8 @@ BAD_ELEMENTS = [
     (pa.table({"i": [0, None], "value": [1.0, 2.0]}), {}, "null"),
     (pa.table({"i": [0, 1], "value": [1.0, None]}), {}, "null"),
     (pa.table({"i": [0, 1], "value": [1.5, 2.0]}), {"dtype": "int32"}, "same_kind"),
-    (pa.table({"i": [0, 1], "value": pa.array([1, 2], pa.decimal128(5, 2))}), {}, "decimal"),
+    # a decimal value is read as float64 (test_sql_operands); a decimal index of scale > 0 is no index
+    (pa.table({"i": pa.array([1, 2], pa.decimal128(5, 1)), "value": [1, 2]}), {}, "not integers"),
     (pa.table({"i": [0, 1], "value": [1.0, 2.0]}), {"value": "nope"}, "'nope' is not a column"),
     (pa.table({"i": [0, 1], "value": [1.0, 2.0]}), {"index": ["i", "i"]}, "twice"),
     (pa.table({"value": [1.0, 2.0]}), {}, "0-d tensor and holds one row"),
@@ -681,3 +682,25 @@ def test_array_form_from_duckdb_parquet_and_arrow_arrays_and_its_refusals(tmp_pa
         with pytest.raises(EinsumError, match=r"shape=\(3, 8\) does not fit"):
             db.store("X", pa.table({"id": [0, 1], "emb": fsl[:2]}), shape=(3, 8))
         assert "X" not in db.tensors()
+
+
+def test_a_pyarrow_dataset_and_arrow_c_array_exports_are_read(tmp_path):
+    """A pyarrow Dataset and an object exporting only ``__arrow_c_array__`` were read by numpy
+    as a 0-d object array: "holds Python objects (dtype object), not numbers"."""
+    import pyarrow.dataset as ds
+
+    pq.write_table(pa.table({"i": [0, 2], "value": [1.0, 2.0]}), tmp_path / "p.parquet")
+
+    class Exported:
+        def __init__(self, x):
+            self._x = x
+
+        def __arrow_c_array__(self, requested_schema=None):
+            return self._x.__arrow_c_array__(requested_schema)
+
+    with eds.connect() as db:
+        np.testing.assert_array_equal(db.store("D", ds.dataset(tmp_path)).to_numpy(), [1.0, 0.0, 2.0])
+        rows = Exported(pa.record_batch({"i": [1], "value": [4.0]}))
+        np.testing.assert_array_equal(db.store("R", rows).to_numpy(), [0.0, 4.0])
+        np.testing.assert_array_equal(db.store("A", Exported(pa.array([3, 1, 2], pa.int16()))).to_numpy(), [3, 1, 2])
+        np.testing.assert_array_equal(eds.einsum("i->", Exported(pa.array([3.0, 1.0]))), 4.0)

@@ -216,6 +216,17 @@ def test_decimal_and_hugeint_values_are_read_as_double_and_bigint(sdb):
         sdb.store("s_big", con.table("BIG"))
 
 
+def test_a_tiled_file_and_another_schemas_table_are_told_what_to_do(sdb, tmp_path):
+    con = sdb.connection
+    sdb.store("TT", np.ones((3, 4)), tile=(2, 2)).to_parquet(tmp_path / "t.parquet")
+    con.execute(f"CREATE VIEW tv AS SELECT * FROM '{tmp_path / 't.parquet'}'")
+    with pytest.raises(duckdb.Error, match=r"'tile' is BLOB; .*db\.store\(\) the file"):
+        con.execute("SELECT * FROM einsum_elements('ij->i', 'tv')").fetchall()
+    con.execute("CREATE SCHEMA IF NOT EXISTS s1; CREATE OR REPLACE TABLE s1.t AS SELECT 0::BIGINT AS i, 1.0::DOUBLE AS value")
+    with pytest.raises(duckdb.Error, match=r"'s1\.t' names a table of another schema .* make a view there"):
+        con.execute("SELECT * FROM einsum_elements('i->', 's1.t')").fetchall()
+
+
 def test_dictionary_columns_are_decoded(sdb):
     """A pandas category or an Arrow dictionary column (refused as "no integer columns") is
     read as its values, as a Parquet file of it already was."""

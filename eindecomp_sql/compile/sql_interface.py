@@ -132,8 +132,10 @@ def _value_dtype(table_name: str, column: str, sql_type: str) -> str:
     if sql_type in ("HUGEINT", "UHUGEINT"):
         return "int64" if sql_type == "HUGEINT" else "uint64"
     if sql_type not in DTYPE_OF:
+        tiled = (" (a tensor's tiles, as to_parquet() writes them: db.store() the file, and name the stored "
+                 "tensor here)" if sql_type == "BLOB" and column.lower() == "tile" else "")
         raise EinsumError(f"einsum(): table {table_name!r}: value column {column!r} is {sql_type}; a value must be "
-                          f"one of {', '.join(DTYPE_OF)}")
+                          f"one of {', '.join(DTYPE_OF)}{tiled}")
     return check_dtype(DTYPE_OF[sql_type], f"einsum(): table {table_name!r}, column {column!r}")
 
 

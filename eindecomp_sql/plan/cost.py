@@ -297,8 +297,10 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
                 + join_block_bytes(node, tile, min(out_tiles, rows)))
     # a hash join copies its build side: the statement's tiles are held twice (one tile each
     # is read side by side, no hash table)
-    # (nor is one table read alone: an operand repeating it is not joined)
-    joined = 2 * engine if len(read) > 1 and any(pieces[lab] > 1 for lab in node.labels) else engine
+    # (nor is a table an operand repeats: it is read alone, not joined with itself; a one-operand
+    # step keeps the rule the whole-run peaks were measured under, bench/run_peak.py)
+    self_join = len(read) == 1 < len(node.operands)
+    joined = 2 * engine if not self_join and any(pieces[lab] > 1 for lab in node.labels) else engine
     # each joined row in flight: its tiles' Arrow copy, its result twice; and rows that share a
     # tile get their own copy of it in the join's output (the model-parallel FFN, four rows
     # sharing a 64 MB tile, measured 1.7x its projected run peak without this, bench/run_peak.py;
