@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eindecomp_sql.errors import EinsumError
 from eindecomp_sql.graph import Graph
 from eindecomp_sql.plan import EinsumStep, RetileStep
 from eindecomp_sql.plan.passes.chains import find_chains
@@ -103,6 +104,58 @@ def test_a_tile_cap_no_longer_costs_an_ffn_its_fused_relu():
     priced = optimize(nodes, inputs, {}, tile_bytes=4 << 20, budget=64 << 20, fuse_into=frozenset({"v3"}))
     unaware = optimize(nodes, inputs, {}, tile_bytes=4 << 20, budget=64 << 20)
     assert priced.pieces["v2"]["o"] == priced.pieces["v1"]["o"] != unaware.pieces["v2"]["o"]
+
+
+def _two_layouts():
+    """A trial's job: b read by two products in two layouts, so one is a re-tile of b."""
+    import eindecomp_sql as eds
+
+    g = eds.Graph()
+    a = g.input("a", (3000, 2000), dtype="float64")
+    b = g.input("b", (2000, 1700), dtype="float64")
+    c = g.einsum("ij,jk->ik", a, b)
+    d = g.einsum("ik,jk->ij", c, b)
+    return g, [c, d]
+
+
+def test_a_larger_budget_never_fails_where_a_smaller_one_plans(monkeypatch):
+    """The optimizer prices a re-tile by its target tiles: under 40 MB and 70 MB its plan came
+    out over the budget ("retile b (1000, 1700) -> (2000, 425) in 4 batches would need 81.6
+    MB") where 50 MB planned. Such a plan is made again under a smaller share of the budget."""
+    from eindecomp_sql.plan import pipeline
+
+    g, outs = _two_layouts()
+    budgets = [20, 30, 40, 50, 60, 70, 80, 100, 150]
+    costs = [g.plan(memory=f"{m}MB", outputs=outs).cost for m in budgets]
+    assert costs == sorted(costs, reverse=True), costs  # and never dearer under more memory
+    from eindecomp_sql.plan import graph_plan
+
+    monkeypatch.setattr(pipeline, "RETRY_SHARES", ())
+    graph_plan._plan_cached.cache_clear()  # (plans are cached)
+    failed = []
+    try:
+        for m in budgets:
+            try:
+                g.plan(memory=f"{m}MB", outputs=outs)
+            except EinsumError:
+                failed.append(m)
+    finally:
+        graph_plan._plan_cached.cache_clear()
+    assert failed, "the case no longer needs the retry: find another"
+
+
+def test_a_plan_made_again_under_a_smaller_share_runs_right():
+    import eindecomp_sql as eds
+
+    g, outs = _two_layouts()
+    plan = g.plan(memory="40MB", outputs=outs)
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((3000, 2000)), rng.standard_normal((2000, 1700))
+    with eds.connect() as db:
+        got = plan.run(db, a=a, b=b)
+        c = a @ b
+        np.testing.assert_allclose(got[outs[0].name].to_numpy(), c, rtol=1e-10, atol=1e-9)
+        np.testing.assert_allclose(got[outs[1].name].to_numpy(), c @ b.T, rtol=1e-10, atol=1e-7)
 
 
 def test_a_plan_priced_for_an_epilogue_the_fuse_pass_refuses_is_not_kept():

@@ -42,6 +42,10 @@ class Options:
     # a contraction feeding another through element-wise nodes runs inside its step
     # (passes/chains.py); graph_plan plans with and without, and keeps the cheaper
     chains: bool = False
+    # the budget the optimizer chooses chunkings under where it is lower than ``budget`` (the
+    # other passes and the final check keep ``budget``): ``run_passes``' retry, for a plan whose
+    # re-tiles the optimizer under-priced
+    chunking_budget: int | None = None
 
 
 @dataclass(frozen=True)

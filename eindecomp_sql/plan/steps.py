@@ -14,6 +14,10 @@ from .cost import (DEFAULT_COSTS, CostModel, Costs, batch_grid, batch_label, nby
 from .tiling import Chunking, ceil_div, grid, moves_whole_rows
 
 
+class OverBudget(EinsumError):
+    """A finished plan with a step over the memory budget (``Plan.check_budget``)."""
+
+
 def format_bytes(n: float) -> str:
     """``512 B``, ``12.3 kB``, ``2.1 MB``, ``1.50 GB`` (powers of 1000, as the budgets are)."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -529,7 +533,7 @@ class Plan:
         for k, s in enumerate(self.steps):
             peak = s.peak(self.model)
             if peak > budget:
-                raise EinsumError(
+                raise OverBudget(
                     f"step {k} ({s.describe()}) would need {format_bytes(peak)}, over the memory "
                     f"budget of {format_bytes(budget)}; give more memory or let the optimizer cut finer"
                 )

@@ -29,7 +29,8 @@ def choose_chunking(d: Draft) -> Draft:
     values = {name: ValueInfo(name, v.shape, v.dtype) for name, v in known.items()}
     fixed = {name: v.tile for name, v in known.items() if v.tile is not None}
     if o.strategy == "eindecomp":
-        choice = optimize(d.nodes, values, fixed, workers=o.workers, budget=o.budget, tile_bytes=o.tile_bytes,
+        budget = o.budget if o.chunking_budget is None else o.chunking_budget
+        choice = optimize(d.nodes, values, fixed, workers=o.workers, budget=budget, tile_bytes=o.tile_bytes,
                           model=o.costs, fuse_into=frozenset(d.outputs) if o.fuse and o.price_epilogues else None)
     elif o.strategy in STRATEGIES:
         choice = baseline(o.strategy, d.nodes, values, fixed, workers=o.workers, model=o.costs)
