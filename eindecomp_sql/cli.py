@@ -81,6 +81,7 @@ def main(argv=None) -> None:
     # reached us as duckdb-python's RuntimeError('Query interrupted'): "internal error", exit
     # 1, where the docs promise "interrupted", 130 (a new user's random SIGINTs, 3 of 16)
     _MARK = CtrlCMark()
+    sigint_before = signal.getsignal(signal.SIGINT)
     sigterm = _on_sigterm()  # [the displaced handler], then the signal number once one came
     said: list[str] = []  # what a failure printed, for --json's error object
 
@@ -115,10 +116,14 @@ def main(argv=None) -> None:
     except (EinsumError, Failure, OSError) as e:
         if debug:
             traceback.print_exc()
-        _fail(f"error: {one_line(e)}")
-        code = EXIT_FAILED
+        if len(sigterm) > 1:  # what a SIGTERM interrupted (see _on_sigterm)
+            _fail("terminated (SIGTERM)")
+            code = EXIT_TERMINATED
+        else:
+            _fail(f"error: {one_line(e)}")
+            code = EXIT_FAILED
     except Exception as e:  # noqa: BLE001 - a bug of ours: still one line, the traceback on request
-        if _interrupted(e):
+        if _interrupted(e) or len(sigterm) > 1:
             _fail("terminated (SIGTERM)" if len(sigterm) > 1 else "interrupted")
             code = EXIT_TERMINATED if len(sigterm) > 1 else EXIT_INTERRUPTED
         elif type(e).__name__ == "OutOfMemoryException":  # the cap given, not a bug (store --memory 100KB)
@@ -133,9 +138,12 @@ def main(argv=None) -> None:
                  + ("" if debug else " (run with --debug for the traceback)"))
             code = EXIT_FAILED
     finally:
-        if sigterm:  # an in-process caller of main() gets its SIGTERM handler back
+        if sigterm:  # an in-process caller of main() gets its SIGTERM (and SIGINT) handlers back
             try:
                 signal.signal(signal.SIGTERM, sigterm[0])
+                if len(sigterm) > 1 and signal.getsignal(signal.SIGINT) is signal.default_int_handler \
+                        and sigint_before == signal.SIG_IGN:
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
             except (ValueError, OSError, TypeError):
                 pass
         try:
@@ -166,13 +174,20 @@ def _on_sigterm() -> list:
     if threading.current_thread() is not threading.main_thread():
         return came
 
-    if not callable(signal.getsignal(signal.SIGINT)):
-        # SIGINT ignored (a script's background job): raising from a handler lands inside a
-        # running kernel as its error (a reviewer's case), so SIGTERM keeps its default there
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if not callable(signal.getsignal(signal.SIGINT)) and not ignored:  # a C handler: not ours to use
         return came
 
     def term(signum, frame):
         came.append(signum)
+        if ignored:
+            # SIGINT ignored (a script's background job, `cmd &`: killed outright by SIGTERM,
+            # no summary, no message, a trial): the job is stopping, so Python's own SIGINT
+            # handler takes it from here. The session's calls then running did not watch for
+            # Ctrl-C, so the interruption may surface as a statement's or a kernel's error:
+            # main() reports any failure after a SIGTERM as the SIGTERM (the transaction is
+            # rolled back either way)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         os.kill(os.getpid(), signal.SIGINT)
 
     try:

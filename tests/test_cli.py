@@ -301,6 +301,19 @@ def test_a_closed_stdout_and_sigterm(files, tmp_path):
     assert p.returncode == 143 and "terminated (SIGTERM)" in err, (p.returncode, err)
     summary = json.loads(out)
     assert summary["ok"] is False and summary["error"] == "interrupted" and summary["ran"] == 0
+    # started with SIGINT ignored, as a shell script's `cmd &` is: SIGTERM killed it outright,
+    # no summary, no message (a trial)
+    p = subprocess.Popen([sys.executable, "-c", child, "run", str(job), "--json"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert p.stderr.readline().strip() == "hashing"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 143 and "terminated (SIGTERM)" in err, (p.returncode, err)
+    assert json.loads(out)["ok"] is False
 
 
 def test_a_failed_store_leaves_no_new_database_and_a_tiny_cap_is_an_error(files, tmp_path, capsys):
