@@ -248,6 +248,12 @@ BAD = [
     (BASE + '[steps.h]\nspec = "ij->i"\noperands = "x"\n', 6, "operands must be a non-empty list"),
     (BASE + 'q = { file = "x.npy" }\n[steps.h]\nspec = "ij->i"\noperands = ["x"]\n', 4,
      "input 'q': no step reads this input"),
+    ('database = "t.duckdb"\n[inputs]\nx = { file = "x.npy", shape = [4, 6] }\n[steps.h]\nspec = "ij->i"\n'
+     'operands = ["x"]\n', 3, "input 'x': shape, index and value describe a table file"),
+    ('database = "t.duckdb"\n[inputs]\nx = { file = "x.npy", shape = [4, -6] }\n[steps.h]\nspec = "ij->i"\n'
+     'operands = ["x"]\n', 3, "shape must be a list of integers >= 0"),
+    ('database = "t.duckdb"\n[inputs]\nx = { tensor = "X", index = ["i"] }\n[steps.h]\nspec = "ij->i"\n'
+     'operands = ["x"]\n', 3, "'index' is for a file"),
 ]
 
 
@@ -627,3 +633,31 @@ def test_a_write_that_fails_at_commit_is_the_steps_error_not_a_bug(tmp_path, cap
     code, out, err = run_main(capsys, "run", job, "--json")  # space again: it resumes
     assert code == 0 and {e["name"]: e["skipped"] for e in json.loads(out)["steps"]} == {"x": True, "h": False,
                                                                                           "s": False}, err
+
+
+def test_a_table_file_input_takes_shape_index_and_value(tmp_path, capsys):
+    """An element-form input whose last rows and columns are empty was read as (3, 2), not
+    (5, 4), and ``shape`` was an unknown key; an extra integer column became a dimension (a
+    trial). A job's input takes store's ``shape``, ``index`` and ``value``; changing index or
+    value re-loads it."""
+    a = np.zeros((5, 4))
+    a[0, 0], a[2, 1] = 1.5, -2.0
+    i, j = np.nonzero(a)
+    pq.write_table(pa.table({"batch": np.full(len(i), 7), "i": i, "j": j, "v": a[i, j], "w": 2 * a[i, j]}),
+                   tmp_path / "a.parquet")
+    job = tmp_path / "job.toml"
+    text = ('database = "t.duckdb"\n[inputs]\na = {{ file = "a.parquet", shape = [5, 4], index = ["i", "j"], '
+            'value = "{value}" }}\n[steps.r]\nspec = "ij->i"\noperands = ["a"]\n')
+    job.write_text(text.format(value="v"))
+    code, out, err = run_main(capsys, "run", job)
+    assert code == 0, err
+    with eds.connect(str(tmp_path / "t.duckdb"), read_only=True) as db:
+        np.testing.assert_array_equal(db.tensor("a").to_numpy(), a)
+        np.testing.assert_array_equal(db.tensor("r").to_numpy(), a.sum(1))
+    job.write_text(text.format(value="w"))
+    code, out, err = run_main(capsys, "run", job)
+    assert code == 1 and "input 'a'" in err and "changed" in err, err
+    code, out, err = run_main(capsys, "run", job, "--force")
+    assert code == 0, err
+    with eds.connect(str(tmp_path / "t.duckdb"), read_only=True) as db:
+        np.testing.assert_array_equal(db.tensor("r").to_numpy(), 2 * a.sum(1))

@@ -50,10 +50,11 @@ def _load_npy(path) -> np.ndarray:
         raise EinsumError(f"cannot read {str(path)!r} as a .npy file: {e}") from None
 
 
-def info(path, dtype=None) -> tuple[tuple[int, ...], str]:
+def info(path, dtype=None, table: dict | None = None) -> tuple[tuple[int, ...], str]:
     """Shape and dtype of a tensor file: from its header or ``eindecomp_sql.*`` metadata when it
     has them (cheap), else by reading it (an element-form table without a shape). ``dtype``: the
-    one the file is to be read as (a .npy of 2-byte voids is bfloat16 only when it says so)."""
+    one the file is to be read as (a .npy of 2-byte voids is bfloat16 only when it says so).
+    ``table``: ``shape=``, ``index=``, ``value=`` for a table file (read as ``store`` reads it)."""
     from ..io import Wanted, npy_dtype, read_metadata, read_source
     from ..notation.checks import check_dtype
 
@@ -75,9 +76,10 @@ def info(path, dtype=None) -> tuple[tuple[int, ...], str]:
     else:
         meta = _arrow_schema(path).metadata
     m = read_metadata(meta, where)
-    if "shape" in m and "dtype" in m:
+    if "shape" in m and "dtype" in m and not table:
         return tuple(m["shape"]), check_dtype(m["dtype"], where)
-    got = read_source(path, where, Wanted())  # element form without a shape: read it
+    # element form without a shape, or a table read with store's options: read it
+    got = read_source(path, where, Wanted(**(table or {})))
     return tuple(got.shape), got.dtype
 
 

@@ -175,7 +175,7 @@ def input_shapes(job: Job, db=None) -> tuple[dict[str, tuple[tuple[int, ...], st
     for i in job.inputs.values():
         if i.file is not None:
             try:
-                shape, dtype = files.info(i.file, i.dtype)
+                shape, dtype = files.info(i.file, i.dtype, i.table_options())
             except EinsumError as e:
                 raise job.error(_one_line(e), "inputs", i.name, "file", input=i.name) from None
             if i.dtype is not None:
@@ -412,7 +412,10 @@ def prepare(job: Job, db=None) -> Prepared:
             sha = row["detail"]["sha256"]  # size and mtime unchanged: the recorded hash stands
         else:
             sha = files.file_digest(i.file)
-        detail = {"kind": "load", "version": __version__, "sha256": sha, **_value_json(v)}
+        # (a table file's index= / value= choose what is read: a change re-loads it)
+        detail = {"kind": "load", "version": __version__, "sha256": sha, **_value_json(v),
+                  **{k: list(x) if isinstance(x, tuple) else x for k, x in i.table_options().items()
+                     if k != "shape"}}
         p = Part(i.name, "load", i.line, v, source=i, detail=detail, fingerprint=digest(detail),
                  file_stat={**stat, "file": str(i.file)}, recorded_stat=row["file_stat"] if row is not None else None)
         fps[i.name] = p.fingerprint
@@ -597,7 +600,7 @@ class Runner:
         try:
             if p.kind == "load":
                 files.store_file(self.db, p.name, p.source.file, tile=p.value.tile, dtype=p.source.dtype,
-                                 keys=p.value.keys)  # (3)
+                                 keys=p.value.keys, **p.source.table_options())  # (3)
                 self.reporter.progress(p, k, n, p.tiles, p.tiles, _nbytes(p.value), time.perf_counter() - t0)
             else:
                 self.watched = True

@@ -35,7 +35,7 @@ from ..plan.cost import parse_memory
 from ..plan.tiling import check_count
 
 TOP_KEYS = ("database", "memory", "workers", "tile_bytes", "inputs", "steps")
-INPUT_KEYS = ("file", "tensor", "tile", "dtype")
+INPUT_KEYS = ("file", "tensor", "tile", "dtype", "shape", "index", "value")
 STEP_KEYS = ("spec", "operands", "join", "agg")
 # files a job (and ``eindecomp-sql store``) reads, by suffix
 FILE_SUFFIXES = (".npy", ".parquet", ".arrow", ".feather")
@@ -60,7 +60,9 @@ class JobError(EinsumError):
 class InputSpec:
     """An input tensor: a ``file`` loaded into the database as tensor ``name``, or a stored
     ``tensor`` read where it is. ``tile``: how to cut a file (None: as the plan chooses);
-    ``dtype``: cast a file's values to it."""
+    ``dtype``: cast a file's values to it; ``shape``, ``index``, ``value``: a table file in
+    element or array form, as ``store`` reads it (its shape where empty last rows would cut it
+    short, its index columns, its value column)."""
 
     name: str
     file: pathlib.Path | None
@@ -68,6 +70,14 @@ class InputSpec:
     tile: tuple[int, ...] | None
     dtype: str | None
     line: int | None
+    shape: tuple[int, ...] | None = None
+    index: tuple[str, ...] | None = None
+    value: str | None = None
+
+    def table_options(self) -> dict:
+        """``shape``, ``index`` and ``value`` as ``store`` takes them, those given only."""
+        return {k: v for k, v in (("shape", self.shape), ("index", self.index), ("value", self.value))
+                if v is not None}
 
 
 @dataclass(frozen=True)
@@ -302,7 +312,7 @@ def _input(name, spec, base: pathlib.Path, lines: Lines, err) -> InputSpec:
             tensor = check_name(t, "tensor name")
         except EinsumError as e:
             raise err(str(e), *where, "tensor", input=name) from None
-        for k in ("tile", "dtype"):
+        for k in ("tile", "dtype", "shape", "index", "value"):
             if k in spec:
                 raise err(f"'{k}' is for a file; a stored tensor is read as it is stored", *where, k, input=name)
     if "tile" in spec:
@@ -317,7 +327,28 @@ def _input(name, spec, base: pathlib.Path, lines: Lines, err) -> InputSpec:
             dtype = check_dtype(spec["dtype"])
         except (EinsumError, TypeError) as e:
             raise err(f"dtype: {e}", *where, "dtype", input=name) from None
-    return InputSpec(name, file, tensor, tile, dtype, lines.line(*where))
+    shape = index = value = None
+    if "shape" in spec:
+        t = spec["shape"]
+        if not isinstance(t, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in t):
+            raise err(f"shape must be a list of integers >= 0, one per dimension, got {t!r}", *where, "shape",
+                      input=name)
+        shape = tuple(t)
+    if "index" in spec:
+        t = spec["index"]
+        t = [t] if isinstance(t, str) else t
+        if not isinstance(t, list) or not all(isinstance(x, str) and x for x in t):
+            raise err(f"index must be the index column names (a list of strings), got {spec['index']!r}", *where,
+                      "index", input=name)
+        index = tuple(t)
+    if "value" in spec:
+        if not isinstance(spec["value"], str) or not spec["value"]:
+            raise err(f"value must be the value column's name, got {spec['value']!r}", *where, "value", input=name)
+        value = spec["value"]
+    if (shape, index, value) != (None, None, None) and file is not None and file.suffix.lower() == ".npy":
+        raise err("shape, index and value describe a table file (element or array form); a .npy file brings its "
+                  "own shape", *where, next(k for k in ("shape", "index", "value") if k in spec), input=name)
+    return InputSpec(name, file, tensor, tile, dtype, lines.line(*where), shape, index, value)
 
 
 def _step(name, spec, lines: Lines, err) -> StepSpec:
