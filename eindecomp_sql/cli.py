@@ -392,14 +392,17 @@ def ls(database, as_json):
     with _connect(database, read_only=True) as db:
         names = runner.tensor_names(db)
         rows = runner.read_rows(db, names)
+        stale = runner.stale(rows)
         out = []
         for n in names:
             t = db.tensor(n)
             v = t.value
             r = rows.get(n.lower())
+            job = None if r is None else f"{r['kind']} {r['state']}"
+            if n.lower() in stale:
+                job += f", STALE: {stale[n.lower()]}"
             out.append({"name": n, "shape": list(v.shape), "dtype": v.dtype, "tile": list(v.tile),
-                        "tiles": runner._prod(v.grid) if v.shape else 1, "bytes": v.nbytes,
-                        "job": None if r is None else f"{r['kind']} {r['state']}"})
+                        "tiles": runner._prod(v.grid) if v.shape else 1, "bytes": v.nbytes, "job": job})
     if as_json:
         click.echo(json.dumps(out, indent=1))
         return
@@ -583,11 +586,13 @@ def explain(job_file, database, memory, workers, dot, sql):
     db = _connect(job.database, read_only=True) if job.database.exists() else None
     try:
         prep = runner.prepare(job, db)
+        # every part done: the plan a fresh run would make, to show
+        shown = prep.gplan if prep.gplan is not None else runner.plan_job(job, db)[2]
     finally:
         if db is not None:
             db.close()
     if dot:
-        click.echo(prep.gplan.to_dot())
+        click.echo(shown.to_dot())
         return
     mem = "none" if job.memory is None else _fmt_bytes(job.memory)
     click.echo(f"job {job.path}: database {job.database}{'' if db is not None else ' (does not exist yet)'}, "
@@ -604,13 +609,18 @@ def explain(job_file, database, memory, workers, dot, sql):
         else:
             s = job.steps[p.name]
             extra = "".join(f" {k}={getattr(s, k)}" for k in ("join", "agg") if getattr(s, k) is not None)
-            click.echo(f"  step {p.name}{at}: {s.spec} of {', '.join(s.operands)}{extra} -> "
-                       f"{_shape(p.value.shape)} {p.value.dtype} tiles {_shape(p.value.tile)}, "
-                       f"{len(p.gplan.plan.steps)} plan step(s), peak {_fmt_bytes(p.peak)}: {state}")
+            head = (f"  step {p.name}{at}: {s.spec} of {', '.join(s.operands)}{extra} -> "
+                    f"{_shape(p.value.shape)} {p.value.dtype} tiles {_shape(p.value.tile)}")
+            if p.gplan is None:  # done: read as it is stored by the steps planned after it
+                click.echo(f"{head} (stored): {state}")
+                continue
+            click.echo(f"{head}, {len(p.gplan.plan.steps)} plan step(s), peak {_fmt_bytes(p.peak)}: {state}")
             for st in p.gplan.plan.steps:
                 click.echo(f"      {st.describe()}")
     click.echo("")
-    click.echo(prep.gplan.explain(sql=sql))
+    if prep.gplan is None:
+        click.echo("every part of the job is done: nothing to run. A run on a fresh database would plan:")
+    click.echo(shown.explain(sql=sql))
 
 
 # -- progress -----------------------------------------------------------------------------------

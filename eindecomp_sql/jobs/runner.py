@@ -6,8 +6,8 @@ several nodes) and are planned together (``plan_graph``, every step's result an 
 optimizer chooses every node's chunking knowing its neighbours. The plan's steps are then split
 by job step: a job step runs its own einsum steps plus the re-tiles feeding them (a re-tile two
 job steps read runs in each), as a sub-plan whose inputs are graph inputs and the stored results
-of earlier steps, each in the tiles the whole plan computed them in (``Session.run_graph_plan``
-checks that). So each step's result is committed by the session's own transaction (table +
+of earlier steps, each in the tiles the plan computed them in, or, for a result done before this
+run, stored them in (``Session.run_graph_plan`` checks that). So each step's result is committed by the session's own transaction (table +
 catalog row) and what runs is exactly the graph plan's steps.
 
 **Loads.** A file input is loaded into the database as a tensor of the input's name (cut as the
@@ -15,13 +15,15 @@ plan reads it), committed the same way, before the steps.
 
 **Done, and what "unchanged" means.** Table ``eds_jobs`` holds one row per tensor a job writes:
 the fingerprint (sha256 over canonical JSON of what defines the result; the JSON is kept so a
-refusal can say what changed), and a state. A step's fingerprint covers its spec, operands,
-join, agg, its sub-plan (every step's description: chunking, tiles, batches), its result's
-shape/dtype/tile/keys, the package version, and the fingerprint of every input it reads: an
-earlier step's fingerprint (a chain: its definition and inputs, recursively), a loaded file's
-(sha256 of the file's bytes, its dtype and tile), or a stored tensor's (shape, dtype, tile, keys
-and an md5 over its tiles computed in SQL: ``md5(string_agg(md5(tile) ORDER BY keys))``).
-A file is re-hashed only when its size or mtime differ from those recorded with its load.
+refusal can say what changed, with the plan and tiles it was computed in, not fingerprinted),
+and a state. A step's fingerprint covers its spec, operands, join, agg, its result's shape and
+dtype, the package version, and the fingerprint of every input it reads: an earlier step's
+fingerprint (a chain: its definition and inputs, recursively), a loaded file's (sha256 of the
+file's bytes, its shape and dtype), or a stored tensor's (shape, dtype and an md5 over its tiles
+computed in SQL: ``md5(string_agg(md5(tile) ORDER BY keys))``). A file is re-hashed only when
+its size or mtime differ from those recorded with its load. Only the parts not done are planned
+(``prepare``): done results are graph inputs, cut as they are stored, so settings that change
+a plan's chunking (memory, workers, tile_bytes) leave done parts done.
 
 **Crash safety.** For each part (load or step) not done: (1) drop its old result, if any;
 (2) write its row with the new fingerprint, state 'pending'; (3) run it, committing table and
@@ -121,7 +123,7 @@ class Part:
 
     @property
     def tiles(self) -> int:
-        if self.kind == "load":
+        if self.kind == "load" or self.gplan is None:  # (a done step: its stored tiles)
             return int(_prod(self.value.grid)) if self.value.shape else 1
         return sum(output_tiles(s) for s in self.gplan.plan.steps)
 
@@ -213,12 +215,18 @@ def tensor_names(db) -> list[str]:
         return []
 
 
-def build_graph(job: Job, shapes: dict):
-    """The job as a Graph; returns it and the job step owning each node's result."""
+def build_graph(job: Job, shapes: dict, done: frozenset = frozenset()):
+    """The job as a Graph; returns it and the job step owning each node's result. ``done``: job
+    steps whose stored results are read as they are (graph inputs, not nodes); the graph then
+    holds the other steps, and the inputs and done steps they read."""
     from ..graph import Graph
 
     g = Graph()
+    todo = [name for name in job.order if name not in done]
+    read = {op for name in todo for op in job.steps[name].operands}
     for i in job.inputs.values():
+        if done and i.name not in read:
+            continue
         shape, dtype = shapes[i.name]
         try:
             g.input(i.name, shape, dtype)
@@ -240,6 +248,11 @@ def build_graph(job: Job, shapes: dict):
     values = {n: shapes[n] for n in job.inputs}
     for name in job.order:
         s = job.steps[name]
+        if name in done:
+            values[name] = shapes[name]
+            if name in read:
+                g.input(name, *shapes[name])
+            continue
         before = len(g.nodes)
         try:
             g.einsum(s.spec, *s.operands, join=s.join, agg=s.agg, name=name)
@@ -256,21 +269,30 @@ def build_graph(job: Job, shapes: dict):
     return g, owner
 
 
-def plan_job(job: Job, db=None):
+def plan_job(job: Job, db=None, shapes=None, stored=None, done: dict | None = None):
     """Plan the job as one graph (stored inputs as they are cut, files as the plan chooses unless
-    the job gives a tile). Returns (graph, owner, graph plan, stored inputs)."""
+    the job gives a tile). ``done``: parts (loads and steps) found done, name -> their stored
+    Tensor: read as they are stored, the steps among them not planned again. Returns (graph,
+    owner, graph plan or None where every step is done, stored inputs)."""
     from ..plan.cost import DEFAULT_COSTS, plan_share
     from ..plan.graph_plan import plan_graph
     from ..plan.tiling import DEFAULT_TILE_BYTES
 
-    shapes, stored = input_shapes(job, db)
-    g, owner = build_graph(job, shapes)
+    if shapes is None:
+        shapes, stored = input_shapes(job, db)
+    done = done or {}
+    g, owner = build_graph(job, shapes, frozenset(n for n in done if n in job.steps))
     fixed = dict(stored)
     fixed.update({i.name: i.tile for i in job.inputs.values() if i.file is not None and i.tile is not None})
+    fixed.update(done)
+    fixed = {name: t for name, t in fixed.items() if name in {v.name for v in g.inputs}}
+    todo = [name for name in job.order if name not in done]
+    if not todo:
+        return g, owner, None, stored
     try:
         # the job's session gets job.memory; its plans, that session's share of it
         gplan = plan_graph(g, workers=job.workers, memory=plan_share(job.memory),
-                           tile_bytes=job.tile_bytes or DEFAULT_TILE_BYTES, outputs=list(job.order),
+                           tile_bytes=job.tile_bytes or DEFAULT_TILE_BYTES, outputs=todo,
                            inputs=fixed, costs=db.backend.cost_model if db is not None else DEFAULT_COSTS)
     except EinsumError as e:
         # the setting the refusal is about, at its line (none where the command line gave it)
@@ -294,7 +316,8 @@ def split(job: Job, g, owner: dict[str, str], gplan) -> dict[str, object]:
     for s in steps:
         if isinstance(s, EinsumStep) and s.node.kept:
             owner[s.result.name] = owner[step_reads_by(gplan.plan, s.result.name)]
-    mine: dict[str, list[int]] = {name: [] for name in job.order}
+    planned = [name for name in job.order if any(o == name for o in owner.values())]
+    mine: dict[str, list[int]] = {name: [] for name in planned}
     readers: dict[str, set[str]] = {}  # a value -> job steps whose einsum steps read it
     # a program (plan/passes/program.py) never spans job steps: each job step's result is kept
     for s in steps:
@@ -313,7 +336,7 @@ def split(job: Job, g, owner: dict[str, str], gplan) -> dict[str, object]:
     plan_inputs = {v.name: v for v in gplan.plan.inputs}
     nodes = {n.result.name: n for n in gplan.nodes}
     subs = {}
-    for name in job.order:
+    for name in planned:
         own = [steps[k] for k in sorted(mine[name])]
         made = {step_target(s).name for s in own}
         read: dict[str, TiledValue] = {}
@@ -374,6 +397,32 @@ def read_rows(db, names) -> dict[str, dict]:
     return out
 
 
+def stale(rows: dict[str, dict]) -> dict[str, str]:
+    """Step results (by lower-case name) computed from an input that has since been loaded or
+    computed again (its row's fingerprint is no longer the one the step read), or from such a
+    stale result: what ``ls`` flags, from the job rows alone (a trial: after a renamed step and
+    a new input file, the old step's result was listed "step done", yesterday's numbers)."""
+    out: dict[str, str] = {}
+    for _ in range(len(rows) + 1):  # (a chain: until nothing new is found)
+        found = False
+        for name, r in rows.items():
+            if name in out or r["kind"] != "step":
+                continue
+            for op, fp in (r["detail"].get("inputs") or {}).items():
+                now = rows.get(op.lower())
+                if op.lower() in out:
+                    out[name] = f"input {now['name'] if now else op} is stale"
+                elif now is not None and now["fingerprint"] != fp:
+                    out[name] = f"input {now['name']} changed since"
+                else:
+                    continue
+                found = True
+                break
+        if not found:
+            break
+    return out
+
+
 def _plain_table_exists(db, name: str) -> bool:
     cur = db.connection.cursor()
     try:
@@ -385,25 +434,34 @@ def _plain_table_exists(db, name: str) -> bool:
         cur.close()
 
 
+# the fingerprint's form: 2 covers what defines a result (not its tiles or plan); rows an earlier
+# eindecomp_sql wrote (form 1, the plan included) are refused as changed, once
+FINGERPRINT_FORM = 2
+
+
 def prepare(job: Job, db=None) -> Prepared:
-    """Plan the job, split it, fingerprint every part and decide what is done (``db`` None:
-    the database does not exist yet, nothing is)."""
+    """Fingerprint every part by what defines its result, decide what is done, and plan the
+    rest (``db`` None: the database does not exist yet, nothing is). A done part is read as it
+    is stored by the steps planned after it, whatever tiles a plan made now would give it: a
+    job killed for want of memory resumes under a larger ``--memory`` (a trial: every step was
+    "changed", its plan's chunking being in the fingerprint)."""
     from . import files
 
-    g, owner, gplan, stored = plan_job(job, db)
-    subs = split(job, g, owner, gplan)
-    plan_inputs = {v.name: v for v in gplan.plan.inputs}
+    shapes, stored = input_shapes(job, db)
+    g, _ = build_graph(job, shapes)  # the whole job: every step checked, every result's shape
+    for name in job.order:
+        v = g.value(name)
+        shapes[name] = (tuple(v.shape), v.dtype)
     rows = read_rows(db, list(job.inputs) + list(job.steps))
     fps: dict[str, str] = {}
     parts: list[Part] = []
     for i in job.inputs.values():
+        shape, dtype = shapes[i.name]
         if i.file is None:
             t = stored[i.name]
-            fps[i.name] = digest({"kind": "stored", "tensor": t.name, **_value_json(t.value),
+            fps[i.name] = digest({"kind": "stored", "tensor": t.name, "shape": list(shape), "dtype": dtype,
                                   "content_md5": content_md5(db, t)})
             continue
-        v = plan_inputs[i.name]
-        v = dataclasses.replace(v, name=i.name)
         st = i.file.stat()
         stat = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
         row = rows.get(i.name.lower())
@@ -413,28 +471,48 @@ def prepare(job: Job, db=None) -> Prepared:
         else:
             sha = files.file_digest(i.file)
         # (a table file's index= / value= choose what is read: a change re-loads it)
-        detail = {"kind": "load", "version": __version__, "sha256": sha, **_value_json(v),
+        detail = {"form": FINGERPRINT_FORM, "kind": "load", "version": __version__, "sha256": sha,
+                  "shape": list(shape), "dtype": dtype,
                   **{k: list(x) if isinstance(x, tuple) else x for k, x in i.table_options().items()
                      if k != "shape"}}
-        p = Part(i.name, "load", i.line, v, source=i, detail=detail, fingerprint=digest(detail),
+        p = Part(i.name, "load", i.line, None, source=i, detail=detail, fingerprint=digest(detail),
                  file_stat={**stat, "file": str(i.file)}, recorded_stat=row["file_stat"] if row is not None else None)
         fps[i.name] = p.fingerprint
         parts.append(p)
     for name in job.order:
         s = job.steps[name]
-        sub = subs[name]
-        v = sub.plan.outputs[0]
-        detail = {"kind": "step", "version": __version__, "spec": s.spec, "operands": list(s.operands),
-                  "join": s.join, "agg": s.agg, "plan": [st.describe() for st in sub.plan.steps],
-                  "result": _value_json(v), "inputs": {x.name: fps[x.name] for x in sub.plan.inputs}}
-        p = Part(name, "step", s.line, v, gplan=sub, detail=detail, fingerprint=digest(detail),
-                 bind={x.name: (job.inputs[x.name].tensor or x.name) if x.name in job.inputs else x.name
-                       for x in sub.plan.inputs})
+        shape, dtype = shapes[name]
+        # (names ignore case, as the database's do: [steps.h] renamed [steps.H] changes nothing)
+        detail = {"form": FINGERPRINT_FORM, "kind": "step", "version": __version__, "spec": s.spec,
+                  "operands": [op.lower() for op in s.operands], "join": s.join, "agg": s.agg,
+                  "result": {"shape": list(shape), "dtype": dtype},
+                  "inputs": {op.lower(): fps[op] for op in dict.fromkeys(s.operands)}}
+        p = Part(name, "step", s.line, None, detail=detail, fingerprint=digest(detail))
         fps[name] = p.fingerprint
         parts.append(p)
+    done: dict[str, object] = {}
     if db is not None:
         for p in parts:
             _status(db, p, rows.get(p.name.lower()))
+            if p.status == "done":
+                done[p.name] = lookup(db, p.name)
+                p.value = done[p.name].value
+    g, owner, gplan, _ = plan_job(job, db, shapes, stored, done)
+    subs = split(job, g, owner, gplan) if gplan is not None else {}
+    plan_inputs = {v.name: v for v in gplan.plan.inputs} if gplan is not None else {}
+    for p in parts:
+        if p.name in done:
+            continue
+        # how the part is stored and computed now: recorded with it, not fingerprinted
+        if p.kind == "load":
+            p.value = dataclasses.replace(plan_inputs[p.name], name=p.name)
+            p.detail = {**p.detail, "tile": list(p.value.tile), "keys": list(p.value.keys)}
+        else:
+            sub = subs[p.name]
+            p.gplan, p.value = sub, sub.plan.outputs[0]
+            p.detail = {**p.detail, "plan": [st.describe() for st in sub.plan.steps], "stored": _value_json(p.value)}
+            p.bind = {x.name: (job.inputs[x.name].tensor or x.name) if x.name in job.inputs else x.name
+                      for x in sub.plan.inputs}
     return Prepared(job, g, gplan, parts, stored)
 
 
@@ -447,14 +525,16 @@ def _status(db, p: Part, row: dict | None) -> None:
         else:
             p.status = "todo"  # nothing stored to lose (a pending row: killed before it committed)
         return
-    matches = (cur.shape, cur.dtype, cur.tile, cur.keys) == (p.value.shape, p.value.dtype, p.value.tile, p.value.keys)
+    want = p.detail["result"] if p.kind == "step" else p.detail
+    # the shape and dtype: the tiles a done result is stored in are read as they are
+    matches = (list(cur.shape), cur.dtype) == (want["shape"], want["dtype"])
     if row is None:
         p.status, p.why = "conflict", f"tensor {cur.name!r} is stored in the database, but no job wrote it"
     elif row["fingerprint"] != p.fingerprint:
         p.status, p.why = "changed", changes(row["detail"], p.detail)
     elif not matches:
-        p.status, p.why = "changed", (f"stored tensor {cur.name!r} ({cur.shape} {cur.dtype} tile {cur.tile}) is not "
-                                      "what the job wrote there")
+        p.status, p.why = "changed", (f"stored tensor {cur.name!r} ({cur.shape} {cur.dtype}) is not what the job "
+                                      "wrote there")
     elif row["state"] == "done" and row.get("content_md5") != content_md5(db, cur):
         p.status, p.why = "changed", (f"stored tensor {cur.name!r} was replaced since the job wrote it (its tiles "
                                       "differ from what the job recorded)")
@@ -466,6 +546,9 @@ def _status(db, p: Part, row: dict | None) -> None:
 def changes(old: dict, new: dict) -> str:
     """What differs between two fingerprints' details, in words."""
     out = []
+    if old.get("form") != new.get("form"):
+        return ("recorded by an earlier eindecomp_sql, whose fingerprints covered the plan's tiles too (run with "
+                "--force once)")
     if old.get("kind") != new.get("kind"):
         return f"it was {'a loaded file' if old.get('kind') == 'load' else 'a step'} and is now " \
                f"{'a loaded file' if new.get('kind') == 'load' else 'a step'}"
@@ -474,18 +557,13 @@ def changes(old: dict, new: dict) -> str:
             out.append(f"{k} {old.get(k)!r} -> {new.get(k)!r}")
     if old.get("sha256") != new.get("sha256"):
         out.append("the file's content changed")
-    for k in ("shape", "dtype", "tile", "keys"):
-        if k in new and old.get(k) != new.get(k):
+    for k in ("shape", "dtype", "index", "value"):  # (the tiles a part is stored in are no change)
+        if (k in new or k in old) and old.get(k) != new.get(k):
             out.append(f"{k} {old.get(k)} -> {new.get(k)}")
     if "result" in new and old.get("result") != new.get("result"):
         r0, r1 = old.get("result") or {}, new["result"]
         out.append("result " + ", ".join(f"{k} {r0.get(k)} -> {r1.get(k)}" for k in r1 if r0.get(k) != r1.get(k)))
     defined = any(old.get(k) != new.get(k) for k in ("spec", "operands", "join", "agg"))
-    if old.get("plan") != new.get("plan") and not defined:
-        if str(old.get("plan")).lower() == str(new.get("plan")).lower():  # [steps.h] -> [steps.H]
-            out.append("a step or input it reads was renamed, in case only (the plan names values as written)")
-        else:
-            out.append("its plan changed (chunking or tiles: memory, workers, tile_bytes or an input's tiling)")
     oi, ni = old.get("inputs") or {}, new.get("inputs") or {}
     changed = [n for n in ni if n in oi and oi[n] != ni[n]]
     if changed:
