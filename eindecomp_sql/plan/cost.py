@@ -262,6 +262,11 @@ def _batch_pieces(node: EinsumNode, pieces: dict[str, int], batches: int) -> dic
     return {lab: ceil_div(pieces[lab], grid.get(lab, 1)) for lab in node.labels}
 
 
+# what a step holds of each result tile in flight: the kernel's result, DuckDB's vector of it, and
+# the table's copy (see step_peak)
+OUT_COPIES = 3
+
+
 def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str], batches: int = 1,
               model: CostModel = DEFAULT_COSTS, held_tile_bytes: int = 0, in_place: frozenset = frozenset()) -> int:
     """Projected peak memory of running ``node`` with ``pieces``, in bytes, when the step runs
@@ -293,8 +298,11 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
         # failed at 298 MB; with 3 copies the FFN's grouped step still measured 1.5x its
         # projected run peak, bench/run_peak.py)
         lists = out_tiles * reduced * in_tile * (4 if model.engine_holds_inputs else 1)
-        return (engine + lists + min(out_tiles, rows) * (2 * out_tile + held_tile_bytes)
+        return (engine + lists + min(out_tiles, rows) * (OUT_COPIES * out_tile + held_tile_bytes)
                 + join_block_bytes(node, tile, min(out_tiles, rows)))
+    # each result tile is held three times: the kernel's (Arrow), DuckDB's vector of it and the
+    # table's copy it is written into (a 50 MB result tile under memory="200MB", projected at
+    # 2x: "could not allocate block of size 47.6 MiB (48.5 MiB/85.8 MiB used)" at commit, a trial)
     # a hash join copies its build side: the statement's tiles are held twice (one tile each
     # is read side by side, no hash table)
     # (nor is a table an operand repeats: it is read alone, not joined with itself; a one-operand
@@ -308,7 +316,7 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
     in_flight = min(out_tiles, rows)
     shared = sum(max(in_flight - math.prod(each[lab] for lab in op.labels), 0) * b
                  for op, b in zip(node.operands, op_tile))
-    return (joined + in_flight * (in_tile + 2 * out_tile + held_tile_bytes) + shared
+    return (joined + in_flight * (in_tile + OUT_COPIES * out_tile + held_tile_bytes) + shared
             + join_block_bytes(node, tile, in_flight))
 
 
