@@ -190,3 +190,18 @@ def test_an_einsum_too_large_to_plan_is_an_einsum_error():
     g = eds.Graph()
     g.einsum("ij,jk->ik", g.input("a", (2**20, 2**18)), g.input("b", (2**18, 2**18)))  # 2**56: plans
     assert g.plan(workers=4).plan.steps
+
+
+def test_a_long_product_is_checked_pair_by_pair():
+    """Nine 100x100 matrices span 1e20 together and 1e6 a pair: the whole spec was refused
+    ("spans 1e+20 elements") where np.einsum(optimize=True) is instant (a trial). A product is
+    planned pair by pair, and so checked; an extended join kept as one node is checked whole."""
+    rng = np.random.default_rng(0)
+    mats = [rng.standard_normal((100, 100)) / 10 for _ in range(9)]
+    spec = ",".join("abcdefghij"[k:k + 2] for k in range(9)) + "->aj"
+    for optimize in (True, "greedy", False):
+        np.testing.assert_allclose(eds.einsum(spec, *mats, optimize=optimize), np.einsum(spec, *mats, optimize=True),
+                                   rtol=1e-9, atol=1e-12)
+    with pytest.raises(eds.EinsumError, match=r"spans 1e\+20 elements in one join"):
+        # an integer add stays one node (joined in numpy's order: graph/lower.py)
+        eds.einsum(spec, *[m.astype(np.int64) for m in mats], join="add")

@@ -26,6 +26,7 @@ import opt_einsum
 from ..errors import EinsumError, EinsumTypeError
 from ..notation import Aggregation, EinsumSpec, JoinFunction
 from ..notation.functions import is_semiring
+from ..notation.spec import check_join_space
 from ..notation.numpy_impl import result_dtype
 from .node import EinsumNode, Operand, ValueInfo
 
@@ -137,6 +138,7 @@ def lower_einsum(
     operands = [Operand(v.name, labs, sq) for v, labs, sq in zip(inputs, spec.inputs, spec.squeezed)]
     dtypes = {v.name: v.dtype for v in inputs}
     if len(operands) <= 2 or not is_semiring(join, agg) or _order_matters(join, list(dtypes.values())):
+        check_join_space(spec.text, sizes, set(spec.labels) | set(spec.output))
         return [_node(operands, spec.output, sizes, join, agg, [v.dtype for v in inputs], result_name)]
 
     # opt_einsum sees single characters; map our labels (letters and e0, e1, ...) onto symbols
@@ -166,6 +168,7 @@ def lower_einsum(
                 seen.update(dict.fromkeys(lab for lab in op.labels if lab in needed))
             out = tuple(seen)
             name = f"{temp_prefix}{step}"
+        check_join_space(spec.text, sizes, {lab for op in picked for lab in op.labels} | set(out))
         node = _node(picked, out, sizes, join, agg, [dtypes[op.value] for op in picked], name, dtype)
         dtypes[name] = node.result.dtype
         nodes.append(node)
