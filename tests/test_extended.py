@@ -375,3 +375,24 @@ def test_add_join_over_integers_wraps_as_numpys_left_fold(dtype, agg, spec, seed
     got = eds.einsum(spec, *arrays, join="add", agg=agg)
     np.testing.assert_array_equal(got, want)
     assert np.asarray(got).dtype == np.asarray(want).dtype
+
+
+def test_overflow_and_invalid_values_raise_no_warning_as_in_numpy(db):
+    """np.einsum is silent on an overflow to inf and an invalid inf - inf; the kernels' BLAS
+    products and ufuncs warned, and under warnings.simplefilter("error") (pytest -W error) the
+    step failed where numpy returns inf (a trial)."""
+    import warnings
+
+    h = np.full((5, 4), 1e300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        want = np.einsum("ij,kj->ik", h, h)
+        H = db.store("H", h, tile=(2, 3), replace=True)
+        np.testing.assert_array_equal(db.einsum("ij,kj->ik", H, H).to_numpy(), want)
+        np.testing.assert_array_equal(eds.einsum("ij,kj->ik", h, h), want)
+        got = db.einsum("ij,kj->ik", H, H, join="x * y - x * y").to_numpy()
+        assert np.isnan(got).all()
+        g = eds.Graph()
+        x = g.input("x", h.shape, "float64")
+        g.map("exp", g.einsum("ij,kj->ik", x, x))
+        np.testing.assert_array_equal(g.run(db, x=h).to_numpy(), np.full((5, 5), np.inf))

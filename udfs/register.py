@@ -58,20 +58,33 @@ def _tasks_for(kernel, items: list[tuple[dict, Callable, int]]) -> list:
     return tasks
 
 
+def _quiet(task: Callable[[], None]) -> Callable[[], None]:
+    """``task`` under ``np.errstate(all="ignore")``, on whichever thread runs it (numpy's error
+    state is per thread and context): np.einsum raises no floating-point warning for an overflow
+    to inf or an invalid 0 * inf, while the kernels' BLAS products and ufuncs do, and under
+    ``warnings.simplefilter("error")`` (pytest -W error) ``1e300 @ 1e300`` failed the step where
+    numpy returns inf (a trial)."""
+    def run():
+        with np.errstate(all="ignore"):
+            task()
+
+    return run
+
+
 def _run(kernel, items: list) -> None:
     """Too few tiles to give every kernel thread its own: a float product runs whole, one tile after
     the other, with BLAS threading each (see ``run_wide``); anything else is cut into tasks.
     On a device the items run whole, one after the other: the device parallelises each."""
     if kernel.xp is not np:
-        with DEVICE_LOCK, float32_products(kernel.xp, kernel.tf32):
+        with DEVICE_LOCK, float32_products(kernel.xp, kernel.tf32), np.errstate(all="ignore"):
             for _, fn, _ in items:
                 check_cancelled()
                 fn(None)
         return
     if kernel.blas and len(items) < 2 * THREADS and THREADS > 1:
-        run_wide(lambda: [(check_cancelled(), fn(None)) for _, fn, _ in items])
+        run_wide(_quiet(lambda: [(check_cancelled(), fn(None)) for _, fn, _ in items]))
         return
-    run_tasks(_tasks_for(kernel, items))
+    run_tasks([_quiet(t) for t in _tasks_for(kernel, items)])
 
 
 def _null_mask(arr) -> np.ndarray | None:
