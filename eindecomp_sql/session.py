@@ -326,6 +326,9 @@ class Session:
         # files stream into DuckDB (a batch of tiles at a time, or read by DuckDB itself); the
         # other backends take whole tables
         _check_replace(replace)  # before reading: replace="no" is truthy
+        if isinstance(source, str) and not os.path.splitext(source)[1] and os.sep not in source \
+                and self.backend.lookup(source) is not None:
+            source = self.tensor(source)  # a stored tensor's name: stored again (re-cut, renamed, cast)
         want = io.Wanted(tile, keys, shape, dtype, index, value, tile_bytes=self.store_tile_bytes,
                          square=self.store_square, memory=self.memory)
         # an engine may read a source of its own without this process holding it whole (a Spark

@@ -104,7 +104,9 @@ def _said_of_tables(e: EinsumError, tables: dict) -> EinsumError:
     replaced by what applies (a trial: "store '_eds_op0' with tile=(50000, 1)")."""
     text = str(e)
     for cte, op in tables.items():
-        text = re.sub(rf"store {re.escape(repr(cte))} with tile=\([0-9, ]*\)",
+        q = re.escape(repr(cte))
+        text = re.sub(rf"store {q} again in tiles of \([0-9, ]*\) \(db\.store\({q}, {q}, tile=\([0-9, ]*\), "
+                      r"replace=True\)\)",
                       "give a smaller tile_bytes (a table is cut into tiles of up to tile_bytes)", text)
         text = text.replace(f"stored {cte!r}", op.describe()).replace(repr(cte), op.describe())
         text = re.sub(rf"\b{re.escape(cte)}\b", f"table {op.table!r}", text)  # in a step's description

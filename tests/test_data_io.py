@@ -704,3 +704,18 @@ def test_a_pyarrow_dataset_and_arrow_c_array_exports_are_read(tmp_path):
         np.testing.assert_array_equal(db.store("R", rows).to_numpy(), [0.0, 4.0])
         np.testing.assert_array_equal(db.store("A", Exported(pa.array([3, 1, 2], pa.int16()))).to_numpy(), [3, 1, 2])
         np.testing.assert_array_equal(eds.einsum("i->", Exported(pa.array([3.0, 1.0]))), 4.0)
+
+
+def test_a_stored_tensors_name_is_a_source_for_store():
+    """``db.store("B2", "B", tile=...)`` read "B" as a file path (a trial): a name that is no file
+    and names a stored tensor stores that tensor again (re-cut, renamed, cast)."""
+    a = np.arange(24.0).reshape(4, 6)
+    with eds.connect() as db:
+        db.store("B", a)
+        again = db.store("B2", "B", tile=(2, 3), dtype="float32")
+        assert again.tile == (2, 3) and again.dtype == np.float32
+        np.testing.assert_array_equal(again.to_numpy(), a.astype(np.float32))
+        assert db.store("B", "B", tile=(1, 6), replace=True).tile == (1, 6)
+        np.testing.assert_array_equal(db.tensor("B").to_numpy(), a)
+        with pytest.raises(EinsumError, match="a path must name"):
+            db.store("C", "nothing_stored")

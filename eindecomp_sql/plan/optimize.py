@@ -331,6 +331,7 @@ class _Problem:
         if smallest <= self.budget:  # the step fits; what it reads or makes does not (a new user's
             # report: "the smallest projected peak is 537 MB" against a budget of 1.2 GB, and no why)
             why, advice = self._why_not(node, pieces)
+            capped = capped if "tile_bytes" in why else ""  # (the cap is what refuses, or says nothing)
             raise EinsumError(head + f"the step itself fits ({format_bytes(peak)} at "
                               f"{' '.join(f'{lab}:{pieces[lab]}' for lab in labels)}), but {why}{capped}; "
                               f"{advice}")
@@ -373,8 +374,11 @@ class _Problem:
         for k, op in enumerate(node.operands):
             have, need = self.fixed.get(op.value), self.required(node, k, pieces)
             if have is not None and have != need and self.retile(op.value, need).retile >= FORBIDDEN:
+                # (each statement of a re-tile reads whole source tiles: one stored before the budget
+                # was set, as big as the machine's tile cap allowed, may not fit it, a trial)
                 return (f"it reads stored {op.value!r} (tiles {have}) in tiles {need}, and that re-tile does not fit",
-                        f"store {op.value!r} with tile={need}, or give more memory")
+                        f"store {op.value!r} again in tiles of {need} (db.store({op.value!r}, {op.value!r}, "
+                        f"tile={need}, replace=True)), or give more memory")
         if self.tile_bytes is not None and (
                 nbytes(self.out_tile(node, pieces), node.result.dtype) > self.tile_bytes
                 or any(self.required(node, k, pieces) != self.fixed.get(op.value)
