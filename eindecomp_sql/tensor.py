@@ -93,10 +93,12 @@ class Tensor:
         if now is None:
             raise EinsumError(f"stored tensor {v.name!r} no longer exists (dropped since this handle was made)")
         if (now.shape, now.dtype, now.tile, now.keys) != (v.shape, v.dtype, v.tile, v.keys):
+            # (the keys said only where they differ: a replace that renamed them read as no change, a trial)
+            keys = (lambda x: f" keyed {', '.join(x.keys)}") if now.keys != v.keys else (lambda x: "")
             raise EinsumError(
                 f"stored tensor {v.name!r} was replaced since this handle was made: it is now {now.shape} {now.dtype} "
-                f"in tiles {now.tile} (this handle: {v.shape} {v.dtype} in tiles {v.tile}); take a new handle with "
-                f"db.tensor({v.name!r})")
+                f"in tiles {now.tile}{keys(now)} (this handle: {v.shape} {v.dtype} in tiles {v.tile}{keys(v)}); take a "
+                f"new handle with db.tensor({v.name!r})")
         object.__setattr__(self, "_epoch", epoch)
         return v
 

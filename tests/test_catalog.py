@@ -165,6 +165,12 @@ def test_a_handle_on_a_tensor_replaced_or_dropped_since_is_refused_not_read_with
         assert np.array_equal(fresh.to_numpy(), np.arange(16).reshape(4, 4) * 10)
         same = db.store("A", np.ones((4, 4), np.int64), tile=(2, 2), replace=True)  # same layout: reads the new bytes
         assert np.array_equal(fresh.to_numpy(), np.ones((4, 4))) and np.array_equal(same.to_numpy(), fresh.to_numpy())
+        # replaced by an einsum's result of the same layout, keyed by the spec's labels: the
+        # message named no difference ("now (4, 4) float64 in tiles (2, 2) (this handle: (4, 4)
+        # float64 in tiles (2, 2))", a trial)
+        db.einsum("ij,jk->ik", fresh, fresh, out="A", replace=True)
+        with pytest.raises(eds.EinsumError, match=r"keyed i, k \(this handle: .* keyed d0, d1\)"):
+            fresh.to_numpy()
         db.drop("A")
         with pytest.raises(eds.EinsumError, match="'A' no longer exists"):
             fresh.to_numpy()
