@@ -21,8 +21,8 @@ from eindecomp_sql.plan.steps import one_tile
 from eindecomp_sql.plan.cost import Costs, max_batches, nbytes
 from eindecomp_sql.plan.draft import Draft, Options
 from eindecomp_sql.plan.graph_plan import GraphPlan, plan_graph
-from eindecomp_sql.plan.kernel_spec import (CHAIN_VERSION, FUSED_VERSION, SPEC_VERSION, EinsumKernelSpec, from_json,
-                                            kernel_spec)
+from eindecomp_sql.plan.kernel_spec import (CHAIN_VERSION, FUSED_VERSION, REPEAT_VERSION, SPEC_VERSION, EinsumKernelSpec,
+                                            from_json, kernel_spec)
 from eindecomp_sql.plan.optimize import Choice
 from eindecomp_sql.plan.passes.batches import split_batches
 from eindecomp_sql.plan.passes.fuse import fuse_elementwise
@@ -216,7 +216,9 @@ def check_fused_plan(plan, unfused_steps: int):
         spec = from_json(kernel_spec(s))
         # a fused chain's contraction stage (plan/passes/chains.py) needs version 4
         chain = s.fused is not None and any(n.reduced for n in s.fused.prologues)
-        assert spec.version == (CHAIN_VERSION if chain else FUSED_VERSION if s.fused else SPEC_VERSION)
+        # and an operand repeating another (kernel_spec.operand_args) version 5
+        assert spec.version == (REPEAT_VERSION if spec.args else CHAIN_VERSION if chain else FUSED_VERSION if s.fused
+                                else SPEC_VERSION)
         assert (spec.fused is None) == (s.fused is None)
     return hidden
 
