@@ -378,8 +378,8 @@ def test_a_refusal_says_what_does_not_fit_when_the_step_does(monkeypatch):
         monkeypatch.setattr(partials, "can_split", lambda node, pieces, model: False)
         pe._plan.cache_clear()  # (plans are cached: not the one above)
         with pytest.raises(eds.EinsumError, match=r"the step itself fits .*but it reads stored 'A' \(tiles "
-                                                  r"\(2048, 2048\)\) in tiles \(8192, 8192\).*store 'A' with "
-                                                  r"tile=\(8192, 8192\)"):
+                                                  r"\(2048, 2048\)\) in tiles \(8192, 8192\).*store 'A' again in "
+                                                  r"tiles of \(8192, 8192\)"):
             db.plan("ij->", A)
 
 

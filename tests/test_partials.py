@@ -35,7 +35,7 @@ def split_db(backend):
 def forced(monkeypatch):
     """``partials.splits`` asks only that the step can be split, for this test alone (a
     module-scoped patch stayed on for the real-budget tests after it: a review)."""
-    monkeypatch.setattr(partials, "splits", lambda node, pieces, dtypes, budget, model:
+    monkeypatch.setattr(partials, "splits", lambda node, pieces, dtypes, budget, model, *more:
                         budget is not None and partials.can_split(node, pieces, model))
     _forget_plans()  # plans are cached: none made before (or, after, with) the forced split
     yield

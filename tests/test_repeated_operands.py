@@ -161,7 +161,7 @@ def test_partial_steps_read_a_repeated_operand_once(backend, monkeypatch):
     test_partials.py): the partial step reads the table once too."""
     from eindecomp_sql.plan import einsum, graph_plan, partials
 
-    monkeypatch.setattr(partials, "splits", lambda node, pieces, dtypes, budget, model:
+    monkeypatch.setattr(partials, "splits", lambda node, pieces, dtypes, budget, model, *more:
                         budget is not None and partials.can_split(node, pieces, model))
     einsum._plan.cache_clear()
     graph_plan._plan_cached.cache_clear()

@@ -225,10 +225,10 @@ class _Problem:
         statements = np.array([self.statements(node, dict(zip(col, row))) for row in pieces.tolist()],
                               dtype=np.int64) if self.budget is not None else 1
         total = m.join * join + m.group * group + m.agg * agg + m.statement * statements
-        if self.budget is not None:  # candidates run as partial and combine steps cost those
+        if node.reduced and m.splits_reductions:  # candidates run as partial and combine steps cost those
             for r, row in enumerate(pieces.tolist()):
                 p = dict(zip(col, row))
-                if partials.splits(node, p, self.dtypes, self.budget, m):
+                if partials.splits(node, p, self.dtypes, self.budget, m, self.bytes):
                     total[r] = self.node_cost(node, p).total
         return total
 
@@ -415,18 +415,19 @@ class _Problem:
         return tuple(1 if lab is None else self.side(node, lab, pieces[lab]) for lab in self._axes(node, k))
 
     def node_cost(self, node: EinsumNode, pieces: dict[str, int]) -> Costs:
-        if self.budget is not None and partials.splits(node, pieces, self.dtypes, self.budget, self.model):
+        if partials.splits(node, pieces, self.dtypes, self.budget, self.model, self.bytes):
             c = partials.split_costs(node, pieces, self.bytes, self.model)
         else:
             c = step_costs(node, pieces, self.bytes, model=self.model)
         return Costs(c.join, c.agg, c.retile, c.group, self.model, self.statements(node, pieces))
 
     def statements(self, node: EinsumNode, pieces: dict[str, int]) -> int:
-        """Statements the node's step runs as: one, or under a budget the batches it needs."""
+        """Statements the node's step runs as: one, or under a budget the batches it needs (two
+        steps' where it runs as partial and combine steps)."""
+        if partials.splits(node, pieces, self.dtypes, self.budget, self.model, self.bytes):
+            return partials.split_statements(node, pieces, self.dtypes, self.budget, self.model)
         if self.budget is None:
             return 1
-        if partials.splits(node, pieces, self.dtypes, self.budget, self.model):
-            return partials.split_statements(node, pieces, self.dtypes, self.budget, self.model)
         return needed_batches(node, pieces, self.dtypes, self.budget, self.model)
 
     def retile(self, value: str, target: tuple[int, ...]) -> Costs:

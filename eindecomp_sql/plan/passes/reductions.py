@@ -1,5 +1,6 @@
-"""Pass: a grouped step whose groups do not fit the memory budget in any number of statements
-runs as a partial step and a combine step (``plan/partials.py``), as the optimizer priced it.
+"""Pass: a grouped step whose groups do not fit the memory budget in any number of statements,
+or whose partial results are small and cheaper (``partials.cheaper_split``), runs as a partial
+step and a combine step (``plan/partials.py``), as the optimizer priced it.
 
 >>> from eindecomp_sql.plan.draft import example
 >>> from eindecomp_sql.plan.passes.chunking import choose_chunking
@@ -22,13 +23,14 @@ from ..tiling import Chunking
 
 def split_reductions(d: Draft) -> Draft:
     budget, model = d.options.budget, d.options.costs
-    if budget is None or not model.splits_reductions:
+    if not model.splits_reductions:
         return d
     fresh = (f"_eds_partial{k}" for k in itertools.count(1))
     steps = []
     for s in d.steps:
         if not isinstance(s, EinsumStep) or s.fused is not None or not partials.splits(
-                s.node, s.pieces, {op.value: v.dtype for op, v in zip(s.node.operands, s.inputs)}, budget, model):
+                s.node, s.pieces, {op.value: v.dtype for op, v in zip(s.node.operands, s.inputs)}, budget, model,
+                {op.value: v.nbytes for op, v in zip(s.node.operands, s.inputs)}):
             steps.append(s)
             continue
         first, combine, _ = partials.split_nodes(s.node, s.pieces, next(fresh))
