@@ -98,8 +98,9 @@ class ElementTable:
 
 @dataclass(frozen=True)
 class ArrayTable:
-    """A table with one fixed-size array column ``column`` (``width`` long) and a key column:
-    a (rows x width) matrix, row r being the r-th row in ``key`` order."""
+    """A table with one array column ``column`` (``width`` long; a list column's width is None
+    until the statistics query finds every list of one length) and a key column: a (rows x
+    width) matrix, row r being the r-th row in ``key`` order."""
 
     table: str
     key: str
@@ -117,7 +118,8 @@ class ArrayTable:
         return None if self.rows is None else (self.rows, self.width)
 
     def describe(self) -> str:
-        return f"table {self.table!r} (array form: {self.column} {SQL_TYPES[self.dtype]}[{self.width}] ordered by {self.key})"
+        width = "" if self.width is None else self.width
+        return f"table {self.table!r} (array form: {self.column} {SQL_TYPES[self.dtype]}[{width}] ordered by {self.key})"
 
 
 TableOperand = ElementTable | ArrayTable
@@ -141,13 +143,15 @@ def _value_dtype(table_name: str, column: str, sql_type: str) -> str:
 
 def classify_table(table_name: str, columns: list[str], types: list[str]) -> TableOperand:
     """Which columns are indices, value, key or array, from the column names and DuckDB types."""
-    arrays = [(c, t) for c, t in zip(columns, types) if _ARRAY.match(t)]
+    # fixed-size arrays, and lists (FLOAT[]: a Parquet file of pyarrow's fixed-size lists reads
+    # so), whose lengths the statistics query checks are one
+    arrays = [(c, t) for c, t in zip(columns, types) if _ARRAY.match(t) or t.endswith("[]")]
     if arrays:
         if len(arrays) > 1:
             raise EinsumError(f"einsum(): table {table_name!r} has {len(arrays)} array columns "
                               f"({', '.join(c for c, _ in arrays)}); select one in a view")
         column, sql_type = arrays[0]
-        element, width = _ARRAY.match(sql_type).groups()
+        element, width = _ARRAY.match(sql_type).groups() if _ARRAY.match(sql_type) else (sql_type[:-2], None)
         if _ARRAY.match(element) or element.endswith("[]"):
             raise EinsumError(f"einsum(): table {table_name!r}: column {column!r} is {sql_type}; "
                               "only one-dimensional arrays (FLOAT[n], DOUBLE[n], ...) are read")
@@ -158,11 +162,8 @@ def classify_table(table_name: str, columns: list[str], types: list[str]) -> Tab
                 f"einsum(): table {table_name!r} has array column {column!r} and {what}; an array table needs "
                 f"exactly one key column that orders its rows (a view can select it: "
                 f"CREATE VIEW v AS SELECT id, {_q(column)} FROM {_q(table_name)})")
-        return ArrayTable(table_name, others[0], column, _value_dtype(table_name, column, element), int(width))
-    lists = [c for c, t in zip(columns, types) if t.endswith("[]")]
-    if lists:
-        raise EinsumError(f"einsum(): table {table_name!r}: column {lists[0]!r} is a list of varying length; "
-                          f"cast it to a fixed-size array (e.g. {_q(lists[0])}::FLOAT[64]) in a view")
+        return ArrayTable(table_name, others[0], column, _value_dtype(table_name, column, element),
+                          None if width is None else int(width))
     named = [c for c in columns if c.lower() == "value"]
     if named:
         value = named[0]
@@ -200,6 +201,9 @@ def stats_query(op: TableOperand) -> exp.Expression:
     else:
         parts = [exp.Count(this=exp.Star()), exp.Count(this=col(op.key)),
                  exp.Count(this=exp.Distinct(expressions=[col(op.key)])), exp.Count(this=col(op.column))]
+        if op.width is None:  # a list column: its lengths, which must be one
+            length = exp.Anonymous(this="len", expressions=[col(op.column)])
+            parts += [exp.Min(this=length), exp.Max(this=length.copy())]
     return exp.select(*parts).from_(src)
 
 
@@ -209,7 +213,7 @@ def with_stats(op: TableOperand, row: tuple) -> TableOperand:
     n = int(row[0])
     name = op.table
     if isinstance(op, ArrayTable):
-        _, keys, distinct, arrays = (int(x) for x in row)
+        _, keys, distinct, arrays = (int(x) for x in row[:4])
         if keys < n:
             raise EinsumError(f"einsum(): table {name!r}: key column {op.key!r} has {n - keys} NULL(s); "
                               "every row needs a key to order it")
@@ -218,6 +222,12 @@ def with_stats(op: TableOperand, row: tuple) -> TableOperand:
                               f"({n - distinct} duplicate(s)); the row order would be ambiguous")
         if arrays < n:
             raise EinsumError(f"einsum(): table {name!r}: array column {op.column!r} is NULL in {n - arrays} row(s)")
+        if op.width is None:
+            lo, hi = (0, 0) if not n else (int(row[4]), int(row[5]))
+            if lo != hi:
+                raise EinsumError(f"einsum(): table {name!r}: list column {op.column!r} holds lists of {lo} to {hi} "
+                                  "elements; a table in array form has arrays of one length")
+            return replace(op, rows=n, width=lo)
         return replace(op, rows=n)
     shape = []
     for p, c in enumerate(op.indices):
