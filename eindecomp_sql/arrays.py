@@ -96,6 +96,11 @@ def read_array(x, where: str) -> np.ndarray:
             x = x.data
         elif not (_module(x).startswith("pandas") and type(x).__name__ == "Series"):
             _refuse_tables(x, where)
+        elif not isinstance(x.dtype, np.dtype) and x.isna().any():
+            # a nullable dtype's missing values (pd.NA) came out as NaN of a float64 array, an
+            # Int64 Series stored as float64 (a review); a DataFrame's are refused the same way
+            raise EinsumError(f"{where}: the pandas Series ({x.dtype}) has {int(x.isna().sum())} missing value(s); "
+                              "fill or drop them first (s.fillna(...))")
         try:
             a = np.asarray(x)
         except Exception as e:  # noqa: BLE001 - anything numpy cannot read is bad input

@@ -585,6 +585,10 @@ def test_a_pandas_series_index_is_read_as_element_indices_or_refused():
             db.store("T", pd.Series([1.0], index=pd.Index(["a"], name="name")))
         with pytest.raises(EinsumError, match="named 'value'"):
             db.store("V", pd.Series([1.0], index=pd.Index([0], name="value")))
+        for nullable in (pd.Series([1, None], dtype="Int64"),  # pd.NA came out as a NaN of a float64 array
+                         pd.Series([1, None], dtype="Int64", index=pd.Index([0, 2], name="i"))):
+            with pytest.raises(EinsumError, match=r"Series \(Int64\) has 1 missing value"):
+                db.store("N", nullable)
         assert db.tensors() == ["D", "G", "I", "S"]
         # the numpy face reads a Series as numpy does: its values
         assert eds.einsum("i->", pd.Series([1.0, 2.0], index=[5, 9])) == 3.0

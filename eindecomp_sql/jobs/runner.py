@@ -29,7 +29,7 @@ a plan's chunking (memory, workers, tile_bytes) leave done parts done.
 (2) write its row with the new fingerprint, state 'pending'; (3) run it, committing table and
 catalog row in one transaction; (4) set the row 'done' with timings. A part is done when its
 row's fingerprint equals the current one *and* its result is in the catalog with the expected
-shape/dtype/tile/keys. Since the result is dropped before the row is written and written after,
+shape and dtype (its tiles are read as they are) *and*, for a done row, the md5 recorded. Since the result is dropped before the row is written and written after,
 a result next to a matching row was computed under that fingerprint, whether the row says
 pending (killed between 3 and 4) or done. Killed anywhere else, the part has no result and runs
 again. DuckDB rolls back an uncommitted transaction when the file is reopened, so the catalog
@@ -505,7 +505,11 @@ def prepare(job: Job, db=None) -> Prepared:
             continue
         # how the part is stored and computed now: recorded with it, not fingerprinted
         if p.kind == "load":
-            p.value = dataclasses.replace(plan_inputs[p.name], name=p.name)
+            if p.name in plan_inputs:
+                p.value = dataclasses.replace(plan_inputs[p.name], name=p.name)
+            else:  # no step still to run reads it (dropped or replaced by hand, its readers done):
+                # loaded as the job says, or cut as a store would cut it (a review: KeyError)
+                p.value = _unread_load(job, p.name, shapes[p.name], db)
             p.detail = {**p.detail, "tile": list(p.value.tile), "keys": list(p.value.keys)}
         else:
             sub = subs[p.name]
@@ -514,6 +518,20 @@ def prepare(job: Job, db=None) -> Prepared:
             p.bind = {x.name: (job.inputs[x.name].tensor or x.name) if x.name in job.inputs else x.name
                       for x in sub.plan.inputs}
     return Prepared(job, g, gplan, parts, stored)
+
+
+def _unread_load(job: Job, name: str, shape_dtype, db) -> TiledValue:
+    """A load no step still to run reads: its value, in the job's ``tile`` or a store's tile."""
+    import numpy as np
+
+    from ..plan.tiling import auto_tile
+
+    shape, dtype = shape_dtype
+    i = job.inputs[name]
+    tile_bytes = db.store_tile_bytes if db is not None else job.tile_bytes
+    tile = i.tile or (auto_tile(tuple(shape), np.dtype(dtype).itemsize, tile_bytes,
+                                square=getattr(db, "store_square", False)) if tile_bytes else tuple(shape))
+    return TiledValue(name, tuple(shape), dtype, tuple(tile), tuple(f"d{k}" for k in range(len(shape))))
 
 
 def _status(db, p: Part, row: dict | None) -> None:
