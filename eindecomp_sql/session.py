@@ -188,15 +188,25 @@ class Session:
 
     @staticmethod
     def _check_overwrites(plan: Plan, inputs: dict, outputs: dict, replace: bool) -> None:
-        """Refuse a kept output written over a table the plan reads, unless the plan is one
-        statement (DuckDB reads the old table whole before CREATE OR REPLACE swaps it): with
-        several statements a later one would read the half-made result (wrong answers)."""
+        """Refuse a kept output written over a table the plan reads where a statement reads it
+        after the output's step has begun writing it: that step in several statements (its
+        batches) or a later step would read the half-made result (wrong answers). One statement
+        reading and writing it is safe (DuckDB reads the old table whole before CREATE OR
+        REPLACE swaps it), and so are steps before the output's (a reduction as partial and
+        combine steps reads the table in its first step only)."""
         if not replace:  # an existing table is refused anyway ("already exists")
             return
+        from .plan.steps import step_reads, step_target
+
         read = {t.lower(): name for name, t in inputs.items() if isinstance(t, str)}
-        single = len(plan.steps) == 1 and plan.steps[0].batches == 1
         for name, target in outputs.items():
-            if target.table is None or target.temporary or target.table.lower() not in read or single:
+            if target.table is None or target.temporary or target.table.lower() not in read:
+                continue
+            value = read[target.table.lower()]
+            written = next((k for k, s in enumerate(plan.steps) if step_target(s).name == name), None)
+            if written is not None and not any(
+                    (k > written or (k == written and s.batches > 1)) and value in {v.name for v in step_reads(s)}
+                    for k, s in enumerate(plan.steps)):
                 continue
             raise EinsumError(f"out={target.table!r} is also read by this plan ({len(plan.steps)} step(s), "
                               f"{sum(s.batches for s in plan.steps)} statement(s)): a later statement would read the "
