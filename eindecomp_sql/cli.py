@@ -517,11 +517,14 @@ def _load(job_file, database, memory, workers):
 @click.option("--force", is_flag=True, help="Recompute steps whose definition or inputs changed since their "
                                             "result was stored (and tensors no job wrote), replacing them; "
                                             "without it such a job is refused.")
+@click.option("--refresh", is_flag=True, help="Recompute the steps whose input data changed (a new input file, a "
+                                              "stored input rewritten), replacing them; a job whose definition "
+                                              "changed is still refused (--force recomputes that too).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout (per step: skipped, "
                                                       "seconds, tiles, bytes, projected peak).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress.")
 @_debug_option
-def run(job_file, database, memory, workers, force, as_json, quiet):
+def run(job_file, database, memory, workers, force, refresh, as_json, quiet):
     """Run the job in JOB.toml: every step not done yet, in dependency order, each step's result
     committed to the database on its own. Run it again after a crash or Ctrl-C to resume."""
     from .jobs import runner
@@ -537,7 +540,8 @@ def run(job_file, database, memory, workers, force, as_json, quiet):
         with _connect(job.database, create=True, tile_bytes=job.tile_bytes, memory=job.memory) as db:
             prep = runner.prepare(job, db)
             blocked = [p for p in prep.parts if p.status == "blocked"]
-            if prep.problems() and (not force or blocked):
+            problems = prep.problems()
+            if problems and (blocked or not (force or (refresh and all(p.new_data for p in problems)))):
                 raise runner.refusal(prep)
             r = runner.Runner(db, prep, reporter)
             try:

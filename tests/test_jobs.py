@@ -744,3 +744,26 @@ def test_a_load_dropped_or_replaced_by_hand_whose_readers_are_done_is_loaded_aga
     code, out, err = run_main(capsys, "run", job, "--force", "--json")
     assert code == 0 and {e["name"]: e["skipped"] for e in json.loads(out)["steps"]} == {"x": False, "y": True}, err
     assert stored(tmp_path / "t.duckdb")["x"].tolist() == np.arange(12.0).reshape(3, 4).tolist()
+
+
+def test_run_refresh_recomputes_for_new_input_data_and_still_refuses_an_edited_job(tmp_path, capsys):
+    """A nightly job whose input files change needed --force every run, which waves edits of
+    the job through too (a trial). --refresh recomputes what new input data changed, and only
+    that; a changed definition is still refused."""
+    job = small_job(tmp_path)
+    assert run_main(capsys, "run", job)[0] == 0
+    x = np.load(tmp_path / "x.npy")
+    np.save(tmp_path / "x.npy", np.concatenate([x + 1, x]))  # new data, more rows
+    code, out, err = run_main(capsys, "run", job)
+    assert code == 1 and "Only input data changed: run with --refresh" in err, err
+    code, out, err = run_main(capsys, "run", job, "--refresh", "--json")
+    assert code == 0, err
+    assert {e["name"]: e["skipped"] for e in json.loads(out)["steps"]} == {"x": False, "h": False, "s": False}
+    x2 = np.concatenate([x + 1, x])
+    h = np.max(np.maximum(x2[:, None, :] - x2[None, :, :], 0), axis=2)
+    np.testing.assert_allclose(stored(tmp_path / "t.duckdb")["s"], h.sum(1))
+    job.write_text(job.read_text().replace('agg = "max"', 'agg = "min"'))  # an edit: refused still
+    np.save(tmp_path / "x.npy", x)
+    code, out, err = run_main(capsys, "run", job, "--refresh")
+    assert code == 1 and "agg 'max' -> 'min'" in err and "--refresh" not in err.split("agg")[0], err
+    assert "Run with --force" in err

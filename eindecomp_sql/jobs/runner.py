@@ -119,6 +119,7 @@ class Part:
     status: str = "todo"  # 'done' | 'todo' | 'changed' | 'conflict' | 'blocked'
     why: str = ""
     committed_not_done: bool = False  # done, but its row still 'pending' (killed between (3) and (4))
+    new_data: bool = False  # changed only because input data changed (a new file, a stored input rewritten)
     recorded_stat: dict | None = None  # a load's file_stat as its row has it (refreshed once re-hashed)
 
     @property
@@ -492,11 +493,15 @@ def prepare(job: Job, db=None) -> Prepared:
         parts.append(p)
     done: dict[str, object] = {}
     if db is not None:
+        fresh = {i.name.lower() for i in job.inputs.values() if i.file is None}  # stored inputs: data
         for p in parts:
             _status(db, p, rows.get(p.name.lower()))
             if p.status == "done":
                 done[p.name] = lookup(db, p.name)
                 p.value = done[p.name].value
+            elif p.status == "changed" and _new_data(rows[p.name.lower()]["detail"], p.detail, fresh):
+                p.new_data = True
+                fresh.add(p.name.lower())
     g, owner, gplan, _ = plan_job(job, db, shapes, stored, done)
     subs = split(job, g, owner, gplan) if gplan is not None else {}
     plan_inputs = {v.name: v for v in gplan.plan.inputs} if gplan is not None else {}
@@ -518,6 +523,24 @@ def prepare(job: Job, db=None) -> Prepared:
             p.bind = {x.name: (job.inputs[x.name].tensor or x.name) if x.name in job.inputs else x.name
                       for x in sub.plan.inputs}
     return Prepared(job, g, gplan, parts, stored)
+
+
+def _new_data(old: dict, new: dict, fresh: set[str]) -> bool:
+    """Whether a part changed only because the data it reads changed: a load whose file's bytes
+    changed, or a step whose every changed input is such a load, a stored input or such a step
+    (its definition, the job's text, unchanged). ``run --refresh`` recomputes those and still
+    refuses an edited job (a trial: a nightly job's new input files needed --force, which
+    waves edits through too)."""
+    def same(*keys):
+        return all(old.get(k) == new.get(k) for k in keys)
+
+    if not same("form", "kind", "version"):
+        return False
+    if new.get("kind") == "load":  # (a new file may hold more rows: its shape is data too)
+        return same("dtype", "index", "value") and not same("sha256")
+    oi, ni = old.get("inputs") or {}, new.get("inputs") or {}
+    return (same("spec", "operands", "join", "agg") and set(oi) == set(ni)
+            and all(oi[n] == ni[n] or n in fresh for n in ni))
 
 
 def _unread_load(job: Job, name: str, shape_dtype, db) -> TiledValue:
@@ -605,6 +628,9 @@ def refusal(prep: Prepared) -> JobError:
     head = ("the job changed since its results were stored" if changed else
             "the job would replace stored tensors that no job wrote")
     tail = "" if blocked else ". Run with --force to recompute these (their stored tensors are replaced)"
+    if not blocked and all(p.new_data for p in prep.problems()):
+        tail = (". Only input data changed: run with --refresh to recompute these (--refresh still refuses an "
+                "edited job; --force recomputes anything)")
     return JobError(f"{head}: " + "; ".join(items) + tail, prep.job.path)
 
 
