@@ -767,3 +767,19 @@ def test_run_refresh_recomputes_for_new_input_data_and_still_refuses_an_edited_j
     code, out, err = run_main(capsys, "run", job, "--refresh")
     assert code == 1 and "agg 'max' -> 'min'" in err and "--refresh" not in err.split("agg")[0], err
     assert "Run with --force" in err
+
+
+def test_ls_stale_passes_by_a_stored_input_named_like_another_jobs_tensor(tmp_path, capsys):
+    """A step reading a stored tensor through an input named like a tensor another job wrote was
+    compared with that tensor's row (a review: a false STALE)."""
+    np.save(tmp_path / "x.npy", np.arange(6.0).reshape(2, 3))
+    with eds.connect(str(tmp_path / "t.duckdb")) as db:
+        db.store("T", np.ones(3))
+    (tmp_path / "one.toml").write_text('database = "t.duckdb"\n[inputs]\nx = { file = "x.npy" }\n[steps.s]\n'
+                                       'spec = "ij->j"\noperands = ["x"]\n')
+    (tmp_path / "two.toml").write_text('database = "t.duckdb"\n[inputs]\ns = { tensor = "T" }\n[steps.y]\n'
+                                       'spec = "j->j"\noperands = ["s"]\njoin = "neg"\n')
+    assert run_main(capsys, "run", tmp_path / "one.toml")[0] == 0
+    assert run_main(capsys, "run", tmp_path / "two.toml")[0] == 0
+    code, out, err = run_main(capsys, "ls", tmp_path / "t.duckdb", "--json")
+    assert code == 0 and not any("STALE" in (r["job"] or "") for r in json.loads(out)), out

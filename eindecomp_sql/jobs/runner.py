@@ -410,6 +410,8 @@ def stale(rows: dict[str, dict]) -> dict[str, str]:
             if name in out or r["kind"] != "step":
                 continue
             for op, fp in (r["detail"].get("inputs") or {}).items():
+                if op.lower() in r["detail"].get("stored_inputs", ()):
+                    continue  # (a stored input: a tensor of that name another job wrote is not it)
                 now = rows.get(op.lower())
                 if op.lower() in out:
                     out[name] = f"input {now['name'] if now else op} is stale"
@@ -519,7 +521,10 @@ def prepare(job: Job, db=None) -> Prepared:
         else:
             sub = subs[p.name]
             p.gplan, p.value = sub, sub.plan.outputs[0]
-            p.detail = {**p.detail, "plan": [st.describe() for st in sub.plan.steps], "stored": _value_json(p.value)}
+            p.detail = {**p.detail, "plan": [st.describe() for st in sub.plan.steps], "stored": _value_json(p.value),
+                        # inputs read where they are stored, no job part: stale() passes them by
+                        "stored_inputs": sorted(op.lower() for op in job.steps[p.name].operands
+                                                if op in job.inputs and job.inputs[op].file is None)}
             p.bind = {x.name: (job.inputs[x.name].tensor or x.name) if x.name in job.inputs else x.name
                       for x in sub.plan.inputs}
     return Prepared(job, g, gplan, parts, stored)
