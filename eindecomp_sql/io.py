@@ -1353,15 +1353,15 @@ def _from_table(table: pa.Table, want: Wanted, where: str) -> Incoming:
 def _plain_columns(table: pa.Table, where: str) -> pa.Table:
     """Columns of a table not in tiled form in the types element and array rows are read in:
     dictionary-encoded ones (a pandas category, Arrow's dictionary arrays) decoded; decimals
-    (DuckDB's type of a literal such as 1.5, and of ``sum()`` over decimals) as float64, and
-    those of scale 0 (DuckDB's HUGEINT, what ``sum()`` of integers gives) as int64, where each
-    value fits (else an error naming the column)."""
+    (DuckDB's type of a literal such as 1.5, and of ``sum()`` over decimals) as float64, as the
+    SQL functions read them, and DuckDB's HUGEINT (what ``sum()`` of integers gives; Arrow's
+    decimal128(38, 0)) as int64, where each value fits (else an error naming the column)."""
     for k, f in enumerate(table.schema):
         t = f.type
         if pa.types.is_dictionary(t):
             t = t.value_type
         if pa.types.is_decimal(t):
-            t = pa.int64() if t.scale == 0 else pa.float64()
+            t = pa.int64() if (t.precision, t.scale) == (38, 0) else pa.float64()
         elif (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) and \
                 pa.types.is_decimal(t.value_type):
             t = _list_like(t, pa.float64())

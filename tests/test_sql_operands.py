@@ -196,10 +196,14 @@ def test_decimal_and_hugeint_values_are_read_as_double_and_bigint(sdb):
     con.execute("CREATE TABLE SU AS SELECT i, sum(x) AS value FROM (VALUES (0, 3), (0, 4), (2, 5)) v(i, x) GROUP BY i")
     con.execute("CREATE TABLE SD AS SELECT i, sum(x) AS value FROM (VALUES (0, 0.5), (1, 0.25)) v(i, x) GROUP BY i")
     con.execute("CREATE TABLE HK AS SELECT range::HUGEINT AS i, range * 0.5 AS value FROM range(3)")
-    types = {t: con.execute(f"SELECT typeof(value) FROM {t} LIMIT 1").fetchall()[0][0] for t in ("DL", "SU", "SD", "HK")}
-    assert types == {"DL": "DECIMAL(3,2)", "SU": "HUGEINT", "SD": "DECIMAL(38,2)", "HK": "DECIMAL(21,1)"}, types
+    con.execute("CREATE TABLE DZ AS SELECT range AS i, (range * 3)::DECIMAL(10, 0) AS value FROM range(3)")
+    types = {t: con.execute(f"SELECT typeof(value) FROM {t} LIMIT 1").fetchall()[0][0]
+             for t in ("DL", "SU", "SD", "HK", "DZ")}
+    assert types == {"DL": "DECIMAL(3,2)", "SU": "HUGEINT", "SD": "DECIMAL(38,2)", "HK": "DECIMAL(21,1)",
+                     "DZ": "DECIMAL(10,0)"}, types
+    # (a DECIMAL of scale 0 is a DECIMAL: float64 in SQL and store alike; only HUGEINT is BIGINT)
     want = {"DL": np.array([[1.5, 0, 0], [0, 0, -2.25]]), "SU": np.array([7, 0, 5]), "SD": np.array([0.5, 0.25]),
-            "HK": np.array([0, 0.5, 1.0])}
+            "HK": np.array([0, 0.5, 1.0]), "DZ": np.array([0.0, 3.0, 6.0])}
     for t, w in want.items():
         spec = "ij->ij" if w.ndim == 2 else "i->i"
         rows = con.execute(f"SELECT * FROM einsum_elements('{spec}', '{t}')").fetchall()
