@@ -198,14 +198,17 @@ class Session:
             return
         from .plan.steps import step_reads, step_target
 
-        read = {t.lower(): name for name, t in inputs.items() if isinstance(t, str)}
+        read: dict[str, set[str]] = {}  # table -> every value bound to it (two inputs may read one: a review)
+        for value, t in inputs.items():
+            if isinstance(t, str):
+                read.setdefault(t.lower(), set()).add(value)
         for name, target in outputs.items():
             if target.table is None or target.temporary or target.table.lower() not in read:
                 continue
-            value = read[target.table.lower()]
+            values = read[target.table.lower()]
             written = next((k for k, s in enumerate(plan.steps) if step_target(s).name == name), None)
             if written is not None and not any(
-                    (k > written or (k == written and s.batches > 1)) and value in {v.name for v in step_reads(s)}
+                    (k > written or (k == written and s.batches > 1)) and values & {v.name for v in step_reads(s)}
                     for k, s in enumerate(plan.steps)):
                 continue
             raise EinsumError(f"out={target.table!r} is also read by this plan ({len(plan.steps)} step(s), "

@@ -783,3 +783,54 @@ def test_ls_stale_passes_by_a_stored_input_named_like_another_jobs_tensor(tmp_pa
     assert run_main(capsys, "run", tmp_path / "two.toml")[0] == 0
     code, out, err = run_main(capsys, "ls", tmp_path / "t.duckdb", "--json")
     assert code == 0 and not any("STALE" in (r["job"] or "") for r in json.loads(out)), out
+
+
+def test_run_refresh_refuses_a_result_replaced_by_hand_and_inputs_pointed_elsewhere(tmp_path, capsys):
+    """--refresh overwrote a result replaced by hand (no input data changed) and took a stored
+    input pointed at another tensor, or a file input at another file, for new data (a review)."""
+    np.save(tmp_path / "x.npy", np.ones((3, 4)))
+    np.save(tmp_path / "x2.npy", np.full((3, 4), 2.0))
+    with eds.connect(str(tmp_path / "t.duckdb")) as db:
+        db.store("bias", np.arange(4.0))
+        db.store("other_bias", np.zeros(4))
+    job = tmp_path / "job.toml"
+    text = ('database = "t.duckdb"\n[inputs]\nx = {{ file = "{x}" }}\nb = {{ tensor = "{b}" }}\n[steps.s]\n'
+            'spec = "ij,j->j"\noperands = ["x", "b"]\njoin = "add"\n')
+    job.write_text(text.format(x="x.npy", b="bias"))
+    assert run_main(capsys, "run", job)[0] == 0
+    with eds.connect(str(tmp_path / "t.duckdb")) as db:
+        db.store("s", np.full(4, 7.0), replace=True)  # a user's own data over the result
+    code, out, err = run_main(capsys, "run", job, "--refresh")
+    assert code == 1 and "replaced since the job wrote it" in err and "--refresh" not in err, err
+    assert stored(tmp_path / "t.duckdb")["s"].tolist() == [7.0] * 4
+    assert run_main(capsys, "run", job, "--force")[0] == 0
+    for edit in (text.format(x="x.npy", b="other_bias"), text.format(x="x2.npy", b="bias")):
+        job.write_text(edit)
+        code, out, err = run_main(capsys, "run", job, "--refresh")
+        assert code == 1 and "Run with --force" in err and "Only input data changed" not in err, err
+    # the same tensor with new tiles is new data
+    job.write_text(text.format(x="x.npy", b="bias"))
+    with eds.connect(str(tmp_path / "t.duckdb")) as db:
+        db.store("bias", np.arange(4.0) + 10, replace=True)
+    code, out, err = run_main(capsys, "run", job, "--refresh")
+    assert code == 0, err
+    np.testing.assert_array_equal(stored(tmp_path / "t.duckdb")["s"], 3 * (1 + np.arange(4.0) + 10))
+
+
+def test_ls_flags_a_result_read_through_a_stored_input_another_job_recomputed(tmp_path, capsys):
+    """job2 reads job1's step c as a stored input; job1 ran again on new data: d was computed from
+    the old c, and ls no longer said so once stored inputs were passed by (a review)."""
+    np.save(tmp_path / "x.npy", np.ones((3, 4)))
+    (tmp_path / "one.toml").write_text('database = "t.duckdb"\n[inputs]\nx = { file = "x.npy" }\n[steps.c]\n'
+                                       'spec = "ij->j"\noperands = ["x"]\n')
+    (tmp_path / "two.toml").write_text('database = "t.duckdb"\n[inputs]\nc = { tensor = "c" }\n[steps.d]\n'
+                                       'spec = "j->j"\noperands = ["c"]\njoin = "neg"\n')
+    assert run_main(capsys, "run", tmp_path / "one.toml")[0] == 0
+    assert run_main(capsys, "run", tmp_path / "two.toml")[0] == 0
+    code, out, err = run_main(capsys, "ls", tmp_path / "t.duckdb", "--json")
+    assert not any("STALE" in (r["job"] or "") for r in json.loads(out)), out
+    np.save(tmp_path / "x.npy", np.full((3, 4), 9.0))
+    assert run_main(capsys, "run", tmp_path / "one.toml", "--refresh")[0] == 0
+    code, out, err = run_main(capsys, "ls", tmp_path / "t.duckdb", "--json")
+    state = {r["name"]: r["job"] for r in json.loads(out)}
+    assert state["d"] == "step done, STALE: input c (tensor c) changed since" and "STALE" not in state["c"], state

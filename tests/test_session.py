@@ -352,6 +352,19 @@ def test_an_output_over_a_table_the_plan_reads(db, backend):
         with pytest.raises(EinsumError, match="out='ow_C' is also read by this plan"):
             small.einsum("ij->ij", "ow_C", join="neg", out="ow_C", replace=True)
         np.testing.assert_array_equal(small.tensor("ow_C").to_numpy(), c)  # untouched
+    # one table bound to two graph inputs: a step after the output's reads it by the other name
+    # (only the last name bound to the table was checked: wrong results, a review)
+    x = rng.standard_normal((8, 8))
+    db.store("ow_X", x, keys=["i", "j"], replace=True)
+    db.store("ow_W", x.T.copy(), replace=True)
+    g = eds.Graph()
+    gx, gy, gw = g.input("x", (8, 8), "float64"), g.input("y", (8, 8), "float64"), g.input("w", (8, 8), "float64")
+    g.einsum("ij->ij", gy, join="neg", name="o1")
+    g.einsum("ij,jk->ik", gx, gw, name="o2")
+    plan = g.plan(outputs=["o1", "o2"], inputs={"x": db.tensor("ow_X"), "y": db.tensor("ow_X"), "w": db.tensor("ow_W")})
+    with pytest.raises(EinsumError, match="out='ow_X' is also read by this plan"):
+        plan.run(db, out={"o1": "ow_X", "o2": "ow_Y"}, replace=True, inputs={"x": "ow_X", "y": "ow_X", "w": "ow_W"})
+    np.testing.assert_array_equal(db.tensor("ow_X").to_numpy(), x)
 
 
 def test_two_outputs_may_not_share_a_table(db):

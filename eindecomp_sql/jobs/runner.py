@@ -409,9 +409,20 @@ def stale(rows: dict[str, dict]) -> dict[str, str]:
         for name, r in rows.items():
             if name in out or r["kind"] != "step":
                 continue
+            stored = r["detail"].get("stored_inputs")
+            stored = stored if isinstance(stored, dict) else {}
             for op, fp in (r["detail"].get("inputs") or {}).items():
-                if op.lower() in r["detail"].get("stored_inputs", ()):
-                    continue  # (a stored input: a tensor of that name another job wrote is not it)
+                if op.lower() in stored:
+                    # a stored input: the tensor it named, if a job wrote it, with other tiles since
+                    # (a tensor of the input's own name another job wrote is not it: a review)
+                    named = (stored[op.lower()] or {}).get("tensor")
+                    now = rows.get(named) if named else None
+                    if now is None or (named not in out
+                                       and now.get("content_md5") in (None, stored[op.lower()].get("md5"))):
+                        continue
+                    out[name] = f"input {op} (tensor {now['name']}) {'is stale' if named in out else 'changed since'}"
+                    found = True
+                    break
                 now = rows.get(op.lower())
                 if op.lower() in out:
                     out[name] = f"input {now['name'] if now else op} is stale"
@@ -458,12 +469,15 @@ def prepare(job: Job, db=None) -> Prepared:
     rows = read_rows(db, list(job.inputs) + list(job.steps))
     fps: dict[str, str] = {}
     parts: list[Part] = []
+    reads: dict[str, dict] = {}  # a stored input -> the tensor it names and its tiles' md5 (not fingerprinted)
     for i in job.inputs.values():
         shape, dtype = shapes[i.name]
         if i.file is None:
             t = stored[i.name]
+            md5 = content_md5(db, t)
+            reads[i.name.lower()] = {"tensor": t.name.lower(), "md5": md5}
             fps[i.name] = digest({"kind": "stored", "tensor": t.name, "shape": list(shape), "dtype": dtype,
-                                  "content_md5": content_md5(db, t)})
+                                  "content_md5": md5})
             continue
         st = i.file.stat()
         stat = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
@@ -495,13 +509,15 @@ def prepare(job: Job, db=None) -> Prepared:
         parts.append(p)
     done: dict[str, object] = {}
     if db is not None:
-        fresh = {i.name.lower() for i in job.inputs.values() if i.file is None}  # stored inputs: data
+        fresh: set[str] = set()  # parts changed by new data only
         for p in parts:
-            _status(db, p, rows.get(p.name.lower()))
+            row = rows.get(p.name.lower())
+            _status(db, p, row)
             if p.status == "done":
                 done[p.name] = lookup(db, p.name)
                 p.value = done[p.name].value
-            elif p.status == "changed" and _new_data(rows[p.name.lower()]["detail"], p.detail, fresh):
+            elif (p.status == "changed" and row["fingerprint"] != p.fingerprint  # (not a result replaced by hand)
+                  and _new_data(row, p, fresh, reads)):
                 p.new_data = True
                 fresh.add(p.name.lower())
     g, owner, gplan, _ = plan_job(job, db, shapes, stored, done)
@@ -522,30 +538,38 @@ def prepare(job: Job, db=None) -> Prepared:
             sub = subs[p.name]
             p.gplan, p.value = sub, sub.plan.outputs[0]
             p.detail = {**p.detail, "plan": [st.describe() for st in sub.plan.steps], "stored": _value_json(p.value),
-                        # inputs read where they are stored, no job part: stale() passes them by
-                        "stored_inputs": sorted(op.lower() for op in job.steps[p.name].operands
-                                                if op in job.inputs and job.inputs[op].file is None)}
+                        # inputs read where they are stored: the tensor each names and its md5
+                        # (stale() and --refresh tell new data from an edited job by them)
+                        "stored_inputs": {op.lower(): reads[op.lower()] for op in job.steps[p.name].operands
+                                          if op.lower() in reads}}
             p.bind = {x.name: (job.inputs[x.name].tensor or x.name) if x.name in job.inputs else x.name
                       for x in sub.plan.inputs}
     return Prepared(job, g, gplan, parts, stored)
 
 
-def _new_data(old: dict, new: dict, fresh: set[str]) -> bool:
-    """Whether a part changed only because the data it reads changed: a load whose file's bytes
-    changed, or a step whose every changed input is such a load, a stored input or such a step
-    (its definition, the job's text, unchanged). ``run --refresh`` recomputes those and still
-    refuses an edited job (a trial: a nightly job's new input files needed --force, which
-    waves edits through too)."""
+def _new_data(row: dict, p: Part, fresh: set[str], reads: dict[str, dict]) -> bool:
+    """Whether a part whose fingerprint changed did so only because the data it reads changed:
+    a load whose file (the same path) holds other bytes, or a step whose every changed input is
+    such a load, such a step, or a stored input naming the same tensor as before (its tiles
+    rewritten); its definition, the job's text, unchanged. ``run --refresh`` recomputes those
+    and still refuses an edited job (a trial: a nightly job's new input files needed --force,
+    which waves edits through too; a review: a tensor= or file= pointed elsewhere is an edit)."""
+    old, new = row["detail"], p.detail
+
     def same(*keys):
         return all(old.get(k) == new.get(k) for k in keys)
 
     if not same("form", "kind", "version"):
         return False
     if new.get("kind") == "load":  # (a new file may hold more rows: its shape is data too)
-        return same("dtype", "index", "value") and not same("sha256")
+        was = (row.get("file_stat") or {}).get("file")
+        return same("dtype", "index", "value") and not same("sha256") and was == (p.file_stat or {}).get("file")
     oi, ni = old.get("inputs") or {}, new.get("inputs") or {}
+    named = {n: (x or {}).get("tensor") for n, x in (old.get("stored_inputs") or {}).items()} \
+        if isinstance(old.get("stored_inputs"), dict) else {}
     return (same("spec", "operands", "join", "agg") and set(oi) == set(ni)
-            and all(oi[n] == ni[n] or n in fresh for n in ni))
+            and all(oi[n] == ni[n] or n in fresh or (n in reads and named.get(n) == reads[n]["tensor"])
+                    for n in ni))
 
 
 def _unread_load(job: Job, name: str, shape_dtype, db) -> TiledValue:
