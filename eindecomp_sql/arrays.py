@@ -75,6 +75,15 @@ def _refuse_tables(x, where: str) -> None:
                           f"{_STORE_TABLE} (or pass .to_numpy() of its numeric columns)")
 
 
+def check_series_missing(x, where: str) -> None:
+    """Refuse a pandas Series of a nullable dtype holding missing values (pd.NA): they came out
+    as NaN of a float64 array, an Int64 Series stored as float64 (a review); a DataFrame's are
+    refused the same way."""
+    if not isinstance(x.dtype, np.dtype) and x.isna().any():
+        raise EinsumError(f"{where}: the pandas Series ({x.dtype}) has {int(x.isna().sum())} missing value(s); "
+                          "fill or drop them first (s.fillna(...))")
+
+
 def read_array(x, where: str) -> np.ndarray:
     """``x`` as a numpy array of a supported dtype, in the byte order it came in (casting rules
     such as numpy's ``casting='no'`` see the dtype as given). ``where`` starts every message."""
@@ -96,11 +105,8 @@ def read_array(x, where: str) -> np.ndarray:
             x = x.data
         elif not (_module(x).startswith("pandas") and type(x).__name__ == "Series"):
             _refuse_tables(x, where)
-        elif not isinstance(x.dtype, np.dtype) and x.isna().any():
-            # a nullable dtype's missing values (pd.NA) came out as NaN of a float64 array, an
-            # Int64 Series stored as float64 (a review); a DataFrame's are refused the same way
-            raise EinsumError(f"{where}: the pandas Series ({x.dtype}) has {int(x.isna().sum())} missing value(s); "
-                              "fill or drop them first (s.fillna(...))")
+        else:
+            check_series_missing(x, where)
         try:
             a = np.asarray(x)
         except Exception as e:  # noqa: BLE001 - anything numpy cannot read is bad input

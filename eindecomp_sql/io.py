@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .arrays import as_array, read_array
+from .arrays import as_array, check_series_missing, read_array
 from .backends import spill
 from .errors import EinsumError
 from .notation.checks import can_cast, check_dtype, check_name, is_bfloat16
@@ -330,9 +330,7 @@ def _series_elements(x, where: str) -> pa.Table | None:
     if len({c.lower() for c in columns}) != len(columns) or VALUE in {c.lower() for c in columns}:
         raise EinsumError(f"{where}: this pandas Series' index levels {columns} repeat a name or are named "
                           f"{VALUE!r}; rename them (s.rename_axis([...]))")
-    if not isinstance(x.dtype, np.dtype) and x.isna().any():  # pd.NA, not a NaN value (as read_array says)
-        raise EinsumError(f"{where}: the pandas Series ({x.dtype}) has {int(x.isna().sum())} missing value(s); "
-                          "fill or drop them first (s.fillna(...))")
+    check_series_missing(x, where)
     try:
         arrays = [pa.array(index.get_level_values(k)) for k in range(index.nlevels)]
         bad = [f"{c!r} ({_type_word(a.type)})" for c, a in zip(columns, arrays) if _kind(a.type) != "int"]

@@ -290,29 +290,27 @@ def test_a_closed_stdout_and_sigterm(files, tmp_path):
     child = ("import sys, time\nfrom eindecomp_sql.jobs import files\nfrom eindecomp_sql.cli import main\n"
              "def slow(path, chunk=1 << 22):\n    print('hashing', flush=True, file=sys.stderr)\n    time.sleep(60)\n"
              "files.file_digest = slow\nmain(sys.argv[1:])\n")
-    p = subprocess.Popen([sys.executable, "-c", child, "run", str(job), "--json"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        assert p.stderr.readline().strip() == "hashing"
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=60)
-    finally:
-        p.kill()
-    assert p.returncode == 143 and "terminated (SIGTERM)" in err, (p.returncode, err)
+
+    def stopped(**popen) -> tuple[int, str, str]:
+        """The child run, sent SIGTERM once it hashes: its exit status, stdout and stderr."""
+        p = subprocess.Popen([sys.executable, "-c", child, "run", str(job), "--json"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, **popen)
+        try:
+            assert p.stderr.readline().strip() == "hashing"
+            p.send_signal(signal.SIGTERM)
+            out, err = p.communicate(timeout=60)
+        finally:
+            p.kill()
+        return p.returncode, out, err
+
+    code, out, err = stopped()
+    assert code == 143 and "terminated (SIGTERM)" in err, (code, err)
     summary = json.loads(out)
     assert summary["ok"] is False and summary["error"] == "interrupted" and summary["ran"] == 0
     # started with SIGINT ignored, as a shell script's `cmd &` is: SIGTERM killed it outright,
     # no summary, no message (a trial)
-    p = subprocess.Popen([sys.executable, "-c", child, "run", str(job), "--json"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    try:
-        assert p.stderr.readline().strip() == "hashing"
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=60)
-    finally:
-        p.kill()
-    assert p.returncode == 143 and "terminated (SIGTERM)" in err, (p.returncode, err)
+    code, out, err = stopped(preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert code == 143 and "terminated (SIGTERM)" in err, (code, err)
     assert json.loads(out)["ok"] is False
 
 

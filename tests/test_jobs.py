@@ -769,20 +769,32 @@ def test_run_refresh_recomputes_for_new_input_data_and_still_refuses_an_edited_j
     assert "Run with --force" in err
 
 
+def _two_jobs(d: Path, capsys, step: str, read_as: str, tensor: str) -> dict[str, str]:
+    """Job one computes ``step`` from x.npy; job two reads stored ``tensor`` as input ``read_as``
+    and negates it (step ``d2``). Both run; returns ``ls``'s job column by tensor."""
+    (d / "one.toml").write_text(f'database = "t.duckdb"\n[inputs]\nx = {{ file = "x.npy" }}\n[steps.{step}]\n'
+                                'spec = "ij->j"\noperands = ["x"]\n')
+    (d / "two.toml").write_text(f'database = "t.duckdb"\n[inputs]\n{read_as} = {{ tensor = "{tensor}" }}\n'
+                                f'[steps.d2]\nspec = "j->j"\noperands = ["{read_as}"]\njoin = "neg"\n')
+    assert run_main(capsys, "run", d / "one.toml")[0] == 0
+    assert run_main(capsys, "run", d / "two.toml")[0] == 0
+    return _ls_jobs(d, capsys)
+
+
+def _ls_jobs(d: Path, capsys) -> dict[str, str]:
+    code, out, err = run_main(capsys, "ls", d / "t.duckdb", "--json")
+    assert code == 0, err
+    return {r["name"]: r["job"] for r in json.loads(out)}
+
+
 def test_ls_stale_passes_by_a_stored_input_named_like_another_jobs_tensor(tmp_path, capsys):
     """A step reading a stored tensor through an input named like a tensor another job wrote was
     compared with that tensor's row (a review: a false STALE)."""
     np.save(tmp_path / "x.npy", np.arange(6.0).reshape(2, 3))
     with eds.connect(str(tmp_path / "t.duckdb")) as db:
         db.store("T", np.ones(3))
-    (tmp_path / "one.toml").write_text('database = "t.duckdb"\n[inputs]\nx = { file = "x.npy" }\n[steps.s]\n'
-                                       'spec = "ij->j"\noperands = ["x"]\n')
-    (tmp_path / "two.toml").write_text('database = "t.duckdb"\n[inputs]\ns = { tensor = "T" }\n[steps.y]\n'
-                                       'spec = "j->j"\noperands = ["s"]\njoin = "neg"\n')
-    assert run_main(capsys, "run", tmp_path / "one.toml")[0] == 0
-    assert run_main(capsys, "run", tmp_path / "two.toml")[0] == 0
-    code, out, err = run_main(capsys, "ls", tmp_path / "t.duckdb", "--json")
-    assert code == 0 and not any("STALE" in (r["job"] or "") for r in json.loads(out)), out
+    state = _two_jobs(tmp_path, capsys, step="s", read_as="s", tensor="T")
+    assert not any("STALE" in (job or "") for job in state.values()), state
 
 
 def test_run_refresh_refuses_a_result_replaced_by_hand_and_inputs_pointed_elsewhere(tmp_path, capsys):
@@ -818,19 +830,12 @@ def test_run_refresh_refuses_a_result_replaced_by_hand_and_inputs_pointed_elsewh
 
 
 def test_ls_flags_a_result_read_through_a_stored_input_another_job_recomputed(tmp_path, capsys):
-    """job2 reads job1's step c as a stored input; job1 ran again on new data: d was computed from
+    """job2 reads job1's step c as a stored input; job1 ran again on new data: d2 was computed from
     the old c, and ls no longer said so once stored inputs were passed by (a review)."""
     np.save(tmp_path / "x.npy", np.ones((3, 4)))
-    (tmp_path / "one.toml").write_text('database = "t.duckdb"\n[inputs]\nx = { file = "x.npy" }\n[steps.c]\n'
-                                       'spec = "ij->j"\noperands = ["x"]\n')
-    (tmp_path / "two.toml").write_text('database = "t.duckdb"\n[inputs]\nc = { tensor = "c" }\n[steps.d]\n'
-                                       'spec = "j->j"\noperands = ["c"]\njoin = "neg"\n')
-    assert run_main(capsys, "run", tmp_path / "one.toml")[0] == 0
-    assert run_main(capsys, "run", tmp_path / "two.toml")[0] == 0
-    code, out, err = run_main(capsys, "ls", tmp_path / "t.duckdb", "--json")
-    assert not any("STALE" in (r["job"] or "") for r in json.loads(out)), out
+    state = _two_jobs(tmp_path, capsys, step="c", read_as="c", tensor="c")
+    assert not any("STALE" in (job or "") for job in state.values()), state
     np.save(tmp_path / "x.npy", np.full((3, 4), 9.0))
     assert run_main(capsys, "run", tmp_path / "one.toml", "--refresh")[0] == 0
-    code, out, err = run_main(capsys, "ls", tmp_path / "t.duckdb", "--json")
-    state = {r["name"]: r["job"] for r in json.loads(out)}
-    assert state["d"] == "step done, STALE: input c (tensor c) changed since" and "STALE" not in state["c"], state
+    state = _ls_jobs(tmp_path, capsys)
+    assert state["d2"] == "step done, STALE: input c (tensor c) changed since" and "STALE" not in state["c"], state

@@ -43,7 +43,7 @@ from sqlglot import exp
 
 from ..plan import EinsumStep, FillStep, Plan, ProgramStep, RetileStep, Step, TiledValue
 from ..plan.cost import nbytes
-from ..plan.kernel_spec import host_reason, kernel_spec, operand_args, read_operands, shared_operands, step_device
+from ..plan.kernel_spec import host_reason, kernel_spec, operands_read, shared_operands, step_device
 from ..plan.steps import step_target
 
 TILE = "tile"
@@ -428,7 +428,7 @@ class SQLCompiler:
         """The operands whose tables an einsum step reads, as ``t<k>``: an operand repeating
         one of them (``kernel_spec.operand_args``: the same value under the same labels) is
         neither read nor joined again, and its tile reaches the kernel once."""
-        return read_operands(operand_args(step.node.operands), len(step.node.operands))
+        return operands_read(step.node.operands)
 
     def label_columns(self, step: EinsumStep) -> tuple[dict[str, exp.Column], list[exp.Expression]]:
         """The key column standing for each label, and the join conditions between occurrences."""

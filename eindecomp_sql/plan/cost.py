@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..graph import EinsumNode
-from .kernel_spec import operand_args, read_operands
+from .kernel_spec import operand_args, operands_read
 from .tiling import ceil_div, pieces_of, tile_of  # noqa: F401 - tile_of/pieces_of are part of this module's face
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def step_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str
         red *= pieces[lab]
     cut = {lab for lab in node.summed if pieces[lab] > 1}
     join = 0
-    for k in read_operands(operand_args(node.operands), len(node.operands)):  # a repeated operand is read once
+    for k in operands_read(node.operands):  # a repeated operand is read once
         op = node.operands[k]
         rep = 1
         for lab in node.labels:
@@ -280,7 +280,7 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
     tile = {lab: tile_of(size[lab], pieces[lab]) for lab in node.labels}
     held_tile_bytes += held_bytes(node, tile)
     # an operand read in place, or repeating another (read and handed once), adds nothing
-    read = read_operands(operand_args(node.operands), len(node.operands))
+    read = operands_read(node.operands)
     op_tile = [0 if op.value in in_place or k not in read else
                math.prod(tile[lab] for lab in op.labels) * np.dtype(operand_dtypes[op.value]).itemsize
                for k, op in enumerate(node.operands)]

@@ -116,6 +116,11 @@ def read_operands(args: tuple[int, ...] | None, n: int) -> list[int]:
     return [k for k in range(n) if args[k] not in args[:k]]
 
 
+def operands_read(operands) -> list[int]:
+    """``read_operands`` of an einsum node's operands (``operand_args``)."""
+    return read_operands(operand_args(operands), len(operands))
+
+
 def _check_device(device) -> str:
     if device not in DEVICES:
         raise EinsumError(f"kernel spec device {device!r} is unknown; devices are {', '.join(DEVICES)}")
