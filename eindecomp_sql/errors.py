@@ -28,3 +28,17 @@ class ExecutionError(EinsumError):
 def caret(text: str, pos: int) -> str:
     """Two lines that point at character ``pos`` of ``text`` (for parse errors)."""
     return f"    {text}\n    {' ' * pos}^"
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` pointed at the first caller outside this package (the user's line),
+    however deep in the package it is called (Python 3.12's ``skip_file_prefixes``, by hand)."""
+    import os
+    import sys
+    import warnings
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 2  # stacklevel 2: warn's caller
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

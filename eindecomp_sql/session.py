@@ -21,7 +21,7 @@ import numpy as np
 from .arrays import as_array
 from .backends import Target, create_backend
 from .backends.running import CtrlCMark, settle
-from .errors import EinsumError
+from .errors import EinsumError, warn
 from .notation.checks import can_cast, check_name
 from .notation.sublist import sublist_spec
 from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, plan_einsum
@@ -743,6 +743,12 @@ def _cast_input(a: np.ndarray, v) -> np.ndarray:
                                   f"({info.min}..{info.max}); cast them yourself, or declare a wider dtype")
         return a.astype(v.dtype)
     if can_cast(a.dtype, v.dtype, "same_kind"):
+        if not v.dtype_given and not can_cast(a.dtype, v.dtype):
+            # float64 data into a graph declared without a dtype came back float32, in silence (a
+            # numpy user's arrays are float64 unless asked): said, with what to change
+            warn(f"input {v.name!r}: the {a.dtype} array is cast to {v.dtype}, the dtype of an input declared "
+                 f"without one; declare g.input({v.name!r}, {v.shape}, dtype={str(a.dtype)!r}) to compute in "
+                 f"{a.dtype}, or pass a {v.dtype} array")
         return a.astype(v.dtype)
     return a  # refused by the caller: the graph wants another dtype
 

@@ -443,3 +443,35 @@ def test_graph_inputs_are_cast_only_where_no_value_changes_past_digits():
                             ("int8", np.array([1.0]), "the graph wants .* int8, got .* float64")):
         with pytest.raises(EinsumError, match=match):
             run(dtype, a)
+
+
+@pytest.mark.parametrize("declared", [None, "float32"])
+def test_a_wider_array_into_an_input_declared_without_a_dtype_warns_at_the_callers_line(declared):
+    """float64 data bound to ``g.input("x", shape)`` was computed in float32 without a word (a
+    numpy user's arrays are float64 unless asked): where the input's dtype was not declared, a
+    cast that loses digits warns, pointing at the user's line and naming the dtype to declare.
+    Declared, or cast losslessly (int8 into float32), it does not; a cached plan of an equal
+    graph does not carry the other graph's choice."""
+    def graph(dtype):
+        g = eds.Graph()
+        g.einsum("ij,jk->ik", g.input("x", (3, 4), dtype), g.input("w", (4, 2), dtype))
+        return g
+
+    rng = np.random.default_rng(1)
+    a, w = random_array(rng, (3, 4), "float64"), random_array(rng, (4, 2), "float32")
+    with eds.connect() as db:
+        for _ in range(2):  # the second plan comes from the cache the first filled
+            g = graph(declared)
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                out = g.plan().run(db, x=a, w=w)
+                g.run(db, x=a.astype(np.int8), w=w)
+            np.testing.assert_allclose(out.to_numpy(), a.astype(np.float32) @ w, rtol=1e-6)
+            if declared is None:
+                assert len(seen) == 1, [str(m.message) for m in seen]
+                assert seen[0].filename == __file__
+                assert re.search(r"input 'x': the float64 array is cast to float32.*declare "
+                                 r"g.input\('x', \(3, 4\), dtype='float64'\)", str(seen[0].message))
+            else:
+                assert not seen, [str(m.message) for m in seen]
+            graph(None if declared else "float32").plan()  # fills the cache for the other kind

@@ -108,13 +108,15 @@ class Graph:
             return (None,) * len(v.shape)
         return tuple(lab if len(lab) == 1 else None for lab in node.output)
 
-    def input(self, name: str, shape, dtype="float32") -> GraphValue:
+    def input(self, name: str, shape, dtype=None) -> GraphValue:
         """A tensor given when the plan runs (an array, a stored Tensor or its name). An array is
-        cast to ``dtype`` (float32 by default): integers and bools to any integer dtype their
-        values fit (one that does not fit is refused, where numpy would wrap it), and any
+        cast to ``dtype`` (float32 when not given): integers and bools to any integer dtype
+        their values fit (one that does not fit is refused, where numpy would wrap it), and any
         same-kind cast numpy makes, even where that loses digits (int64 above 2**24 into
         float32, float64 into float32); floats into integers or complex into real values are
-        refused. A stored Tensor must have ``dtype``."""
+        refused. Where ``dtype`` was not given, a cast that loses digits (numpy's "safe" rule
+        fails: float64 or int64 into float32) warns, naming the dtype to declare. A stored
+        Tensor must have ``dtype``."""
         self._check_new_name(name)
         try:
             # operator.index: ints and numpy ints only; int() would take "12" as (1, 2) and 2.5 as 2
@@ -126,10 +128,10 @@ class Graph:
         if any(d < 1 for d in shape):
             raise EinsumError(f"input {name!r}: every dimension must be >= 1, got {shape}")
         try:
-            dt = check_dtype(dtype)
+            dt = check_dtype("float32" if dtype is None else dtype)
         except (EinsumError, TypeError) as e:
             raise EinsumError(f"input {name!r}: {e}") from None
-        v = ValueInfo(name, shape, dt)
+        v = ValueInfo(name, shape, dt, dtype_given=dtype is not None)
         self._values[name] = v
         self._inputs.append(name)
         return self._handle(v)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..notation import Aggregation, JoinFunction
@@ -11,11 +11,16 @@ from ..notation.spec import first_appearance
 
 @dataclass(frozen=True)
 class ValueInfo:
-    """A tensor in a graph, described by shape alone: ``name``, ``shape``, ``dtype`` (numpy name)."""
+    """A tensor in a graph, described by shape alone: ``name``, ``shape``, ``dtype`` (numpy name).
+
+    ``dtype_given``: False for a graph input declared without a dtype (float32 by default), so
+    that an array of a wider dtype bound to it is cast with a warning; it takes no part in
+    equality or hashing (plans are cached by value)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    dtype_given: bool = field(default=True, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -324,8 +324,13 @@ def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp"
     fixed = _fixed_tiles(graph, inputs)
     used = tuple(v for v in graph.inputs if v.name in read)
     unused = tuple(v for v in graph.inputs if v.name not in read)
-    return _plan_cached(nodes, used, picked, single, unused, workers, budget, strategy, tile_bytes,
+    made = _plan_cached(nodes, used, picked, single, unused, workers, budget, strategy, tile_bytes,
                         tuple(sorted(fixed.items())), costs, fuse)
+    if any(a.dtype_given != b.dtype_given for a, b in zip(made.inputs, used)):
+        # a cached plan made for an equal graph whose inputs' dtypes were (not) declared: this
+        # graph's own inputs say whether binding a wider array warns
+        made = replace(made, inputs=used)
+    return made
 
 
 def _fixed_tiles(graph, inputs) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
