@@ -376,8 +376,14 @@ class Session:
         with self._call():
             v = self.backend.lookup(name)
             if v is None:
-                raise EinsumError(f"no stored tensor named {name!r}; stored: "
-                                  f"{', '.join(self.backend.names()) or 'none'}")
+                said = f"no stored tensor named {name!r}; stored: {', '.join(self.backend.names()) or 'none'}"
+                if getattr(self.backend, "holds_table", lambda n: False)(name):
+                    # a user's own table given to the Python API (a trial): what reads it
+                    said += (f". {name!r} is a table or view of the database, not a stored tensor: the SQL "
+                             f"functions read it as it is (SELECT * FROM einsum('...', '{name}'), see "
+                             f"docs/sql_interface.md), or store it first: db.store('{name}_t', "
+                             f"db.connection.table('{name}'))")
+                raise EinsumError(said)
         return self._tensor(v)
 
     def tensors(self) -> list[str]:

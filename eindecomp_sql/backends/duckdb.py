@@ -563,6 +563,13 @@ class DuckDBBackend:
             self._catalog_seen[key] = found
             return found
 
+    def holds_table(self, name: str) -> bool:
+        """Whether ``name`` is a table or view the connection reads by that bare name (what the
+        SQL functions take as an operand), for the message that says so."""
+        with self.lock:
+            self._check_open()
+            return bool(self._run(COUNT_NAMED.format(where=WHERE_BARE_NAMES_RESOLVE), [name])[0][0])
+
     def names(self) -> list[str]:
         with self.lock:
             try:
