@@ -379,10 +379,9 @@ class Session:
                 said = f"no stored tensor named {name!r}; stored: {', '.join(self.backend.names()) or 'none'}"
                 if getattr(self.backend, "holds_table", lambda n: False)(name):
                     # a user's own table given to the Python API (a trial): what reads it
-                    said += (f". {name!r} is a table or view of the database, not a stored tensor: the SQL "
-                             f"functions read it as it is (SELECT * FROM einsum('...', '{name}'), see "
-                             f"docs/sql_interface.md), or store it first: db.store('{name}_t', "
-                             f"db.connection.table('{name}'))")
+                    said += (f". {name!r} is a table or view of the database, not a stored tensor: db.einsum and "
+                             f"the SQL functions read it as it is (element or array form, docs/sql_interface.md); "
+                             f"to use it here, store it: db.store('{name}_t', db.connection.table('{name}'))")
                 raise EinsumError(said)
         return self._tensor(v)
 
@@ -402,14 +401,26 @@ class Session:
                 self.catalog_epoch += 1
 
     # -- einsum -----------------------------------------------------------------------------
-    def _resolve(self, operands, what=None) -> tuple[list[TiledValue], dict[str, str | np.ndarray]]:
+    def _resolve(self, operands, what=None, spec=None) -> tuple[list[TiledValue], dict[str, str | np.ndarray]]:
         """Operands as plan values, and what each is bound to: a stored tensor's table (the
         value is named after it), or an array (free: the plan picks its tiling). ``what``:
-        how errors name each operand (default ``operand k``)."""
+        how errors name each operand (default ``operand k``). With the einsum's ``spec``, a
+        name that is no stored tensor may be a table of the database in element or array form,
+        read as the SQL functions read it (``sql_functions.table_values``): bound to its table
+        operand, which the backend packs into tiles as the plan cuts them."""
         values, inputs = [], {}
+        tables = []  # positions of table operands
         for k, x in enumerate(operands):
             where = what[k] if what is not None else f"operand {k}"
             fresh = isinstance(x, str)
+            if fresh:
+                check_name(x)
+            if fresh and spec is not None and self.backend.lookup(x) is None:
+                table = getattr(self.backend, "table_operand", lambda name: None)(x)
+                if table is not None:
+                    values.append(table)
+                    tables.append(k)
+                    continue
             if fresh:
                 x = self.tensor(x)
             if isinstance(x, Tensor):
@@ -425,7 +436,29 @@ class Session:
             name = f"_eds_in{k}"
             values.append(TiledValue(name, a.shape, a.dtype.name, None, tuple(f"d{p}" for p in range(a.ndim))))
             inputs[name] = a
+        if tables:
+            from .sql_functions import table_values
+
+            _, values, read = table_values(self, spec, values)
+            inputs.update(read)
+            if self.plan_budget is not None:
+                # under a budget an element table is packed in tiles one statement can pack
+                # (the plan's own choice, one 9 MB tile of a 1500² table, ran DuckDB out of its
+                # limit under memory="100MB"); the plan re-tiles it, in batches, where it wants
+                from .compile.sql_interface import ElementTable, pack_tile
+
+                values = [dataclasses.replace(v, tile=pack_tile(read[v.name], self.plan_budget // 2))
+                          if v.name in read and isinstance(read[v.name], ElementTable) else v for v in values]
         return values, inputs
+
+    def _plan_over(self, spec, values, inputs, join, agg, path=None) -> Plan:
+        """``_plan``, its errors naming a table operand as the user wrote it (not ``_eds_op0``)."""
+        from .sql_functions import _said_of_tables
+
+        try:
+            return self._plan(spec, values, join, agg, path=path)
+        except EinsumError as e:
+            raise _said_of_tables(e, {n: x for n, x in inputs.items() if n.startswith("_eds_op")}) from None
 
     @staticmethod
     def _spec_args(spec, operands) -> tuple[str, tuple]:
@@ -451,8 +484,8 @@ class Session:
         accepted for symmetry with ``einsum``: where a result goes is no part of its plan."""
         spec, operands = self._spec_args(spec, operands)
         with self._call():
-            values, _ = self._resolve(operands)
-            return self._plan(spec, values, join, agg)
+            values, inputs = self._resolve(operands, spec=spec)
+            return self._plan_over(spec, values, inputs, join, agg)
 
     def explain(self, spec: str, *operands, join=None, agg=None, out: str | None = None) -> str:
         """The plan and the SQL of every step (the result shown going to ``out``, if given)."""
@@ -491,8 +524,8 @@ class Session:
             check_name(out, "output name")
         _check_replace(replace)
         with self._call():
-            values, inputs = self._resolve(operands)
-            p = self._plan(spec, values, join, agg)
+            values, inputs = self._resolve(operands, spec=spec)
+            p = self._plan_over(spec, values, inputs, join, agg)
             # where the result goes is no part of the plan: the plan and its SQL are the same
             # on every call (cached); a temporary result gets a fresh table
             target = Target(out) if out is not None else Target(self._temp_name(), temporary=True)
@@ -507,8 +540,8 @@ class Session:
         spec, operands = self._spec_args(spec, operands)
         path = _contraction_order(path, len(operands))
         with self._call():
-            values, inputs = self._resolve(operands)
-            p = self._plan(spec, values, join, agg, path=path)
+            values, inputs = self._resolve(operands, spec=spec)
+            p = self._plan_over(spec, values, inputs, join, agg, path=path)
             return self.backend.execute(p, inputs, {RESULT: Target()}, progress=reporter(progress))[RESULT]
 
     # -- graphs -----------------------------------------------------------------------------

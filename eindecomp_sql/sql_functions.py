@@ -113,19 +113,17 @@ def _said_of_tables(e: EinsumError, tables: dict) -> EinsumError:
     return e if text == str(e) else type(e)(text)
 
 
-def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=None) -> str:
-    """The query answering ``einsum(spec, names...)`` in ``mode`` (tiles, elements or topk)."""
-    if mode not in MODES:
-        raise EinsumError(f"einsum(): unknown mode {mode!r}")
-    if spec is None:
-        raise EinsumError("einsum(): the spec is NULL")
-    count = _k(k) if mode == "topk" else None
-    operands = settle_shapes(spec, [_resolve(session, n) for n in _names(names)])
+def table_values(session, spec: str, operands: list) -> tuple[list, list[TiledValue], dict]:
+    """``operands`` (plan values, and tables of the database as ``read_table_operand`` reads
+    them) as plan values: each table sized by the spec (``settle_shapes``), refused where its
+    dense form cannot fit, and named ``_eds_op<n>``, one value per table and shape. Returns the
+    settled operands, the values, and each table's value name -> the table operand."""
+    operands = settle_shapes(spec, operands)
     for op in operands:
         if not isinstance(op, TiledValue):
             _check_dense(session, op)
-    values, tables = [], {}  # tables: CTE name -> the table operand it tiles
-    by_name: dict[str, TiledValue] = {}
+    values, tables = [], {}  # tables: value (CTE) name -> the table operand it tiles
+    by_name: dict[tuple, TiledValue] = {}
     for op in operands:
         if isinstance(op, TiledValue):
             values.append(op)
@@ -141,6 +139,17 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
             by_name[key] = TiledValue(cte, op.shape, op.dtype, tile, tuple(f"d{p}" for p in range(op.ndim)))
             tables[cte] = op
         values.append(by_name[key])
+    return operands, values, tables
+
+
+def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=None) -> str:
+    """The query answering ``einsum(spec, names...)`` in ``mode`` (tiles, elements or topk)."""
+    if mode not in MODES:
+        raise EinsumError(f"einsum(): unknown mode {mode!r}")
+    if spec is None:
+        raise EinsumError("einsum(): the spec is NULL")
+    count = _k(k) if mode == "topk" else None
+    operands, values, tables = table_values(session, spec, [_resolve(session, n) for n in _names(names)])
     try:
         try:
             plan = session._plan(spec, values, join, agg)

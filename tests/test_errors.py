@@ -97,18 +97,19 @@ def test_unknown_tensor(db):
 
 @pytest.mark.duckdb_only("tables of the database")
 def test_a_plain_table_given_to_the_python_api_is_named_as_one_with_what_reads_it(db):
-    """``db.einsum("ij->i", "E")`` over a table in element form said only "no stored tensor
-    named 'E'; stored: none", though the table was there and the SQL function reads it."""
+    """``db.tensor("E")`` of a table in element form said only "no stored tensor named 'E';
+    stored: none", though the table was there and db.einsum and the SQL functions read it."""
     db.connection.execute("CREATE OR REPLACE TABLE plain_e AS SELECT i, j, (i * j + 0.5)::DOUBLE AS value "
                           "FROM range(3) t(i), range(4) s(j)")
     try:
         with pytest.raises(EinsumError, match=r"no stored tensor named 'plain_e'.*'plain_e' is a table or view of the "
-                                              r"database.*einsum\('...', 'plain_e'\).*db.store\('plain_e_t', "
+                                              r"database.*db.einsum and the SQL functions read it.*db.store\('plain_e_t', "
                                               r"db.connection.table\('plain_e'\)\)"):
-            db.einsum("ij->i", "plain_e")
+            db.tensor("plain_e")
         t = db.store("plain_e_t", db.connection.table("plain_e"))
         want = np.add.outer(np.arange(3.0), np.zeros(4)) * np.arange(4.0) + 0.5
         np.testing.assert_array_equal(db.einsum("ij->i", t).to_numpy(), want.sum(1))
+        np.testing.assert_array_equal(db.einsum("ij->i", "plain_e").to_numpy(), want.sum(1))
     finally:
         db.connection.execute("DROP TABLE IF EXISTS plain_e")
         if "plain_e_t" in db.tensors():

@@ -395,6 +395,66 @@ def test_sql_operand_mix_with_join(sdb):
     assert_close(got, want)
 
 
+def test_the_python_api_reads_tables_as_the_sql_functions_do(sdb):
+    """``db.einsum`` on a table of the database said "no stored tensor named 'E'" though SQL's
+    einsum() read it: an element table, an array table, a stored tensor and an array in one
+    extended einsum, written to out=, each table read once into a TEMP table that goes after;
+    a table's own faults are EinsumErrors, as in SQL."""
+    rng = np.random.default_rng(13)
+    con = sdb.connection
+    e = put_elements(con, "E", random_array(rng, (7, 5), "float64"), rng=rng)
+    m = random_array(rng, (5, 4), "float32")
+    con.execute("CREATE TABLE M(id BIGINT, v FLOAT[4])")
+    order = rng.permutation(5)
+    con.executemany("INSERT INTO M VALUES (?, ?)", [(int(10 * i), m[i].tolist()) for i in order])
+    sdb.store("C", c := random_array(rng, (4,), "float64"), tile=(3,))
+    x = random_array(rng, (7,), "float64")
+    before = set(con.sql("SELECT table_name FROM duckdb_tables()").fetchall())
+    got = sdb.einsum("ij,jk,k,i->ik", "E", "M", "C", x, join=lambda a, b, cc, d: a + b * cc - d, agg="max", out="R")
+    want = reference("ij,jk,k,i->ik", e, m, c, x, join=lambda a, b, cc, d: a + b * cc - d, agg="max")
+    assert_close(got.to_numpy(), want)
+    assert_close(sdb.einsum_numpy("ij,ij->i", "E", "E"), (e * e).sum(1))  # one table twice: read once
+    assert_close(sdb.einsum("ij->j", "E").to_numpy(), e.sum(0))
+    assert "_eds_op0: shape (7, 5) float64" in sdb.explain("ij->j", "E")
+    assert set(con.sql("SELECT table_name FROM duckdb_tables()").fetchall()) == before | {("R",)}
+    con.execute("CREATE TABLE D2(i BIGINT, j BIGINT, v DOUBLE); INSERT INTO D2 VALUES (0, 1, 1.0), (0, 1, 2.0)")
+    con.execute("CREATE TABLE N2(i BIGINT, v DOUBLE); INSERT INTO N2 VALUES (0, 1.0), (-3, 2.0)")
+    for name, sub, message in (("D2", "ij", r"^einsum\(\): table 'D2' has more than one row for element \(i=0, j=1\)"),
+                               ("N2", "i", r"table 'N2': index column 'i' has negative values")):
+        with pytest.raises(EinsumError, match=message):
+            sdb.einsum(f"{sub}->{sub}", name)
+    with pytest.raises(EinsumError, match=r"table 'E' \(operand 0\) has x0 up to 6, but operand 1 gives x0's label 'i' size 3"):
+        sdb.einsum("ij,i->j", "E", np.ones(3))
+    assert set(con.sql("SELECT table_name FROM duckdb_tables()").fetchall()) == before | {("R",), ("D2",), ("N2",)}
+
+
+def test_a_table_under_a_budget_is_packed_in_statements_that_fit_and_runs_where_sql_cannot(tmp_path):
+    """Under a budget, db.einsum packs a table in tiles and bands of statements that fit
+    DuckDB's limit (one statement of a 1500² table's element rows ran out of memory under
+    memory="100MB"), and runs the plans the SQL function refuses (a step in several
+    statements), which its refusal tells the user to do."""
+    n = 1000
+    with eds.connect(str(tmp_path / "t.db"), memory="40MB") as db:
+        db.connection.execute(f"CREATE TABLE E AS SELECT i, j, ((i * 7 + j * 3) % 11 - 5)::DOUBLE AS value "
+                              f"FROM range({n}) t(i), range({n}) s(j) WHERE (i + j) % 4 <> 1")
+        i = np.arange(n)
+        e = ((i[:, None] * 7 + i[None, :] * 3) % 11 - 5).astype(float)
+        e[(i[:, None] + i[None, :]) % 4 == 1] = 0
+        bands = []
+        pack_bands = db.backend._pack_bands
+        db.backend._pack_bands = lambda op, v: bands.append(pack_bands(op, v)) or bands[-1]
+        np.testing.assert_array_equal(db.einsum("ij->i", "E").to_numpy(), e.sum(1))
+        assert len(bands) == 1 and len(bands[0]) > 1, bands
+        m = e[:500, :500]
+        db.connection.execute("CREATE VIEW F AS SELECT * FROM E WHERE i < 500 AND j < 500")
+        db.close()
+    with eds.connect(str(tmp_path / "t.db"), memory="16MB") as db:
+        with pytest.raises(duckdb.Error, match=r"as \d+ statements, but a SQL table function is one query; call "
+                                               r"db.einsum\(\.\.\.\)"):
+            db.connection.sql("SELECT count(*) FROM einsum('ij,jk->ik', 'F', 'F')").fetchall()
+        np.testing.assert_allclose(db.einsum("ij,jk->ik", "F", "F").to_numpy(), m @ m, rtol=1e-12)
+
+
 def test_dense_form_too_large_is_refused(sdb):
     con = sdb.connection
     con.execute("CREATE TABLE SP(i BIGINT, j BIGINT, v DOUBLE); INSERT INTO SP VALUES (0, 0, 1.0), "
@@ -447,6 +507,8 @@ def test_element_tables_property(pdb, case):
     want = np.einsum(spec, e)
     got = elements(con, "SELECT * FROM einsum_elements(?, 'E')", want.shape, want.dtype, [spec])
     assert_close(got, want)
+    # the Python API reads the table as the SQL function does (packed before the plan runs)
+    assert_close(pdb.einsum_numpy(spec, "E"), want)
 
 
 def test_sql_einsum_next_to_python_einsum_in_threads():

@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import math
 import os
+import re
 import shutil
 import threading
 import weakref
@@ -19,6 +20,7 @@ from sqlglot import exp
 
 from ..compile import DuckDBCompiler, create_table_as, drop_table
 from ..compile.compiler import ident, on_device
+from ..compile.sql_interface import ArrayTable, ElementTable, pack_bytes, pack_query
 from ..plan.kernel_spec import device_only_results, host_reason, inputs_read_by_name
 from ..compile.sql import table
 from ..errors import EinsumError, ExecutionError
@@ -31,7 +33,7 @@ from . import allocator, parts as parted, spill
 from ..udfs.pool import RUN_TOKEN, THREADS, Cancelled, KernelState
 from .base import Target
 from .running import Watch, run_interruptible
-from .tables import COUNT_NAMED, WHERE_BARE_NAMES_RESOLVE
+from .tables import COUNT_NAMED, WHERE_BARE_NAMES_RESOLVE, read_table_operand
 
 
 # a step whose projected peak (the tiles of one UDF call, every column together) reaches this
@@ -68,6 +70,7 @@ COSTS = CostModel("duckdb", join=1.0, group=0.7, agg=6.0, retile=3.0, statement=
 
 # run numbers: the device cache's names for the values one run of a plan computes
 _RUNS = itertools.count()
+_PACKS = itertools.count()  # TEMP tables of packed table operands (_packed), unique in a nested run too
 
 
 # id(connection) -> (weak references to the backend that registered its UDFs and to the
@@ -563,6 +566,13 @@ class DuckDBBackend:
             self._catalog_seen[key] = found
             return found
 
+    def table_operand(self, name: str):
+        """Table or view ``name`` as an einsum operand (``tables.read_table_operand``: element or
+        array form, with its statistics), or None where there is none by that name."""
+        with self.lock:
+            self._check_open()
+            return read_table_operand(self.con, name, getattr(self, "home", None))
+
     def holds_table(self, name: str) -> bool:
         """Whether ``name`` is a table or view the connection reads by that bare name (what the
         SQL functions take as an operand), for the message that says so."""
@@ -979,10 +989,13 @@ class DuckDBBackend:
         arrays: dict[str, pa.Table] = {}  # value name -> its tiles, for the run
         host: dict[str, tuple] = {}  # ... or its keys only, the kernels reading the array itself
         by_name = inputs_read_by_name(plan) if self.compiler.device_residency else frozenset()
+        packed = {}  # value name -> (table operand, value): packed into a TEMP table for the run
         for v in plan.inputs:
             x = inputs[v.name]
             if isinstance(x, str):
                 tables[v.name] = x
+            elif isinstance(x, (ElementTable, ArrayTable)):
+                packed[v.name] = (x, v)
             elif v.name in by_name:
                 # its tiles never enter DuckDB: the SQL joins their keys and hands the kernels
                 # NULL, and they read views of the array (udfs/register.py: _host_tile). Two
@@ -1030,8 +1043,9 @@ class DuckDBBackend:
                         tables[name] = parted.new_part_names(1)[0].replace(parted.PREFIX, "_eds_new_")
                         swaps[tables[name]] = t.table
             with (self._arrays(arrays, host, results) as names, self._engine_memory(plan),
-                  self._device_tiles(plan, inputs, set(parts_of))):
+                  self._packed(packed) as packs, self._device_tiles(plan, inputs, set(parts_of))):
                 tables.update(names)
+                tables.update(packs)
                 rows = run_interruptible(
                     lambda: self._run_steps(plan, compiled, tables, outputs, replace, watch, swaps, parts_of),
                     self._work.interrupt, self.kernels, watch)
@@ -1040,6 +1054,46 @@ class DuckDBBackend:
         return {name: array_from_tiles(t, v.shape, v.tile, v.dtype, v.keys,
                                        out=results[name][0] if name in results else None)
                 for (name, t), v in zip(rows.items(), (_output(plan, n) for n in rows))}
+
+    @contextlib.contextmanager
+    def _packed(self, packed: dict):
+        """Tables of the database given as operands (element or array form), each packed into
+        a TEMP table in the tiles the plan cuts it in, by the query the SQL functions inline
+        (``pack_query``: its checks of indices and values included), for the block: value
+        name -> the TEMP table. The table's rows are read once, before the plan's statements."""
+        names: dict[str, str] = {}
+        try:
+            for value, (op, v) in packed.items():
+                name = f"_eds_t{next(_PACKS)}"
+                names[value] = name
+                for k, band in enumerate(self._pack_bands(op, v)):
+                    query = pack_query(op, v, self.compiler, band).sql(dialect="duckdb")
+                    sql = f"CREATE TEMP TABLE {name} AS {query}" if k == 0 else f"INSERT INTO {name} {query}"
+                    try:
+                        run_interruptible(lambda: self._run(sql), self._work.interrupt, self.kernels)
+                    except duckdb.Error as e:
+                        # the table's own fault (two rows for one element, rows added since its
+                        # shape was read), said by the pack kernel or the query's error(): ours
+                        said = re.search(r"(einsum\(\): .*)", str(e), re.S)
+                        if said:
+                            raise EinsumError(said.group(1)) from None
+                        raise ExecutionError(f"reading {op.describe()} into tiles failed: {e}") from e
+            yield names
+        finally:
+            for name in names.values():
+                if not self._closed:
+                    self._run(f"DROP TABLE IF EXISTS {name}")
+
+    def _pack_bands(self, op, v: TiledValue) -> list[tuple[int, int] | None]:
+        """The statements a table operand is packed in: under a budget, bands of first keys
+        whose packing (``pack_bytes``) fits half of DuckDB's limit (one statement held a 1500²
+        table's element rows as lists for every tile at once, out of memory under
+        memory="100MB"); else one (None)."""
+        if self.budget is None or not v.shape or v.grid[0] <= 1:
+            return [None]
+        row_of_tiles = pack_bytes(op, math.prod(v.tile) * math.prod(v.grid[1:]))
+        step = max(1, (self._memory_limit or self.budget) // 2 // max(row_of_tiles, 1))
+        return [(lo, min(lo + step, v.grid[0])) for lo in range(0, v.grid[0], step)]
 
     @contextlib.contextmanager
     def _device_tiles(self, plan: Plan, inputs, parted=frozenset()):

@@ -295,6 +295,26 @@ def array_tile(op: ArrayTable, tile_bytes: int) -> tuple[int, int]:
     return (t0, max(op.width, 1))
 
 
+def pack_bytes(op: TableOperand, elements: int) -> int:
+    """What DuckDB holds to pack ``elements`` of a table operand in one statement (measured
+    on an element table of float64: one 750 x 1500 tile, 1.1M list members of (offset, value),
+    ran out of a 73.5 MiB limit; budgeted at 6x a member's bytes, the tile's in them); an
+    array table's rows are lists of values (3x their bytes)."""
+    item = np.dtype(op.dtype).itemsize
+    return elements * (6 * (8 + item) if isinstance(op, ElementTable) else 3 * item)
+
+
+def pack_tile(op: ElementTable, room: int) -> tuple[int, ...]:
+    """Tiles of whole trailing dimensions, as many leading rows per tile as one statement can
+    pack in ``room`` bytes (``pack_bytes``): an element table's tiling under a budget, fixed
+    before planning (the plan re-tiles it where it wants other tiles)."""
+    if not op.shape:
+        return ()
+    row = math.prod(op.shape[1:])
+    t0 = max(1, min(op.shape[0], room // max(pack_bytes(op, row), 1)))
+    return (t0, *op.shape[1:])
+
+
 def _type(dtype: str) -> exp.DataType:
     """DuckDB's type for a dtype's elements (``notation/checks.py`` SQL_TYPES)."""
     return sql_type(SQL_TYPES[dtype])
@@ -316,7 +336,8 @@ def _of(key: str, alias_: str) -> exp.Column:
     return exp.Column(this=ident(key), table=name(alias_))
 
 
-def pack_elements(op: ElementTable, tiled: TiledValue, compiler: SQLCompiler | None = None) -> exp.Select:
+def pack_elements(op: ElementTable, tiled: TiledValue, compiler: SQLCompiler | None = None,
+                  band: tuple[int, int] | None = None) -> exp.Select:
     """The tiled table of an element-form operand: every tile of the grid, empty ones too
     (they are zeros), each packed from the element rows whose indices fall in it.
 
@@ -355,6 +376,14 @@ def pack_elements(op: ElementTable, tiled: TiledValue, compiler: SQLCompiler | N
                                     for i, t, k in zip(idx, tiled.tile, keys)]
                        + [alias(checked, name("o")), alias(cast(col(op.value), SQL_TYPES[op.dtype]), name("v"))])
     cells = cells.from_(table(op.table), copy=False)
+    if band is not None and keys:
+        # the tiles of first keys lo..hi-1 only (a statement of its own: db.einsum under a
+        # budget packs a big table in several); rows outside the shape still reach the check
+        i0, t0, n0 = idx[0], tiled.tile[0], tiled.shape[0]
+        cells.set("where", exp.Where(this=exp.or_(
+            exp.LT(this=i0.copy(), expression=num(0)), exp.GTE(this=i0.copy(), expression=num(n0)),
+            exp.and_(exp.GTE(this=i0.copy(), expression=num(band[0] * t0)),
+                     exp.LT(this=i0.copy(), expression=num(band[1] * t0))))))
     members = exp.Select(expressions=[col(k) for k in keys]
                          + [alias(c.list_aggregate(this=struct(o=ucol("o"), v=ucol("v"))), name("m"))])
     members = members.from_(subquery(cells, "cells"), copy=False)
@@ -362,7 +391,8 @@ def pack_elements(op: ElementTable, tiled: TiledValue, compiler: SQLCompiler | N
         members.set("group", exp.Group(expressions=[col(k) for k in keys]))
     # the grid of tile keys: a cross product of range()s (one row of nothing for a scalar)
     if keys:
-        ranges = [range_table(0, g, f"g{p}", k) for p, (g, k) in enumerate(zip(tiled.grid, keys))]
+        lo_hi = [band if p == 0 and band is not None else (0, g) for p, g in enumerate(tiled.grid)]
+        ranges = [range_table(lo, hi, f"g{p}", k) for p, ((lo, hi), k) in enumerate(zip(lo_hi, keys))]
         grid = exp.Select(expressions=[exp.Star()]).from_(ranges[0], copy=False)
         if len(ranges) > 1:
             grid.set("joins", [exp.Join(this=r, kind="CROSS") for r in ranges[1:]])
@@ -379,7 +409,8 @@ def pack_elements(op: ElementTable, tiled: TiledValue, compiler: SQLCompiler | N
     return select
 
 
-def pack_rows(op: ArrayTable, tiled: TiledValue, compiler: SQLCompiler | None = None) -> exp.Select:
+def pack_rows(op: ArrayTable, tiled: TiledValue, compiler: SQLCompiler | None = None,
+              band: tuple[int, int] | None = None) -> exp.Select:
     """The tiled table of an array-form operand: tiles of whole rows, in key order.
 
     A table with a fixed-size array column as a tiled (rows x n) matrix, inside the einsum's
@@ -418,14 +449,23 @@ def pack_rows(op: ArrayTable, tiled: TiledValue, compiler: SQLCompiler | None = 
         numbered = exp.Select(expressions=[alias(col(op.key), name("nk")),
                                            alias(exp.Sub(this=window, expression=num(1)), name("r"))])
         numbered = numbered.from_(table(op.table), copy=False)
-        select.set("joins", [exp.Join(this=subquery(numbered, "numbered"),
-                                      on=exp.EQ(this=ucol("nk", "numbered"), expression=key.copy()))])
+        on = exp.EQ(this=ucol("nk", "numbered"), expression=key.copy())
+        if band is not None:  # the tiles of row keys lo..hi-1 only (see pack_elements)
+            r = ucol("r", "numbered")
+            on = exp.and_(on, exp.GTE(this=r, expression=num(band[0] * t0)),
+                          exp.LT(this=r.copy(), expression=num(band[1] * t0)))
+        select.set("joins", [exp.Join(this=subquery(numbered, "numbered"), on=on)])
         select.set("group", exp.Group(expressions=[tile_key()]))
     return select
 
 
-def pack_query(op: TableOperand, tiled: TiledValue, compiler: SQLCompiler | None = None) -> exp.Expression:
-    return pack_elements(op, tiled, compiler) if isinstance(op, ElementTable) else pack_rows(op, tiled, compiler)
+def pack_query(op: TableOperand, tiled: TiledValue, compiler: SQLCompiler | None = None,
+               band: tuple[int, int] | None = None) -> exp.Expression:
+    """The tiled table of a table operand; ``band``: only the tiles whose first key is in
+    ``range(*band)`` (a table packed in several statements)."""
+    if isinstance(op, ElementTable):
+        return pack_elements(op, tiled, compiler, band)
+    return pack_rows(op, tiled, compiler, band)
 
 
 def with_ctes(query: exp.Expression, ctes: list[tuple[str, exp.Expression]]) -> exp.Expression:
