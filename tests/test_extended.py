@@ -396,3 +396,25 @@ def test_overflow_and_invalid_values_raise_no_warning_as_in_numpy(db):
         x = g.input("x", h.shape, "float64")
         g.map("exp", g.einsum("ij,kj->ik", x, x))
         np.testing.assert_array_equal(g.run(db, x=h).to_numpy(), np.full((5, 5), np.inf))
+
+
+@pytest.mark.parametrize("n", [9, 11])
+@pytest.mark.parametrize("join, agg", [("mul", "max"), ("add", "sum"), ("max", "min")])
+def test_more_than_eight_operands_in_one_step(db, n, join, agg):
+    """A join other than a product summed over 9 operands is one step, whose kernel of 9
+    tiles was not registered ("Scalar Function with name eds_einsum9 does not exist", a
+    trial; eds_einsum_group8s on tiled operands): the kernels of any operand count run, rows
+    and grouped steps alike, and match numpy."""
+    rng = np.random.default_rng(n)
+    arrays = [rng.standard_normal((5, 4)) for _ in range(n)]
+    spec = ",".join(["ij"] * (n - 1) + ["j"]) + "->i"
+    ops = arrays[:-1] + [arrays[-1][0]]
+    want = reference(spec, *ops, join=join, agg=agg)
+    assert_close(eds.einsum(spec, *ops, join=join, agg=agg), want)
+    stored = [db.store(f"many{k}", a, tile=(2, 3), replace=True) for k, a in enumerate(ops[:-1])]
+    stored.append(db.store(f"many{n - 1}", ops[-1], tile=(3,), replace=True))
+    assert_close(db.einsum(spec, *stored, join=join, agg=agg).to_numpy(), want)
+    assert_close(db.einsum(spec, *stored[:-1], ops[-1], join=join, agg=agg).to_numpy(), want)
+    vectors = [a[:, 0] for a in arrays]  # the trial's case: "i,i,...->i"
+    assert_close(eds.einsum(",".join(["i"] * n) + "->i", *vectors, join=join, agg=agg),
+                 reference(",".join(["i"] * n) + "->i", *vectors, join=join, agg=agg))

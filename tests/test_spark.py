@@ -1346,3 +1346,12 @@ def test_a_temporary_result_feeds_the_next_einsum_with_tensors_as_tables(tdb):
     T = tdb.einsum("ij,jk->ik", tdb.store("TA", a, tile=(4, 7), replace=True), tdb.store("TB", b, replace=True))
     assert T.is_temporary
     assert_close(tdb.einsum("ik->k", T).to_numpy(), (a @ b).sum(0))
+
+
+def test_more_than_eight_operands_in_one_step_on_spark(sdb):
+    """The einsum kernels of 9 operands, registered on Spark when a plan calls them."""
+    rng = np.random.default_rng(9)
+    arrays = [rng.standard_normal((5, 4)) for _ in range(9)]
+    stored = [sdb.store(f"many{k}", a, tile=(2, 3), replace=True) for k, a in enumerate(arrays)]
+    got = sdb.einsum(",".join(["ij"] * 9) + "->i", *stored, join="add", agg="max").to_numpy()
+    np.testing.assert_allclose(got, np.sum(arrays, axis=0).max(1), rtol=1e-12)

@@ -8,6 +8,7 @@ one registration per connection serves every plan, including plans built inside 
 from __future__ import annotations
 
 import math
+import re
 from typing import Callable
 
 import numpy as np
@@ -538,6 +539,45 @@ def _with_arity(fn: Callable, names: list[str]) -> Callable:
     return wrapper
 
 
+# the einsum kernels' names by operand count: registered for 1..MAX_ARITY on every connection,
+# beyond it when a plan calls one (``register_arity``; a non-sum join of 9 operands is one step)
+ARITY_UDF = re.compile(r"\beds_einsum(?:_group)?(\d+)s?\(", re.IGNORECASE)
+
+
+def _tile_types():
+    import duckdb
+
+    blob = duckdb.sqltype("BLOB")
+    # a NULL tile is one the device holds (eds_resident) or an array operand's the kernel reads
+    # in place (_host_tile): the kernel must see the row, where DuckDB's default null handling
+    # would skip it and give the output tile NULL; and a kernel returns NULL for a result it
+    # leaves on the device (_keep_result), which DEFAULT refuses
+    opts = dict(type="arrow", side_effects=False)
+    return (blob, duckdb.sqltype("VARCHAR"), duckdb.list_type(duckdb.sqltype("BIGINT")), opts,
+            dict(opts, null_handling="special"))
+
+
+def register_arity(con, state: KernelState | None, n: int) -> None:
+    """The einsum kernels of ``n`` operands on ``con``: one joined row (``eds_einsum<n>``), a
+    group (``eds_einsum_group<n>``), a group with shared operands (``eds_einsum_group<n>s``)."""
+    import duckdb
+
+    blob, text, keys, _, tile_opts = _tile_types()
+
+    def create_function(name, fn, *args, **kw):
+        con.create_function(name, serving(fn, state), *args, **kw)
+
+    rows = _with_arity(einsum_rows, ["spec", "keys"] + [f"t{k}" for k in range(n)])
+    create_function(f"eds_einsum{n}", rows, [text, keys] + [blob] * n, blob, **tile_opts)
+    member = duckdb.struct_type({"k": keys, **{f"t{k}": blob for k in range(n)}})
+    groups = _with_arity(einsum_groups, ["spec", "keys", "members"])
+    create_function(f"eds_einsum_group{n}", groups, [text, keys, duckdb.list_type(member)], blob, **tile_opts)
+    # n operands in the members, the shared ones once per group in a list
+    groups_shared = _with_arity(einsum_groups, ["spec", "keys", "members", "shared"])
+    create_function(f"eds_einsum_group{n}s", groups_shared, [text, keys, duckdb.list_type(member),
+                                                             duckdb.list_type(blob)], blob, **tile_opts)
+
+
 def register_kernels(con, state: KernelState | None = None) -> None:
     """Register every tile UDF on ``con`` (idempotent per connection); ``state`` is the
     connection's cancel flag and tile count (``pool.KernelState``)."""
@@ -546,25 +586,9 @@ def register_kernels(con, state: KernelState | None = None) -> None:
     def create_function(name, fn, *args, **kw):
         con.create_function(name, serving(fn, state), *args, **kw)
 
-    blob = duckdb.sqltype("BLOB")
-    text = duckdb.sqltype("VARCHAR")
-    keys = duckdb.list_type(duckdb.sqltype("BIGINT"))
-    opts = dict(type="arrow", side_effects=False)
-    # a NULL tile is one the device holds (eds_resident) or an array operand's the kernel reads
-    # in place (_host_tile): the kernel must see the row, where DuckDB's default null handling
-    # would skip it and give the output tile NULL; and a kernel returns NULL for a result it
-    # leaves on the device (_keep_result), which DEFAULT refuses
-    tile_opts = dict(opts, null_handling="special")
-    groups = _with_arity(einsum_groups, ["spec", "keys", "members"])
-    groups_shared = _with_arity(einsum_groups, ["spec", "keys", "members", "shared"])
+    blob, text, keys, opts, tile_opts = _tile_types()
     for n in range(1, MAX_ARITY + 1):
-        rows = _with_arity(einsum_rows, ["spec", "keys"] + [f"t{k}" for k in range(n)])
-        create_function(f"eds_einsum{n}", rows, [text, keys] + [blob] * n, blob, **tile_opts)
-        member = duckdb.struct_type({"k": keys, **{f"t{k}": blob for k in range(n)}})
-        create_function(f"eds_einsum_group{n}", groups, [text, keys, duckdb.list_type(member)], blob, **tile_opts)
-        if n < MAX_ARITY:  # n operands in the members, the shared ones once per group in a list
-            create_function(f"eds_einsum_group{n}s", groups_shared, [text, keys, duckdb.list_type(member),
-                                                                     duckdb.list_type(blob)], blob, **tile_opts)
+        register_arity(con, state, n)
     create_function("eds_program", program_rows, [text, duckdb.list_type(blob)], blob, **tile_opts)
     for n in range(1, MAX_PROGRAM_ARITY + 1):
         args = _with_arity(program_args, ["spec"] + [f"t{k}" for k in range(n)])

@@ -47,13 +47,22 @@ def register_spark_kernels(spark) -> None:
         spark.udf.register(name, arrow_udf(_arity(_in_worker(fn, key), n), returns))
 
     for n in range(1, MAX_ARITY + 1):
-        register(f"eds_einsum{n}", _r.einsum_rows, 2 + n, blob)
-        register(f"eds_einsum_group{n}", _r.einsum_groups, 3, blob)
-        if n < MAX_ARITY:
-            register(f"eds_einsum_group{n}s", _r.einsum_groups, 4, blob)
+        register_spark_arity(spark, n)
     register("eds_program", _r.program_rows, 2, blob)
     for n in range(1, _r.MAX_PROGRAM_ARITY + 1):
         register(f"eds_program{n}", _r.program_args, 1 + n, blob)
     register("eds_split", _r.retile_split, 3, f"array<struct<n:{keys},k:{keys},t:{blob}>>")
     register("eds_assemble", _r.retile_assemble, 3, blob)
     register("eds_fill", _r.fill_tiles, 2, blob)
+
+
+def register_spark_arity(spark, n: int) -> None:
+    """The einsum kernels of ``n`` operands on ``spark`` (``register.register_arity``'s three)."""
+    from pyspark.sql.functions import arrow_udf
+
+    from eindecomp_sql.plan.kernel_spec import _spec_key
+
+    key = _spec_key()
+    for name, fn, count in ((f"eds_einsum{n}", _r.einsum_rows, 2 + n), (f"eds_einsum_group{n}", _r.einsum_groups, 3),
+                            (f"eds_einsum_group{n}s", _r.einsum_groups, 4)):
+        spark.udf.register(name, arrow_udf(_arity(_in_worker(fn, key), count), "binary"))

@@ -985,6 +985,7 @@ class DuckDBBackend:
         KeyboardInterrupt; ``progress`` (a callable) receives a :class:`StepProgress` several
         times a second."""
         compiled = self.compiler.compile_plan(plan)
+        self._register_arities(compiled)
         tables: dict[str, str] = {}
         arrays: dict[str, pa.Table] = {}  # value name -> its tiles, for the run
         host: dict[str, tuple] = {}  # ... or its keys only, the kernels reading the array itself
@@ -1083,6 +1084,18 @@ class DuckDBBackend:
             for name in names.values():
                 if not self._closed:
                     self._run(f"DROP TABLE IF EXISTS {name}")
+
+    def _register_arities(self, compiled) -> None:
+        """The einsum kernels of more than ``MAX_ARITY`` operands the statements call, registered
+        now (a non-sum join of 9 operands is one step: "Scalar Function with name eds_einsum9
+        does not exist", a trial); 1..MAX_ARITY are registered with the connection."""
+        from eindecomp_sql.udfs.register import ARITY_UDF, MAX_ARITY, register_arity
+
+        wanted = {int(n) for c in compiled for n in ARITY_UDF.findall(c.text)} - set(range(1, MAX_ARITY + 1))
+        with self.lock:
+            for n in sorted(wanted):
+                if f"eds_einsum{n}" not in self._functions.names:
+                    register_arity(self._functions, self.kernels, n)
 
     def _pack_bands(self, op, v: TiledValue) -> list[tuple[int, int] | None]:
         """The statements a table operand is packed in: under a budget, bands of first keys

@@ -668,6 +668,17 @@ class SparkBackend:
         return where
 
     # -- execution --------------------------------------------------------------------------
+    def _register_arities(self, compiled) -> None:
+        """The einsum kernels of more than ``MAX_ARITY`` operands the statements call (see the
+        DuckDB backend's), registered on the session once."""
+        from ..udfs.register import ARITY_UDF, MAX_ARITY
+        from ..udfs.spark import register_spark_arity
+
+        done = self.__dict__.setdefault("_arities", set(range(1, MAX_ARITY + 1)))
+        for n in sorted({int(n) for c in compiled for n in ARITY_UDF.findall(c.text)} - done):
+            register_spark_arity(self.spark, n)
+            done.add(n)
+
     def execute(self, plan: Plan, inputs: Mapping[str, str | np.ndarray], outputs: Mapping[str, Target],
                 replace: bool = False, progress: Callable | None = None) -> dict[str, np.ndarray]:
         """Run the plan's steps, one Spark SQL statement each; see ``base.Backend.execute``.
@@ -683,6 +694,7 @@ class SparkBackend:
                 compiled = compiler.compile_plan_uncached(plan)
         with self.lock:
             self._check_open()
+            self._register_arities(compiled)
             for t in outputs.values():
                 if t.table is not None and not t.temporary:
                     self._check_writable(t.table)
