@@ -279,6 +279,28 @@ def test_unknown_temp_and_uncommitted_tables(sdb):
         con.sql("SELECT * FROM einsum('i->i', 'x; DROP TABLE TT')").fetchall()
 
 
+def test_an_element_table_grown_by_another_connection_is_not_read_with_phantom_rows():
+    """The shape is planned from the committed rows (read on a cursor of its own), the query
+    reads its own snapshot: in a transaction begun before another connection's insert, the
+    10 x 4 table the query sees came back as 20 rows, the last 10 zeros, in silence (a trial).
+    Now the rows the query sees must be those counted, or it stops; after COMMIT it reads all."""
+    with eds.connect() as db:
+        con = db.connection
+        con.execute("CREATE TABLE G(i BIGINT, j BIGINT, v DOUBLE)")
+        con.execute("INSERT INTO G SELECT i, j, (i * 16 + j)::DOUBLE FROM range(10) t(i), range(4) s(j)")
+        con.execute("BEGIN")
+        con.execute("SELECT count(*) FROM G").fetchall()  # the transaction's snapshot: 10 x 4
+        con.cursor().execute("INSERT INTO G SELECT i, j, 1.0 FROM range(10, 20) t(i), range(4) s(j)")
+        with pytest.raises(duckdb.Error, match=r"table 'G' changed while einsum read it \(its shape \(20, 4\) was "
+                                               r"planned from 80 committed rows; this query sees 40 rows"):
+            con.execute("SELECT * FROM einsum_elements('ij->i', 'G')").fetchall()
+        con.execute("COMMIT")
+        want = np.concatenate([np.arange(10) * 64 + 6.0, np.full(10, 4.0)])
+        got = elements(con, "SELECT * FROM einsum_elements('ij->i', 'G')", (20,), np.float64)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(db.einsum("ij->i", "G").to_numpy(), want)
+
+
 def run_with_timeout(fn, seconds=60):
     """Run ``fn`` in a thread; fail (instead of hanging the suite) if it deadlocks."""
     out = {}

@@ -87,6 +87,7 @@ class ElementTable:
     value: str
     dtype: str
     shape: tuple[int, ...] | None = None
+    rows: int | None = None  # the rows the statistics query counted
 
     @property
     def ndim(self) -> int:
@@ -244,7 +245,7 @@ def with_stats(op: TableOperand, row: tuple) -> TableOperand:
     if int(row[-1]) < n:
         raise EinsumError(f"einsum(): table {name!r}: value column {op.value!r} has {n - int(row[-1])} NULL(s); "
                           "leave missing elements out (they are 0) or use coalesce() in a view")
-    return replace(op, shape=tuple(shape))
+    return replace(op, shape=tuple(shape), rows=n)
 
 
 def _subscripts(spec: str, k: int) -> str | None:
@@ -403,9 +404,25 @@ def pack_elements(op: ElementTable, tiled: TiledValue, compiler: SQLCompiler | N
                   exp.Coalesce(this=ucol("m", "e"), expressions=[exp.Cast(this=exp.Array(expressions=[]),
                                                                           to=_member_type(op.dtype))]))
     on = exp.and_(*[exp.EQ(this=_of(k, "g"), expression=_of(k, "e")) for k in keys]) if keys else exp.true()
+    joins = [exp.Join(this=subquery(members, "e"), side="FULL", kind="OUTER", on=on)]
+    if band is None and op.rows is not None:
+        # The shape was planned from the rows committed when the statistics were read (on
+        # another cursor); this query reads its own snapshot. Fewer rows here (a transaction
+        # begun before another connection's insert, a table swapped meanwhile) gave the planned
+        # shape's extra rows as zeros, in silence (a trial): the rows it sees must be the rows
+        # counted (rows beyond the shape stop it above)
+        seen = exp.Select(expressions=[alias(exp.Count(this=exp.Star()), name("n"))]).from_(table(op.table), copy=False)
+        joins.append(exp.Join(this=subquery(seen, "seen"), kind="CROSS"))
+        said = exp.DPipe(this=exp.DPipe(this=exp.Literal.string(
+            f"einsum(): table {op.table!r} changed while einsum read it (its shape {tuple(tiled.shape)} was planned "
+            f"from {op.rows} committed rows; this query sees "), expression=cast(ucol("n", "seen"), "VARCHAR")),
+            expression=exp.Literal.string(" rows: a transaction begun before another connection's change, or a change "
+                                          "meanwhile); COMMIT first, or run it again"))
+        kernel = exp.Case(ifs=[exp.If(this=exp.EQ(this=ucol("n", "seen"), expression=num(op.rows)), true=kernel)],
+                          default=call("error", said))
     select = exp.Select(expressions=[alias(k, ident(key)) for k, key in zip(out_keys, keys)] + [alias(kernel, name(TILE))])
     select = select.from_(subquery(grid, "g"), copy=False)
-    select.set("joins", [exp.Join(this=subquery(members, "e"), side="FULL", kind="OUTER", on=on)])
+    select.set("joins", joins)
     return select
 
 
