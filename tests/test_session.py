@@ -735,3 +735,41 @@ def test_an_array_where_the_name_goes_is_named_by_its_type_not_printed(db):
     assert msg == ("invalid tensor name: expected a str, got a ndarray of shape (1000, 100) (the name comes first: "
                    "store(name, data))"), msg
     assert db.tensors() == [] or "A" not in db.tensors()
+
+
+REENTRANT = r"""
+import threading, numpy as np, eindecomp_sql as eds
+a = np.arange(6.0).reshape(2, 3); b = np.arange(12.0).reshape(3, 4)
+for call in (lambda: eds.einsum("ij,jk->ik", a, b, join=lambda x, y: eds.einsum("...,...->...", x, y)),
+             lambda: db.einsum("ij,jk->ik", A, B, join=lambda x, y: db.einsum_numpy("...,...->...", x, y))):
+    db = eds.connect(); A = db.store("A", a); B = db.store("B", b)
+    try:
+        call()
+        print("ran")
+    except eds.EinsumError as e:
+        print("refused:", "called from inside a tile kernel" in str(e))
+    print("then:", np.array_equal(db.einsum_numpy("ij,jk->ik", A, B), a @ b))
+m = np.random.default_rng(5).standard_normal((1200, 1200))
+db.store("M", m, tile=(400, 400)); seen = []
+def cb(p):
+    try:
+        seen.append((threading.current_thread() is threading.main_thread(), db.einsum("ij->i", "M").to_numpy().shape))
+    except eds.EinsumError as e:
+        seen.append((threading.current_thread() is threading.main_thread(), "refused" if "progress callback" in str(e) else str(e)))
+r = db.einsum("ij,jk->ik", "M", "M", progress=cb)
+print("plan:", np.allclose(r.to_numpy(), m @ m))
+print("main:", sorted({s[1] for s in seen if s[0]}), "other:", sorted({str(s[1]) for s in seen if not s[0]}))
+"""
+
+
+def test_a_session_called_from_inside_its_own_kernel_or_plan_is_refused_not_hung():
+    """A join callable that calls einsum waited for ever (the query waits for the kernel, the
+    kernel for the session; Ctrl-C did not stop it), and a progress callback that called the
+    session on the plan's own thread re-entered its transaction and failed both (a trial).
+    Both are refused; the session works after; a callback on another thread waits its turn."""
+    out = subprocess.run([sys.executable, "-c", REENTRANT], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[:4] == ["refused: True", "then: True", "refused: True", "then: True"], out.stdout
+    assert lines[4] == "plan: True", out.stdout
+    assert lines[5] in ("main: ['refused'] other: ['(1200,)']", "main: ['refused'] other: []"), out.stdout

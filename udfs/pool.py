@@ -132,14 +132,20 @@ def serving(fn: Callable, state: KernelState | None) -> Callable:
     """``fn`` (a UDF) running with ``state`` as this thread's current kernel state."""
     @functools.wraps(fn)  # keeps the signature: DuckDB checks a UDF's parameter count
     def udf(*args):
-        before = getattr(_local, "state", None)
-        _local.state = state
+        before = getattr(_local, "state", None), getattr(_local, "serving", False)
+        _local.state, _local.serving = state, True
         try:
             return fn(*args)
         finally:
-            _local.state = before
+            _local.state, _local.serving = before
 
     return udf
+
+
+def in_kernel() -> bool:
+    """Whether this thread runs a tile kernel: inside a UDF call, or a kernel thread's task
+    (a join callable runs there)."""
+    return getattr(_local, "serving", False) or threading.current_thread().name.startswith(_WORKER_PREFIX)
 
 
 def check_cancelled(state: KernelState | None = None) -> None:
