@@ -12,6 +12,7 @@ import collections.abc
 import dataclasses
 import contextlib
 import itertools
+import math
 import os
 import sys
 import threading
@@ -30,7 +31,8 @@ from .plan.einsum import RESULT
 from .plan.tiling import check_count
 from .progress import in_callback, outside_callback, reporter
 from .udfs.pool import in_kernel
-from .plan.cost import parse_memory, plan_share
+from .plan.cost import BUDGET_SHARE, parse_memory, plan_share
+from .plan.steps import format_bytes
 
 # under a memory budget, the default tile is at most this fraction of it (see __init__)
 BUDGET_TILES = 64
@@ -493,8 +495,24 @@ class Session:
         return plan_share(self.memory)
 
     def _plan(self, spec, values, join, agg, path=None) -> Plan:
-        return plan_einsum(spec, tuple(values), join, agg, workers=self.workers, budget=self.plan_budget,
-                           tile_bytes=self.tile_bytes, path=path, costs=self.backend.cost_model)
+        with self.said_in_memory():
+            return plan_einsum(spec, tuple(values), join, agg, workers=self.workers, budget=self.plan_budget,
+                               tile_bytes=self.tile_bytes, path=path, costs=self.backend.cost_model)
+
+    @contextlib.contextmanager
+    def said_in_memory(self):
+        """A refusal for want of memory, said in the session's ``memory=``: the planner's budget
+        is its share of it, and "the memory budget of 6.0 MB" under memory="10MB" left a trial
+        guessing what to pass."""
+        try:
+            yield
+        except EinsumError as e:
+            needed = getattr(e, "needed", None)
+            if needed is None or self.memory is None or self.plan_budget is None:
+                raise
+            raise type(e)(f"{e}: this session's memory={format_bytes(self.memory)} gives plans {BUDGET_SHARE:.0%} of "
+                          f"it ({format_bytes(self.plan_budget)}); this needs memory= of at least "
+                          f"{_rounded_up(needed / BUDGET_SHARE)}") from None
 
     def plan(self, spec: str, *operands, join=None, agg=None, out: str | None = None) -> Plan:
         """The plan ``einsum`` would run (exactly: ``explain`` lists its steps). ``out`` is
@@ -651,6 +669,9 @@ class Session:
         # planned inside DuckDB's call of our UDF, outside a session call: the catalog as the
         # query finds it, edits in SQL since the last call included
         getattr(self.backend, "call_begins", lambda: None)()
+        # what the last SQL queries freed, handed back as after every plan of the Python API: a
+        # service running only SQL einsums over element tables grew ~50 MB per 1,000 (a trial)
+        getattr(self.backend, "bound_free_memory", lambda: None)()
         return einsum_sql(self, spec, names, mode, join, agg, k)
 
     def close(self) -> None:
@@ -807,6 +828,14 @@ def _cast_input(a: np.ndarray, v) -> np.ndarray:
                  f"{a.dtype}, or pass a {v.dtype} array")
         return a.astype(v.dtype)
     return a  # refused by the caller: the graph wants another dtype
+
+
+def _rounded_up(nbytes: float) -> str:
+    """``nbytes`` as memory= takes it, rounded up to a tenth of its unit (never below it)."""
+    for unit, name in ((10**9, "GB"), (10**6, "MB"), (10**3, "kB")):
+        if nbytes >= unit:
+            return f"{math.ceil(nbytes / unit * 10) / 10:g} {name}"
+    return f"{math.ceil(nbytes)} B"
 
 
 def _check_replace(replace) -> None:

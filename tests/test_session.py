@@ -773,3 +773,25 @@ def test_a_session_called_from_inside_its_own_kernel_or_plan_is_refused_not_hung
     assert lines[:4] == ["refused: True", "then: True", "refused: True", "then: True"], out.stdout
     assert lines[4] == "plan: True", out.stdout
     assert lines[5] in ("main: ['refused'] other: ['(1200,)']", "main: ['refused'] other: []"), out.stdout
+
+
+def test_a_refusal_for_memory_says_the_memory_to_pass(backend):
+    """Under memory="10MB" a refusal said "fits the memory budget of 6.0 MB ... give more
+    memory": the plans' share, and no number to pass (a trial). It says the memory= that this
+    node needs, and that memory= plans it; graphs run with g.run say the same."""
+    import re
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2000, 2000))
+    with eds.connect(memory="2MB", backend=backend) as db:
+        with pytest.raises(EinsumError, match=r"this session's memory=2.0 MB gives plans 60% of it \(1.2 MB\); "
+                                              r"this needs memory= of at least") as e:
+            db.plan("ij,jk->ik", a, a)
+        assert "tiles capped" not in str(e.value)
+        g = eds.Graph()
+        g.einsum("ij,jk->ik", g.input("x", a.shape, "float64"), g.input("y", a.shape, "float64"))
+        with pytest.raises(EinsumError, match="this needs memory= of at least"):
+            g.run(db, x=a, y=a)
+        needed = re.search(r"at least ([0-9.]+ [kMG]?B)", str(e.value)).group(1).replace(" ", "")
+    with eds.connect(memory=needed, backend=backend) as db:
+        db.plan("ij,jk->ik", a, a)

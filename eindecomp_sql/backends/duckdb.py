@@ -566,6 +566,11 @@ class DuckDBBackend:
             self._catalog_seen[key] = found
             return found
 
+    @staticmethod
+    def bound_free_memory() -> None:
+        """Freed memory over the cap handed back (``allocator.bound_free_memory``)."""
+        allocator.bound_free_memory()
+
     def table_operand(self, name: str):
         """Table or view ``name`` as an einsum operand (``tables.read_table_operand``: element or
         array form, with its statistics), or None where there is none by that name."""

@@ -315,6 +315,7 @@ class Graph:
                 x = db.tensor(x)
             if hasattr(x, "tile") and hasattr(x, "session"):
                 stored[name] = x
-        p = plan_graph(self, workers=db.workers, memory=db.plan_budget, tile_bytes=db.tile_bytes, outputs=outputs,
-                       inputs=stored, costs=db.backend.cost_model)
+        with db.said_in_memory():
+            p = plan_graph(self, workers=db.workers, memory=db.plan_budget, tile_bytes=db.tile_bytes,
+                           outputs=outputs, inputs=stored, costs=db.backend.cost_model)
         return p.run(db, out=out, replace=replace, progress=progress, inputs=inputs)

@@ -325,7 +325,10 @@ class _Problem:
             # smallest peak: a 144 MB stored tile was told to be stored as tile=(6, 6007)
             peak, pieces = min(((peak, p) for peak, p in peaks if peak <= self.budget),
                                key=lambda t: (math.prod(t[1].values()), t[0]))
-        capped = '' if self.tile_bytes is None else f' (tiles capped at {format_bytes(self.tile_bytes)})'
+        # the cap on tiles, where it is what keeps the peak up (next to a 1 MB budget, "tiles
+        # capped at 789.6 MB" only confused a trial)
+        capped = ('' if self.tile_bytes is None or self.tile_bytes >= smallest
+                  else f' (tiles capped at {format_bytes(self.tile_bytes)})')
         head = (f"no chunking of node {node.describe()} -> {node.result.name} fits the memory budget of "
                 f"{format_bytes(self.budget)}: ")
         if smallest <= self.budget:  # the step fits; what it reads or makes does not (a new user's
@@ -335,10 +338,12 @@ class _Problem:
             raise EinsumError(head + f"the step itself fits ({format_bytes(peak)} at "
                               f"{' '.join(f'{lab}:{pieces[lab]}' for lab in labels)}), but {why}{capped}; "
                               f"{advice}")
-        raise EinsumError(
+        error = EinsumError(
             head + f"the smallest projected peak with at most {cap} tile tuples per step is "
             f"{format_bytes(smallest)}{capped}; give more memory"
         )
+        error.needed = smallest  # what a budget must be at least (a session says it in its memory=)
+        raise error
 
     def _stored_pieces(self, node: EinsumNode) -> dict[str, int] | None:
         """Pieces of every label as the node's stored inputs are cut (None: a label no stored
