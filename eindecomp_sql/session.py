@@ -409,8 +409,22 @@ class Session:
         with self._call():
             return self.backend.names()
 
-    def drop(self, name: str) -> None:
-        """Drop stored tensor ``name``: its table and its catalog entry."""
+    def drop(self, name) -> None:
+        """Drop stored tensor ``name`` (a name or its Tensor): its table and its catalog entry.
+        A temporary result's Tensor (computed without ``out=``) has its table dropped now, as
+        on leaving its ``with`` block; the handle reads no more."""
+        if isinstance(name, Tensor):
+            if name.session is not self:
+                raise EinsumError(f"drop: {name.name!r} is a tensor of another session")
+            if name.temporary:
+                name.__exit__(None, None, None)
+                return
+            name = name.name
+        if isinstance(name, str) and name.lower().startswith("_eds_r"):
+            # a temporary result's table, by the name its handle shows (a trial: "invalid tensor
+            # name '_eds_r0' ... reserved")
+            raise EinsumError(f"drop: {name!r} is a temporary result's table, dropped when its Tensor is collected; "
+                              "to drop it now, pass the Tensor itself (db.drop(result)) or use it in a with block")
         with self._call():
             self.tensor(name)
             self.rewritten.add(name.lower())

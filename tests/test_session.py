@@ -795,3 +795,22 @@ def test_a_refusal_for_memory_says_the_memory_to_pass(backend):
         needed = re.search(r"at least ([0-9.]+ [kMG]?B)", str(e.value)).group(1).replace(" ", "")
     with eds.connect(memory=needed, backend=backend) as db:
         db.plan("ij,jk->ik", a, a)
+
+
+def test_drop_takes_a_temporary_results_tensor(db):
+    """``db.drop(R.name)`` of a graph's temporary result said "invalid tensor name '_eds_r0':
+    ... reserved" (a trial): the Tensor drops it now, the name says how."""
+    g = eds.Graph()
+    g.einsum("bi,io->bo", g.input("x", (8, 4), "float64"), g.input("w", (4, 2), "float64"))
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((8, 4)), rng.standard_normal((4, 2))
+    r = g.run(db, x=x, w=w)
+    np.testing.assert_allclose(r.to_numpy(), x @ w)
+    with pytest.raises(EinsumError, match="temporary result's table.*pass the Tensor itself"):
+        db.drop(r.name)
+    db.drop(r)
+    with pytest.raises(EinsumError, match="was dropped"):
+        r.to_numpy()
+    s = db.store("drop_me", x, replace=True)
+    db.drop(s)
+    assert "drop_me" not in db.tensors()
