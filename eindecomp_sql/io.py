@@ -1539,15 +1539,15 @@ def file_path(path, where: str) -> str:
     return p
 
 
-def export_tensor(value, batches, path, form: str = "tiles", sync: bool = False) -> pathlib.Path:
+def export_tensor(value, batches, path, form: str = "tiles", sync: bool = False, parquet: bool = False) -> pathlib.Path:
     """Write stored tensor ``value`` (a TiledValue) to ``path`` by its suffix, from ``batches``:
     a context manager giving an iterator of tile batches (key columns + tile, any order).
     ``.npy``: the dense array (``form`` must be "tiles", the default); ``.parquet``, ``.arrow``
     / ``.feather``: the tile table or element rows (``form``) with the metadata. Streamed: one
     batch of tiles at a time is in memory; written atomically (``sync``: and durably, see
-    ``_atomic_write``)."""
+    ``_atomic_write``). ``parquet``: Parquet whatever the suffix (``Tensor.to_parquet``)."""
     p = file_path(path, "export")
-    suffix = _suffix(p)
+    suffix = PARQUET_SUFFIXES[0] if parquet else _suffix(p)
     where = f"export({p!r})"
     if form not in ("tiles", "elements"):
         raise EinsumError(f"{where}: form is 'tiles' or 'elements', got {form!r}")

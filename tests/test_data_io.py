@@ -326,11 +326,12 @@ def test_to_parquet_failure_leaves_nothing_half_written(db, tmp_path, monkeypatc
     T.to_parquet(target)
     before = target.read_bytes()
 
-    def broken(table, where, **kw):
-        pathlib.Path(where).write_bytes(b"PAR1 half")  # starts writing, then fails
-        raise OSError("disk full")
+    class Broken(pq.ParquetWriter):  # to_parquet streams batches, as export() does
+        def write_batch(self, batch, *a, **kw):
+            super().write_batch(batch, *a, **kw)  # starts writing, then fails
+            raise OSError("disk full")
 
-    monkeypatch.setattr(pq, "write_table", broken)
+    monkeypatch.setattr(pq, "ParquetWriter", Broken)
     with pytest.raises(EinsumError, match="disk full"):
         T.to_parquet(target)
     with pytest.raises(EinsumError, match="disk full"):
