@@ -10,7 +10,7 @@ import threading
 import numpy as np
 
 from .arrays import native, read_array
-from .errors import EinsumError, EinsumTypeError
+from .errors import EinsumError, EinsumTypeError, warn
 from .graph.lower import contraction_path
 from .notation import parse_spec
 from .notation.checks import can_cast, check_dtype, is_bfloat16, promote
@@ -262,6 +262,10 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
                 raise _cast_error("out", frm, to, casting)
     r = session.einsum_numpy(spec, *arrays, join=join, agg=agg, progress=progress, path=path)
     if out is not None:
+        if r.dtype.kind == "c" and out.dtype.kind != "c":
+            # numpy's warning, at the caller's line (np.copyto's pointed into this file: a trial)
+            warn("Casting complex values to real discards the imaginary part", np.exceptions.ComplexWarning)
+            r = r.real
         np.copyto(out, r, casting="unsafe")  # the rule was checked above, on numpy's dtypes
         return out
     if order == "F" or (order == "A" and all(isinstance(x, np.ndarray) and x.flags.f_contiguous for x in arrays)):

@@ -345,3 +345,17 @@ def test_what_a_trial_of_the_numpy_face_found():
         assert isinstance(e.value, EinsumError)
     with pytest.raises(TypeError, match="float8_e4m3fn elements .* cast to float32"):
         eds.einsum("ij->", a.astype(ml_dtypes.float8_e4m3fn))
+
+
+def test_a_complex_result_into_a_real_out_warns_at_the_callers_line_as_numpy_does():
+    """np.einsum warns ComplexWarning where casting="unsafe" puts a complex result into a real
+    ``out``; ours did too, pointing at eindecomp_sql/api.py (a trial): at the caller's line now."""
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((3, 4)) + 1j * rng.standard_normal((3, 4))
+    b = rng.standard_normal((4, 2))
+    out = np.zeros((3, 2))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        eds.einsum("ij,jk->ik", a, b, out=out, casting="unsafe")
+    assert [(w.category, w.filename) for w in seen] == [(np.exceptions.ComplexWarning, __file__)]
+    np.testing.assert_allclose(out, (a @ b).real, rtol=1e-12)
