@@ -187,12 +187,27 @@ def test_a_locked_database_is_one_line_exit_1(tmp_path):
             assert p.returncode == 1, err
             assert err.startswith(f"eindecomp-sql: error: database {str(path)!r} is locked by another process"), err
             assert err.count("\n") == 1 and "Traceback" not in err
-            # ls, itself read-only, is not told to open it read-only (a trial): it must wait
-            assert ("wait until it is done" in err) == read_only and ("read-only" in err) != read_only, err
+            # a writer holds it: neither is told to open it read-only (that is the same refusal)
+            assert "another process writes it: wait until that process closes it" in err, err
+            assert "open it read_only=True" not in err, err
         assert time.perf_counter() - t0 < 60
     finally:
         holder.communicate("", timeout=60)
     assert holder.returncode == 0
+    # a reader holds it: a writer is told that read-only opens it (DuckDB's text says when)
+    reader = subprocess.Popen([sys.executable, "-c", "import sys, eindecomp_sql as eds\n"
+                               f"db = eds.connect({str(path)!r}, read_only=True)\n"
+                               "print('ready', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "ready"
+        p = subprocess.run(command("store", path, "B", tmp_path / "b.npy"), capture_output=True, text=True, timeout=120)
+        assert p.returncode == 1 and "another process has it open read-only: open it read_only=True too" in p.stderr, \
+            p.stderr
+        p = subprocess.run(command("ls", path), capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and "A" in p.stdout, p.stderr
+    finally:
+        reader.communicate("", timeout=60)
 
 
 def test_einsum_json_is_strict_json_for_non_finite_and_complex_values(capsys, tmp_path):

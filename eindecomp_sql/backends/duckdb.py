@@ -1454,11 +1454,14 @@ def _open(database, read_only: bool, config: dict | None):
     except duckdb.IOException as e:
         text = str(e)
         if "lock" in text.lower():
-            # opened read-only ourselves, the holder is a writer: read-only readers can share
-            # only among themselves, so the advice to open read-only would be the same refusal
-            advice = ("wait until it is done: DuckDB lets no other process open a file one process writes"
-                      if read_only else "DuckDB allows one writing process per file; open it read_only=True from "
-                      "the others")
+            # read-only readers share a file only among themselves: DuckDB's own text says when
+            # read-only would open it (the holder reads); whether we asked for read-only does not
+            # (a trial was told to open it read_only=True while a writer held it: the same refusal)
+            holder_reads = "read-only mode" in text or "read_only" in text.replace("-", "_").lower()
+            advice = ("another process has it open read-only: open it read_only=True too, or wait until it closes"
+                      if holder_reads and not read_only else
+                      "another process writes it: wait until that process closes it (DuckDB lets no other process "
+                      "open a file one process writes, read-only or not)")
             raise EinsumError(f"database {str(database)!r} is locked by another process ({advice}): {text}") from None
         if "not a valid DuckDB database" in text:
             raise EinsumError(f"{str(database)!r} is not a DuckDB database file") from None
