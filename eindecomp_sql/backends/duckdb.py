@@ -843,6 +843,11 @@ class DuckDBBackend:
                               self.kernels, watch)
 
     def _store_tiles(self, value: TiledValue, tiles, replace: bool, exists: bool, watch: Watch) -> None:
+        attach = getattr(tiles, "attach", None)  # a source DuckDB packs itself (io.PackedRows)
+        with attach(self._work) if attach is not None else contextlib.nullcontext():
+            self._store_tile_rows(value, tiles, replace, exists, watch)
+
+    def _store_tile_rows(self, value: TiledValue, tiles, replace: bool, exists: bool, watch: Watch) -> None:
         rows = parted.rows_per_part(value, self.part_bytes)
         file_rows = getattr(tiles, "select_rows", None)  # a file DuckDB reads itself (io.ParquetRows)
         if rows is not None:

@@ -427,7 +427,7 @@ def pack_elements(op: ElementTable, tiled: TiledValue, compiler: SQLCompiler | N
 
 
 def pack_rows(op: ArrayTable, tiled: TiledValue, compiler: SQLCompiler | None = None,
-              band: tuple[int, int] | None = None) -> exp.Select:
+              band: tuple[int, int] | None = None, ranked: bool = False) -> exp.Select:
     """The tiled table of an array-form operand: tiles of whole rows, in key order.
 
     A table with a fixed-size array column as a tiled (rows x n) matrix, inside the einsum's
@@ -449,6 +449,23 @@ def pack_rows(op: ArrayTable, tiled: TiledValue, compiler: SQLCompiler | None = 
     k0, k1 = tiled.keys
     key = col(op.key, "src")
     single = tiled.grid[0] <= 1
+    if ranked:
+        # the key is the row's rank already, 0..rows-1 (a copy sorted once: io.PackedRows): no
+        # numbering, and a band reads its rows' range only
+        r = col(op.key, "src")
+        tile_key = exp.IntDiv(this=r.copy(), expression=num(t0))
+        rows = c.list_aggregate(this=exp.Order(this=exp.Cast(this=col(op.column, "src"), to=_list_of(_type(op.dtype))),
+                                               expressions=[ordered(r.copy())]))
+        kernel = call(c.pack_rows_udf.format(dtype=op.dtype), exp.Literal.string(spec),
+                      key_list([tile_key.copy(), num(0)]), rows)
+        select = exp.Select(expressions=[alias(tile_key.copy(), ident(k0)), alias(cast(num(0), "BIGINT"), ident(k1)),
+                                         alias(kernel, name(TILE))])
+        select = select.from_(exp.Table(this=ident(op.table), alias=exp.TableAlias(this=name("src"))), copy=False)
+        if band is not None:
+            select = select.where(exp.and_(exp.GTE(this=r.copy(), expression=num(band[0] * t0)),
+                                           exp.LT(this=r.copy(), expression=num(band[1] * t0))), copy=False)
+        select.set("group", exp.Group(expressions=[tile_key.copy()]))
+        return select
 
     def tile_key() -> exp.Expression:
         return cast(num(0), "BIGINT") if single else exp.IntDiv(this=ucol("r", "numbered"), expression=num(t0))
