@@ -374,9 +374,15 @@ def _parquet_memory_hint(e: Exception, p: str) -> str:
         return ""
     return (f" under its memory limit [DuckDB reads a row group whole: this file's largest is {format_bytes(largest)} uncompressed, in "
             f"{md.num_row_groups} row group(s); a file in element form is read whole, about 100 bytes an element "
-            f"at peak ({rows:,} rows). Write it with smaller row groups (pyarrow.parquet.write_table(table, path, "
-            "row_group_size=...)), store it from a tiled file (Tensor.export(path) writes one), or give a larger "
-            "memory=]. DuckDB said")
+            f"at peak ({rows:,} rows), and so is one in array form unless its key ascends in the file. Write it "
+            "with smaller row groups (pyarrow.parquet.write_table(table, path, row_group_size=...)), store it from "
+            "a tiled file (Tensor.export(path) writes one), or give a larger memory=]. DuckDB said")
+
+
+def _duckdb_said(e: Exception) -> str:
+    """DuckDB's message without its advice about its own settings (SET threads, memory_limit):
+    a user of this package sets memory= (a trial was pointed at SET memory_limit)."""
+    return re.split(r"\n\s*Possible solutions:", str(e), maxsplit=1)[0].rstrip()
 
 
 def read_parquet(path, where: str, con=None) -> pa.Table:
@@ -393,7 +399,7 @@ def read_parquet(path, where: str, con=None) -> pa.Table:
         table = cur.read_parquet(p).to_arrow_table()
         meta = _parquet_meta(cur, p)
     except duckdb.Error as e:
-        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet{_parquet_memory_hint(e, p)}: {e}") from None
+        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet{_parquet_memory_hint(e, p)}: {_duckdb_said(e)}") from None
     finally:
         cur.close()
     return _float16_back(table, p).replace_schema_metadata(meta)
@@ -1224,7 +1230,7 @@ def _parquet_cursor(p: str, where: str, con):
                               "file(s)); rename the file without '*', '?' or '['")
     except duckdb.Error as e:
         cur.close()
-        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet{_parquet_memory_hint(e, p)}: {e}") from None
+        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet{_parquet_memory_hint(e, p)}: {_duckdb_said(e)}") from None
     except BaseException:
         cur.close()
         raise
@@ -1263,7 +1269,7 @@ def _from_parquet(p: str, want: Wanted, where: str, con, stream: bool) -> Incomi
         rows = cur.execute("SELECT count(*) FROM read_parquet(?)", [p]).fetchall()[0][0]
         keys = rel.project(", ".join(_quote(k) for k in t.keys)).to_arrow_table() if t.keys else None
     except duckdb.Error as e:
-        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet{_parquet_memory_hint(e, p)}: {e}") from None
+        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet{_parquet_memory_hint(e, p)}: {_duckdb_said(e)}") from None
     finally:
         cur.close()
     kcols = [_index_array(keys, k, where) for k in t.keys]

@@ -692,6 +692,7 @@ def test_a_parquet_file_duckdb_cannot_hold_says_why_and_what_to_do(tmp_path):
                                               r"this file's largest is .* in 1 row group\(s\).*row_group_size=") as e:
             db.store("X", tmp_path / "one.parquet")
         assert "DuckDB said: Out of Memory Error" in str(e.value)
+        assert "Possible solutions" not in str(e.value) and "SET threads" not in str(e.value)  # not ours to set
         assert db.tensors() == []
 
 

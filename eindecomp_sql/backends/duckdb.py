@@ -632,7 +632,8 @@ class DuckDBBackend:
         """What a failed store says: DuckDB's error, and where it ran out of memory under a
         budget, which tile did not fit and what to pass (a trial: a 137.5 MiB tile under
         memory="100MB" was DuckDB's "could not allocate block", with its advice to SET threads)."""
-        text = f"store({value.name!r}): DuckDB could not store the tiles: {e}"
+        said = re.split(r"\n\s*Possible solutions:", str(e), maxsplit=1)[0].rstrip()  # not its SET advice
+        text = f"store({value.name!r}): DuckDB could not store the tiles: {said}"
         if not isinstance(e, duckdb.OutOfMemoryException) or self.budget is None:
             return text
         tile = math.prod(value.tile) * np.dtype(value.dtype).itemsize
