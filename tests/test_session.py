@@ -814,3 +814,18 @@ def test_drop_takes_a_temporary_results_tensor(db):
     s = db.store("drop_me", x, replace=True)
     db.drop(s)
     assert "drop_me" not in db.tensors()
+
+
+def test_writing_to_a_read_only_database_is_refused_before_anything_runs(tmp_path):
+    """``einsum(out=)`` on a read-only session failed inside the plan's first step in DuckDB's
+    words (a trial): refused first, saying why; temporary results still run there."""
+    f = str(tmp_path / "ro.duckdb")
+    a = np.random.default_rng(6).standard_normal((5, 4))
+    with eds.connect(f) as db:
+        db.store("A", a)
+    with eds.connect(f, read_only=True) as db:
+        np.testing.assert_allclose(db.einsum("ij->i", "A").to_numpy(), a.sum(1))
+        for call in (lambda: db.einsum("ij->i", "A", out="B"), lambda: db.store("C", a)):
+            with pytest.raises(EinsumError, match=r"^cannot write '[BC]': this database is open read-only"):
+                call()
+        assert db.tensors() == ["A"]

@@ -817,6 +817,11 @@ class DuckDBBackend:
         """Refuse an existing table unless ``replace``, and a table or view that is not a stored
         tensor even then (``replace`` overwrites tensors: a user's own table is not ours to drop,
         and a view made DuckDB refuse mid-write); whether it exists."""
+        if self._run("SELECT readonly FROM duckdb_databases() WHERE database_name = current_database()")[0][0]:
+            # said before anything runs (it failed inside the plan's first step, in DuckDB's words)
+            raise EinsumError(f"cannot write {table!r}: this database is open read-only (connect(..., "
+                              "read_only=True)); open it writable to store tensors or keep results (an einsum "
+                              "without out= gives a temporary result here)")
         exists = self.table_exists(table)
         stored = exists and self.lookup(table) is not None
         if stored and not replace:
