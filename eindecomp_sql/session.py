@@ -447,7 +447,7 @@ class Session:
             where = what[k] if what is not None else f"operand {k}"
             fresh = isinstance(x, str)
             if fresh:
-                check_name(x)
+                check_name(x, "tensor or table name" if spec is not None else "tensor name")
             if fresh and spec is not None and self.backend.lookup(x) is None:
                 table = getattr(self.backend, "table_operand", lambda name: None)(x)
                 if table is not None:

@@ -64,7 +64,8 @@ def _resolve(session, name: str):
         raise EinsumError(f"einsum(): operand {name!r} names a table of another schema or database; einsum reads "
                           "tables of the main schema by name: make a view there (CREATE VIEW v AS SELECT * FROM "
                           f"{name})")
-    check_name(name)
+    # a stored tensor or a table: named so (a table "my table" was "an invalid tensor name")
+    check_name(name, "tensor or table name")
     value = session.backend.lookup(name)
     if value is not None:
         return value

@@ -86,8 +86,10 @@ def test_bad_names(db, name):
 @pytest.mark.parametrize("name", [n for n in BAD_NAMES if n is not None])
 def test_bad_names_in_sql(db, name):
     # inside SQL the error crosses DuckDB, which re-raises it as its own error type
-    with pytest.raises(duckdb.Error, match="invalid tensor name"):
+    with pytest.raises(duckdb.Error, match="invalid tensor or table name"):  # an operand may be a table
         db.connection.execute("SELECT * FROM einsum('i->', ?)", [name]).fetchall()
+    with pytest.raises(EinsumError, match="invalid tensor or table name"):
+        db.einsum("i->", name)
 
 
 def test_unknown_tensor(db):

@@ -275,7 +275,7 @@ def test_unknown_temp_and_uncommitted_tables(sdb):
         con.sql("SELECT * FROM einsum('i,i,i->i', 'TT', NULL, 'TT')").fetchall()
     with pytest.raises(duckdb.Error, match="spec is NULL"):
         con.sql("SELECT * FROM einsum(NULL, 'TT')").fetchall()
-    with pytest.raises(duckdb.Error, match="invalid tensor name"):
+    with pytest.raises(duckdb.Error, match="invalid tensor or table name"):
         con.sql("SELECT * FROM einsum('i->i', 'x; DROP TABLE TT')").fetchall()
 
 
