@@ -829,3 +829,17 @@ def test_writing_to_a_read_only_database_is_refused_before_anything_runs(tmp_pat
             with pytest.raises(EinsumError, match=r"^cannot write '[BC]': this database is open read-only"):
                 call()
         assert db.tensors() == ["A"]
+
+
+@pytest.mark.duckdb_only("the stored tables' check")
+def test_a_tensor_replaced_after_planning_is_said_to_be_replaced_not_edited(db):
+    """Another thread's store between a plan and its check was reported as a hand edit, with
+    advice to store the tensor again (over the other writer's): a trial. The check says it
+    was replaced, and with what."""
+    db.store("Xr", np.ones((50, 40)), tile=(16, 16), replace=True)
+    planned = db.tensor("Xr").value
+    db.store("Xr", np.ones((40, 50)), tile=(16, 16), replace=True)
+    with pytest.raises(EinsumError, match=r"stored tensor 'Xr' was replaced \(now shape \(40, 50\) float64 in tiles "
+                                          r"\(16, 16\)\) after this einsum was planned"):
+        db.backend.check_tables([(planned, "Xr")])
+    db.backend.check_tables([(db.tensor("Xr").value, "Xr")])  # as it is now: nothing to say

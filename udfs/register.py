@@ -432,7 +432,9 @@ def retile_split(spec_arr, keys_arr, tile_arr) -> pa.Array:
         try:
             src = tile_view(raw, kernel.dtype, kernel.src_shape(old))
         except ValueError as e:  # which tile: the retile's source at these keys
-            raise ValueError(f"the tile at keys {tuple(old)} being re-tiled: {e}; was the table edited by hand?") from None
+            # (or a store of another thread or connection replaced it since the plan: a trial)
+            raise ValueError(f"the tile at keys {tuple(old)} being re-tiled: {e}; was the table edited by hand, or "
+                             "the tensor replaced by another thread or connection while this ran?") from None
         targets = kernel.targets(old)
         counts.append(len(targets))
         for new in targets:

@@ -977,9 +977,33 @@ class DuckDBBackend:
         for (v, t), keys in zip(tables, rows):
             wrong = problems(v, keys)
             if wrong:
+                now = self._replaced_since(v)
+                if now is not None:
+                    # another thread's or connection's store between the plan and this check (a
+                    # trial was told to store it again, over the other writer's tensor)
+                    raise EinsumError(f"stored tensor {v.name!r} was replaced (now {now}) after "
+                                      "this einsum was planned from it, by another thread or connection; run it "
+                                      "again; nothing was run")
                 raise EinsumError(f"stored tensor {v.name!r} (table {t!r}) no longer holds its tiles: "
                                   f"{'; '.join(wrong)} (was its table edited in SQL? store it again with "
                                   "replace=True); nothing was run")
+
+    def _replaced_since(self, v: TiledValue) -> str | None:
+        """What the catalog holds for ``v``'s name now, where that is not ``v`` (shape, dtype,
+        tile or keys): a tensor replaced since a plan read it; None where it is still ``v``."""
+        try:
+            with self.lock:
+                rows = self._work.execute("SELECT shape, dtype, tile, keys FROM eds_catalog WHERE lower(name) = "
+                                          "lower(?)", [v.name]).fetchall()
+        except duckdb.Error:
+            return None
+        if not rows:
+            return None
+        shape, dtype, tile, keys = rows[0]
+        now = (tuple(shape), dtype, tuple(tile), tuple(keys))
+        if now == (tuple(v.shape), v.dtype, tuple(v.tile), tuple(v.keys)):
+            return None
+        return f"shape {now[0]} {now[1]} in tiles {now[2]}"
 
     def _say_gone(self, tables) -> None:
         """Refuse with the first stored tensor of ``tables`` whose table no longer exists."""
