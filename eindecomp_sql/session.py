@@ -200,6 +200,13 @@ class Session:
                 if translated is error:
                     raise
                 raise translated from None
+            except Exception as error:
+                if type(error).__name__ == "ConnectionException" and "closed" in str(error):
+                    # db.connection.close() by hand: DuckDB's "Connection already closed!" named
+                    # neither the session nor what to do (a trial)
+                    raise EinsumError("this session's DuckDB connection was closed (db.connection.close() closes "
+                                      "the session's too): open another with eds.connect()") from None
+                raise
             finally:
                 self._depth -= 1
                 if mark is not None:

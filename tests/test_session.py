@@ -843,3 +843,16 @@ def test_a_tensor_replaced_after_planning_is_said_to_be_replaced_not_edited(db):
                                           r"\(16, 16\)\) after this einsum was planned"):
         db.backend.check_tables([(planned, "Xr")])
     db.backend.check_tables([(db.tensor("Xr").value, "Xr")])  # as it is now: nothing to say
+
+
+@pytest.mark.duckdb_only("the DuckDB connection")
+def test_a_session_whose_connection_was_closed_by_hand_says_so():
+    """``db.connection.close()`` made every later call raise DuckDB's "Connection already
+    closed!" (a trial): an EinsumError naming the session and what to do; close() still works."""
+    db = eds.connect()
+    a = db.store("A", np.ones((3, 3)))
+    db.connection.close()
+    for call in (lambda: db.einsum("ij->i", a), db.tensors, lambda: db.store("B", np.ones(2))):
+        with pytest.raises(EinsumError, match=r"this session's DuckDB connection was closed"):
+            call()
+    db.close()
