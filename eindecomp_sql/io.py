@@ -95,6 +95,9 @@ class Incoming:
         if self.failures:
             return self.failures[0]
         text = str(error)
+        said = getattr(self.tiles, "said", None)
+        if said is not None and said(text) is not None:
+            return said(text)
         if _CHECK_MARK in text:
             return EinsumError(text[text.index(_CHECK_MARK) + len(_CHECK_MARK):].strip())
         return None
@@ -1279,6 +1282,7 @@ def _from_parquet(p: str, want: Wanted, where: str, con, stream: bool) -> Incomi
 
 
 _SOURCES = itertools.count()  # names of array-form sources DuckDB packs (PackedRows)
+RANK = "_eds_rank"  # their rows' rank (file_row_number): a name no user column takes ('r' was one)
 
 
 @dataclass(frozen=True)
@@ -1292,10 +1296,17 @@ class PackedRows:
     Read whole and cut in Python, a 1 GiB (id, FLOAT[8192]) file rose resident memory by 3.5
     GB under memory="500MB" (a trial)."""
 
-    op: object  # the ArrayTable, over the attached view: (r, the array column)
+    op: object  # the ArrayTable, over the attached view: (RANK, the array column)
     tiled: TiledValue
     rows: int
     path: str
+    where: str = ""  # how errors name the store
+
+    def said(self, text: str) -> EinsumError | None:
+        """A pack kernel's error about the attached view, said of the store (a NULL element
+        was "table '_eds_src36': column 'emb' has NULL elements", a review)."""
+        m = re.search(rf"einsum\(\): table {re.escape(repr(self.op.table))}(.*)", text)
+        return EinsumError(f"{self.where}{m.group(1)}") if m else None
 
     def select_rows(self, lo: int | None = None, hi: int | None = None):
         from .compile.sql_interface import pack_rows
@@ -1316,7 +1327,7 @@ def _attach(cur, name: str, path: str, column: str | None = None) -> None:
     and ``column`` (the path a literal, the names identifiers)."""
     from sqlglot import exp
 
-    what = "*" if column is None else f"file_row_number AS r, {exp_ident(column)}"
+    what = "*" if column is None else f"file_row_number AS {RANK}, {exp_ident(column)}"
     cur.execute(f"CREATE OR REPLACE TEMP VIEW {exp_ident(name)} AS SELECT {what} FROM read_parquet("
                 f"{exp.Literal.string(path).sql(dialect='duckdb')}, file_row_number = true)")
 
@@ -1356,7 +1367,7 @@ def _packed_array_rows(path: str, want: Wanted, where: str, con) -> Incoming | N
         _attach(cur, name, path)
         rel = cur.sql(f"SELECT * EXCLUDE (file_row_number) FROM {exp_ident(name)} LIMIT 0")
         columns, types = list(rel.columns), [str(t) for t in rel.types]
-        if len(set(columns)) != len(columns):
+        if len(set(columns)) != len(columns) or RANK in (c.lower() for c in columns):
             return None
         try:
             op = classify_table(name, columns, types)
@@ -1380,8 +1391,8 @@ def _packed_array_rows(path: str, want: Wanted, where: str, con) -> Incoming | N
             return None  # a row longer than a tile: cut by the old path
         keys = check_keys(want.keys if want.keys is not None else ("d0", "d1"), 2)
         tiled = TiledValue(name, op.shape, op.dtype, tile, keys)
-        ranked = dataclasses.replace(op, key="r")
-        return Incoming(op.shape, op.dtype, tile, keys, PackedRows(ranked, tiled, -(-op.rows // tile[0]), path))
+        ranked = dataclasses.replace(op, key=RANK)
+        return Incoming(op.shape, op.dtype, tile, keys, PackedRows(ranked, tiled, -(-op.rows // tile[0]), path, where))
     except duckdb.Error:
         return None  # DuckDB cannot read it so: the old path says why
     finally:

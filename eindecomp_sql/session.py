@@ -487,7 +487,7 @@ class Session:
                 # limit under memory="100MB"); the plan re-tiles it, in batches, where it wants
                 from .compile.sql_interface import ElementTable, pack_tile
 
-                values = [dataclasses.replace(v, tile=pack_tile(read[v.name], self.plan_budget // 2))
+                values = [dataclasses.replace(v, tile=pack_tile(read[v.name], self.plan_budget // 2, self.tile_bytes))
                           if v.name in read and isinstance(read[v.name], ElementTable) else v for v in values]
         return values, inputs
 

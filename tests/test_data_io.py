@@ -691,6 +691,21 @@ def test_array_form_files_are_stored_in_key_order_and_ascending_parquet_never_wh
         assert left == []
 
 
+def test_an_ascending_array_file_with_a_column_named_like_the_rank_or_null_elements(tmp_path):
+    """The packed route's own names never meet a user's (an array column 'r' was the rank's
+    alias: a conversion error, a review), and a NULL element is said of the store, not of an
+    internal view."""
+    emb = np.random.default_rng(2).standard_normal((20, 6)).astype(np.float32)
+    p = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"id": np.arange(20), "r": pa.FixedSizeListArray.from_arrays(pa.array(emb.ravel()), 6)}), p)
+    vals = pa.array([1.0, None, 2.0, 3.0, 4.0, 5.0], pa.float32())
+    pq.write_table(pa.table({"id": [0], "emb": pa.FixedSizeListArray.from_arrays(vals, 6)}), tmp_path / "n.parquet")
+    with eds.connect() as db:
+        np.testing.assert_array_equal(db.store("P", p).to_numpy(), emb)
+        with pytest.raises(EinsumError, match=r"^store\('N'\): column 'emb' has NULL elements"):
+            db.store("N", tmp_path / "n.parquet")
+
+
 def test_array_form_from_duckdb_parquet_and_arrow_arrays_and_its_refusals(tmp_path):
     rng = np.random.default_rng(8)
     emb = rng.standard_normal((10, 8)).astype(np.float32)

@@ -475,3 +475,13 @@ def test_a_wider_array_into_an_input_declared_without_a_dtype_warns_at_the_calle
             else:
                 assert not seen, [str(m.message) for m in seen]
             graph(None if declared else "float32").plan()  # fills the cache for the other kind
+    # an input the plan does not read is checked (and cast) too: its flag is the graph's own
+    for first, then in ((None, "float32"), ("float32", None)):
+        for dtype in (first, then):
+            g = eds.Graph()
+            g.einsum("ij->i", g.input("x", (3, 4), dtype))
+            g.input("z", (2,), dtype)
+            with eds.connect() as db, warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                g.plan().run(db, x=a.astype(np.float32), z=np.arange(2.0))
+            assert len(seen) == (dtype is None), (first, then, [str(m.message) for m in seen])

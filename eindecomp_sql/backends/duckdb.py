@@ -1107,23 +1107,42 @@ class DuckDBBackend:
             for value, (op, v) in packed.items():
                 name = f"_eds_t{next(_PACKS)}"
                 names[value] = name
-                for k, band in enumerate(self._pack_bands(op, v)):
-                    query = pack_query(op, v, self.compiler, band).sql(dialect="duckdb")
-                    sql = f"CREATE TEMP TABLE {name} AS {query}" if k == 0 else f"INSERT INTO {name} {query}"
-                    try:
-                        run_interruptible(lambda: self._run(sql), self._work.interrupt, self.kernels)
-                    except duckdb.Error as e:
-                        # the table's own fault (two rows for one element, rows added since its
-                        # shape was read), said by the pack kernel or the query's error(): ours
-                        said = re.search(r"(einsum\(\): .*)", str(e), re.S)
-                        if said:
-                            raise EinsumError(said.group(1)) from None
-                        raise ExecutionError(f"reading {op.describe()} into tiles failed: {e}") from e
+                axis, bands = self._pack_bands(op, v)
+                # several statements read one snapshot, which holds the rows the statistics
+                # counted: each in autocommit read its own, and a writer's commit between two gave
+                # a torn or short table in silence (a review; one statement checks in its query)
+                with self._transaction(needed=len(bands) > 1):
+                    if len(bands) > 1:
+                        self._check_rows(op)
+                    for k, band in enumerate(bands):
+                        self._pack_band(op, v, name, k, band, axis)
             yield names
         finally:
             for name in names.values():
                 if not self._closed:
                     self._run(f"DROP TABLE IF EXISTS {name}")
+
+    def _check_rows(self, op) -> None:
+        """Refuse a table whose rows, in this transaction's snapshot, are not those its
+        statistics counted (its shape was planned from them)."""
+        n = self._run(exp.select("count(*)").from_(table(op.table)).sql(dialect="duckdb"))[0][0]
+        if n != op.rows:
+            raise EinsumError(f"einsum(): table {op.table!r} changed while einsum read it (planned from {op.rows} "
+                              f"rows; {n} now); run it again")
+
+    def _pack_band(self, op, v, name: str, k: int, band, axis: int) -> None:
+        """One statement packing ``band`` of table operand ``op`` into TEMP table ``name``."""
+        query = pack_query(op, v, self.compiler, band, axis).sql(dialect="duckdb")
+        sql = f"CREATE TEMP TABLE {name} AS {query}" if k == 0 else f"INSERT INTO {name} {query}"
+        try:
+            run_interruptible(lambda: self._run(sql), self._work.interrupt, self.kernels)
+        except duckdb.Error as e:
+            # the table's own fault (two rows for one element, rows added since its shape was
+            # read), said by the pack kernel or the query's error(): ours
+            said = re.search(r"(einsum\(\): .*)", str(e), re.S)
+            if said:
+                raise EinsumError(said.group(1)) from None
+            raise ExecutionError(f"reading {op.describe()} into tiles failed: {e}") from e
 
     def _register_arities(self, compiled) -> None:
         """The einsum kernels of more than ``MAX_ARITY`` operands the statements call, registered
@@ -1137,16 +1156,20 @@ class DuckDBBackend:
                 if f"eds_einsum{n}" not in self._functions.names:
                     register_arity(self._functions, self.kernels, n)
 
-    def _pack_bands(self, op, v: TiledValue) -> list[tuple[int, int] | None]:
-        """The statements a table operand is packed in: under a budget, bands of first keys
-        whose packing (``pack_bytes``) fits half of DuckDB's limit (one statement held a 1500²
-        table's element rows as lists for every tile at once, out of memory under
-        memory="100MB"); else one (None)."""
-        if self.budget is None or not v.shape or v.grid[0] <= 1:
-            return [None]
-        row_of_tiles = pack_bytes(op, math.prod(v.tile) * math.prod(v.grid[1:]))
-        step = max(1, (self._memory_limit or self.budget) // 2 // max(row_of_tiles, 1))
-        return [(lo, min(lo + step, v.grid[0])) for lo in range(0, v.grid[0], step)]
+    def _pack_bands(self, op, v: TiledValue) -> tuple[int, list[tuple[int, int] | None]]:
+        """The statements a table operand is packed in: under a budget, bands of keys along its
+        axis of most tiles (an array table's rows) whose packing (``pack_bytes``) fits half of
+        DuckDB's limit (one statement held a 1500² table's element rows as lists for every tile
+        at once, out of memory under memory="100MB"; a 3 x 1,200,000 table's tiles were all
+        along its second axis); else one statement (None). Returns (axis, bands)."""
+        if self.budget is None or not v.shape:
+            return 0, [None]
+        axis = 0 if isinstance(op, ArrayTable) else max(range(len(v.grid)), key=lambda p: v.grid[p])
+        per_key = pack_bytes(op, math.prod(v.tile) * math.prod(g for p, g in enumerate(v.grid) if p != axis))
+        step = max(1, (self._memory_limit or self.budget) // 2 // max(per_key, 1))
+        if step >= v.grid[axis]:
+            return axis, [None]  # one statement, whose query counts the rows it reads (a review)
+        return axis, [(lo, min(lo + step, v.grid[axis])) for lo in range(0, v.grid[axis], step)]
 
     @contextlib.contextmanager
     def _device_tiles(self, plan: Plan, inputs, parted=frozenset()):
@@ -1492,7 +1515,8 @@ def _open(database, read_only: bool, config: dict | None):
             # read-only readers share a file only among themselves: DuckDB's own text says when
             # read-only would open it (the holder reads); whether we asked for read-only does not
             # (a trial was told to open it read_only=True while a writer held it: the same refusal)
-            holder_reads = "read-only mode" in text or "read_only" in text.replace("-", "_").lower()
+            # (DuckDB's own sentence only: the path in the text may say "read-only" itself)
+            holder_reads = "would be able to open this database in read-only mode" in text
             advice = ("another process has it open read-only: open it read_only=True too, or wait until it closes"
                       if holder_reads and not read_only else
                       "another process writes it: wait until that process closes it (DuckDB lets no other process "

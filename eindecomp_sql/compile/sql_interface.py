@@ -305,15 +305,25 @@ def pack_bytes(op: TableOperand, elements: int) -> int:
     return elements * (6 * (8 + item) if isinstance(op, ElementTable) else 3 * item)
 
 
-def pack_tile(op: ElementTable, room: int) -> tuple[int, ...]:
+def pack_tile(op: ElementTable, room: int, tile_bytes: int) -> tuple[int, ...]:
     """Tiles of whole trailing dimensions, as many leading rows per tile as one statement can
-    pack in ``room`` bytes (``pack_bytes``): an element table's tiling under a budget, fixed
-    before planning (the plan re-tiles it where it wants other tiles)."""
+    pack in ``room`` bytes (``pack_bytes``) and a tile may hold (``tile_bytes``): an element
+    table's tiling under a budget, fixed before planning (the plan re-tiles it where it wants
+    other tiles). Where one row is more than either, smaller tiles (a 3 x 1,200,000 table was
+    given (1, 1200000) tiles, over tile_bytes, and refused: a review)."""
     if not op.shape:
         return ()
     row = math.prod(op.shape[1:])
-    t0 = max(1, min(op.shape[0], room // max(pack_bytes(op, row), 1)))
-    return (t0, *op.shape[1:])
+    item = np.dtype(op.dtype).itemsize
+    t0 = min(op.shape[0], room // max(pack_bytes(op, row), 1), tile_bytes // max(row * item, 1))
+    if t0 >= 1:
+        return (t0, *op.shape[1:])
+    # one row is more than a statement packs: tiles of as many elements as it does, cut in
+    # every dimension (the plan's own one 3 x 400,000 tile ran DuckDB out of memory packing)
+    from ..plan import auto_tile
+
+    elements = max(1, min(room // max(pack_bytes(op, 1), 1), tile_bytes // item))
+    return auto_tile(op.shape, item, elements * item)
 
 
 def _type(dtype: str) -> exp.DataType:
@@ -338,7 +348,7 @@ def _of(key: str, alias_: str) -> exp.Column:
 
 
 def pack_elements(op: ElementTable, tiled: TiledValue, compiler: SQLCompiler | None = None,
-                  band: tuple[int, int] | None = None) -> exp.Select:
+                  band: tuple[int, int] | None = None, axis: int = 0) -> exp.Select:
     """The tiled table of an element-form operand: every tile of the grid, empty ones too
     (they are zeros), each packed from the element rows whose indices fall in it.
 
@@ -378,9 +388,9 @@ def pack_elements(op: ElementTable, tiled: TiledValue, compiler: SQLCompiler | N
                        + [alias(checked, name("o")), alias(cast(col(op.value), SQL_TYPES[op.dtype]), name("v"))])
     cells = cells.from_(table(op.table), copy=False)
     if band is not None and keys:
-        # the tiles of first keys lo..hi-1 only (a statement of its own: db.einsum under a
-        # budget packs a big table in several); rows outside the shape still reach the check
-        i0, t0, n0 = idx[0], tiled.tile[0], tiled.shape[0]
+        # the tiles of keys lo..hi-1 along ``axis`` only (a statement of its own: db.einsum under
+        # a budget packs a big table in several); rows outside the shape still reach the check
+        i0, t0, n0 = idx[axis], tiled.tile[axis], tiled.shape[axis]
         cells.set("where", exp.Where(this=exp.or_(
             exp.LT(this=i0.copy(), expression=num(0)), exp.GTE(this=i0.copy(), expression=num(n0)),
             exp.and_(exp.GTE(this=i0.copy(), expression=num(band[0] * t0)),
@@ -392,7 +402,7 @@ def pack_elements(op: ElementTable, tiled: TiledValue, compiler: SQLCompiler | N
         members.set("group", exp.Group(expressions=[col(k) for k in keys]))
     # the grid of tile keys: a cross product of range()s (one row of nothing for a scalar)
     if keys:
-        lo_hi = [band if p == 0 and band is not None else (0, g) for p, g in enumerate(tiled.grid)]
+        lo_hi = [band if p == axis and band is not None else (0, g) for p, g in enumerate(tiled.grid)]
         ranges = [range_table(lo, hi, f"g{p}", k) for p, ((lo, hi), k) in enumerate(zip(lo_hi, keys))]
         grid = exp.Select(expressions=[exp.Star()]).from_(ranges[0], copy=False)
         if len(ranges) > 1:
@@ -494,11 +504,11 @@ def pack_rows(op: ArrayTable, tiled: TiledValue, compiler: SQLCompiler | None = 
 
 
 def pack_query(op: TableOperand, tiled: TiledValue, compiler: SQLCompiler | None = None,
-               band: tuple[int, int] | None = None) -> exp.Expression:
-    """The tiled table of a table operand; ``band``: only the tiles whose first key is in
-    ``range(*band)`` (a table packed in several statements)."""
+               band: tuple[int, int] | None = None, axis: int = 0) -> exp.Expression:
+    """The tiled table of a table operand; ``band``: only the tiles whose key along ``axis``
+    (an array table's rows: 0) is in ``range(*band)`` (a table packed in several statements)."""
     if isinstance(op, ElementTable):
-        return pack_elements(op, tiled, compiler, band)
+        return pack_elements(op, tiled, compiler, band, axis)
     return pack_rows(op, tiled, compiler, band)
 
 

@@ -326,10 +326,10 @@ def plan_graph(graph, workers: int = 1, memory=None, strategy: str = "eindecomp"
     unused = tuple(v for v in graph.inputs if v.name not in read)
     made = _plan_cached(nodes, used, picked, single, unused, workers, budget, strategy, tile_bytes,
                         tuple(sorted(fixed.items())), costs, fuse)
-    if any(a.dtype_given != b.dtype_given for a, b in zip(made.inputs, used)):
+    if any(a.dtype_given != b.dtype_given for a, b in zip(made.inputs + made.unused_inputs, used + unused)):
         # a cached plan made for an equal graph whose inputs' dtypes were (not) declared: this
-        # graph's own inputs say whether binding a wider array warns
-        made = replace(made, inputs=used)
+        # graph's own inputs say whether binding a wider array warns (unused ones too: a review)
+        made = replace(made, inputs=used, unused_inputs=unused)
     return made
 
 
