@@ -184,6 +184,7 @@ class DuckDBBackend:
         # temporary results written as parts (lower-cased name -> its TEMP part tables): the
         # result is a TEMP view over them, dropped with them (drop_table)
         self._temp_parts: dict[str, list[str]] = {}
+        self._read_only: bool | None = None  # whether our cursor's database is read-only (_check_target)
         self._memory_limit: int | None = None  # what we last SET DuckDB's memory_limit to
         # a connection the user passed in keeps its own settings (docs/LAYOUT.md): those we
         # change (global in DuckDB: the database's) as they were, put back by close()
@@ -817,7 +818,11 @@ class DuckDBBackend:
         """Refuse an existing table unless ``replace``, and a table or view that is not a stored
         tensor even then (``replace`` overwrites tensors: a user's own table is not ours to drop,
         and a view made DuckDB refuse mid-write); whether it exists."""
-        if self._run("SELECT readonly FROM duckdb_databases() WHERE database_name = current_database()")[0][0]:
+        if self._read_only is None:  # our cursor's database: the same for the session's life (cached:
+            # a query on every out= call cost the small-work path ~0.4 ms)
+            self._read_only = bool(self._run("SELECT readonly FROM duckdb_databases() WHERE database_name = "
+                                             "current_database()")[0][0])
+        if self._read_only:
             # said before anything runs (it failed inside the plan's first step, in DuckDB's words)
             raise EinsumError(f"cannot write {table!r}: this database is open read-only (connect(..., "
                               "read_only=True)); open it writable to store tensors or keep results (an einsum "
