@@ -8,9 +8,6 @@ progress is counted in output tiles the tile kernels have finished.
 
 from __future__ import annotations
 
-import contextlib
-import threading
-
 from typing import Callable
 
 from .backends.running import StepProgress
@@ -39,27 +36,6 @@ class _Bar:
             self.bar.close()
 
 
-_local = threading.local()
-
-
-def in_callback() -> bool:
-    """Whether this thread is inside a user's progress callback (and not in a session call
-    begun from it since: ``outside_callback``)."""
-    return getattr(_local, "callback", False)
-
-
-@contextlib.contextmanager
-def outside_callback():
-    """A session call that took its session from inside a callback (another thread's plan's,
-    which it waited for): its own nested calls are not calls from the callback."""
-    before = getattr(_local, "callback", False)
-    _local.callback = False
-    try:
-        yield
-    finally:
-        _local.callback = before
-
-
 def reporter(progress) -> Callable[[StepProgress], None] | None:
     """The callable the backend calls for ``progress=``."""
     if progress is None or progress is False:
@@ -67,13 +43,5 @@ def reporter(progress) -> Callable[[StepProgress], None] | None:
     if progress is True:
         return _Bar()
     if callable(progress):
-        def called(p: StepProgress) -> None:
-            before = getattr(_local, "callback", False)
-            _local.callback = True  # a session call from here, on the plan's thread, is refused
-            try:
-                progress(p)
-            finally:
-                _local.callback = before
-
-        return called
+        return progress
     raise EinsumError(f"progress must be True, False, None or a callable taking a StepProgress, got {progress!r}")

@@ -15,7 +15,6 @@ import itertools
 import math
 import os
 import sys
-import threading
 import weakref
 
 import numpy as np
@@ -29,7 +28,7 @@ from .notation.sublist import sublist_spec
 from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, plan_einsum
 from .plan.einsum import RESULT
 from .plan.tiling import check_count
-from .progress import in_callback, outside_callback, reporter
+from .progress import reporter
 from .udfs.pool import in_kernel
 from .plan.cost import BUDGET_SHARE, parse_memory, plan_share
 from .plan.steps import format_bytes
@@ -137,7 +136,6 @@ class Session:
         # where statements are bound to tables (a fresh name costs sqlglot ~0.1 ms per call)
         self._free_names: list[str] = []
         self._depth = 0
-        self._owner: int | None = None  # the thread whose call holds the session (depth > 0)
         try:
             # through a holder that close() empties: the UDF lives in the connection (C++), where
             # a reference to the session, which holds the connection, is a cycle no collector
@@ -171,11 +169,6 @@ class Session:
             # for ever on this session (or re-entered its running plan), Ctrl-C included (a trial)
             raise EinsumError("eindecomp_sql was called from inside a tile kernel (a join callable, say), which runs "
                               "inside a query: compute there with numpy on the tiles it is given")
-        if self._depth and in_callback() and self._owner == threading.get_ident():
-            # on the plan's own thread, a call re-entered the running plan's transaction and
-            # failed both (a trial); on the progress thread it waits for the plan, as any call
-            raise EinsumError("this session was called from a progress callback while its plan runs on the same "
-                              "thread: call it after the plan returns (or from another thread, which waits for it)")
         with self._lock:
             if self.backend.closed:
                 raise EinsumError("this session is closed; open another with eds.connect()")
@@ -183,9 +176,6 @@ class Session:
             # code (a Ctrl-C handler runs at such points): a Ctrl-C inside the mark's removal
             # once left the depth at 1 for good (no later call dropped temporary results)
             mark = CtrlCMark() if self._depth == 0 else None
-            fresh = outside_callback() if self._depth == 0 else contextlib.nullcontext()
-            if self._depth == 0:
-                self._owner = threading.get_ident()
             self._depth += 1
             try:
                 if mark is not None:
@@ -193,8 +183,7 @@ class Session:
                 if self._depth == 1:
                     self.backend.recover()
                     self._collect()
-                with fresh:
-                    yield
+                yield
             except RuntimeError as error:
                 translated = mark.translate(error) if mark is not None else error
                 if translated is error:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -132,20 +133,44 @@ def serving(fn: Callable, state: KernelState | None) -> Callable:
     """``fn`` (a UDF) running with ``state`` as this thread's current kernel state."""
     @functools.wraps(fn)  # keeps the signature: DuckDB checks a UDF's parameter count
     def udf(*args):
-        before = getattr(_local, "state", None), getattr(_local, "serving", False)
-        _local.state, _local.serving = state, True
+        before = getattr(_local, "state", None)
+        _local.state = state
         try:
             return fn(*args)
         finally:
-            _local.state, _local.serving = before
+            _local.state = before
 
     return udf
 
 
+# code objects whose frames mark "outside a kernel" though below one (a progress callback that
+# a kernel call's tick runs): ``outside_kernel(fn)`` adds one
+_OUTSIDE: set = set()
+
+
+def outside_kernel(fn: Callable) -> Callable:
+    """Mark ``fn``: code it calls is not kernel code, wherever it is called from."""
+    _OUTSIDE.add(fn.__code__)
+    return fn
+
+
 def in_kernel() -> bool:
-    """Whether this thread runs a tile kernel: inside a UDF call, or a kernel thread's task
-    (a join callable runs there)."""
-    return getattr(_local, "serving", False) or threading.current_thread().name.startswith(_WORKER_PREFIX)
+    """Whether this thread runs a tile kernel: inside a UDF call (a ``serving`` frame on the
+    stack), or a kernel thread's task (a join callable runs there), and not below a frame
+    ``outside_kernel`` marks. Read from the stack, not from a flag a call sets and clears: a
+    signal handler's error between the two (a deadline) left the flag set for good (a test)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code in _OUTSIDE:
+            return False
+        if code is _UDF_CODE:
+            return True
+        frame = frame.f_back
+    return threading.current_thread().name.startswith(_WORKER_PREFIX)
+
+
+_UDF_CODE = serving(lambda: None, None).__code__  # the wrapper's code, shared by every UDF
 
 
 def check_cancelled(state: KernelState | None = None) -> None:

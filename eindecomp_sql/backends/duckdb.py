@@ -185,6 +185,9 @@ class DuckDBBackend:
         # result is a TEMP view over them, dropped with them (drop_table)
         self._temp_parts: dict[str, list[str]] = {}
         self._read_only: bool | None = None  # whether our cursor's database is read-only (_check_target)
+        # the prefix of a run's own TEMP names (scratch, views): "" for a run, "1_" for one run
+        # inside it (from its progress callback), ...: the inner run dropped the outer's _eds_s0
+        self._nest = ""
         self._memory_limit: int | None = None  # what we last SET DuckDB's memory_limit to
         # a connection the user passed in keeps its own settings (docs/LAYOUT.md): those we
         # change (global in DuckDB: the database's) as they were, put back by close()
@@ -764,6 +767,12 @@ class DuckDBBackend:
             # transaction of ours is open, though a signal handler raise anywhere (see ``recover``)
             outer = b.open_transaction
             b.open_transaction = True
+            if outer:
+                # a plan run inside a running one (from its progress callback, on its thread): in
+                # the outer transaction. A BEGIN there fails, and a failed statement aborts the
+                # transaction it ran in: both plans failed ("Current transaction is aborted", a trial)
+                self.own = False
+                return self
             try:
                 b._run("BEGIN TRANSACTION")
                 self.own = True
@@ -1029,6 +1038,18 @@ class DuckDBBackend:
         Ctrl-C interrupts the running statement and rolls the transaction back, then raises
         KeyboardInterrupt; ``progress`` (a callable) receives a :class:`StepProgress` several
         times a second."""
+        outer = self._nest
+        self._nest = f"{outer.count('_') + 1}_" if self._runs_here() else ""
+        try:
+            return self._execute(plan, inputs, outputs, replace, progress)
+        finally:
+            self._nest = outer
+
+    def _runs_here(self) -> bool:
+        """Whether a run of this backend is under way on this thread (this one is inside it)."""
+        return self.open_transaction or bool(self._nest)
+
+    def _execute(self, plan: Plan, inputs, outputs, replace: bool = False, progress=None) -> dict:
         compiled = self.compiler.compile_plan(plan)
         self._register_arities(compiled)
         tables: dict[str, str] = {}
@@ -1061,7 +1082,7 @@ class DuckDBBackend:
                 if t is not None and t.table is None and isinstance(s, (EinsumStep, ProgramStep)):
                     results[v.name] = (np.empty(v.shape, v.dtype), v.tile)
         for k, v in enumerate(plan.scratch):
-            tables[v.name] = f"_eds_s{k}"
+            tables[v.name] = f"_eds_s{self._nest}{k}"
         for name, t in outputs.items():
             if t.table is not None:
                 tables[name] = t.table
@@ -1259,7 +1280,7 @@ class DuckDBBackend:
                     handles.append(handle)  # registered while the handle lives
                     names[value] = handle.name
                 else:
-                    views.append(f"_eds_a{k}")
+                    views.append(f"_eds_a{self._nest}{k}")
                     self._work.register(views[-1], tiles)
                     names[value] = views[-1]
             yield names
@@ -1324,7 +1345,7 @@ class DuckDBBackend:
                                 self._run(f"CREATE {'' if kept else 'TEMP '}TABLE "
                                           f"{table(name).sql(dialect='duckdb')} AS {bind(going_on(text), tables)}")
                             if k + 1 < len(compiled):  # later steps read it by a TEMP view
-                                readers.append(f"_eds_pv{k}")
+                                readers.append(f"_eds_pv{self._nest}{k}")
                                 self._run(parted.view_sql(readers[-1], mine, temporary=True))
                                 tables[c.value] = readers[-1]
                         else:

@@ -85,6 +85,9 @@ class Watch:
             self.fail(error)
             raise
 
+    # the user's callback is not kernel code, wherever it is called from (a kernel call's thread
+    # ticks progress too): it may use the session (pool.in_kernel)
+    @pool.outside_kernel
     def poll(self, finished: bool = False) -> None:
         if self.report is None or not self.steps:
             return
