@@ -536,12 +536,18 @@ class Session:
         """The plan and the SQL of every step (the result shown going to ``out``, if given)."""
         from .compile import sql_listing
 
-        p = self.plan(spec, *operands, join=join, agg=agg)
+        spec, operands = self._spec_args(spec, operands)
+        with self._call():
+            values, inputs = self._resolve(operands, spec=spec)
+            p = self._plan_over(spec, values, inputs, join, agg)
         # the engine's own SQL where it prints another dialect (Spark's, with its shuffle bytes)
         listing = getattr(self.backend, "sql_listing", sql_listing)
         split = getattr(self.backend, "memory_split", lambda plan: None)(p)
         limit = getattr(self.backend, "engine_limit", lambda plan: None)(p)
-        return (p.explain(engine_limit=limit) + ("\n" + split if split else "") + "\n\n"
+        # a table operand's value is named _eds_op<n> in the plan: say which table it is
+        tables = "".join(f"\n  {n} is {x.describe()}, packed into tiles before the first step"
+                         for n, x in inputs.items() if n.startswith("_eds_op"))
+        return (p.explain(engine_limit=limit) + tables + ("\n" + split if split else "") + "\n\n"
                 + listing(p, {RESULT: out} if out is not None else None))
 
     def einsum(self, spec: str, *operands, join=None, agg=None, out: str | None = None, replace: bool = False,

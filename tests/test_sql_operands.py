@@ -437,7 +437,8 @@ def test_the_python_api_reads_tables_as_the_sql_functions_do(sdb):
     assert_close(got.to_numpy(), want)
     assert_close(sdb.einsum_numpy("ij,ij->i", "E", "E"), (e * e).sum(1))  # one table twice: read once
     assert_close(sdb.einsum("ij->j", "E").to_numpy(), e.sum(0))
-    assert "_eds_op0: shape (7, 5) float64" in sdb.explain("ij->j", "E")
+    said = sdb.explain("ij->j", "E")
+    assert "_eds_op0: shape (7, 5) float64" in said and "_eds_op0 is table 'E' (element form" in said
     assert set(con.sql("SELECT table_name FROM duckdb_tables()").fetchall()) == before | {("R",)}
     # the packed TEMP tables live on the session's cursor, which db.connection does not see
     assert not sdb.backend._run("SELECT table_name FROM duckdb_tables() WHERE temporary AND table_name LIKE '_eds_t%'")
