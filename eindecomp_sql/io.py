@@ -1323,8 +1323,8 @@ class PackedRows:
 
 
 def _attach(cur, name: str, path: str, column: str | None = None) -> None:
-    """A TEMP view ``name`` over the Parquet file: every column, or the row's number ``r``
-    and ``column`` (the path a literal, the names identifiers)."""
+    """A TEMP view ``name`` over the Parquet file: every column, or the row's number (as
+    ``RANK``) and ``column`` (the path a literal, the names identifiers)."""
     from sqlglot import exp
 
     what = "*" if column is None else f"file_row_number AS {RANK}, {exp_ident(column)}"
