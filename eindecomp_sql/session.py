@@ -684,6 +684,9 @@ class Session:
 
         # planned inside DuckDB's call of our UDF, outside a session call: the catalog as the
         # query finds it, edits in SQL since the last call included
+        if in_kernel():  # a join callable running a SQL einsum waited for the session (a review)
+            raise EinsumError("eindecomp_sql was called from inside a tile kernel (a join callable, say), which runs "
+                              "inside a query: compute there with numpy on the tiles it is given")
         getattr(self.backend, "call_begins", lambda: None)()
         # what the last SQL queries freed, handed back as after every plan of the Python API: a
         # service running only SQL einsums over element tables grew ~50 MB per 1,000 (a trial)

@@ -188,6 +188,7 @@ class DuckDBBackend:
         # the prefix of a run's own TEMP names (scratch, views): "" for a run, "1_" for one run
         # inside it (from its progress callback), ...: the inner run dropped the outer's _eds_s0
         self._nest = ""
+        self._depth = 0  # runs under way (execute inside execute: see _nest)
         self._memory_limit: int | None = None  # what we last SET DuckDB's memory_limit to
         # a connection the user passed in keeps its own settings (docs/LAYOUT.md): those we
         # change (global in DuckDB: the database's) as they were, put back by close()
@@ -604,11 +605,13 @@ class DuckDBBackend:
         """Whether a table or view of this name (DuckDB compares names case-insensitively)
         exists. Binding a query that reads nothing answers yes in ~0.5 ms; when it fails, the
         catalog functions (~4.5 ms) decide, since a view that no longer binds exists too."""
-        try:
-            self._run(exp.select("1").from_(table(table_name)).limit(0).sql(dialect="duckdb"))
-            return True
-        except duckdb.Error:
-            pass
+        if not self.open_transaction:  # a failed statement aborts the transaction it ran in (a
+            # store from a progress callback runs inside the plan's: both failed, a review)
+            try:
+                self._run(exp.select("1").from_(table(table_name)).limit(0).sql(dialect="duckdb"))
+                return True
+            except duckdb.Error:
+                pass
         n = self._run(COUNT_NAMED.format(where=WHERE_BARE_NAMES_RESOLVE), [table_name])
         return bool(n[0][0])
 
@@ -1039,15 +1042,16 @@ class DuckDBBackend:
         KeyboardInterrupt; ``progress`` (a callable) receives a :class:`StepProgress` several
         times a second."""
         outer = self._nest
-        self._nest = f"{outer.count('_') + 1}_" if self._runs_here() else ""
+        # a run inside a run (from its progress callback, on its thread; the session's lock is
+        # re-entrant) is counted, not inferred from an open transaction: a plan writing parts
+        # runs outside one, and its inner run took its names (a review)
+        self._depth += 1
+        self._nest = f"{self._depth - 1}_" if self._depth > 1 else ""
         try:
             return self._execute(plan, inputs, outputs, replace, progress)
         finally:
+            self._depth -= 1
             self._nest = outer
-
-    def _runs_here(self) -> bool:
-        """Whether a run of this backend is under way on this thread (this one is inside it)."""
-        return self.open_transaction or bool(self._nest)
 
     def _execute(self, plan: Plan, inputs, outputs, replace: bool = False, progress=None) -> dict:
         compiled = self.compiler.compile_plan(plan)
