@@ -42,3 +42,11 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
+
+
+def duckdb_said(error: Exception) -> str:
+    """DuckDB's message without its advice about its own settings (SET threads, memory_limit):
+    a user of this package sets memory= (a trial was pointed at SET memory_limit)."""
+    import re
+
+    return re.split(r"\n\s*Possible solutions:", str(error), maxsplit=1)[0].rstrip()

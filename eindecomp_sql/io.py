@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from .arrays import as_array, check_series_missing, read_array
 from .backends import spill
-from .errors import EinsumError
+from .errors import EinsumError, duckdb_said
 from .notation.checks import can_cast, check_dtype, check_name, is_bfloat16
 from .plan import DEFAULT_TILE_BYTES, TiledValue, auto_tile, check_tile, tiling
 from .plan.steps import format_bytes
@@ -382,12 +382,6 @@ def _parquet_memory_hint(e: Exception, p: str) -> str:
             "a tiled file (Tensor.export(path) writes one), or give a larger memory=]. DuckDB said")
 
 
-def _duckdb_said(e: Exception) -> str:
-    """DuckDB's message without its advice about its own settings (SET threads, memory_limit):
-    a user of this package sets memory= (a trial was pointed at SET memory_limit)."""
-    return re.split(r"\n\s*Possible solutions:", str(e), maxsplit=1)[0].rstrip()
-
-
 def read_parquet(path, where: str, con=None) -> pa.Table:
     """A Parquet file read whole by DuckDB (on a cursor of ``con``, or a connection of its
     own), with the file's key-value metadata put back on the Arrow schema."""
@@ -402,7 +396,7 @@ def read_parquet(path, where: str, con=None) -> pa.Table:
         table = cur.read_parquet(p).to_arrow_table()
         meta = _parquet_meta(cur, p)
     except duckdb.Error as e:
-        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet{_parquet_memory_hint(e, p)}: {_duckdb_said(e)}") from None
+        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet{_parquet_memory_hint(e, p)}: {duckdb_said(e)}") from None
     finally:
         cur.close()
     return _float16_back(table, p).replace_schema_metadata(meta)
@@ -1233,7 +1227,7 @@ def _parquet_cursor(p: str, where: str, con):
                               "file(s)); rename the file without '*', '?' or '['")
     except duckdb.Error as e:
         cur.close()
-        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet{_parquet_memory_hint(e, p)}: {_duckdb_said(e)}") from None
+        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet{_parquet_memory_hint(e, p)}: {duckdb_said(e)}") from None
     except BaseException:
         cur.close()
         raise
@@ -1272,7 +1266,7 @@ def _from_parquet(p: str, want: Wanted, where: str, con, stream: bool) -> Incomi
         rows = cur.execute("SELECT count(*) FROM read_parquet(?)", [p]).fetchall()[0][0]
         keys = rel.project(", ".join(_quote(k) for k in t.keys)).to_arrow_table() if t.keys else None
     except duckdb.Error as e:
-        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet{_parquet_memory_hint(e, p)}: {_duckdb_said(e)}") from None
+        raise EinsumError(f"{where}: DuckDB could not read {p!r} as Parquet{_parquet_memory_hint(e, p)}: {duckdb_said(e)}") from None
     finally:
         cur.close()
     kcols = [_index_array(keys, k, where) for k in t.keys]
@@ -1342,9 +1336,10 @@ def _detach(cur, name: str) -> None:
 
 
 def exp_ident(name: str) -> str:
-    from sqlglot import exp
+    """``name`` as a quoted DuckDB identifier (the compiler's, rendered)."""
+    from .compile.compiler import ident
 
-    return exp.to_identifier(name, quoted=True).sql(dialect="duckdb")
+    return ident(name).sql(dialect="duckdb")
 
 
 def packs_array_file(path: str, memory: int | None) -> bool:
@@ -1360,15 +1355,8 @@ def packs_array_file(path: str, memory: int | None) -> bool:
         nbytes = sum(md.row_group(k).total_byte_size for k in range(md.num_row_groups))
     except (pa.ArrowException, OSError):
         return False
-    limit = memory if memory is not None else (_machine_memory() or 1 << 62) // 2
+    limit = memory if memory is not None else (_physical_memory() or 1 << 62) // 2
     return 4 * nbytes > limit
-
-
-def _machine_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def _packed_array_rows(path: str, want: Wanted, where: str, con) -> Incoming | None:

@@ -33,6 +33,11 @@ from .udfs.pool import in_kernel
 from .plan.cost import BUDGET_SHARE, parse_memory, plan_share
 from .plan.steps import format_bytes
 
+# a session called from a tile kernel: DuckDB runs the kernel's query and waits for it, so the
+# call waited for ever on the session (a trial), or re-entered its running plan
+FROM_KERNEL = ("eindecomp_sql was called from inside a tile kernel (a join callable, say), which runs inside a "
+               "query: compute there with numpy on the tiles it is given")
+
 # under a memory budget, the default tile is at most this fraction of it (see __init__)
 BUDGET_TILES = 64
 # with device="auto", a step of fewer element operations (the product of its labels' sizes) runs
@@ -167,8 +172,7 @@ class Session:
         if in_kernel():
             # DuckDB is running the kernel's query and waits for it: a call from there waited
             # for ever on this session (or re-entered its running plan), Ctrl-C included (a trial)
-            raise EinsumError("eindecomp_sql was called from inside a tile kernel (a join callable, say), which runs "
-                              "inside a query: compute there with numpy on the tiles it is given")
+            raise EinsumError(FROM_KERNEL)
         with self._lock:
             if self.backend.closed:
                 raise EinsumError("this session is closed; open another with eds.connect()")
@@ -685,8 +689,7 @@ class Session:
         # planned inside DuckDB's call of our UDF, outside a session call: the catalog as the
         # query finds it, edits in SQL since the last call included
         if in_kernel():  # a join callable running a SQL einsum waited for the session (a review)
-            raise EinsumError("eindecomp_sql was called from inside a tile kernel (a join callable, say), which runs "
-                              "inside a query: compute there with numpy on the tiles it is given")
+            raise EinsumError(FROM_KERNEL)
         getattr(self.backend, "call_begins", lambda: None)()
         # what the last SQL queries freed, handed back as after every plan of the Python API: a
         # service running only SQL einsums over element tables grew ~50 MB per 1,000 (a trial)

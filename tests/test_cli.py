@@ -6,6 +6,7 @@ depend on each other run at the same time."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -167,22 +168,32 @@ def test_help_on_every_command(capsys):
     assert code == 0 and out.strip().endswith(eds.__version__)
 
 
+@contextlib.contextmanager
+def _holding(path, then: str):
+    """A process that connects to ``path``, runs ``then`` (with ``db``) and holds the file until
+    the block ends."""
+    holder = subprocess.Popen([sys.executable, "-c", f"import sys, eindecomp_sql as eds\n{then}\n"
+                               "print('ready', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        yield
+    finally:
+        holder.communicate("", timeout=60)
+    assert holder.returncode == 0
+
+
 def test_a_locked_database_is_one_line_exit_1(tmp_path):
     """One process holds the file (DuckDB: one writing process per file); commands on it from
     other processes fail at once, in one line. (Jobs on different files run side by side in
     test_jobs.py: nine at once.)"""
     path = tmp_path / "held.duckdb"
     np.save(tmp_path / "b.npy", np.arange(3.0))
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, eindecomp_sql as eds\n"
-                               f"db = eds.connect({str(path)!r}); db.store('A', [1.0, 2.0])\n"
-                               "print('ready', flush=True); sys.stdin.read()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "ready"
+    with _holding(path, f"db = eds.connect({str(path)!r}); db.store('A', [1.0, 2.0])"):
         t0 = time.perf_counter()
         locked = [subprocess.Popen(command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                   for args in (("ls", path), ("store", path, "B", tmp_path / "b.npy"))]
-        for p, read_only in zip(locked, (True, False)):
+        for p in locked:
             out, err = p.communicate(timeout=120)
             assert p.returncode == 1, err
             assert err.startswith(f"eindecomp-sql: error: database {str(path)!r} is locked by another process"), err
@@ -191,23 +202,13 @@ def test_a_locked_database_is_one_line_exit_1(tmp_path):
             assert "another process writes it: wait until that process closes it" in err, err
             assert "open it read_only=True" not in err, err
         assert time.perf_counter() - t0 < 60
-    finally:
-        holder.communicate("", timeout=60)
-    assert holder.returncode == 0
     # a reader holds it: a writer is told that read-only opens it (DuckDB's text says when)
-    reader = subprocess.Popen([sys.executable, "-c", "import sys, eindecomp_sql as eds\n"
-                               f"db = eds.connect({str(path)!r}, read_only=True)\n"
-                               "print('ready', flush=True); sys.stdin.read()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert reader.stdout.readline().strip() == "ready"
+    with _holding(path, f"db = eds.connect({str(path)!r}, read_only=True)"):
         p = subprocess.run(command("store", path, "B", tmp_path / "b.npy"), capture_output=True, text=True, timeout=120)
         assert p.returncode == 1 and "another process has it open read-only: open it read_only=True too" in p.stderr, \
             p.stderr
         p = subprocess.run(command("ls", path), capture_output=True, text=True, timeout=120)
         assert p.returncode == 0 and "A" in p.stdout, p.stderr
-    finally:
-        reader.communicate("", timeout=60)
 
 
 def test_einsum_json_is_strict_json_for_non_finite_and_complex_values(capsys, tmp_path):

@@ -23,7 +23,7 @@ from ..compile.compiler import ident, on_device
 from ..compile.sql_interface import ArrayTable, ElementTable, pack_bytes, pack_query
 from ..plan.kernel_spec import device_only_results, host_reason, inputs_read_by_name
 from ..compile.sql import table
-from ..errors import EinsumError, ExecutionError
+from ..errors import EinsumError, ExecutionError, duckdb_said
 from ..plan import Plan, TiledValue
 from ..plan.cost import BUDGET_SHARE, CostModel, parse_memory, plan_share
 from ..plan.steps import EinsumStep, ProgramStep, format_bytes, output_tiles, step_reads, step_target
@@ -639,8 +639,7 @@ class DuckDBBackend:
         """What a failed store says: DuckDB's error, and where it ran out of memory under a
         budget, which tile did not fit and what to pass (a trial: a 137.5 MiB tile under
         memory="100MB" was DuckDB's "could not allocate block", with its advice to SET threads)."""
-        said = re.split(r"\n\s*Possible solutions:", str(e), maxsplit=1)[0].rstrip()  # not its SET advice
-        text = f"store({value.name!r}): DuckDB could not store the tiles: {said}"
+        text = f"store({value.name!r}): DuckDB could not store the tiles: {duckdb_said(e)}"  # not its SET advice
         if not isinstance(e, duckdb.OutOfMemoryException) or self.budget is None:
             return text
         tile = math.prod(value.tile) * np.dtype(value.dtype).itemsize
