@@ -25,6 +25,11 @@ class ExecutionError(EinsumError):
     """A plan failed while running in the engine (the message names the step)."""
 
 
+class Interrupted(ExecutionError):
+    """``Session.interrupt()`` (called from another thread) stopped the session's call: what
+    the call was writing was rolled back (a job keeps the steps it had committed)."""
+
+
 def caret(text: str, pos: int) -> str:
     """Two lines that point at character ``pos`` of ``text`` (for parse errors)."""
     return f"    {text}\n    {' ' * pos}^"

@@ -22,7 +22,7 @@ import numpy as np
 from .arrays import as_array
 from .backends import Target, create_backend
 from .backends.running import CtrlCMark, settle
-from .errors import EinsumError, warn
+from .errors import EinsumError, Interrupted, warn
 from .notation.checks import can_cast, check_name
 from .notation.sublist import sublist_spec
 from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, plan_einsum
@@ -160,9 +160,11 @@ class Session:
     _pid = None  # set in __init__: the process the session belongs to
 
     @contextlib.contextmanager
-    def _call(self):
+    def _call(self, fresh: bool = True):
         """Hold the session for one call: the lock, a check that it is open, and the drop of
-        temporary results collected since the last call."""
+        temporary results collected since the last call. ``fresh``: an ``interrupt()`` asked
+        before the call took the session is not for it (False: a store's, asked while it read
+        its source)."""
         if os.getpid() != self._pid:
             # a forked child: DuckDB's threads, our locks' holders and the file's lock are the
             # parent's (a child waited for ever on a lock a parent thread held, or wrote into
@@ -176,15 +178,18 @@ class Session:
         with self._lock:
             if self.backend.closed:
                 raise EinsumError("this session is closed; open another with eds.connect()")
+            stopper = getattr(self.backend, "stopper", None)  # interrupt(): DuckDB's backend
             # the depth goes up and down next to the try, with nothing between that runs Python
             # code (a Ctrl-C handler runs at such points): a Ctrl-C inside the mark's removal
             # once left the depth at 1 for good (no later call dropped temporary results)
-            mark = CtrlCMark() if self._depth == 0 else None
+            mark = CtrlCMark(stopper) if self._depth == 0 else None
             self._depth += 1
             try:
                 if mark is not None:
                     mark.install()
                 if self._depth == 1:
+                    if stopper is not None:
+                        stopper.call(fresh)
                     self.backend.recover()
                     self._collect()
                 yield
@@ -202,7 +207,7 @@ class Session:
                 raise
             finally:
                 self._depth -= 1
-                if mark is not None:
+                if mark is not None:  # the outermost call: its handler out, and interrupt()'s stop forgotten
                     settle(mark.remove)
 
     @staticmethod
@@ -351,29 +356,39 @@ class Session:
                [-1. ,  0. ,  0. ]])
         """
         check_name(name)
-        from . import io
-
-        # read the source before taking the session: a relation may call back into this
-        # session (SELECT ... FROM einsum(...)) from DuckDB's threads
-        # files stream into DuckDB (a batch of tiles at a time, or read by DuckDB itself); the
-        # other backends take whole tables
         _check_replace(replace)  # before reading: replace="no" is truthy
-        if isinstance(source, str) and not os.path.splitext(source)[1] and os.sep not in source \
-                and self.backend.lookup(source) is not None:
-            source = self.tensor(source)  # a stored tensor's name: stored again (re-cut, renamed, cast)
-        want = io.Wanted(tile, keys, shape, dtype, index, value, tile_bytes=self.store_tile_bytes,
-                         square=self.store_square, memory=self.memory)
-        # an engine may read a source of its own without this process holding it whole (a Spark
-        # DataFrame on Spark: tiles made by Spark); else every source is read here
-        own = getattr(self.backend, "read_frame", None)
-        incoming = own(source, f"store({name!r})", io._wanted_checked(want, f"store({name!r})")) \
-            if own is not None else None
-        if incoming is None:
-            incoming = io.read_source(source, f"store({name!r})", want, con=self.backend.con,
-                                      stream=self.backend.streams_in)
-        stored = TiledValue(name, incoming.shape, incoming.dtype, incoming.tile, incoming.keys)
+        # reading the source is part of the call interrupt() stops (the session's own ``_call``
+        # ends it, or the ``except`` below where reading failed)
+        stopper = getattr(self.backend, "stopper", None)
         try:
-            with self._call():
+            if stopper is not None:
+                stopper.call(fresh=True)
+            from . import io
+
+            # read the source before taking the session: a relation may call back into this
+            # session (SELECT ... FROM einsum(...)) from DuckDB's threads
+            # files stream into DuckDB (a batch of tiles at a time, or read by DuckDB itself); the
+            # other backends take whole tables
+            if isinstance(source, str) and not os.path.splitext(source)[1] and os.sep not in source \
+                    and self.backend.lookup(source) is not None:
+                source = self.tensor(source)  # a stored tensor's name: stored again (re-cut, renamed, cast)
+            want = io.Wanted(tile, keys, shape, dtype, index, value, tile_bytes=self.store_tile_bytes,
+                             square=self.store_square, memory=self.memory)
+            # an engine may read a source of its own without this process holding it whole (a
+            # Spark DataFrame on Spark: tiles made by Spark); else every source is read here
+            own = getattr(self.backend, "read_frame", None)
+            incoming = own(source, f"store({name!r})", io._wanted_checked(want, f"store({name!r})")) \
+                if own is not None else None
+            if incoming is None:
+                incoming = io.read_source(source, f"store({name!r})", want, con=self.backend.con,
+                                          stream=self.backend.streams_in)
+            stored = TiledValue(name, incoming.shape, incoming.dtype, incoming.tile, incoming.keys)
+        except BaseException:
+            if stopper is not None:
+                settle(stopper.done)
+            raise
+        try:
+            with self._call(fresh=False):  # an interrupt() while the source was read stops this call
                 if replace:
                     self.rewritten.add(name.lower())
                 try:
@@ -695,6 +710,24 @@ class Session:
         # service running only SQL einsums over element tables grew ~50 MB per 1,000 (a trial)
         getattr(self.backend, "bound_free_memory", lambda: None)()
         return einsum_sql(self, spec, names, mode, join, agg, k)
+
+    def interrupt(self) -> bool:
+        """Stop this session's call in progress, from another thread, as DuckDB's
+        ``connection.interrupt()`` stops a query: the einsum, store, read or graph run raises
+        ``eds.errors.Interrupted`` (an ``ExecutionError``) and nothing it was writing is kept
+        (a job keeps the steps it had committed, and resumes at the stopped one). Calls waiting
+        for their turn on the session are not stopped. False when no call was in progress
+        (nothing happens); a call already committing its result finishes and returns it.
+
+        A call stops within a kernel task, as on Ctrl-C; one still planning stops where its
+        first statement would run. A query of yours on ``db.connection`` (the SQL functions)
+        is stopped by DuckDB's own ``db.connection.interrupt()``."""
+        stopper = getattr(self.backend, "stopper", None)
+        if stopper is None:
+            raise EinsumError(f"interrupt() is not available on the {self.backend.name} backend: stop a plan "
+                              "there with a progress= callable that raises")
+        return stopper.interrupt(Interrupted("interrupted: db.interrupt() stopped this call; what it was writing "
+                                             "was rolled back"))
 
     def close(self) -> None:
         """Close the session (and its connection, if the session opened it). Idempotent. In a

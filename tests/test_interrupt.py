@@ -730,6 +730,7 @@ for k in range(n):
     assert signal.set_wakeup_fd(theirs_w.fileno()) == theirs_w.fileno(), k
     assert running._dog.job is None, k
     assert not db.backend.kernels.cancel.is_set(), k
+    assert not db.backend.stopper._jobs, k
 # the same through a store and a plan: transactions, the kernel pool, temporary tables
 from threadpoolctl import threadpool_info
 blas_before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
@@ -748,6 +749,7 @@ for k in range(n2):
     assert isinstance(raised, Deadline) or "Deadline" in str(raised) or (raised is None and passed <= k), (k, raised)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, k
     assert running._dog.job is None and pool._active == 0 and not pool._wide, k
+    assert not db.backend.stopper._jobs, k  # no stop of db.interrupt() can reach a later statement
     assert set(db.tensors()) <= {"A", "X", "Y", "Z"}, (k, db.tensors())  # the session works
     if "Z" in db.tensors():
         np.testing.assert_allclose(db.tensor("Z").to_numpy(), X @ X.T)

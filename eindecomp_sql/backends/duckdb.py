@@ -32,7 +32,7 @@ from ..udfs.tiles import array_from_tiles, null_tiles, tiles_from_array
 from . import allocator, parts as parted, spill
 from ..udfs.pool import RUN_TOKEN, THREADS, Cancelled, KernelState
 from .base import Target
-from .running import Watch, run_interruptible
+from .running import Stopper, Watch, run_interruptible
 from .tables import COUNT_NAMED, WHERE_BARE_NAMES_RESOLVE, read_table_operand
 
 
@@ -216,6 +216,7 @@ class DuckDBBackend:
             from eindecomp_sql.udfs import register_kernels
 
             self.kernels = KernelState()  # this connection's cancel flag and tile count
+            self.stopper = Stopper()  # Session.interrupt()
             self._last_reads: dict[int, list[str]] = {}  # step -> the run's values read last there
             if device != "cpu":  # stored tensors' tiles stay on the device between calls and plans
                 from eindecomp_sql.udfs.device_cache import DeviceCache
@@ -597,7 +598,7 @@ class DuckDBBackend:
                 # interrupted'), as it does any signal handler's error, so only our watch can
                 # tell a Ctrl-C (KeyboardInterrupt) from the others
                 return run_interruptible(lambda: [r[0] for r in self._run("SELECT name FROM eds_catalog ORDER BY name ASC")],
-                                         self._work.interrupt, self.kernels)
+                                         self._work.interrupt, self.kernels, stopper=self.stopper)
             except duckdb.CatalogException:  # a database opened read-only that never had a catalog
                 return []
 
@@ -862,7 +863,7 @@ class DuckDBBackend:
             # KeyboardInterrupt, not DuckDB's "Query interrupted" inside our error (a ValueError)
             watch = Watch(None, [], self.kernels)
             run_interruptible(lambda: self._store_tiles(value, tiles, replace, exists, watch), self._work.interrupt,
-                              self.kernels, watch)
+                              self.kernels, watch, self.stopper)
 
     def _store_tiles(self, value: TiledValue, tiles, replace: bool, exists: bool, watch: Watch) -> None:
         attach = getattr(tiles, "attach", None)  # a source DuckDB packs itself (io.PackedRows)
@@ -914,7 +915,7 @@ class DuckDBBackend:
                 with self._reading(value):
                     return run_interruptible(
                         lambda: self._work.sql(select_value(value, value.name).sql(dialect="duckdb")).to_arrow_table(),
-                        self._work.interrupt, self.kernels)
+                        self._work.interrupt, self.kernels, stopper=self.stopper)
             except duckdb.CatalogException:
                 raise EinsumError(f"tensor {value.name!r} no longer exists in this database (dropped, or "
                                   "replaced by another session)") from None
@@ -1118,7 +1119,7 @@ class DuckDBBackend:
                 tables.update(packs)
                 rows = run_interruptible(
                     lambda: self._run_steps(plan, compiled, tables, outputs, replace, watch, swaps, parts_of),
-                    self._work.interrupt, self.kernels, watch)
+                    self._work.interrupt, self.kernels, watch, self.stopper)
         allocator.bound_free_memory()
         # a result the kernels wrote into its array has NULL tiles here; any other tile fills in
         return {name: array_from_tiles(t, v.shape, v.tile, v.dtype, v.keys,
@@ -1164,7 +1165,7 @@ class DuckDBBackend:
         query = pack_query(op, v, self.compiler, band, axis).sql(dialect="duckdb")
         sql = f"CREATE TEMP TABLE {name} AS {query}" if k == 0 else f"INSERT INTO {name} {query}"
         try:
-            run_interruptible(lambda: self._run(sql), self._work.interrupt, self.kernels)
+            run_interruptible(lambda: self._run(sql), self._work.interrupt, self.kernels, stopper=self.stopper)
         except duckdb.Error as e:
             # the table's own fault (two rows for one element, rows added since its shape was
             # read), said by the pack kernel or the query's error(): ours

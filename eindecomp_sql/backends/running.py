@@ -309,10 +309,12 @@ class CtrlCMark:
     (KeyboardInterrupt); another signal's handler's error stays what DuckDB made of it.
 
     Nothing is installed by the constructor: ``install`` inside a ``try``, ``settle(mark.remove)``
-    in its ``finally``."""
+    in its ``finally``. ``remove`` also ends the call for ``stopper`` (``Session.interrupt``):
+    one undo, where two calls in a ``finally`` could be cut apart by a signal handler's error."""
 
-    def __init__(self):
+    def __init__(self, stopper: Stopper | None = None):
         self.raised: BaseException | None = None
+        self._stopper = stopper
         self._installed: list = []  # the handler ``install`` displaced, kept by C (see below)
 
         def mark(signum, frame):
@@ -335,7 +337,9 @@ class CtrlCMark:
         self._installed.extend(map(_signal.signal, (signal.SIGINT,), (self._mark,)))
 
     def remove(self) -> None:
-        """Put the caller's handler back; idempotent."""
+        """Put the caller's handler back, and end the call for the stopper; idempotent."""
+        if self._stopper is not None:
+            self._stopper.done()
         if self._installed and signal.getsignal(signal.SIGINT) is self._mark:
             signal.signal(signal.SIGINT, self._installed[0])
 
@@ -347,16 +351,81 @@ class CtrlCMark:
         return error
 
 
+class Stopper:
+    """``Session.interrupt()``, from any thread: stops the work of the session's call in
+    progress as a progress callback's error stops it (the statement interrupted, the kernels
+    cancelled between tasks, nothing committed), and every later piece of work of that call
+    before it starts (a call may run several: a table packed, then the plan; a job's steps).
+    A call past its commit point finishes: the interrupt came too late for it.
+
+    One per backend; it takes no session lock (the call it stops holds that). ``call`` and
+    ``done`` set flags, not a count, and each call starts without a stop asked before it: a
+    signal handler's error may land anywhere in a call's start and end (a count left off by
+    one, or a stop kept, would refuse every later call); the worst a ``done`` so missed leaves
+    is an ``interrupt()`` that says True with nothing running."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._jobs: list[_Job] = []
+        self._active = False  # a session call is in progress (the outermost one: nested ones are in it)
+        self._pending: BaseException | None = None  # the stop asked of the call in progress
+
+    def call(self, fresh: bool = True) -> None:
+        """A session call begins (or a store starts reading its source, before it takes the
+        session); a stop asked from now on is for it, until ``done``, and one asked before it
+        is forgotten if ``fresh``."""
+        with self._lock:
+            self._active = True
+            if fresh:
+                self._pending = None
+
+    def done(self) -> None:
+        """The call ended: a stop asked of it is forgotten (the next call starts afresh)."""
+        with self._lock:
+            self._active, self._pending = False, None
+
+    def begin(self, job: _Job) -> None:
+        """``job`` starts: raise the pending stop instead if there is one."""
+        with self._lock:
+            if self._pending is not None:
+                raise self._pending
+            self._jobs.append(job)
+
+    def end(self, job: _Job) -> None:
+        """``job`` ended (idempotent); under the lock, so that no stop reaches it afterwards (its
+        interrupt would land on the connection's next statement)."""
+        with self._lock:
+            if job in self._jobs:
+                self._jobs.remove(job)
+
+    def interrupt(self, error: BaseException) -> bool:
+        """Stop what runs now with ``error`` (raised by the call); False if no call was in progress."""
+        with self._lock:
+            if not self._active:
+                return False
+            if self._pending is None:
+                self._pending = error
+            for job in self._jobs:
+                with job.gate:
+                    stops = not job.committed and not job.stopping()
+                    if stops:
+                        job.failed.append(self._pending)
+                if stops:
+                    job.stop()  # the kernels' cancel flag and DuckDB's interrupt: neither blocks
+            return True
+
+
 def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None], kernels: pool.KernelState,
-                      watch: Watch | None = None) -> object:
+                      watch: Watch | None = None, stopper: Stopper | None = None) -> object:
     """``work()`` on this thread; Ctrl-C interrupts it cleanly, progress is polled. A progress
-    callback that raises stops the plan the same way, and its error is raised."""
+    callback that raises stops the plan the same way, and its error is raised; so does
+    ``stopper.interrupt`` from another thread (``Session.interrupt``)."""
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGINT) if main else None
     # signals reach only the main thread; a SIGINT that is ignored, or handled by C code we
     # cannot call, is left alone
     catch = main and callable(previous)
-    if not catch and (watch is None or watch.report is None):
+    if not catch and (watch is None or watch.report is None) and stopper is None:
         return work()
 
     def stop_plan():
@@ -374,7 +443,7 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
     dog = _watchdog() if catch else None
     # progress on another thread: a ticker for this plan only (off the main thread no signal
     # handler runs, so nothing below can be cut short there)
-    ticker = None if catch else _Ticker(job)
+    ticker = _Ticker(job) if not catch and job.watch is not None else None
     # What the setup changes, each kept by C code inside the very call that changes it
     # (``_signal.signal``: ``signal.signal`` is Python code that converts the result). Python
     # runs signal handlers after a call returns and before its result is stored: a SIGALRM
@@ -386,6 +455,8 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
     fds: list = []
     error = None
     try:
+        if stopper is not None:
+            stopper.begin(job)  # an interrupt already asked of this call raises here
         if catch:
             handlers.extend(map(_signal.signal, (signal.SIGINT,), (lambda signum, frame: job.on_sigint(),)))
             fds.extend(map(_set_wakeup_fd, (dog.writer.fileno(),)))
@@ -404,7 +475,7 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
         late_error, attempts = None, 0
         while True:
             try:
-                _teardown(job, dog, ticker, handlers, fds, kernels)
+                _teardown(job, dog, ticker, handlers, fds, kernels, stopper)
                 break
             except BaseException as e:  # noqa: BLE001 - raised below, once the teardown ended
                 late_error = late_error or e
@@ -448,8 +519,10 @@ _set_wakeup_fd = functools.partial(signal.set_wakeup_fd, warn_on_full_buffer=Fal
 
 
 def _teardown(job: _Job, dog: _Watchdog | None, ticker: _Ticker | None, handlers: list, fds: list,
-              kernels: pool.KernelState) -> None:
+              kernels: pool.KernelState, stopper: Stopper | None) -> None:
     """Undo ``run_interruptible``'s setup, what of it was done; idempotent."""
+    if stopper is not None:
+        stopper.end(job)
     if ticker is not None:
         ticker.end()
     if fds:
