@@ -1,6 +1,7 @@
 """The SQL interface beyond stored tensors: join := / agg :=, and ordinary tables (element form,
 fixed-size array columns) as operands, checked against numpy."""
 
+import re
 import threading
 
 import duckdb
@@ -264,6 +265,31 @@ def test_wrong_number_of_subscripts_names_the_table(sdb):
         sdb.connection.sql("SELECT * FROM einsum('ijk->i', 'E2')").fetchall()
 
 
+def test_a_temp_table_or_view_over_an_operands_name_is_refused_not_read_past(sdb):
+    """In the caller's SQL a bare name means its TEMP table; the operand is read from the
+    database. einsum_elements('i->', 'sh') summed main.sh beside a TEMP sh (a silent wrong
+    answer, found by a new user): the query now stops, naming the table."""
+    con = sdb.connection
+    con.execute("CREATE TABLE sh(i BIGINT, value DOUBLE); INSERT INTO sh VALUES (0, 1), (1, 2)")
+    assert con.sql("SELECT * FROM einsum_elements('i->', 'sh')").fetchall() == [(3.0,)]
+    con.execute("CREATE TEMP TABLE sh(i BIGINT, value DOUBLE); INSERT INTO sh VALUES (0, 1000)")
+    for query in ("SELECT * FROM einsum_elements('i->', 'sh')", "SELECT * FROM einsum('i,i->', 'SH', 'sh')",
+                  "SELECT * FROM einsum_topk('i->i', 1, 'sh')"):
+        with pytest.raises(duckdb.Error, match=r"TEMP table or view named as a table the einsum reads \('(sh|SH)'\)"):
+            con.sql(query).fetchall()
+    con.execute("DROP TABLE temp.main.sh")
+    con.execute("CREATE TEMP VIEW sh AS SELECT 0::BIGINT AS i, 5.0::DOUBLE AS value")
+    with pytest.raises(duckdb.Error, match="TEMP table or view named"):
+        con.sql("SELECT * FROM einsum_elements('i->', 'sh')").fetchall()
+    con.execute("DROP VIEW temp.main.sh")
+    assert con.sql("SELECT * FROM einsum_elements('i->', 'sh')").fetchall() == [(3.0,)]
+    # a TEMP table of another name, or over a stored tensor's name, does not stop it
+    sdb.store("T", np.arange(3.0))
+    con.execute("CREATE TEMP TABLE other(i BIGINT, value DOUBLE)")
+    con.execute("CREATE TEMP TABLE t(i BIGINT, value DOUBLE)")
+    assert con.sql("SELECT * FROM einsum_elements('i,i->', 'sh', 'T')").fetchall() == [(2.0,)]
+
+
 def test_unknown_temp_and_uncommitted_tables(sdb):
     con = sdb.connection
     with pytest.raises(duckdb.Error, match=r"no stored tensor named 'Nope', nor a table or view"):
@@ -401,6 +427,18 @@ def test_array_table_errors(sdb):
         assert "EinsumError" in str(e.value)
 
 
+def test_the_hint_for_null_array_elements_is_sql_that_runs(sdb):
+    """The error's suggested replacement runs as written in a view (it named a column 'a' and
+    used the arrow lambda DuckDB 2.0 refuses: a trial)."""
+    con = sdb.connection
+    con.execute('CREATE TABLE items(id BIGINT, "my emb" DOUBLE[2]); INSERT INTO items VALUES (0, [1, NULL]), (1, [3, 4])')
+    with pytest.raises(duckdb.Error, match="NULL elements") as e:
+        con.sql("SELECT * FROM einsum_elements('ij->j', 'items')").fetchall()
+    suggested = re.search(r"replace them in a view \((.*)\) or leave", str(e.value)).group(1)
+    con.execute(f"CREATE VIEW items2 AS SELECT id, {suggested} FROM items")
+    assert con.sql("SELECT * FROM einsum_elements('ij->j', 'items2') ORDER BY 1").fetchall() == [(0, 4.0), (1, 4.0)]
+
+
 def test_sql_operand_mix_with_join(sdb):
     """An element table, an array table and a stored tensor in one extended einsum."""
     rng = np.random.default_rng(12)
@@ -492,6 +530,32 @@ def test_a_table_under_a_budget_is_packed_in_statements_that_fit_and_runs_where_
                                                r"db.einsum\(\.\.\.\)"):
             db.connection.sql("SELECT count(*) FROM einsum('ij,jk->ik', 'F', 'F')").fetchall()
         np.testing.assert_allclose(db.einsum("ij,jk->ik", "F", "F").to_numpy(), m @ m, rtol=1e-12)
+
+
+def test_a_table_packed_bigger_than_duckdbs_limit_is_packed_in_parts_and_runs():
+    """DuckDB reads a row group's blobs whole: a 3000² float64 element table packed into one
+    TEMP table (72 MB of tiles) failed to pin under memory="150MB" (DuckDB's limit 83 MB) where
+    the same tensor stored ran (a trial). Packed as TEMP tables of a part each behind a view,
+    as a stored tensor is kept, it runs and matches numpy, and nothing packed is left."""
+    n = 3000
+    rng = np.random.default_rng(5)
+    idx = rng.integers(0, n, size=(300, 2))
+    idx[0] = (n - 1, n - 1)
+    with eds.connect(memory="150MB") as db:
+        con = db.connection
+        t = pa.table({"i": idx[:, 0], "j": idx[:, 1], "value": rng.standard_normal(300)})  # noqa: F841 - read by SQL
+        con.execute("CREATE TABLE sp AS SELECT i, j, sum(value) AS value FROM t GROUP BY i, j")
+        dense = np.zeros((n, n))
+        for i, j, v in con.execute("SELECT * FROM sp").fetchall():
+            dense[i, j] = v
+        w = rng.standard_normal((n, 64))
+        packs = []
+        pack_bands = db.backend._pack_bands
+        db.backend._pack_bands = lambda op, v: packs.append(pack_bands(op, v)) or packs[-1]
+        np.testing.assert_allclose(db.einsum_numpy("ij,ik->jk", "sp", w), dense.T @ w, rtol=1e-10, atol=1e-12)
+        assert len(packs) == 1 and packs[0][2] and len(packs[0][1]) > 1, packs
+        assert db.backend._run("SELECT count(*) FROM duckdb_tables() WHERE temporary")[0][0] == 0
+        assert db.backend._run("SELECT count(*) FROM duckdb_views() WHERE temporary AND NOT internal")[0][0] == 0
 
 
 def test_dense_form_too_large_is_refused(sdb):

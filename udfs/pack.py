@@ -90,8 +90,11 @@ def pack_rows(spec_arr, keys_arr, members_arr) -> pa.Array:
     offsets = groups.offsets.to_numpy()
     arrays = groups.values
     if arrays.null_count or arrays.values.null_count:
+        column = '"' + spec["column"].replace('"', '""') + '"'  # as SQL writes it
+        # DuckDB 2.0 refuses the arrow lambda (x -> ...) a first hint gave (a trial)
         raise EinsumError(f"einsum(): table {table!r}: column {spec['column']!r} has NULL elements; "
-                          "replace them (list_transform(a, x -> coalesce(x, 0)) in a view) or leave those rows out")
+                          f"replace them in a view (list_transform({column}, lambda x: coalesce(x, 0)) AS {column}) "
+                          "or leave those rows out")
     starts = arrays.offsets.to_numpy()
     lengths = np.diff(starts)
     if lengths.size and (lengths != width).any():

@@ -1133,24 +1133,38 @@ class DuckDBBackend:
         (``pack_query``: its checks of indices and values included), for the block: value
         name -> the TEMP table. The table's rows are read once, before the plan's statements."""
         names: dict[str, str] = {}
+        made: list[tuple[str, str]] = []  # (kind, name) of every TEMP table and view made, to drop
         try:
             for value, (op, v) in packed.items():
                 name = f"_eds_t{next(_PACKS)}"
                 names[value] = name
-                axis, bands = self._pack_bands(op, v)
+                axis, bands, as_parts = self._pack_bands(op, v)
                 # several statements read one snapshot, which holds the rows the statistics
                 # counted: each in autocommit read its own, and a writer's commit between two gave
                 # a torn or short table in silence (a review; one statement checks in its query)
                 with self._transaction(needed=len(bands) > 1):
                     if len(bands) > 1:
                         self._check_rows(op)
+                    if not as_parts:
+                        made.append(("TABLE", name))
+                        for k, band in enumerate(bands):
+                            self._pack_band(op, v, name, k, band, axis)
+                        continue
+                    # each band a TEMP table of its own behind a TEMP view, as a big stored
+                    # tensor is kept in parts (backends/parts.py): DuckDB reads a row group's
+                    # blobs whole, and one table of a 4000² float64 operand's 128 MB failed to
+                    # pin under a 120 MB memory_limit where the same tensor stored ran (a trial)
+                    bands_made = [f"{name}_{k}" for k in range(len(bands))]
                     for k, band in enumerate(bands):
-                        self._pack_band(op, v, name, k, band, axis)
+                        made.append(("TABLE", bands_made[k]))
+                        self._pack_band(op, v, bands_made[k], 0, band, axis)
+                    made.append(("VIEW", name))
+                    self._run(parted.view_sql(name, bands_made, temporary=True))
             yield names
         finally:
-            for name in names.values():
+            for kind, name in reversed(made):
                 if not self._closed:
-                    self._run(f"DROP TABLE IF EXISTS {name}")
+                    self._run(f"DROP {kind} IF EXISTS {name}")
 
     def _check_rows(self, op) -> None:
         """Refuse a table whose rows, in this transaction's snapshot, are not those its
@@ -1186,20 +1200,26 @@ class DuckDBBackend:
                 if f"eds_einsum{n}" not in self._functions.names:
                     register_arity(self._functions, self.kernels, n)
 
-    def _pack_bands(self, op, v: TiledValue) -> tuple[int, list[tuple[int, int] | None]]:
+    def _pack_bands(self, op, v: TiledValue) -> tuple[int, list[tuple[int, int] | None], bool]:
         """The statements a table operand is packed in: under a budget, bands of keys along its
         axis of most tiles (an array table's rows) whose packing (``pack_bytes``) fits half of
         DuckDB's limit (one statement held a 1500² table's element rows as lists for every tile
         at once, out of memory under memory="100MB"; a 3 x 1,200,000 table's tiles were all
-        along its second axis); else one statement (None). Returns (axis, bands)."""
+        along its second axis) and whose tiles fit a stored part (``parts.rows_per_part``); else
+        one statement (None). Returns (axis, bands, whether each band is a table of its own:
+        the tiles are more than one part)."""
         if self.budget is None or not v.shape:
-            return 0, [None]
+            return 0, [None], False
         axis = 0 if isinstance(op, ArrayTable) else max(range(len(v.grid)), key=lambda p: v.grid[p])
-        per_key = pack_bytes(op, math.prod(v.tile) * math.prod(g for p, g in enumerate(v.grid) if p != axis))
+        across = math.prod(g for p, g in enumerate(v.grid) if p != axis)  # tiles per key of the axis
+        per_key = pack_bytes(op, math.prod(v.tile) * across)
         step = max(1, (self._memory_limit or self.budget) // 2 // max(per_key, 1))
+        part = parted.rows_per_part(v, self.part_bytes)
+        if part is not None:
+            step = min(step, max(1, part // across))
         if step >= v.grid[axis]:
-            return axis, [None]  # one statement, whose query counts the rows it reads (a review)
-        return axis, [(lo, min(lo + step, v.grid[axis])) for lo in range(0, v.grid[axis], step)]
+            return axis, [None], False  # one statement, whose query counts the rows it reads (a review)
+        return axis, [(lo, min(lo + step, v.grid[axis])) for lo in range(0, v.grid[axis], step)], part is not None
 
     @contextlib.contextmanager
     def _device_tiles(self, plan: Plan, inputs, parted=frozenset()):

@@ -639,9 +639,46 @@ def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mo
     elif mode == "topk":
         query = topk_query(result, k, query, fused=fused is not None, compiler=c)
     query = _unchanged(query, [v for v in plan.inputs if v.name in rewritten])
+    query = _not_shadowed(query, sorted({op.table for _, op in tables}))
     if home is not None:
         query = qualified(query, home)
     return c.sql(query)
+
+
+def _not_shadowed(query: exp.Expression, names: list[str]) -> exp.Expression:
+    """``query``, stopped (error()) where the connection running it has a TEMP table or view
+    named as one of the tables it reads. In the caller's SQL a bare name means the TEMP one; the
+    operand is read from the database (planned on a cursor of its own, which sees no TEMP
+    table), so ``einsum_elements('i->', 'sh')`` summed ``main.sh`` while ``SELECT sum(value)
+    FROM sh`` summed the TEMP ``sh`` (a new user's report: a silent wrong answer). Checked in
+    the query, on the caller's connection, where its TEMP catalog is seen: two catalog scans,
+    ~1 ms, only for queries reading ordinary tables (a stored tensor is read by its own name in
+    the tensors' catalog, whatever the caller's TEMP tables).
+
+        ... WHERE ... AND CASE WHEN (SELECT count(*) FROM duckdb_tables() WHERE database_name =
+                  'temp' AND lower(table_name) IN ('sh')) + (... duckdb_views() ...) = 0 THEN TRUE
+                  ELSE error('...') END
+    """
+    if not names or not isinstance(query, exp.Select):
+        return query
+    lowered = [exp.Lower(this=exp.Literal.string(n)) for n in names]
+
+    def count(function: str, column: str) -> exp.Expression:
+        return exp.Subquery(this=exp.Select(expressions=[exp.Count(this=exp.Star())]).from_(
+            exp.Table(this=exp.Anonymous(this=function, expressions=[]))).where(exp.and_(
+                exp.EQ(this=col("database_name"), expression=exp.Literal.string("temp")),
+                exp.In(this=exp.Lower(this=col(column)), expressions=lowered))))
+
+    shown = ", ".join(repr(n) for n in names)
+    message = exp.Literal.string(
+        f"einsum(): this connection has a TEMP table or view named as a table the einsum reads ({shown}); "
+        "einsum reads the database's table of that name, not the TEMP one: rename one of them, or make "
+        "the TEMP data a table of the database")
+    check = exp.Case(ifs=[exp.If(this=exp.EQ(this=exp.Add(this=count("duckdb_tables", "table_name"),
+                                                           expression=count("duckdb_views", "view_name")),
+                                             expression=num(0)), true=exp.true())],
+                     default=call("error", message))
+    return query.where(check, copy=True)
 
 
 def _unchanged(query: exp.Expression, stored: list[TiledValue]) -> exp.Expression:
