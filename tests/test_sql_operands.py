@@ -427,6 +427,25 @@ def test_array_table_errors(sdb):
         assert "EinsumError" in str(e.value)
 
 
+@pytest.mark.parametrize("tile_bytes", [None, 96])  # one tile of rows (no numbering), 8 tiles
+def test_an_array_tables_keys_repeated_in_the_callers_transaction_are_refused(tile_bytes):
+    """The statistics read the committed rows (unique keys); an UPDATE in the caller's open
+    transaction repeated one, and with one tile of rows the two were packed in either order, in
+    silence (a trial)."""
+    with eds.connect(tile_bytes=tile_bytes) as db:
+        con = db.connection
+        con.execute("CREATE TABLE R AS SELECT range AS k, [range, range + 1]::DOUBLE[2] AS a FROM range(40)")
+        want = [(i, 2.0 * i + 1) for i in range(40)]
+        assert con.sql("SELECT * FROM einsum_elements('ij->i', 'R') ORDER BY 1").fetchall() == want
+        con.execute("BEGIN")
+        con.execute("UPDATE R SET k = 0 WHERE k = 1")
+        with pytest.raises(duckdb.Error, match=r"table 'R'(: key column 'k' repeats values in this transaction|"
+                                               r" changed while einsum read it)"):
+            con.sql("SELECT * FROM einsum_elements('ij->i', 'R')").fetchall()
+        con.execute("ROLLBACK")
+        assert con.sql("SELECT * FROM einsum_elements('ij->i', 'R') ORDER BY 1").fetchall() == want
+
+
 def test_the_hint_for_null_array_elements_is_sql_that_runs(sdb):
     """The error's suggested replacement runs as written in a view (it named a column 'a' and
     used the arrow lambda DuckDB 2.0 refuses: a trial)."""

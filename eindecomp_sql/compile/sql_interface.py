@@ -485,6 +485,17 @@ def pack_rows(op: ArrayTable, tiled: TiledValue, compiler: SQLCompiler | None = 
                                            expressions=[ordered(order)]))
     kernel = call(c.pack_rows_udf.format(dtype=op.dtype), exp.Literal.string(spec),
                   key_list([tile_key(), num(0)]), rows)
+    if single:
+        # keys repeated in the query's snapshot (the statistics read the committed rows, unique):
+        # with no numbering to join on, two rows of one key were packed in either order, in
+        # silence (a trial: an UPDATE in the caller's open transaction); numbered rows of a
+        # repeated key meet twice in the join and the kernel finds a tile of the wrong size
+        repeats = exp.Literal.string(f"einsum(): table {op.table!r}: key column {op.key!r} repeats values in this "
+                                     "transaction (einsum read the committed rows, whose keys are unique); make "
+                                     "the keys unique, or COMMIT first")
+        kernel = exp.Case(ifs=[exp.If(this=exp.EQ(this=exp.Count(this=exp.Distinct(expressions=[key.copy()])),
+                                                  expression=exp.Count(this=exp.Star())), true=kernel)],
+                          default=call("error", repeats))
     select = exp.Select(expressions=[alias(tile_key(), ident(k0)), alias(cast(num(0), "BIGINT"), ident(k1)),
                                      alias(kernel, name(TILE))])
     select = select.from_(exp.Table(this=ident(op.table), alias=exp.TableAlias(this=name("src"))), copy=False)
