@@ -943,8 +943,13 @@ def _read_path(path, where: str, want: Wanted, con, stream: bool) -> Incoming:
     suffix = _suffix(p)
     kinds = NPY_SUFFIXES + IPC_SUFFIXES + PARQUET_SUFFIXES
     if suffix not in kinds:
+        table = ""
+        if con is not None and not suffix and os.sep not in p and not os.path.exists(p):
+            # a name, not a path: a table of the database is stored from its relation (a trial)
+            table = f", or to store a table or view {p!r} of the database, pass db.connection.table({p!r})"
         raise EinsumError(f"{where}: a path must name a .npy, .arrow / .feather (Arrow IPC) or .parquet file, got "
-                          f"{p!r}; read other files with DuckDB (db.connection.read_csv(path)) and store the relation")
+                          f"{p!r}; read other files with DuckDB (db.connection.read_csv(path)) and store the "
+                          f"relation{table}")
     if suffix in NPY_SUFFIXES:
         return _from_npy(p, want, where, stream)
     if suffix in IPC_SUFFIXES:

@@ -461,14 +461,22 @@ class Session:
         for k, x in enumerate(operands):
             where = what[k] if what is not None else f"operand {k}"
             fresh = isinstance(x, str)
+            if fresh and spec is not None:
+                from .sql_functions import check_not_qualified
+
+                check_not_qualified(x)  # "s.t": what to do, as the SQL functions say it
             if fresh:
                 check_name(x, "tensor or table name" if spec is not None else "tensor name")
             if fresh and spec is not None and self.backend.lookup(x) is None:
-                table = getattr(self.backend, "table_operand", lambda name: None)(x)
+                reads_tables = hasattr(self.backend, "table_operand")
+                table = self.backend.table_operand(x) if reads_tables else None
                 if table is not None:
                     values.append(table)
                     tables.append(k)
                     continue
+                if reads_tables:  # "no stored tensor ...; stored: none" left tables unmentioned (a trial)
+                    raise EinsumError(f"{where}: no stored tensor named {x!r}, nor a table or view of the database "
+                                      f"(stored tensors: {', '.join(self.backend.names()) or 'none'})")
             if fresh:
                 x = self.tensor(x)
             if isinstance(x, Tensor):

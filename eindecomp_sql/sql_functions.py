@@ -59,11 +59,16 @@ def _k(k) -> int:
     return min(int(k), 1 << 62)
 
 
-def _resolve(session, name: str):
+def check_not_qualified(name) -> None:
+    """A dotted operand name (``s.t``, ``db.s.t``) refused, saying what to do instead."""
     if isinstance(name, str) and "." in name:
         raise EinsumError(f"einsum(): operand {name!r} names a table of another schema or database; einsum reads "
                           "tables of the main schema by name: make a view there (CREATE VIEW v AS SELECT * FROM "
                           f"{name})")
+
+
+def _resolve(session, name: str):
+    check_not_qualified(name)
     # a stored tensor or a table: named so (a table "my table" was "an invalid tensor name")
     check_name(name, "tensor or table name")
     value = session.backend.lookup(name)

@@ -802,3 +802,31 @@ def test_list_columns_of_one_length_are_array_tables(sdb, tmp_path):
     np.testing.assert_allclose(got, q.astype(np.float64) @ emb.T.astype(np.float64), rtol=1e-5, atol=1e-6)
     con.execute("CREATE OR REPLACE TABLE el(k INTEGER, v DOUBLE[])")
     assert con.execute("SELECT count(*) FROM einsum_elements('ij->ij', 'el')").fetchall() == [(0,)]
+
+
+def test_errors_about_table_operands_say_what_to_do():
+    """What a SQL user met in a trial: messages that named a column the table lacks, left DECIMAL
+    out of the accepted types, forgot tables exist, or said "invalid name" for a schema's table."""
+    with eds.connect() as db:
+        con = db.connection
+        con.execute("CREATE TABLE E(i BIGINT, value DOUBLE); INSERT INTO E VALUES (0, 1)")
+        con.execute("CREATE TABLE V(i BIGINT, value VARCHAR); INSERT INTO V VALUES (0, 'x')")
+        con.execute("CREATE TABLE X(k BIGINT, name VARCHAR, emb DOUBLE[2]); INSERT INTO X VALUES (0, 'a', [1, 2])")
+        con.execute("CREATE TABLE Y(emb DOUBLE[2]); INSERT INTO Y VALUES ([1, 2]), ([3, 4])")
+        con.execute("CREATE SCHEMA s; CREATE TABLE s.t(i BIGINT, value DOUBLE)")
+        with pytest.raises(EinsumError, match=r"^operand 0: no stored tensor named 'nope', nor a table or view"):
+            db.einsum_numpy("i->", "nope")
+        with pytest.raises(EinsumError, match=r"operand 's.t' names a table of another schema .* \(CREATE VIEW v AS"):
+            db.explain("i->", "s.t")
+        with pytest.raises(EinsumError, match=r"pass db.connection.table\('E'\)"):
+            db.store("E2", "E")
+        with pytest.raises(duckdb.Error, match=r"DECIMAL \(read as DOUBLE\) .* cast it in a view"):
+            con.sql("SELECT * FROM einsum('i->', 'V')").fetchall()
+        # the views the errors suggest run as written
+        for name in ("X", "Y"):
+            with pytest.raises(duckdb.Error, match="exactly one key column") as e:
+                con.sql(f"SELECT * FROM einsum('ij->', '{name}')").fetchall()
+            view = re.search(r"\(a view can select it: (CREATE VIEW v AS SELECT .*)\)", str(e.value)).group(1)
+            con.execute(view.replace("VIEW v", f"VIEW {name}v"))
+            total = con.sql(f"SELECT * FROM einsum_elements('ij->', '{name}v')").fetchall()[0][0]
+            assert total == {"X": 3.0, "Y": 10.0}[name]

@@ -138,7 +138,9 @@ def _value_dtype(table_name: str, column: str, sql_type: str) -> str:
         tiled = (" (a tensor's tiles, as to_parquet() writes them: db.store() the file, and name the stored "
                  "tensor here)" if sql_type == "BLOB" and column.lower() == "tile" else "")
         raise EinsumError(f"einsum(): table {table_name!r}: value column {column!r} is {sql_type}; a value must be "
-                          f"one of {', '.join(DTYPE_OF)}{tiled}")
+                          f"one of {', '.join(DTYPE_OF)}, DECIMAL (read as DOUBLE) or HUGEINT (as BIGINT){tiled}; "
+                          f"cast it in a view (CREATE VIEW v AS SELECT ..., CAST({_q(column)} AS DOUBLE) AS "
+                          f"{_q(column)} FROM {_q(table_name)})")
     return check_dtype(DTYPE_OF[sql_type], f"einsum(): table {table_name!r}, column {column!r}")
 
 
@@ -159,10 +161,13 @@ def classify_table(table_name: str, columns: list[str], types: list[str]) -> Tab
         others = [c for c in columns if c != column]
         if len(others) != 1:
             what = "no other column" if not others else f"{len(others)} other columns ({', '.join(others)})"
+            # the view to write, with a column of the table's own (it named an "id" the table
+            # may not have: a trial); without one, a table's rowid numbers its rows as inserted
+            key = _q(others[0]) if others else "rowid AS k"
             raise EinsumError(
                 f"einsum(): table {table_name!r} has array column {column!r} and {what}; an array table needs "
                 f"exactly one key column that orders its rows (a view can select it: "
-                f"CREATE VIEW v AS SELECT id, {_q(column)} FROM {_q(table_name)})")
+                f"CREATE VIEW v AS SELECT {key}, {_q(column)} FROM {_q(table_name)})")
         return ArrayTable(table_name, others[0], column, _value_dtype(table_name, column, element),
                           None if width is None else int(width))
     named = [c for c in columns if c.lower() == "value"]
