@@ -233,7 +233,7 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
             raise EinsumError("out is read-only")
     plain = (join is None or _named(join, "mul")) and (agg is None or _named(agg, "sum"))
     shapes = [x.shape for x in arrays]
-    compute = None
+    compute = kernel_dtype = None
     if out is None and _is_view_case(spec, shapes):
         if dtype is not None:  # numpy ignores it here (a view), but it must be a dtype
             try:
@@ -243,8 +243,13 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
     else:
         ct = None if dtype is None else np.dtype(check_dtype(dtype, "einsum dtype"))
         compute = _computation_dtype(ct, raw, out if plain else None, casting)
-        if ct is not None or compute != promote(*raw):
-            # a stored operand of another dtype is read back to be cast, as numpy would cast it
+        if plain and compute != promote(*raw):
+            # a product summed computes in ``compute`` inside its kernels, each tile cast there:
+            # no operand is cast whole first (a stored one read back to be cast)
+            kernel_dtype = compute
+        elif ct is not None or compute != promote(*raw):
+            # another join computes in its operands' dtypes: cast them first, as numpy would (a
+            # stored operand of another dtype is read back to be cast)
             arrays = [x if x.dtype == compute and (isinstance(x, Tensor) or x.dtype.isnative)
                       else np.asarray(x).astype(compute) for x in arrays]
     arrays = [native(x) if isinstance(x, np.ndarray) else x for x in arrays]
@@ -260,7 +265,8 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
         for frm, to in ((rdt, out.dtype), (out.dtype, rdt) if plain else (rdt, out.dtype)):
             if not can_cast(frm, to, casting):
                 raise _cast_error("out", frm, to, casting)
-    r = session.einsum_numpy(spec, *arrays, join=join, agg=agg, progress=progress, path=path)
+    r = session.einsum_numpy(spec, *arrays, join=join, agg=agg, progress=progress, path=path, dtype=kernel_dtype,
+                             casting="unsafe")  # (the cast was checked above, under ``casting``)
     if out is not None:
         if r.dtype.kind == "c" and out.dtype.kind != "c":
             # numpy's warning, at the caller's line (np.copyto's pointed into this file: a trial)

@@ -507,12 +507,13 @@ class Session:
                           if v.name in read and isinstance(read[v.name], ElementTable) else v for v in values]
         return values, inputs
 
-    def _plan_over(self, spec, values, inputs, join, agg, path=None) -> Plan:
+    def _plan_over(self, spec, values, inputs, join, agg, path=None, dtype=None, casting="safe") -> Plan:
         """``_plan``, its errors naming a table operand as the user wrote it (not ``_eds_op0``)."""
         from .sql_functions import _said_of_tables
 
         try:
-            return self._plan(spec, values, join, agg, path=path)
+            return self._plan(spec, values, join, agg, path=path,
+                              dtype=_computes_in(dtype, casting, values, join, agg))
         except EinsumError as e:
             raise _said_of_tables(e, {n: x for n, x in inputs.items() if n.startswith("_eds_op")}) from None
 
@@ -531,10 +532,10 @@ class Session:
         run with ``Graph.run`` and jobs all plan under it."""
         return plan_share(self.memory)
 
-    def _plan(self, spec, values, join, agg, path=None) -> Plan:
+    def _plan(self, spec, values, join, agg, path=None, dtype=None) -> Plan:
         with self.said_in_memory():
             return plan_einsum(spec, tuple(values), join, agg, workers=self.workers, budget=self.plan_budget,
-                               tile_bytes=self.tile_bytes, path=path, costs=self.backend.cost_model)
+                               tile_bytes=self.tile_bytes, path=path, costs=self.backend.cost_model, dtype=dtype)
 
     @contextlib.contextmanager
     def said_in_memory(self):
@@ -551,22 +552,24 @@ class Session:
                           f"it ({format_bytes(self.plan_budget)}); this needs memory= of at least "
                           f"{_rounded_up(needed / BUDGET_SHARE)}") from None
 
-    def plan(self, spec: str, *operands, join=None, agg=None, out: str | None = None) -> Plan:
+    def plan(self, spec: str, *operands, join=None, agg=None, out: str | None = None, dtype=None,
+             casting="safe") -> Plan:
         """The plan ``einsum`` would run (exactly: ``explain`` lists its steps). ``out`` is
         accepted for symmetry with ``einsum``: where a result goes is no part of its plan."""
         spec, operands = self._spec_args(spec, operands)
         with self._call():
             values, inputs = self._resolve(operands, spec=spec)
-            return self._plan_over(spec, values, inputs, join, agg)
+            return self._plan_over(spec, values, inputs, join, agg, dtype=dtype, casting=casting)
 
-    def explain(self, spec: str, *operands, join=None, agg=None, out: str | None = None) -> str:
+    def explain(self, spec: str, *operands, join=None, agg=None, out: str | None = None, dtype=None,
+                casting="safe") -> str:
         """The plan and the SQL of every step (the result shown going to ``out``, if given)."""
         from .compile import sql_listing
 
         spec, operands = self._spec_args(spec, operands)
         with self._call():
             values, inputs = self._resolve(operands, spec=spec)
-            p = self._plan_over(spec, values, inputs, join, agg)
+            p = self._plan_over(spec, values, inputs, join, agg, dtype=dtype, casting=casting)
         # the engine's own SQL where it prints another dialect (Spark's, with its shuffle bytes)
         listing = getattr(self.backend, "sql_listing", sql_listing)
         split = getattr(self.backend, "memory_split", lambda plan: None)(p)
@@ -578,7 +581,7 @@ class Session:
                 + listing(p, {RESULT: out} if out is not None else None))
 
     def einsum(self, spec: str, *operands, join=None, agg=None, out: str | None = None, replace: bool = False,
-               progress=None):
+               progress=None, dtype=None, casting="safe"):
         """Run an extended einsum as SQL in this database and return the result as a Tensor.
 
         ``spec`` and ``operands`` as ``eds.einsum`` takes them (a subscript string, or numpy's
@@ -590,6 +593,10 @@ class Session:
         ``out``. ``progress``: ``True`` draws a bar, a callable receives a ``StepProgress``
         several times a second. Ctrl-C stops the plan (KeyboardInterrupt) and leaves nothing
         written; a plan over the session's ``memory`` budget is refused before it runs.
+        ``dtype``: compute the product in this dtype and store the result in it, as numpy's
+        ``einsum(dtype=)`` does (each tile cast to it in the kernel: int8 operands summed in
+        int32, float16 ones in float32), every operand castable to it under ``casting``
+        (numpy's rules, "safe" by default); a product summed only (join and agg the defaults).
 
         >>> db = connect()
         >>> A = db.store("A", np.arange(6.0).reshape(2, 3))
@@ -603,23 +610,25 @@ class Session:
         _check_replace(replace)
         with self._call():
             values, inputs = self._resolve(operands, spec=spec)
-            p = self._plan_over(spec, values, inputs, join, agg)
+            p = self._plan_over(spec, values, inputs, join, agg, dtype=dtype, casting=casting)
             # where the result goes is no part of the plan: the plan and its SQL are the same
             # on every call (cached); a temporary result gets a fresh table
             target = Target(out) if out is not None else Target(self._temp_name(), temporary=True)
             self._check_overwrites(p, inputs, {RESULT: target}, replace)
             return self._execute(p, inputs, {RESULT: target}, replace, progress)[RESULT]
 
-    def einsum_numpy(self, spec: str, *operands, join=None, agg=None, progress=None, path=None) -> np.ndarray:
+    def einsum_numpy(self, spec: str, *operands, join=None, agg=None, progress=None, path=None, dtype=None,
+                     casting="safe") -> np.ndarray:
         """Run in this database, return numpy; nothing is stored. ``path``: a contraction
         order for a many-operand product, in any of numpy's ``optimize=`` forms (a name,
         ``["einsum_path", (1, 2), (0, 1)]``) or the bare steps (``[(1, 2), (0, 1)]``), else the
-        planner's. A path that does not fit the operands is an ``EinsumError``."""
+        planner's. A path that does not fit the operands is an ``EinsumError``. ``dtype`` and
+        ``casting`` as ``einsum`` takes them."""
         spec, operands = self._spec_args(spec, operands)
         path = _contraction_order(path, len(operands))
         with self._call():
             values, inputs = self._resolve(operands, spec=spec)
-            p = self._plan_over(spec, values, inputs, join, agg, path=path)
+            p = self._plan_over(spec, values, inputs, join, agg, path=path, dtype=dtype, casting=casting)
             return self.backend.execute(p, inputs, {RESULT: Target()}, progress=reporter(progress))[RESULT]
 
     # -- graphs -----------------------------------------------------------------------------
@@ -899,6 +908,30 @@ def _rounded_up(nbytes: float) -> str:
         if nbytes >= unit:
             return f"{math.ceil(nbytes / unit * 10) / 10:g} {name}"
     return f"{math.ceil(nbytes)} B"
+
+
+def _computes_in(dtype, casting, values, join, agg) -> str | None:
+    """The dtype a ``dtype=`` einsum computes in (None: the operands' promoted dtype), checked as
+    numpy checks it: a dtype eindecomp_sql has, each operand castable to it under ``casting``
+    (EinsumTypeError, numpy's TypeError, where not); a product summed only, whose kernels cast
+    each tile to it (another join computes in its operands' dtypes)."""
+    if dtype is None:
+        return None
+    from .api import _cast_error, _check_casting, _named
+    from .notation.checks import check_dtype
+
+    casting = _check_casting(casting)
+    ct = np.dtype(check_dtype(dtype, "einsum dtype"))
+    if not ((join is None or _named(join, "mul")) and (agg is None or _named(agg, "sum"))):
+        raise EinsumError(f"dtype={ct.name} computes a product summed in that dtype (numpy's einsum(dtype=)); with "
+                          "join= or agg= the join computes in its operands' dtypes: cast the operands instead "
+                          "(db.store(name, tensor, dtype=...))")
+    for k, v in enumerate(values):
+        if not can_cast(np.dtype(v.dtype), ct, casting):
+            raise _cast_error(f"operand {k}", np.dtype(v.dtype), ct, casting)
+    if ct.kind != "c" and any(np.dtype(v.dtype).kind == "c" for v in values):
+        warn("Casting complex values to real discards the imaginary part", np.exceptions.ComplexWarning)
+    return ct.name
 
 
 def _check_replace(replace) -> None:

@@ -4,9 +4,12 @@ store, einsum (arrays and stored), retile, to_numpy, extended joins and einsum_e
 other dtype is an EinsumError."""
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import eindecomp_sql as eds
 from eindecomp_sql import EinsumError, Graph
@@ -204,3 +207,55 @@ def test_bfloat16_graphs(db, name, fuse, workers):
     # (measured: at most 0.0045 of the scale, median 0.001, whatever the plan)
     assert err.max() <= 0.02 * np.abs(want).max(), (err.max(), np.abs(want).max())
     assert np.median(err) <= 2 ** -8 * np.abs(want).max()
+
+
+# db.einsum(dtype=): numpy's einsum(dtype=) over stored tensors, each tile cast in the kernel
+DTYPE_SPECS = [("ij,jk->ik", [(7, 5), (5, 6)]), ("bij,bjk->bik", [(3, 4, 5), (3, 5, 2)]),
+               ("ij,jk,kl->il", [(4, 5), (5, 3), (3, 6)]), ("ii->", [(5, 5)]), ("ijk->k", [(3, 4, 5)])]
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=st.sampled_from(DTYPE_SPECS), dtypes=st.lists(st.sampled_from(DTYPES), min_size=3, max_size=3),
+       target=st.sampled_from(DTYPES), seed=st.integers(0, 2**32 - 1), casting=st.sampled_from(["safe", "unsafe"]))
+def test_a_stored_einsum_computes_in_the_dtype_asked(db, case, dtypes, target, seed, casting):
+    spec, shapes = case
+    rng = np.random.default_rng(seed)
+    arrays = [random_array(rng, s, d) for s, d in zip(shapes, dtypes)]
+    tensors = [db.store(f"dt{k}", a, tile=tuple(max(1, n // 2) for n in a.shape), replace=True)
+               for k, a in enumerate(arrays)]
+    if not all(can_cast(a.dtype, np.dtype(target), casting) for a in arrays):
+        with pytest.raises(eds.EinsumTypeError, match=r"operand \d: cannot cast from dtype"):
+            db.einsum(spec, *tensors, dtype=target, casting=casting)
+        return
+    # numpy warns of a complex operand cast to a real dtype (ComplexWarning), at the caller's line
+    to_real = np.dtype(target).kind != "c" and any(a.dtype.kind == "c" for a in arrays)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        got = db.einsum(spec, *tensors, dtype=target, casting=casting)
+        again = db.einsum_numpy(spec, *tensors, dtype=target, casting=casting)
+    complex_said = [w for w in said if issubclass(w.category, np.exceptions.ComplexWarning)]
+    assert len(complex_said) == (2 if to_real else 0) and all(w.filename == __file__ for w in complex_said), said
+    assert got.dtype == np.dtype(target)
+    # numpy's einsum(dtype=) casts every operand to it and computes there
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", np.exceptions.ComplexWarning)
+        cast = [a.astype(target) for a in arrays]
+        want = reference(spec, *cast)
+    assert_close(got.to_numpy(), want, error_scale(spec, cast) if np.dtype(target).kind in "fcV" else None)
+    np.testing.assert_array_equal(again, got.to_numpy())
+
+
+def test_dtype_is_for_a_product_summed_and_must_be_one(db):
+    a = db.store("dq", np.arange(6, dtype=np.int8).reshape(2, 3), replace=True)
+    with pytest.raises(EinsumError, match=r"dtype=int32 computes a product summed in that dtype .* with join= or agg="):
+        db.einsum("ij,ij->i", a, a, join="add", dtype="int32")
+    with pytest.raises(eds.EinsumTypeError, match="einsum dtype: 'int3' is not a dtype"):
+        db.einsum("ij->i", a, dtype="int3")
+    with pytest.raises(eds.EinsumTypeError, match=r"cannot cast from dtype '\|i1' \(int8\) to '\|u1' \(uint8\) "
+                                                  r"according to the rule 'safe'.* pass casting='unsafe'"):
+        db.einsum_numpy("ij->i", a, dtype="uint8")
+    # int8 values whose sum overflows int8 but not int32: numpy's answer in the dtype asked
+    big = db.store("dr", np.full((3, 100), 100, dtype=np.int8), replace=True)
+    np.testing.assert_array_equal(db.einsum_numpy("ij->i", big), np.einsum("ij->i", np.full((3, 100), 100, np.int8)))
+    np.testing.assert_array_equal(db.einsum_numpy("ij->i", big, dtype="int32"), np.full(3, 10000, np.int32))
+    assert "int32" in db.explain("ij->i", big, dtype="int32")

@@ -173,7 +173,10 @@ class EinsumKernel(_TileLayout):
             # operand next to a float one counts instead of OR-ing (as optimize=True would);
             # float16 and bfloat16 run in float32 (``product_dtype``)
             work = self.work_dtype
-            tiles = [t if t.dtype == work else t.astype(work) for t in tiles]
+            # a complex tile into a real dtype (einsum(dtype=..., casting="unsafe")) keeps its
+            # real part, as numpy's cast does; numpy's warning is the session's, at the user's line
+            tiles = [t if t.dtype == work else (t.real if t.dtype.kind == "c" and work.kind != "c" else t).astype(work)
+                     for t in tiles]
             if self.matmul is not None and not accumulate and work == out.dtype:
                 self.matmul.run(tiles[0], tiles[1], out, xp)
                 return

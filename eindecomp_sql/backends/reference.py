@@ -206,7 +206,11 @@ class _Einsum:
         """join over one tile tuple, aggregated over its reduced labels, in the result dtype."""
         xs = []
         for op, t in zip(self.node.operands, tiles):
-            t = t.astype(self.work_dtype, copy=False) if self.einsum else widened(t)
+            if self.einsum:  # (a complex tile into a real dtype keeps its real part: udfs/kernels.py)
+                t = (t.real if t.dtype.kind == "c" and self.work_dtype.kind != "c" else t).astype(self.work_dtype,
+                                                                                               copy=False)
+            else:
+                t = widened(t)
             t, labels = _diagonals(t, op.labels)
             present = [lab for lab in self.order if lab in labels]
             t = t.transpose([labels.index(lab) for lab in present])

@@ -131,15 +131,18 @@ def lower_einsum(
     result_name: str,
     temp_prefix: str = "_eds_t",
     path=None,
+    dtype: str | None = None,
 ) -> list[EinsumNode]:
     """Nodes computing ``spec`` over ``inputs``; the last node produces ``result_name``.
-    ``path`` (see ``contraction_path``) orders the binary nodes of a semiring."""
+    ``path`` (see ``contraction_path``) orders the binary nodes of a semiring. ``dtype``:
+    every node's dtype, a product summed computing in it (numpy's ``einsum(dtype=)``; the
+    caller checks the join is one)."""
     sizes = spec.size
     operands = [Operand(v.name, labs, sq) for v, labs, sq in zip(inputs, spec.inputs, spec.squeezed)]
     dtypes = {v.name: v.dtype for v in inputs}
     if len(operands) <= 2 or not is_semiring(join, agg) or _order_matters(join, list(dtypes.values())):
         check_join_space(spec.text, sizes, set(spec.labels) | set(spec.output))
-        return [_node(operands, spec.output, sizes, join, agg, [v.dtype for v in inputs], result_name)]
+        return [_node(operands, spec.output, sizes, join, agg, [v.dtype for v in inputs], result_name, dtype)]
 
     # opt_einsum sees single characters; map our labels (letters and e0, e1, ...) onto symbols
     symbol = {lab: opt_einsum.get_symbol(k) for k, lab in enumerate(spec.labels)}
@@ -149,7 +152,7 @@ def lower_einsum(
     path = _path(text, shapes, path)
 
     # like np.einsum, compute every step of a product in the promoted dtype of all operands
-    dtype = result_dtype(join, agg, list(dtypes.values()), True)
+    dtype = dtype or result_dtype(join, agg, list(dtypes.values()), True)
     nodes: list[EinsumNode] = []
     live = list(operands)
     for step, positions in enumerate(path):

@@ -26,22 +26,24 @@ RESULT = "_eds_result"
 
 def plan_einsum(spec: str, values: tuple[TiledValue, ...], join=None, agg=None, *, workers: int = 1,
                 budget: int | None = None, tile_bytes: int | None = None, path=None,
-                costs: CostModel = DEFAULT_COSTS) -> Plan:
+                costs: CostModel = DEFAULT_COSTS, dtype: str | None = None) -> Plan:
     """The plan computing ``spec`` over ``values`` into the value ``RESULT``. Values with
     ``tile`` None are free: the plan chooses their tiling. An operand given twice (one name)
     is one value. Plans name values, never tables: the backend binds them when it runs.
-    ``costs``: the cost model of the engine the plan is for (its backend's)."""
+    ``costs``: the cost model of the engine the plan is for (its backend's). ``dtype``: the
+    dtype a product summed computes in and gives (numpy's ``einsum(dtype=)``: the kernels
+    cast each tile to it), else the operands' promoted dtype."""
     j = join if isinstance(join, JoinFunction) else parse_join(join, len(values))
     a = agg if isinstance(agg, Aggregation) else parse_agg(agg)
-    return _plan(spec, tuple(values), j, a, workers, budget, tile_bytes, path, costs)
+    return _plan(spec, tuple(values), j, a, workers, budget, tile_bytes, path, costs, dtype)
 
 
 @lru_cache(maxsize=1024)
-def _plan(spec, values, join, agg, workers, budget, tile_bytes, path, costs) -> Plan:
+def _plan(spec, values, join, agg, workers, budget, tile_bytes, path, costs, dtype=None) -> Plan:
     # cached: a small einsum repeated in a loop pays for parsing and planning once
     parsed = parse_spec(spec, [v.shape for v in values])
     infos = [ValueInfo(v.name, v.shape, v.dtype) for v in values]
-    nodes = lower_einsum(parsed, infos, join, agg, RESULT, path=path)
+    nodes = lower_einsum(parsed, infos, join, agg, RESULT, path=path, dtype=dtype)
     unique = tuple({v.name: v for v in values}.values())
     draft = Draft(tuple(nodes), unique, (RESULT,), Options(workers, budget, tile_bytes, costs=costs))
     return run_passes(draft).plan()
