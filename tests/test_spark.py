@@ -616,6 +616,22 @@ def test_tensors_as_spark_tables_match_numpy(tdb, m, k, n, dtype, data):
     assert_close(tdb.einsum("ij,jk->ik", A, B).to_numpy(), want, error_scale("ij,jk->ik", [a, b]))
 
 
+def test_a_graph_over_stored_table_tensors_runs(tdb):
+    """A graph input bound to a stored tensor of another name ("p" to table "A") was refused
+    as "replaced or dropped (by another session?)" on every run: the check compared the plan's
+    value, named after the input, with the table's tensor, named after the table (a trial)."""
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal((20, 15)), rng.standard_normal((15, 12))
+    A, B = tdb.store("GA", a, replace=True), tdb.store("GB", b, replace=True)
+    g = eds.Graph()
+    p, q = g.input("p", a.shape, dtype="float64"), g.input("q", b.shape, dtype="float64")
+    g.einsum("ij,jk->ik", g.map("relu", p), q)
+    want = np.maximum(a, 0) @ b
+    np.testing.assert_allclose(g.run(tdb, p="GA", q="GB").to_numpy(), want, rtol=1e-12)
+    np.testing.assert_allclose(g.run(tdb, p=A, q=B, out="GC", replace=True).to_numpy(), want, rtol=1e-12)
+    np.testing.assert_allclose(tdb.tensor("GC").to_numpy(), want, rtol=1e-12)
+
+
 def test_tensors_as_spark_tables_are_tables_spark_sql_reads(tdb, spark):
     """Each tensor is a managed table of the database, key columns and tile, described by its
     table property; a run leaves no table of its own behind; names compare case-insensitively."""

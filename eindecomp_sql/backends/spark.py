@@ -33,6 +33,7 @@ Used as any session (``tests/test_spark.py`` runs this and the rest on a local s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import shutil
@@ -837,7 +838,12 @@ class SparkBackend:
                 if where.table is None:
                     now = self._dir_stamp(where.path)
                 else:
-                    now = self._files_stamp(self._frame(where, v)) if self._tables.find(name) == v else None
+                    # the table's tensor as the plan read it: same layout, whatever value name the
+                    # plan gave it (a graph input "p" bound to tensor "A"; comparing names refused
+                    # every graph over stored tensors on Spark tables: a trial)
+                    found = self._tables.find(name)
+                    same = found is not None and dataclasses.replace(found, name=v.name) == v
+                    now = self._files_stamp(self._frame(where, v)) if same else None
             except Exception:  # noqa: BLE001 - dropped meanwhile: the table is gone
                 now = None
             if now != before:
