@@ -71,8 +71,10 @@ def _refuse_tables(x, where: str) -> None:
         raise EinsumError(f"{where}: a sparse {name} is not a dense array; call .toarray() first "
                           "(eindecomp_sql stores dense tiles)")
     if name == "DataFrame" or hasattr(x, "__dataframe__") or hasattr(x, "__arrow_c_stream__"):
+        # a Spark DataFrame has no .to_numpy(): a trial was sent to look for one
+        fetch = ".toArrow() or .toPandas()" if mod.startswith("pyspark") else ".to_numpy()"
         raise EinsumError(f"{where}: a {mod.split('.')[0] or 'data'} {name} is a table, not an array; "
-                          f"{_STORE_TABLE} (or pass .to_numpy() of its numeric columns)")
+                          f"{_STORE_TABLE} (or pass {fetch} of its numeric columns)")
 
 
 def check_series_missing(x, where: str) -> None:

@@ -382,6 +382,16 @@ def _parquet_memory_hint(e: Exception, p: str) -> str:
             "a tiled file (Tensor.export(path) writes one), or give a larger memory=]. DuckDB said")
 
 
+def _other_files(con, path: str) -> str:
+    """What to do with a file this module does not read: DuckDB reads it, or on an engine without
+    a DuckDB connection (Spark), the engine's reader does (a directory of Parquet files, as
+    Spark writes them, was sent to db.connection, which is None there: a trial)."""
+    if con is None:
+        what = "a directory of Parquet files, as Spark writes them," if os.path.isdir(path) else "other files"
+        return f"read {what} with your engine (spark.read.parquet(path)) and store the DataFrame"
+    return "read other files with DuckDB (db.connection.read_csv(path)) and store the relation"
+
+
 def read_parquet(path, where: str, con=None) -> pa.Table:
     """A Parquet file read whole by DuckDB (on a cursor of ``con``, or a connection of its
     own), with the file's key-value metadata put back on the Arrow schema."""
@@ -389,8 +399,8 @@ def read_parquet(path, where: str, con=None) -> pa.Table:
 
     p = os.fspath(path)
     if not p.lower().endswith(".parquet"):
-        raise EinsumError(f"{where}: a path must name a Parquet file ending in .parquet, got {p!r}; read "
-                          "other files with DuckDB (db.connection.read_csv(path)) and store the relation")
+        raise EinsumError(f"{where}: a path must name a Parquet file ending in .parquet, got {p!r}; "
+                          f"{_other_files(con, p)}")
     cur = _parquet_cursor(p, where, con)
     try:
         table = cur.read_parquet(p).to_arrow_table()
@@ -948,8 +958,7 @@ def _read_path(path, where: str, want: Wanted, con, stream: bool) -> Incoming:
             # a name, not a path: a table of the database is stored from its relation (a trial)
             table = f", or to store a table or view {p!r} of the database, pass db.connection.table({p!r})"
         raise EinsumError(f"{where}: a path must name a .npy, .arrow / .feather (Arrow IPC) or .parquet file, got "
-                          f"{p!r}; read other files with DuckDB (db.connection.read_csv(path)) and store the "
-                          f"relation{table}")
+                          f"{p!r}; {_other_files(con, p)}{table}")
     if suffix in NPY_SUFFIXES:
         return _from_npy(p, want, where, stream)
     if suffix in IPC_SUFFIXES:

@@ -643,9 +643,16 @@ class Session:
                 raise EinsumError(f"the plan has {len(outputs)} outputs {outputs}: pass out as a dict")
             targets = {outputs[0]: out}
         elif isinstance(out, collections.abc.Mapping):
-            targets = dict(out)
+            # keyed by output name, or by the GraphValue itself as outputs= takes it (a trial)
+            targets = {getattr(k, "name", k): t for k, t in out.items()}
+        elif isinstance(out, (list, tuple)) and all(isinstance(t, str) for t in out):
+            if len(out) != len(outputs):  # one table per output, in the order of the plan's outputs
+                raise EinsumError(f"out names {len(out)} table(s) for the plan's {len(outputs)} outputs {outputs}: "
+                                  "one table per output, in that order (or a dict {output: table name})")
+            targets = dict(zip(outputs, out))
         else:
-            raise EinsumError(f"out must be a table name or a dict {{output: table name}}, got {out!r:.60}")
+            raise EinsumError(f"out must be a table name, a list of one per output, or a dict {{output: table name}}, "
+                              f"got {out!r:.60}")
         unknown = [k for k in targets if k not in outputs]
         if unknown:
             raise EinsumError(f"out names unknown outputs {unknown}; the outputs are {outputs}")

@@ -485,3 +485,22 @@ def test_a_wider_array_into_an_input_declared_without_a_dtype_warns_at_the_calle
                 warnings.simplefilter("always")
                 g.plan().run(db, x=a.astype(np.float32), z=np.arange(2.0))
             assert len(seen) == (dtype is None), (first, then, [str(m.message) for m in seen])
+
+
+def test_out_names_tables_by_graph_value_or_as_a_list(db):
+    """outputs= takes GraphValues, so out= does too (it said "out names unknown outputs
+    [GraphValue('v1', ...)]; the outputs are ['v1', ...]"), and a list names one table per
+    output in the plan's order (a trial)."""
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((5, 4)), rng.standard_normal((4, 3))
+    g = Graph()
+    p, q = g.input("p", a.shape, dtype="float64"), g.input("q", b.shape, dtype="float64")
+    s = g.einsum("ij,jk->ik", p, q)
+    t = g.einsum("ij->ji", s)
+    got = g.run(db, outputs=[s, t], out={s: "GS", t: "GT"}, replace=True, p=a, q=b)
+    np.testing.assert_allclose(db.tensor("GS").to_numpy(), a @ b, rtol=1e-12)
+    np.testing.assert_allclose(got[t.name].to_numpy(), (a @ b).T, rtol=1e-12)
+    g.run(db, outputs=[s, t], out=["GS2", "GT2"], replace=True, p=a, q=b)
+    np.testing.assert_allclose(db.tensor("GT2").to_numpy(), (a @ b).T, rtol=1e-12)
+    with pytest.raises(EinsumError, match=r"out names 1 table\(s\) for the plan's 2 outputs"):
+        g.run(db, outputs=[s, t], out=["GS3"], p=a, q=b)

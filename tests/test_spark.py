@@ -949,6 +949,30 @@ def test_elements_tile_reads_sliced_arrow_arrays_and_null_lists():
     np.testing.assert_array_equal(part[1], [3])
 
 
+def test_what_a_spark_user_found_storing_frames(sdb, spark, tmp_path):
+    """A decimal value column (Spark's type of 1.25 and of avg() over decimals) is read as
+    float64, as the driver path reads one; a frame whose largest index makes a dense tensor
+    bigger than there is room for is refused at once (it shuffled the grid of a 16 TB tensor of
+    zeros for a quarter of an hour); a Spark frame given as an operand, or a Parquet directory as
+    Spark writes it, gets advice that works on Spark (a trial)."""
+    from decimal import Decimal
+
+    df = spark.createDataFrame([(0, 0, Decimal("1.25")), (1, 2, Decimal("-3.50"))], "i long, j long, v decimal(10,2)")
+    np.testing.assert_array_equal(sdb.store("DEC", df, value="v", replace=True).to_numpy(),
+                                  [[1.25, 0, 0], [0, 0, -3.5]])
+    huge = spark.createDataFrame([(0, 0, 1.0), (10**12, 1, 2.0)], "i long, j long, v double")
+    with pytest.raises(EinsumError, match=r"store\('HI'\): the DataFrame in element form is read as a dense "
+                                          r"\(1000000000001, 2\) float64 tensor of 16000\.00 GB, more than there is room"):
+        sdb.store("HI", huge, value="v")
+    assert "HI" not in sdb.tensors()
+    with pytest.raises(EinsumError, match=r"pass \.toArrow\(\) or \.toPandas\(\) of its numeric columns"):
+        sdb.einsum("ij->i", df)
+    spark.range(3).write.parquet(str(tmp_path / "pq"))
+    with pytest.raises(EinsumError, match=r"a directory of Parquet files, as Spark writes them, with your engine "
+                                          r"\(spark.read.parquet\(path\)\)"):
+        sdb.store("P", str(tmp_path / "pq"))
+
+
 def test_spark_frames_the_driver_reads_whole_still_store(sdb, spark):
     """An empty frame and a 0-d tensor's one row go the driver's way (Arrow); a tiled frame
     comes back as it was stored."""

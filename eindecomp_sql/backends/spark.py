@@ -588,8 +588,18 @@ class SparkBackend:
             return None
         with self.lock:
             self._check_open()
+        # what the dense tensor may take: the session's memory= budget, else the free disk where a
+        # directory of this machine keeps the tensors (a frame with one index of 10**12 went on
+        # shuffling the grid of a 16 TB tensor of zeros for a quarter of an hour: a trial); a
+        # Spark database's warehouse may be anywhere, and is not asked
+        room = want.memory
+        if room is None and self.root is not None:
+            try:
+                room = shutil.disk_usage(self.root).free
+            except OSError:
+                room = None
         try:
-            return spark_frames.read_frame(self.spark, source, where, want)
+            return spark_frames.read_frame(self.spark, source, where, want, room=room)
         except EinsumError as e:
             if str(e).startswith(where):
                 raise

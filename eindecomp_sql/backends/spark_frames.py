@@ -38,6 +38,7 @@ from .. import io
 from ..compile.compiler import ident
 from ..errors import EinsumError
 from ..notation.checks import can_cast, check_dtype
+from ..plan.steps import format_bytes
 from ..plan import tiling
 
 UDF = "eds_elements_tile"
@@ -53,10 +54,11 @@ def _quoted(name: str) -> str:
     return ident(name).sql("spark")
 
 
-def read_frame(spark, df, where: str, want) -> object | None:
+def read_frame(spark, df, where: str, want, room: int | None = None) -> object | None:
     """``df`` (element form) as an ``io.Incoming`` whose tiles are a Spark DataFrame not run yet,
     or None where the driver path reads it (see the module docstring). Every check that needs
-    no tile runs here, in one Spark job."""
+    no tile runs here, in one Spark job. ``room``: the bytes the dense tensor may take (None:
+    not checked)."""
     from pyspark.sql import functions as F
 
     empty = df.limit(0).toArrow()  # the columns as Arrow types: the driver path's rules apply as they are
@@ -70,10 +72,12 @@ def read_frame(spark, df, where: str, want) -> object | None:
     if not index:
         return None
     vtype = empty.schema.field(value).type
-    if io._kind(vtype) == "other":
+    decimal = pa.types.is_decimal(vtype)  # Spark's type of a literal such as 1.25, of avg() over decimals
+    if io._kind(vtype) == "other" and not decimal:
         raise EinsumError(f"{where}: value column {value!r} holds {io._type_word(vtype)}, not numbers; cast it "
                           "to a numeric type")
-    source = np.dtype(vtype.to_pandas_dtype())
+    # a decimal is read as float64, as the driver path and DuckDB's read it (a trial: refused)
+    source = np.dtype(np.float64) if decimal else np.dtype(vtype.to_pandas_dtype())
     check_dtype(source, f"{where}: value column {value!r}")
     dtype = want.dtype or source.name
     if source != dtype and not can_cast(source, dtype, "same_kind"):
@@ -106,11 +110,17 @@ def read_frame(spark, df, where: str, want) -> object | None:
         if high >= side:
             raise EinsumError(f"{where}: index column {c!r} holds {high} (its largest), outside shape {shape}")
     itemsize = np.dtype(dtype).itemsize
+    nbytes = math.prod(shape) * itemsize
+    if room is not None and nbytes > room:
+        raise EinsumError(f"{where}: the DataFrame in element form is read as a dense {shape} {dtype} tensor of "
+                          f"{format_bytes(nbytes)}, more than there is room for ({format_bytes(room)}: the memory "
+                          "budget, or the free disk where the tensors are kept); tensors are stored dense "
+                          "(renumber the indices densely from 0, or store only the rows you need)")
     tile = (tiling.check_tile(shape, want.tile) if want.tile is not None
             else tiling.auto_tile(shape, itemsize, want.tile_bytes, want.square))
     keys = io.check_keys(want.keys if want.keys is not None else tuple(f"d{d}" for d in range(len(shape))),
                          len(shape))
-    tiles = _tiles(spark, df, index, value, shape, tile, keys, dtype, where)
+    tiles = _tiles(spark, df, index, value, shape, tile, keys, dtype, where, decimal)
     return io.Incoming(tuple(shape), dtype, tuple(tile), keys, tiles)
 
 
@@ -168,7 +178,7 @@ def _read_tiled(df, empty, where: str, want):
     return io.Incoming(t.shape, t.dtype, t.tile, t.new_keys, tiles)
 
 
-def _tiles(spark, df, index, value, shape, tile, keys, dtype, where):
+def _tiles(spark, df, index, value, shape, tile, keys, dtype, where, decimal=False):
     """The tiled DataFrame: every key of the grid (a range, cut into keys in C order), left-joined
     with the elements grouped by their tile, each group made a tile by ``elements_tile``."""
     from pyspark.sql import functions as F
@@ -182,7 +192,8 @@ def _tiles(spark, df, index, value, shape, tile, keys, dtype, where):
     at = [f"CAST({_quoted(c)} AS BIGINT)" for c in index]
     grouped = (df.select(*[F.expr(f"{x} DIV {int(t)}").alias(k) for x, t, k in zip(at, tile, inner)],
                          F.struct(*[F.expr(f"{x} % {int(t)}").alias(f"o{d}") for d, (x, t) in enumerate(zip(at, tile))],
-                                  F.col(_quoted(value)).alias("v")).alias("e"))
+                                  (F.col(_quoted(value)).cast("double") if decimal else F.col(_quoted(value)))
+                                  .alias("v")).alias("e"))
                .groupBy(*inner).agg(F.collect_list("e").alias("es")))
     spec = json.dumps({"shape": list(shape), "tile": list(tile), "dtype": dtype, "index": list(index),
                        "where": where, "value": value})

@@ -246,9 +246,10 @@ class GraphPlan:
         """Run on session ``db``: exactly the steps ``explain()`` lists. Inputs by name: numpy
         arrays (cut the way the plan cuts them), Tensors or stored tensor names, stored in the
         tiles the plan reads (``plan_input_tile``; plan a graph over stored tensors with
-        ``g.plan(inputs={...})``, or use ``g.run``). ``out``: a table name (one output) or
-        {output: table}; without it outputs are temporary tables (dropped when their Tensor is
-        collected). ``progress``: as for ``Session.einsum``.
+        ``g.plan(inputs={...})``, or use ``g.run``). ``out``: a table name (one output), a list
+        of one per output (in the plan's order) or {output (its name or GraphValue): table};
+        without it outputs are temporary tables (dropped when their Tensor is collected).
+        ``progress``: as for ``Session.einsum``.
 
         Returns one ``Tensor`` when the plan was made with ``outputs`` None or one value, a
         dict name -> Tensor when it was made with a list or tuple (even of one). ``inputs``: the
