@@ -50,6 +50,20 @@ DEVICE_TILES = 8
 from .tensor import Tensor
 
 
+def _load_arrows_pandas_shim() -> None:
+    """pyarrow imports pandas on its first ``to_numpy()`` (0.3-0.8 s), and a KeyboardInterrupt
+    raised during that import is swallowed by pyarrow: a Ctrl-C or SIGTERM during a process's
+    first export, read or element-form store was lost, and the file written (a trial: 6 of 10
+    runs). So it happens here, as the session module loads, outside any call Ctrl-C stops; the
+    first einsum paid for it anyway."""
+    import pyarrow as pa
+
+    pa.array([0], pa.int64()).to_numpy()
+
+
+_load_arrows_pandas_shim()
+
+
 class Session:
     """eindecomp_sql on one DuckDB database.
 

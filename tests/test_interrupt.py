@@ -861,3 +861,15 @@ def test_another_signals_byte_in_a_nested_plan_reaches_the_callers_fd(tmp_path):
     script.write_text(NESTED_FORWARD)
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.split() == ["inner", "True"], (r.stdout, r.stderr)
+
+
+def test_pyarrows_pandas_shim_is_loaded_before_any_call(tmp_path):
+    """pyarrow imports pandas on its first to_numpy() and swallows a KeyboardInterrupt raised
+    during that import: a Ctrl-C during a process's first export was lost and the file written
+    (a trial, 6 runs of 10). A session's module loads it, so no call of ours is the first."""
+    script = ("import sys, eindecomp_sql as eds\n"
+              "assert 'pandas' not in sys.modules\n"
+              "db = eds.connect()\n"
+              "print('pandas' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "True", (r.stdout, r.stderr[-2000:])
