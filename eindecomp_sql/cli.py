@@ -104,8 +104,8 @@ def main(argv=None) -> None:
             job_file = next((a for a in args[1:] if a.endswith(".toml")), None)
             click.echo(json.dumps(_summary(None, [], time.perf_counter(), error=e.format_message(), path=job_file),
                                   indent=1))
-    except (click.exceptions.Abort, KeyboardInterrupt):
-        _fail("terminated (SIGTERM)" if len(sigterm) > 1 else "interrupted")
+    except (click.exceptions.Abort, KeyboardInterrupt) as e:
+        _fail(_stopped(e, sigterm))
         code = EXIT_TERMINATED if len(sigterm) > 1 else EXIT_INTERRUPTED
     except BrokenPipeError:  # | head: not an error of ours
         try:
@@ -124,7 +124,7 @@ def main(argv=None) -> None:
             code = EXIT_FAILED
     except Exception as e:  # noqa: BLE001 - a bug of ours: still one line, the traceback on request
         if _interrupted(e) or len(sigterm) > 1:
-            _fail("terminated (SIGTERM)" if len(sigterm) > 1 else "interrupted")
+            _fail(_stopped(e, sigterm))
             code = EXIT_TERMINATED if len(sigterm) > 1 else EXIT_INTERRUPTED
         elif type(e).__name__ == "OutOfMemoryException":  # the cap given, not a bug (store --memory 100KB)
             if debug:
@@ -162,6 +162,15 @@ def main(argv=None) -> None:
     sys.exit(code)
 
 
+def _stopped(e: BaseException, sigterm: list) -> str:
+    """What a Ctrl-C or SIGTERM stopped, for stderr: a stop that came after the running
+    operation committed says so (its result stands)."""
+    said = "terminated (SIGTERM)" if len(sigterm) > 1 else "interrupted"
+    if getattr(e, "eds_committed", False):
+        said += " after the running operation committed (its result is written)"
+    return said
+
+
 def _on_sigterm() -> list:
     """SIGTERM (``timeout``, systemd, ``kill``) stops a command as Ctrl-C does: the running
     statement rolled back, an export's temporary file removed, ``run --json``'s summary
@@ -170,7 +179,9 @@ def _on_sigterm() -> list:
     cleanly everywhere, once the main thread runs Python again (a statement running then ends
     first: the watchdog that interrupts statements acts on SIGINT's byte only; not built). The
     list returned holds the handler displaced, then the signal once one came (exit 143)."""
+    global _TERM
     came: list = []
+    _TERM = came  # for what a command reports itself (run --json's summary)
     if threading.current_thread() is not threading.main_thread():
         return came
 
@@ -235,6 +246,7 @@ def _write_json_array(a, write) -> None:
 
 
 _MARK = None  # main()'s CtrlCMark: whether a Ctrl-C came during the command
+_TERM: list = []  # main()'s SIGTERM record (``_on_sigterm``): more than one entry once one came
 
 
 def _interrupted(e: BaseException) -> bool:
@@ -552,8 +564,10 @@ def run(job_file, database, memory, workers, force, refresh, as_json, quiet):
         # a failed run still prints its summary (docs/cli.md), also when nothing ran: a job that
         # cannot be read, planned or is refused
         if as_json and not isinstance(e, (SystemExit, click.exceptions.Exit)):
-            click.echo(json.dumps(_summary(job, r.entries if r is not None else [], t0, error=one_line(e) if not
-                                           _interrupted(e) else "interrupted", path=job_file),
+            # what stderr says: a SIGTERM's failure is the SIGTERM's (the summary said
+            # "interrupted", or DuckDB's "Query interrupted", for a kill: a crash trial)
+            error = _stopped(e, _TERM) if _interrupted(e) or len(_TERM) > 1 else one_line(e)
+            click.echo(json.dumps(_summary(job, r.entries if r is not None else [], t0, error=error, path=job_file),
                                   indent=1))
         raise
     summary = _summary(job, entries, t0)

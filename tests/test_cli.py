@@ -322,12 +322,14 @@ def test_a_closed_stdout_and_sigterm(files, tmp_path):
     code, out, err = stopped()
     assert code == 143 and "terminated (SIGTERM)" in err, (code, err)
     summary = json.loads(out)
-    assert summary["ok"] is False and summary["error"] == "interrupted" and summary["ran"] == 0
+    # the summary says what stderr says (it said "interrupted" for a SIGTERM: a crash trial)
+    assert summary["ok"] is False and summary["error"] == "terminated (SIGTERM)" and summary["ran"] == 0
     # started with SIGINT ignored, as a shell script's `cmd &` is: SIGTERM killed it outright,
-    # no summary, no message (a trial)
+    # no summary, no message (a trial); its summary said DuckDB's "Query interrupted"
     code, out, err = stopped(preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert code == 143 and "terminated (SIGTERM)" in err, (code, err)
-    assert json.loads(out)["ok"] is False
+    summary = json.loads(out)
+    assert summary["ok"] is False and summary["error"] == "terminated (SIGTERM)", summary
 
 
 def test_a_failed_store_leaves_no_new_database_and_a_tiny_cap_is_an_error(files, tmp_path, capsys):
@@ -429,3 +431,15 @@ def test_einsum_json_of_a_large_result_is_written_a_run_at_a_time(tmp_path):
     assert got["shape"] == [1024, 2048] and np.array_equal(np.array(got["value"]), a)
     rise_mb = (int(big.stderr.rsplit("PEAK ", 1)[1]) - int(small.stderr.rsplit("PEAK ", 1)[1])) / 1024
     assert len(big.stdout) > 40e6 and rise_mb < 100, rise_mb
+
+
+def test_a_stop_after_the_commit_says_the_result_is_written():
+    """A Ctrl-C after a store committed was reported as "interrupted" (exit 130, "the running
+    step rolled back") with the tensor stored (a crash trial): it says so now."""
+    from eindecomp_sql.cli import _stopped
+
+    late = KeyboardInterrupt()
+    late.eds_committed = True
+    assert _stopped(late, []) == "interrupted after the running operation committed (its result is written)"
+    assert _stopped(KeyboardInterrupt(), []) == "interrupted"
+    assert _stopped(KeyboardInterrupt(), [None, 15]) == "terminated (SIGTERM)"

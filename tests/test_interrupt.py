@@ -262,8 +262,13 @@ def test_a_ctrl_c_after_the_commit_point_leaves_the_result_standing():
     calls = []
     committed, stopped = _signal_around_commit(False, lambda *a: calls.append(True))
     assert committed is True and stopped == [] and calls == [True]
-    with pytest.raises(KeyboardInterrupt):  # Python's own handler raises, as after any call
+    with pytest.raises(KeyboardInterrupt) as e:  # Python's own handler raises, as after any call
         _signal_around_commit(False, signal.default_int_handler)
+    # ... marked: what it stopped had committed (the CLI said "rolled back" for a stored tensor)
+    assert getattr(e.value, "eds_committed", False) is True
+    with pytest.raises(KeyboardInterrupt) as e:
+        _signal_around_commit(True, signal.default_int_handler)
+    assert not getattr(e.value, "eds_committed", False)
 
 
 def test_a_ctrl_c_before_the_commit_point_stops_the_plan():

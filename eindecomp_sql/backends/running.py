@@ -489,7 +489,13 @@ def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None],
         # a handler that returns (asyncio's cancels its task; a flag-setter) still gets no result
         raise KeyboardInterrupt from error
     if job.late:  # after the commit: the result stands, the handler runs as after the call
-        previous(signal.SIGINT, None)
+        try:
+            previous(signal.SIGINT, None)
+        except KeyboardInterrupt as late:
+            # marked: what it stopped had committed (the CLI said "interrupted", exit 130, "the
+            # running step rolled back", for a store that was there: a crash trial)
+            late.eds_committed = True
+            raise
     if job.failed:
         raise job.failed[0]
     return result
