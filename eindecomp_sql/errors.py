@@ -55,3 +55,20 @@ def duckdb_said(error: Exception) -> str:
     import re
 
     return re.split(r"\n\s*Possible solutions:", str(error), maxsplit=1)[0].rstrip()
+
+
+def duckdb_fatal(error: BaseException) -> BaseException | None:
+    """The DuckDB fatal error in ``error``'s chain (itself, its cause or context), if any: after
+    one (a disk that filled during a checkpoint) DuckDB refuses everything on that database
+    ("database has been invalidated") until it is opened again."""
+    seen = 0
+    while error is not None and seen < 8:
+        if type(error).__name__ == "FatalException" or "database has been invalidated" in str(error):
+            return error
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
+
+
+FATAL_ADVICE = ("DuckDB has stopped this database after a fatal error: nothing more runs on this session; close "
+                "it and open the database again with eds.connect() once the cause is fixed (what was committed "
+                "before is kept)")

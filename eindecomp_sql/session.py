@@ -22,7 +22,7 @@ import numpy as np
 from .arrays import as_array
 from .backends import Target, create_backend
 from .backends.running import CtrlCMark, settle
-from .errors import EinsumError, Interrupted, warn
+from .errors import FATAL_ADVICE, EinsumError, Interrupted, duckdb_fatal, duckdb_said, warn
 from .notation.checks import can_cast, check_name
 from .notation.sublist import sublist_spec
 from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, plan_einsum
@@ -213,6 +213,13 @@ class Session:
                     raise
                 raise translated from None
             except Exception as error:
+                fatal = duckdb_fatal(error)
+                if fatal is not None:
+                    # the disk filled at a checkpoint, say: every later call failed with DuckDB's
+                    # raw "database has been invalidated", which said nothing of what to do (a
+                    # crash trial)
+                    said = str(error) if isinstance(error, EinsumError) else duckdb_said(fatal)
+                    raise EinsumError(f"{said}; {FATAL_ADVICE}") from None
                 if type(error).__name__ == "ConnectionException" and "closed" in str(error):
                     # db.connection.close() by hand: DuckDB's "Connection already closed!" named
                     # neither the session nor what to do (a trial)
@@ -1036,9 +1043,17 @@ def connect(database=None, *, tile_bytes: int | None = None, workers: int | None
     (2, 3)
     """
     def opened():
-        return Session(database, tile_bytes=tile_bytes, workers=workers, memory=memory, read_only=read_only,
-                       backend=backend, device_memory=device_memory, spark=spark, device=device,
-                       allow_tf32=allow_tf32, spark_database=spark_database)
+        try:
+            return Session(database, tile_bytes=tile_bytes, workers=workers, memory=memory, read_only=read_only,
+                           backend=backend, device_memory=device_memory, spark=spark, device=device,
+                           allow_tf32=allow_tf32, spark_database=spark_database)
+        except Exception as e:
+            fatal = duckdb_fatal(e)
+            if fatal is None or isinstance(e, EinsumError):
+                raise
+            # opened writable on a full disk, DuckDB's raw FatalException (a crash trial)
+            raise EinsumError(f"cannot open database {str(database)!r}: DuckDB failed fatally while opening it "
+                              f"({duckdb_said(fatal)}); fix the cause (free disk space) and open it again") from None
 
     try:
         return opened()

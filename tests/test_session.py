@@ -849,6 +849,9 @@ def test_writing_to_a_read_only_database_is_refused_before_anything_runs(tmp_pat
         for call in (lambda: db.einsum("ij->i", "A", out="B"), lambda: db.store("C", a)):
             with pytest.raises(EinsumError, match=r"^cannot write '[BC]': this database is open read-only"):
                 call()
+        # a drop too (it said DuckDB's 'Cannot execute statement of type "DROP"': a crash trial)
+        with pytest.raises(EinsumError, match=r"^drop\('A'\): this database is open read-only"):
+            db.drop("A")
         assert db.tensors() == ["A"]
 
 
@@ -877,3 +880,43 @@ def test_a_session_whose_connection_was_closed_by_hand_says_so():
         with pytest.raises(EinsumError, match=r"this session's DuckDB connection was closed"):
             call()
     db.close()
+
+
+FILE_SIZE_CAPPED = r"""
+import resource, signal, sys, numpy as np
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the cap fails (EFBIG) instead of killing us
+resource.setrlimit(resource.RLIMIT_FSIZE, (24 << 20, 24 << 20))
+import eindecomp_sql as eds
+db = eds.connect(sys.argv[1])
+for i in range(8):
+    try:
+        db.store(f"T{i}", np.full((1024, 1024), float(i)))
+    except Exception as e:
+        print("store", i, type(e).__name__, str(e).replace("\n", " "))
+        break
+try:
+    db.tensors()
+except Exception as e:
+    print("next", type(e).__name__, str(e).replace("\n", " "))
+"""
+
+
+def test_a_file_that_cannot_grow_fails_the_store_clearly_and_keeps_what_was_committed(tmp_path):
+    """A disk that filled at a store's checkpoint (here: the process's file size capped) made
+    DuckDB invalidate the database: the store raised DuckDB's raw FatalException (a view's
+    unregister in a ``finally`` replaced our error), and every later call its "database has been
+    invalidated" (a crash trial). Both are EinsumErrors saying what to do; reopened, the tensors
+    committed before are whole and the failed one absent."""
+    path = str(tmp_path / "capped.duckdb")
+    r = subprocess.run([sys.executable, "-c", FILE_SIZE_CAPPED, path], capture_output=True, text=True, timeout=300)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == 2, (r.stdout, r.stderr[-2000:])
+    stored, nxt = lines
+    assert stored.startswith("store ") and " EinsumError " in stored and "File too large" in stored, stored
+    assert "open the database again with eds.connect()" in stored, stored
+    assert nxt.startswith("next EinsumError ") and "open the database again with eds.connect()" in nxt, nxt
+    failed = int(stored.split()[1])
+    with eds.connect(path) as db:
+        assert db.tensors() == [f"T{i}" for i in range(failed)]
+        for i in range(failed):
+            np.testing.assert_array_equal(db.tensor(f"T{i}").to_numpy(), np.full((1024, 1024), float(i)))

@@ -665,6 +665,8 @@ class DuckDBBackend:
             del self._temp_parts[table_name.lower()]
 
     def drop(self, name: str) -> None:
+        with self.lock:
+            self._check_writable(f"drop({name!r})")
         try:
             with self.lock, self._transaction():
                 self._drop_stored(name)
@@ -745,7 +747,7 @@ class DuckDBBackend:
                 try:
                     self._run(create_table_as(made[-1], exp.select("*").from_(table(view))).sql(dialect="duckdb"))
                 finally:
-                    self._work.unregister(view)
+                    self._unregister(view)
             with self._transaction():
                 if replacing:
                     self._drop_stored(value.name)
@@ -826,19 +828,23 @@ class DuckDBBackend:
         atomic on its own (``needed`` False: BEGIN and COMMIT cost ~0.7 ms)."""
         return self._Tx(self) if needed else contextlib.nullcontext()
 
-    def _check_target(self, table: str, replace: bool) -> bool:
-        """Refuse an existing table unless ``replace``, and a table or view that is not a stored
-        tensor even then (``replace`` overwrites tensors: a user's own table is not ours to drop,
-        and a view made DuckDB refuse mid-write); whether it exists."""
+    def _check_writable(self, what: str) -> None:
+        """Refuse a write to a database open read-only, before anything runs (it failed inside
+        the plan's first step, or the drop's statement, in DuckDB's words)."""
         if self._read_only is None:  # our cursor's database: the same for the session's life (cached:
             # a query on every out= call cost the small-work path ~0.4 ms)
             self._read_only = bool(self._run("SELECT readonly FROM duckdb_databases() WHERE database_name = "
                                              "current_database()")[0][0])
         if self._read_only:
-            # said before anything runs (it failed inside the plan's first step, in DuckDB's words)
-            raise EinsumError(f"cannot write {table!r}: this database is open read-only (connect(..., "
-                              "read_only=True)); open it writable to store tensors or keep results (an einsum "
-                              "without out= gives a temporary result here)")
+            raise EinsumError(f"{what}: this database is open read-only (connect(..., read_only=True)); open it "
+                              "writable to store, drop or keep tensors (an einsum without out= gives a temporary "
+                              "result here)")
+
+    def _check_target(self, table: str, replace: bool) -> bool:
+        """Refuse an existing table unless ``replace``, and a table or view that is not a stored
+        tensor even then (``replace`` overwrites tensors: a user's own table is not ours to drop,
+        and a view made DuckDB refuse mid-write); whether it exists."""
+        self._check_writable(f"cannot write {table!r}")
         exists = self.table_exists(table)
         stored = exists and self.lookup(table) is not None
         if stored and not replace:
@@ -904,7 +910,16 @@ class DuckDBBackend:
             raise EinsumError(self._store_failed(value, e)) from None
         finally:
             if query is None:
-                self._work.unregister(view)
+                self._unregister(view)
+
+    def _unregister(self, view: str) -> None:
+        """Drop a registered view in a ``finally``: a failure there (DuckDB invalidated the
+        database when the disk filled at the commit) replaced the error that said why with
+        DuckDB's raw FatalException (a crash trial); the next call says what to do."""
+        try:
+            self._work.unregister(view)
+        except duckdb.Error:
+            pass
 
     def read_tiles(self, value: TiledValue) -> pa.Table:
         from ..compile import select_value
@@ -1313,7 +1328,7 @@ class DuckDBBackend:
             del handles[:]
             if not self._closed:
                 for name in views:
-                    self._work.unregister(name)
+                    self._unregister(name)
 
     def _run_steps(self, plan: Plan, compiled, tables, outputs, replace: bool, watch: Watch,
                    swaps: dict[str, str], parts_of: dict[str, bool] | None = None) -> dict[str, pa.Table]:
