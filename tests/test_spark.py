@@ -973,6 +973,34 @@ def test_what_a_spark_user_found_storing_frames(sdb, spark, tmp_path):
         sdb.store("P", str(tmp_path / "pq"))
 
 
+@pytest.mark.parametrize("tables", [False, True])
+def test_a_spark_frame_in_array_form_is_tiled_by_spark(sdb, tdb, spark, tables):
+    """An (id, emb array<float>) frame, an embeddings table, was refused on Spark ("neither
+    integer indices nor a numeric value") where the same pyarrow table stores (a trial): rows in
+    key order (keys shuffled, not 0..n-1), tiles that do not divide the shape, and the frame's
+    faults refused before anything is written."""
+    db = tdb if tables else sdb
+    rng = np.random.default_rng(8)
+    n, w = 37, 5
+    emb = rng.standard_normal((n, w)).astype(np.float32)
+    ids = rng.permutation(n) * 7 - 100
+    df = spark.createDataFrame([(int(i), emb[r].tolist()) for r, i in enumerate(ids)], "id long, emb array<float>")
+    E = db.store("EMBS", df, tile=(8, 3), replace=True)
+    assert E.shape == (n, w) and E.dtype == np.float32 and E.tile == (8, 3)
+    want = emb[np.argsort(ids)]
+    np.testing.assert_array_equal(E.to_numpy(), want)
+    np.testing.assert_allclose(db.einsum_numpy("id,jd->ij", E, E), want @ want.T, rtol=1e-5, atol=1e-5)
+    bad = {"key column 'id' repeats values": [(0, [1.0, 2.0]), (0, [3.0, 4.0])],
+           "holds arrays of 1 to 2 elements": [(0, [1.0, 2.0]), (1, [3.0])],
+           "has NULL elements in 1 row": [(0, [1.0, None])]}
+    for message, rows in bad.items():
+        with pytest.raises(EinsumError, match=message):
+            db.store("EBAD", spark.createDataFrame(rows, "id long, emb array<double>"))
+    with pytest.raises(EinsumError, match="it has none besides the array"):
+        db.store("EBAD", spark.createDataFrame([([1.0, 2.0],)], "emb array<double>"))
+    assert "EBAD" not in db.tensors()
+
+
 def test_spark_frames_the_driver_reads_whole_still_store(sdb, spark):
     """An empty frame and a 0-d tensor's one row go the driver's way (Arrow); a tiled frame
     comes back as it was stored."""

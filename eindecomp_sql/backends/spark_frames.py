@@ -68,6 +68,9 @@ def read_frame(spark, df, where: str, want, room: int | None = None) -> object |
     if any(c.lower() == io.TILE for c in empty.column_names):
         return None
     io._check_columns(empty.schema, False, where)  # a join's two i columns: said, not a KeyError
+    column = io._array_column(empty, want, where)
+    if column is not None:
+        return _read_array_rows(spark, df, empty, column, where, want, room)
     index, value = io._element_columns(empty, want, where)
     if not index:
         return None
@@ -122,6 +125,80 @@ def read_frame(spark, df, where: str, want, room: int | None = None) -> object |
                          len(shape))
     tiles = _tiles(spark, df, index, value, shape, tile, keys, dtype, where, decimal)
     return io.Incoming(tuple(shape), dtype, tuple(tile), keys, tiles)
+
+
+def _read_array_rows(spark, df, empty: pa.Table, column: str, where: str, want, room: int | None):
+    """A frame in array form (``(id, emb array<float>)``: embeddings) as a ``(rows, n)`` matrix,
+    row ``r`` the array of the ``r``-th row in key order, as the driver path and the SQL
+    functions read such a table (it was refused on Spark: a trial). Checked in one Spark job
+    (NULL keys, arrays or elements, arrays of several lengths, repeated keys); the keys are
+    ranked alone (a window over the key column only, not the arrays), joined back, and the
+    arrays exploded into element rows that the element path tiles in Spark."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    if want.index is not None:
+        if len(want.index) != 1:
+            raise EinsumError(f"{where}: a table in array form has one key column; index={tuple(want.index)} "
+                              "names several")
+        others = [io._find(empty, want.index[0], where, "index column")]
+    else:
+        others = [c for c in empty.column_names if c != column]
+    if len(others) != 1:
+        what = "none" if not others else f"{len(others)} ({', '.join(map(repr, others))})"
+        raise EinsumError(f"{where}: a Spark DataFrame in array form has one array column ({column!r}) and one key "
+                          f"column that orders its rows; it has {what} besides the array: select the two (a "
+                          "DataFrame has no row order of its own: add a key, say F.monotonically_increasing_id())")
+    key = others[0]
+    element = empty.schema.field(column).type.value_type
+    decimal = pa.types.is_decimal(element)
+    if io._kind(element) == "other" and not decimal:
+        raise EinsumError(f"{where}: array column {column!r} holds {io._type_word(element)} elements, not numbers; "
+                          "cast them to a numeric type")
+    source = np.dtype(np.float64) if decimal else np.dtype(element.to_pandas_dtype())
+    check_dtype(source, f"{where}: array column {column!r}")
+    dtype = want.dtype or source.name
+    if source != dtype and not can_cast(source, dtype, "same_kind"):
+        raise EinsumError(f"{where}: cannot cast array column {column!r} ({source}) to {dtype} (numpy's same_kind "
+                          "rule)")
+    k, a = F.col(_quoted(key)), F.col(_quoted(column))
+    stats = df.agg(F.count(F.lit(1)), F.count_if(k.isNull()), F.count_if(a.isNull()), F.min(F.size(a)),
+                   F.max(F.size(a)), F.count_if(F.exists(a, lambda x: x.isNull())),
+                   F.count_distinct(k)).collect()[0]
+    rows, null_keys, null_arrays, low, high, null_elements, distinct = stats
+    for n, what in ((null_keys, f"key column {key!r}"), (null_arrays, f"array column {column!r}")):
+        if n:
+            raise EinsumError(f"{where}: {what} has {n} null(s); fill or drop them first")
+    if null_elements:
+        raise EinsumError(f"{where}: array column {column!r} has NULL elements in {null_elements} row(s); fill them "
+                          "first")
+    if rows and low != high:
+        raise EinsumError(f"{where}: array column {column!r} holds arrays of {low} to {high} elements; a table in "
+                          "array form has arrays of one length")
+    if distinct != rows:
+        raise EinsumError(f"{where}: key column {key!r} repeats values ({rows - distinct} repeated); each row's key "
+                          "must be unique: it orders the rows")
+    if rows == 0:
+        return None  # nothing to tile: the driver path makes the empty tensor
+    shape = (int(rows), int(high))
+    if want.shape is not None and tuple(want.shape) != shape:
+        raise EinsumError(f"{where}: shape={tuple(want.shape)} given, but the DataFrame in array form holds {shape}")
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if room is not None and nbytes > room:
+        raise EinsumError(f"{where}: the DataFrame in array form is a {shape} {dtype} tensor of "
+                          f"{format_bytes(nbytes)}, more than there is room for ({format_bytes(room)})")
+    itemsize = np.dtype(dtype).itemsize
+    tile = (tiling.check_tile(shape, want.tile) if want.tile is not None
+            else tiling.auto_tile(shape, itemsize, want.tile_bytes, want.square))
+    keys = io.check_keys(want.keys if want.keys is not None else ("d0", "d1"), 2)
+    # rank the keys alone (one window over a column of keys), then join the arrays back to them
+    ranked = df.select(k.alias("_eds_key")).withColumn(
+        "_eds_row", F.row_number().over(Window.orderBy(F.col("_eds_key").asc())) - 1)
+    arrays = df.select(k.alias("_eds_key"), a.alias("_eds_arr"))
+    elements = (arrays.join(ranked, on="_eds_key")
+                .select(F.col("_eds_row").alias("i"), F.posexplode(F.col("_eds_arr")).alias("j", "v")))
+    tiles = _tiles(spark, elements, ["i", "j"], "v", shape, tile, keys, dtype, where, decimal)
+    return io.Incoming(shape, dtype, tuple(tile), keys, tiles)
 
 
 def _read_tiled(df, empty, where: str, want):
