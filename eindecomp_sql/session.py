@@ -327,6 +327,16 @@ class Session:
         """The DuckDB connection (``einsum`` and ``einsum_elements`` table functions are on it)."""
         return self.backend.con
 
+    def cursor(self):
+        """A new DuckDB cursor of ``connection`` with the SQL functions on it (``einsum``,
+        ``einsum_elements``, ``einsum_topk``): one per thread runs SQL einsums at once, where a
+        connection runs one statement at a time (DuckDB's "connection is busy"). Closed by you
+        (``cur.close()``), or with the connection; its functions go when the session closes."""
+        sql_cursor = getattr(self.backend, "sql_cursor", None)
+        if sql_cursor is None:
+            raise EinsumError(f"cursor() is the DuckDB backend's: the {self.backend.name} backend has no SQL interface")
+        return sql_cursor()
+
     # -- tensors ----------------------------------------------------------------------------
     def store(self, name: str, source, tile=None, keys=None, replace: bool = False, *, shape=None, dtype=None,
               index=None, value=None) -> Tensor:

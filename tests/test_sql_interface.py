@@ -1,10 +1,13 @@
 """SELECT * FROM einsum(...) and einsum_elements(...) inside DuckDB SQL."""
 
+import threading
+
 import duckdb
 import numpy as np
 import pytest
 
 import eindecomp_sql as eds
+from eindecomp_sql import EinsumError
 from eindecomp_sql.udfs.tiles import array_from_tiles
 from helpers import assert_close, random_array
 
@@ -228,3 +231,49 @@ def test_a_tensor_replaced_inside_the_callers_transaction_is_refused_not_misread
             con.sql("SELECT * FROM einsum_elements('ij->i', 'B')").fetchall()
         con.execute("ROLLBACK")
         assert sorted(con.sql("SELECT * FROM einsum_elements('ij->i', 'B')").fetchall()) == [(i, 15.0) for i in range(4)]
+
+
+def test_cursors_run_sql_einsums_from_several_threads_at_once():
+    """A DuckDB connection runs one statement at a time, and db.connection.cursor() had no
+    einsum functions ("einsum_elements does not exist": a SQL user's trial): db.cursor() gives
+    one that has them, a cursor per thread, beside the Python API's calls."""
+    rng = np.random.default_rng(21)
+    a = rng.standard_normal((60, 50))
+    with eds.connect() as db:
+        db.store("A", a)
+        db.connection.execute("CREATE TABLE E AS SELECT range AS i, (range % 7)::DOUBLE AS value FROM range(50)")
+        e = np.arange(50) % 7.0
+        got, errors = {}, []
+
+        def sql(k):
+            try:
+                cur = db.cursor()
+                for _ in range(5):
+                    got.setdefault(k, []).append(np.array(cur.sql(
+                        "SELECT value FROM einsum_elements('ij,j->i', 'A', 'E') ORDER BY i").fetchnumpy()["value"]))
+                cur.close()
+            except Exception as error:  # noqa: BLE001 - asserted below
+                errors.append(error)
+
+        def python():
+            try:
+                for _ in range(5):
+                    got.setdefault("py", []).append(db.einsum_numpy("ij,jk->ik", "A", a.T))
+            except Exception as error:  # noqa: BLE001
+                errors.append(error)
+
+        threads = [threading.Thread(target=sql, args=(k,)) for k in range(3)] + [threading.Thread(target=python)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        for k in range(3):
+            assert len(got[k]) == 5
+            for r in got[k]:
+                np.testing.assert_allclose(r, a @ e, rtol=1e-12)
+        for r in got["py"]:
+            np.testing.assert_allclose(r, a @ a.T, rtol=1e-12)
+    with eds.connect(backend="reference") as other:
+        with pytest.raises(EinsumError, match="cursor\\(\\) is the DuckDB backend's"):
+            other.cursor()

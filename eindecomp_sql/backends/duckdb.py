@@ -547,10 +547,31 @@ class DuckDBBackend:
                                  side_effects=True, null_handling="special")
         register_pack(self._functions)
         register_topk(self._functions)
+        self._make_macros(self.con)
+
+    @staticmethod
+    def _make_macros(con) -> None:
         for macro, mode, k_param, k_arg in _SQL_MACROS:
             # TEMP macros live on the connection that creates them: the user's, not our cursor
-            self.con.execute(template("macros").format(macro=macro, mode=exp.Literal.string(mode).sql(dialect="duckdb"),
-                                                       k_param=k_param, k_arg=k_arg))
+            con.execute(template("macros").format(macro=macro, mode=exp.Literal.string(mode).sql(dialect="duckdb"),
+                                                  k_param=k_param, k_arg=k_arg))
+
+    def sql_cursor(self):
+        """A new cursor of the user's connection with the SQL functions on it (its TEMP macros;
+        the UDFs are the connection's), in the session's database and schema: DuckDB runs one
+        statement at a time per connection, and ``db.connection.cursor()`` had no
+        ``einsum_elements`` ("does not exist": a SQL user's trial), so threads could not run SQL
+        einsums at once."""
+        with self.lock:
+            self._check_open()
+            cur = self.con.cursor()
+            try:
+                cur.execute(f"USE {'.'.join(ident(str(n)).sql(dialect='duckdb') for n in self.home)}")
+                self._make_macros(cur)
+            except BaseException:
+                cur.close()
+                raise
+            return cur
 
     # -- catalog ----------------------------------------------------------------------------
     def lookup(self, name: str) -> TiledValue | None:
