@@ -649,52 +649,54 @@ def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mo
     fused = fuse_topk(query, result, k, c) if mode == "topk" else None
     query = fused if fused is not None else query
     by_table = {v.name: v for v in plan.inputs}
-    query = with_ctes(query, [(cte, pack_query(op, by_table[cte], c)) for cte, op in tables])
+    query = with_ctes(query, [(cte, _not_shadowed(pack_query(op, by_table[cte], c), op.table)) for cte, op in tables])
     if mode == "elements":
         query = c.elements_query(result, result.keys, source=query)
     elif mode == "topk":
         query = topk_query(result, k, query, fused=fused is not None, compiler=c)
     query = _unchanged(query, [v for v in plan.inputs if v.name in rewritten])
-    query = _not_shadowed(query, sorted({op.table for _, op in tables}))
     if home is not None:
         query = qualified(query, home)
     return c.sql(query)
 
 
-def _not_shadowed(query: exp.Expression, names: list[str]) -> exp.Expression:
-    """``query``, stopped (error()) where the connection running it has a TEMP table or view
-    named as one of the tables it reads. In the caller's SQL a bare name means the TEMP one; the
-    operand is read from the database (planned on a cursor of its own, which sees no TEMP
-    table), so ``einsum_elements('i->', 'sh')`` summed ``main.sh`` while ``SELECT sum(value)
-    FROM sh`` summed the TEMP ``sh`` (a new user's report: a silent wrong answer). Checked in
-    the query, on the caller's connection, where its TEMP catalog is seen: two catalog scans,
-    ~1 ms, only for queries reading ordinary tables (a stored tensor is read by its own name in
-    the tensors' catalog, whatever the caller's TEMP tables).
+def _not_shadowed(pack: exp.Expression, table_name: str) -> exp.Expression:
+    """A table operand's packing, stopped (error()) where the connection running the query has a
+    TEMP table or view of the table's name. In the caller's SQL a bare name means the TEMP one; the
+    operand is read from the database (planned on a cursor of its own, which sees no TEMP table),
+    so ``einsum_elements('i->', 'sh')`` summed ``main.sh`` while ``SELECT sum(value) FROM sh``
+    summed the TEMP ``sh`` (a new user's report: a silent wrong answer). Checked in the query, on
+    the caller's connection, where its TEMP catalog is seen: two catalog scans (~1 ms), only for
+    queries reading ordinary tables (a stored tensor is read by its own name in the tensors'
+    catalog, whatever the caller's TEMP tables).
 
-        ... WHERE ... AND CASE WHEN (SELECT count(*) FROM duckdb_tables() WHERE database_name =
-                  'temp' AND lower(table_name) IN ('sh')) + (... duckdb_views() ...) = 0 THEN TRUE
-                  ELSE error('...') END
+    The check is a one-row subquery cross-joined to the packing, which DuckDB runs whole (a
+    MATERIALIZED CTE) whatever the caller's query keeps: as a condition on the result's rows it
+    never ran where no row reached it (``WHERE value > 5`` of the caller's, a review). A table of
+    no rows packs no tile, and is not checked::
+
+        SELECT p.* FROM (<packing>) AS p CROSS JOIN (SELECT CASE WHEN (SELECT count(*) FROM
+          duckdb_tables() WHERE database_name = 'temp' AND lower(table_name) = lower('sh')) + (...
+          duckdb_views() ...) = 0 THEN 1 ELSE error('...') END AS ok) AS _eds_shadow
     """
-    if not names or not isinstance(query, exp.Select):
-        return query
-    lowered = [exp.Lower(this=exp.Literal.string(n)) for n in names]
-
     def count(function: str, column: str) -> exp.Expression:
         return exp.Subquery(this=exp.Select(expressions=[exp.Count(this=exp.Star())]).from_(
             exp.Table(this=exp.Anonymous(this=function, expressions=[]))).where(exp.and_(
                 exp.EQ(this=col("database_name"), expression=exp.Literal.string("temp")),
-                exp.In(this=exp.Lower(this=col(column)), expressions=lowered))))
+                exp.EQ(this=exp.Lower(this=col(column)), expression=exp.Lower(this=exp.Literal.string(table_name))))))
 
-    shown = ", ".join(repr(n) for n in names)
     message = exp.Literal.string(
-        f"einsum(): this connection has a TEMP table or view named as a table the einsum reads ({shown}); "
-        "einsum reads the database's table of that name, not the TEMP one: rename one of them, or make "
-        "the TEMP data a table of the database")
-    check = exp.Case(ifs=[exp.If(this=exp.EQ(this=exp.Add(this=count("duckdb_tables", "table_name"),
-                                                           expression=count("duckdb_views", "view_name")),
-                                             expression=num(0)), true=exp.true())],
-                     default=call("error", message))
-    return query.where(check, copy=True)
+        f"einsum(): this connection has a TEMP table or view named {table_name!r}, as the table the einsum reads; "
+        "einsum reads the database's table of that name, not the TEMP one: rename one of them, or make the TEMP "
+        "data a table of the database")
+    ok = exp.Case(ifs=[exp.If(this=exp.EQ(this=exp.Add(this=count("duckdb_tables", "table_name"),
+                                                       expression=count("duckdb_views", "view_name")),
+                                          expression=num(0)), true=num(1))],
+                  default=call("error", message))
+    guard = exp.Select(expressions=[alias(ok, name("ok"))])
+    return exp.Select(expressions=[exp.Column(this=exp.Star(), table=name("p"))]).from_(
+        subquery(pack, "p"), copy=False).join(subquery(guard, "_eds_shadow"), join_type="INNER",
+                                              on=exp.EQ(this=ucol("ok", "_eds_shadow"), expression=num(1)), copy=False)
 
 
 def _unchanged(query: exp.Expression, stored: list[TiledValue]) -> exp.Expression:
