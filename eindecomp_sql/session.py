@@ -389,8 +389,11 @@ class Session:
         check_name(name)
         _check_replace(replace)  # before reading: replace="no" is truthy
         # reading the source is part of the call interrupt() stops (the session's own ``_call``
-        # ends it, or the ``except`` below where reading failed)
+        # ends it, or the ``except`` below where reading failed); a store inside this thread's
+        # call (a progress callback's, on the plan's thread) is part of that call already
         stopper = getattr(self.backend, "stopper", None)
+        if stopper is not None and self._depth and _held_here(self._lock):
+            stopper = None
         try:
             if stopper is not None:
                 stopper.call(fresh=True)
@@ -970,6 +973,12 @@ def _computes_in(dtype, casting, values, join, agg) -> str | None:
     if ct.kind != "c" and any(np.dtype(v.dtype).kind == "c" for v in values):
         warn("Casting complex values to real discards the imaginary part", np.exceptions.ComplexWarning)
     return ct.name
+
+
+def _held_here(lock) -> bool:
+    """Whether this thread holds the session's RLock (CPython's has ``_is_owned``)."""
+    owned = getattr(lock, "_is_owned", None)
+    return bool(owned()) if owned is not None else False
 
 
 def _check_replace(replace) -> None:

@@ -213,3 +213,58 @@ def test_interrupt_stops_a_store_still_reading_its_source(db, monkeypatch):
     assert said == [True] and db.tensors() == []
     monkeypatch.setattr(io, "read_source", real)
     np.testing.assert_array_equal(db.store("B", np.arange(12.0).reshape(3, 4)).to_numpy(), np.arange(12.0).reshape(3, 4))
+
+
+def test_another_threads_calls_neither_undo_nor_take_an_interrupt(db, a, monkeypatch):
+    """Calls are kept per thread (a review): a store that failed on one thread while another
+    thread's einsum ran turned interrupt() off for the einsum (it said False, and the einsum
+    wrote its table); a quick call on one thread while another's store read its source forgot
+    the stop asked of the store (it stored)."""
+    A = db.store("A", a, tile=(50, 50))
+    started, got = threading.Event(), []
+
+    def long_call():
+        try:
+            got.append(db.einsum("ij,ij->ij", A, A, join=slow, out="D", progress=_cue(started)))
+        except BaseException as e:  # noqa: BLE001 - looked at below
+            got.append(e)
+
+    worker = threading.Thread(target=long_call)
+    worker.start()
+    assert started.wait(30)
+    with pytest.raises(eds.EinsumError):
+        db.store("X", "/nonexistent/x.npy")  # fails reading its source, on this thread
+    assert db.interrupt() is True
+    worker.join(60)
+    assert isinstance(got[0], Interrupted), got
+    assert "D" not in db.tensors()
+
+    from eindecomp_sql import io
+
+    real, reading, release = io.read_source, threading.Event(), threading.Event()
+
+    def read_source(*args, **kw):  # the worker's store reads slowly, until released
+        if threading.current_thread() is not threading.main_thread():
+            reading.set()
+            release.wait(30)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(io, "read_source", read_source)
+    stored = []
+
+    def store():
+        try:
+            stored.append(db.store("S", np.arange(6.0).reshape(2, 3)))
+        except BaseException as e:  # noqa: BLE001
+            stored.append(e)
+
+    worker = threading.Thread(target=store)
+    worker.start()
+    assert reading.wait(30)
+    assert db.interrupt() is True
+    db.tensors()  # another thread's call meanwhile
+    db.store("T", np.ones(3))
+    release.set()
+    worker.join(60)
+    assert isinstance(stored[0], Interrupted), stored
+    assert sorted(db.tensors()) == ["A", "T"]

@@ -352,43 +352,47 @@ class CtrlCMark:
 
 
 class Stopper:
-    """``Session.interrupt()``, from any thread: stops the work of the session's call in
+    """``Session.interrupt()``, from any thread: stops the work of the session's calls in
     progress as a progress callback's error stops it (the statement interrupted, the kernels
-    cancelled between tasks, nothing committed), and every later piece of work of that call
-    before it starts (a call may run several: a table packed, then the plan; a job's steps).
-    A call past its commit point finishes: the interrupt came too late for it.
+    cancelled between tasks, nothing committed), and every later piece of work of such a call
+    before it starts (a call may run several: a table packed, then the plan). A call past its
+    commit point finishes: the interrupt came too late for it. A job runs a session call per
+    step: an interrupt between two steps finds no call in progress.
 
-    One per backend; it takes no session lock (the call it stops holds that). ``call`` and
-    ``done`` set flags, not a count, and each call starts without a stop asked before it: a
-    signal handler's error may land anywhere in a call's start and end (a count left off by
-    one, or a stop kept, would refuse every later call); the worst a ``done`` so missed leaves
-    is an ``interrupt()`` that says True with nothing running."""
+    One per backend; it takes no session lock (the call it stops holds that). Calls are kept
+    per thread (``thread ident -> the stop asked of it``): a store reads its source before it
+    takes the session, beside another thread's call, and one shared flag let either thread's
+    end forget the other's stop (a review). ``call`` and ``done`` set and drop a thread's entry,
+    not a count, and a call that takes the session starts without a stop asked before it
+    (``fresh``): a signal handler's error may land anywhere in a call's start and end, and the
+    worst a ``done`` so missed leaves is an ``interrupt()`` that says True with nothing running."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._jobs: list[_Job] = []
-        self._active = False  # a session call is in progress (the outermost one: nested ones are in it)
-        self._pending: BaseException | None = None  # the stop asked of the call in progress
+        self._calls: dict[int, BaseException | None] = {}  # thread -> the stop asked of its call
 
     def call(self, fresh: bool = True) -> None:
-        """A session call begins (or a store starts reading its source, before it takes the
-        session); a stop asked from now on is for it, until ``done``, and one asked before it
-        is forgotten if ``fresh``."""
+        """A session call begins on this thread (or a store starts reading its source, before it
+        takes the session); a stop asked from now on is for it, until ``done``; one asked before
+        it is forgotten if ``fresh``."""
+        me = threading.get_ident()
         with self._lock:
-            self._active = True
-            if fresh:
-                self._pending = None
+            if fresh or me not in self._calls:
+                self._calls[me] = None
 
     def done(self) -> None:
-        """The call ended: a stop asked of it is forgotten (the next call starts afresh)."""
+        """This thread's call ended: a stop asked of it is forgotten."""
+        me = threading.get_ident()
         with self._lock:
-            self._active, self._pending = False, None
+            self._calls.pop(me, None)
 
     def begin(self, job: _Job) -> None:
-        """``job`` starts: raise the pending stop instead if there is one."""
+        """``job`` starts on this thread: raise the stop asked of its call instead, if any."""
         with self._lock:
-            if self._pending is not None:
-                raise self._pending
+            pending = self._calls.get(threading.get_ident())
+            if pending is not None:
+                raise pending
             self._jobs.append(job)
 
     def end(self, job: _Job) -> None:
@@ -399,17 +403,18 @@ class Stopper:
                 self._jobs.remove(job)
 
     def interrupt(self, error: BaseException) -> bool:
-        """Stop what runs now with ``error`` (raised by the call); False if no call was in progress."""
+        """Stop what runs now with ``error`` (raised by the calls); False if no call was in progress."""
         with self._lock:
-            if not self._active:
+            if not self._calls:
                 return False
-            if self._pending is None:
-                self._pending = error
+            for thread, pending in self._calls.items():
+                if pending is None:
+                    self._calls[thread] = error
             for job in self._jobs:
                 with job.gate:
                     stops = not job.committed and not job.stopping()
                     if stops:
-                        job.failed.append(self._pending)
+                        job.failed.append(error)
                 if stops:
                     job.stop()  # the kernels' cancel flag and DuckDB's interrupt: neither blocks
             return True
