@@ -502,13 +502,13 @@ class Session:
             if fresh:
                 check_name(x, "tensor or table name" if spec is not None else "tensor name")
             if fresh and spec is not None and self.backend.lookup(x) is None:
-                reads_tables = hasattr(self.backend, "table_operand")
-                table = self.backend.table_operand(x) if reads_tables else None
+                read_table = getattr(self.backend, "table_operand", None)  # (not in the protocol: DuckDB's)
+                table = read_table(x) if read_table is not None else None
                 if table is not None:
                     values.append(table)
                     tables.append(k)
                     continue
-                if reads_tables:  # "no stored tensor ...; stored: none" left tables unmentioned (a trial)
+                if read_table is not None:  # "no stored tensor ...; stored: none" left tables unmentioned (a trial)
                     raise EinsumError(f"{where}: no stored tensor named {x!r}, nor a table or view of the database "
                                       f"(stored tensors: {', '.join(self.backend.names()) or 'none'})")
             if fresh:

@@ -27,11 +27,13 @@ float32 for float16 and bfloat16 results), so the result is rounded once, as in 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 from ..graph import EinsumNode, Operand, ValueInfo
 from ..notation import parse_join
 from ..notation.numpy_impl import product_dtype
 from .cost import CostModel, Costs, max_batches, nbytes, needed_batches, step_costs, step_peak
+from .kernel_spec import operands_read
 
 
 def cut_reduced(node: EinsumNode, pieces: dict[str, int]) -> tuple[str, ...]:
@@ -48,7 +50,36 @@ def can_split(node: EinsumNode, pieces: dict[str, int], model: CostModel) -> boo
 
 def partial_dtype(node: EinsumNode) -> str:
     """What partial tiles are computed in: the dtype a group's members combine in."""
-    return product_dtype(node.result.dtype).name
+    return _product_name(node.result.dtype)
+
+
+@lru_cache(maxsize=64)
+def _product_name(dtype: str) -> str:
+    return product_dtype(dtype).name
+
+
+def _partials_small(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str, int]) -> bool:
+    """``SMALL_PARTIALS``' test of ``cheaper_split``, without making the two nodes: the partial
+    step's result bytes (the output, times the pieces of each kept label) against the bytes it
+    joins (each operand read once, repeated by the pieces of the labels it lacks: the grouped
+    step's join without its sharing of group members). The planner asks this for every node and
+    chunking it prices; making the nodes for it took the 11-node attention graph's cold planning
+    from ~14 to ~100 ms (a documentation audit)."""
+    made = 1
+    for lab in node.output:
+        made *= node.size[lab]
+    for lab in cut_reduced(node, pieces):
+        made *= pieces[lab]
+    made = nbytes((made,), partial_dtype(node))
+    join = 0
+    for k in operands_read(node.operands):
+        op = node.operands[k]
+        rep = 1
+        for lab in node.labels:
+            if lab not in op.labels:
+                rep *= pieces[lab]
+        join += operand_bytes[op.value] * rep
+    return made <= join * SMALL_PARTIALS
 
 
 def split_nodes(node: EinsumNode, pieces: dict[str, int], partial: str) -> tuple[EinsumNode, EinsumNode, dict[str, int]]:
@@ -126,9 +157,16 @@ def cheaper_split(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[
     member of a group into one list, the partial step hands each tile to the kernel once.
     ``ij,ij->j`` of a 614 MB matrix in 49 tiles, no budget: one group of 49, 2.8 s and +1.9 GB
     of resident memory (bench/repeat_bench.py)."""
-    first, _, _ = split_nodes(node, pieces, "_eds_partial")
-    made = nbytes(first.result.shape, first.result.dtype)
-    if made > step_costs(first, pieces, operand_bytes).join * SMALL_PARTIALS:
+    if not _partials_small(node, pieces, operand_bytes):
         return False
+    # the optimizer prices the same node and chunking again in each of its passes
+    read = tuple(operand_bytes[node.operands[k].value] for k in operands_read(node.operands))
+    return _cheaper(node, tuple(sorted(pieces.items())), read, model)
+
+
+@lru_cache(maxsize=4096)
+def _cheaper(node: EinsumNode, pieces: tuple, read: tuple, model: CostModel) -> bool:
+    pieces = dict(pieces)
+    operand_bytes = {node.operands[k].value: b for k, b in zip(operands_read(node.operands), read)}
     two = split_costs(node, pieces, operand_bytes, model)
     return two.total < step_costs(node, pieces, operand_bytes, model=model).total
