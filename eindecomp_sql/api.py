@@ -101,11 +101,6 @@ def _computation_dtype(dtype, raw: list[np.dtype], out, casting: str) -> np.dtyp
     return ct
 
 
-def _tensor(x) -> Tensor:
-    """A stored operand: a Tensor, or the name of one in the default session."""
-    return x if isinstance(x, Tensor) else default_session().tensor(x)
-
-
 def _is_view_case(spec: str, shapes) -> bool:
     """numpy answers a lone operand whose labels all reach the output (a copy, a transpose, a
     diagonal) with a view of it when there is no ``out``: ``dtype`` and ``casting`` are not
@@ -139,9 +134,8 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
         ``Ellipsis`` for ``...``).
     *operands : array_like
         Arrays (anything numpy reads as numbers: lists, scalars, numeric pyarrow Arrays),
-        stored ``Tensor``s of the default session (``eds.einsum``'s own, private: a session's
-        tensors go to ``db.einsum``, which refuses another session's), or their names. Any byte order (converted
-        to native). Tables, data frames, DuckDB relations and sparse matrices are refused:
+        or stored ``Tensor``s (of one session: the einsum runs in it, and names given beside
+        them are its tensors' names). Any byte order (converted to native). Tables, data frames, DuckDB relations and sparse matrices are refused:
         store tables with ``db.store``; call ``.toarray()`` on a sparse matrix.
     out : numpy.ndarray, optional
         Written with the result (numpy's casting rule ``casting`` from the result's dtype to
@@ -217,10 +211,17 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
     casting = _check_casting(casting)
     order = _check_order(order)
     path = contraction_path(optimize, len(operands))
+    # a Tensor runs in its own session (eds.einsum("ij->", A) of a db.store's A was refused as "a
+    # tensor of another session": a documentation audit); names are that session's tensors
+    owners = {id(x.session): x.session for x in operands if isinstance(x, Tensor)}
+    if len(owners) > 1:
+        raise EinsumError("einsum: the Tensor operands belong to different sessions; one einsum runs in one "
+                          "database (read one with np.asarray(tensor), or store it in the other)")
+    session = next(iter(owners.values())) if owners else None
     arrays, raw = [], []
     for k, x in enumerate(operands):
         if isinstance(x, (Tensor, str)):
-            arrays.append(_tensor(x))
+            arrays.append(x if isinstance(x, Tensor) else (session or default_session()).tensor(x))
             raw.append(arrays[-1].dtype)
         else:
             a = read_array(x, f"operand {k}")
@@ -253,7 +254,7 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
             arrays = [x if x.dtype == compute and (isinstance(x, Tensor) or x.dtype.isnative)
                       else np.asarray(x).astype(compute) for x in arrays]
     arrays = [native(x) if isinstance(x, np.ndarray) else x for x in arrays]
-    session = default_session()
+    session = session or default_session()
     if out is not None:
         parsed = parse_spec(spec, shapes)
         shape = tuple(parsed.size[lab] for lab in parsed.output)

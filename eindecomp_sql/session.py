@@ -21,7 +21,7 @@ import numpy as np
 
 from .arrays import as_array
 from .backends import Target, create_backend
-from .backends.running import CtrlCMark, settle
+from .backends.running import CtrlCMark, settle, ticking
 from .errors import FATAL_ADVICE, EinsumError, Interrupted, duckdb_fatal, duckdb_said, warn
 from .notation.checks import can_cast, check_name
 from .notation.sublist import sublist_spec
@@ -37,6 +37,11 @@ from .plan.steps import format_bytes
 # call waited for ever on the session (a trial), or re-entered its running plan
 FROM_KERNEL = ("eindecomp_sql was called from inside a tile kernel (a join callable, say), which runs inside a "
                "query: compute there with numpy on the tiles it is given")
+
+# a session called from a progress callback off the plan's thread, while the plan holds it
+FROM_TICK = ("this progress callback was called between the steps of a plan that this session runs on another "
+             "thread, which it would wait for: use the session from the callback only when it is called on the "
+             "plan's own thread (at each step's end: threading.current_thread() is the caller's), or after the plan")
 
 # under a memory budget, the default tile is at most this fraction of it (see __init__)
 BUDGET_TILES = 64
@@ -189,6 +194,13 @@ class Session:
             # DuckDB is running the kernel's query and waits for it: a call from there waited
             # for ever on this session (or re-entered its running plan), Ctrl-C included (a trial)
             raise EinsumError(FROM_KERNEL)
+        if ticking() and self._lock.acquire(blocking=False) is False:
+            # a progress callback between the steps of a plan this session runs on another thread:
+            # the call waited for the plan to end, and its error was lost with the plan committed
+            # (a documentation audit); refused, the error stops the plan as the callback's does
+            raise EinsumError(FROM_TICK)
+        elif ticking():
+            self._lock.release()
         with self._lock:
             if self.backend.closed:
                 raise EinsumError("this session is closed; open another with eds.connect()")

@@ -155,6 +155,10 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
     if spec is None:
         raise EinsumError("einsum(): the spec is NULL")
     count = _k(k) if mode == "topk" else None
+    wanted = str(spec).split("->")[0].count(",") + 1
+    if wanted > MAX_OPERANDS:  # (it said "9 operand(s) but 8 operand(s) were given": a documentation audit)
+        raise EinsumError(f"einsum(): the spec {spec!r} names {wanted} operands, but einsum() takes at most "
+                          f"{MAX_OPERANDS} (the Python API, db.einsum, takes any number)")
     operands, values, tables = table_values(session, spec, [_resolve(session, n) for n in _names(names)])
     try:
         try:

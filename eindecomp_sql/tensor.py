@@ -81,8 +81,8 @@ class Tensor:
         change made by another session on the same database is not seen until then."""
         fin = self.__dict__.get("_finalizer")
         if fin is not None and not fin.alive:
-            raise EinsumError(f"this temporary result ({self.value.name!r}) was dropped when it left its with "
-                              "block; compute it again, or pass out= to keep a result")
+            raise EinsumError(f"this temporary result ({self.value.name!r}) was dropped (db.drop(result), or it "
+                              "left its with block); compute it again, or pass out= to keep a result")
         if self.is_temporary or fresh:
             return self.value
         v = self.value

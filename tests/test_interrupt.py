@@ -210,22 +210,45 @@ def test_a_ctrl_c_after_the_last_statement_leaves_nothing_written(out):
 
 
 def test_a_progress_callback_may_use_the_session():
-    """Callbacks run outside the watchdog's lock: one that calls into the session (which waits
-    for the running plan) neither deadlocks on the main thread nor on another thread."""
+    """Callbacks run outside the watchdog's lock: one that calls into the session on the plan's
+    own thread (at each step's end) neither deadlocks on the main thread nor on another thread.
+    Between steps the callback runs on the watchdog's (or a ticker's) thread, where a call into
+    the session waited for the plan, holding the watchdog (and its Ctrl-C) with it, and its
+    error was lost with the plan committed (a documentation audit): refused there, the error
+    stops the plan, nothing written."""
     code = """
-import threading, numpy as np, eindecomp_sql as eds
+import threading, time, numpy as np, eindecomp_sql as eds
+def slow(x, y):
+    time.sleep(0.05)
+    return x * y
 db = eds.connect()
 A = db.store("A", np.random.default_rng(0).standard_normal((600, 600)), tile=(100, 100))
 seen = []
-def report(p):
-    seen.append(db.tensors())
-db.einsum("ij,jk->ik", A, A, progress=report)
-t = threading.Thread(target=lambda: db.einsum("ij,jk->ik", A, A, progress=report)); t.start(); t.join()
+def report(p, caller):
+    if threading.current_thread() is caller:
+        seen.append(db.tensors())
+db.einsum("ij,jk->ik", A, A, progress=lambda p: report(p, threading.main_thread()))
+def other():
+    me = threading.current_thread()
+    db.einsum("ij,jk->ik", A, A, progress=lambda p: report(p, me))
+t = threading.Thread(target=other); t.start(); t.join()
 print("ok", len(seen) > 0)
+for where in ("main", "thread"):
+    said = []
+    def run():
+        try:
+            db.einsum("ij,ij->ij", A, A, join=slow, out="C", progress=lambda p: db.tensors())
+        except eds.EinsumError as e:
+            said.append("between the steps of a plan" in str(e))
+    if where == "main":
+        run()
+    else:
+        t = threading.Thread(target=run); t.start(); t.join()
+    print(where, said, db.tensors())
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["ok", "True"]
+    assert out.stdout.splitlines() == ["ok True", "main [True] ['A']", "thread [True] ['A']"], out.stdout
 
 
 def _signal_around_commit(before: bool, handler):

@@ -171,6 +171,18 @@ class DuckDBBackend:
         if device != "cpu" or allow_tf32:
             self.compiler = on_device(DuckDBCompiler, device, allow_tf32, device_min_work)()
         if isinstance(database, duckdb.DuckDBPyConnection):
+            if read_only:
+                # a connection is read-only as it was opened: with the flag over a writable one,
+                # no catalog was made and writes failed later in DuckDB's words (a documentation audit)
+                try:
+                    writable = not database.execute("SELECT readonly FROM duckdb_databases() WHERE database_name = "
+                                                    "current_database()").fetchall()[0][0]
+                except duckdb.Error:
+                    writable = False
+                if writable:
+                    raise EinsumError("read_only=True is for a database path: the connection you passed is "
+                                      "writable (open it with duckdb.connect(path, read_only=True), or leave "
+                                      "read_only out)")
             self.con = database
             self.owns_connection = False
         else:

@@ -157,14 +157,27 @@ class _Job:
         return True
 
     def poll(self) -> BaseException | None:
-        """Report progress; the callback's error, if it raised."""
+        """Report progress (on the watchdog's or a ticker's thread); the callback's error, if it
+        raised."""
         if self.watch is None or self.stopping():
             return None
+        _ticking.active = True  # (a session call from the callback here: ``ticking``)
         try:
             self.watch.poll()
         except BaseException as e:  # noqa: BLE001 - raised on the calling thread
             return e
+        finally:
+            _ticking.active = False
         return None
+
+
+_ticking = threading.local()
+
+
+def ticking() -> bool:
+    """Whether this thread is calling a progress callback between a plan's steps (the
+    watchdog's or a ticker's thread, not the plan's own)."""
+    return getattr(_ticking, "active", False)
 
 
 class _Watchdog:
