@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import os
 
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -477,7 +479,10 @@ def test_runs_inside_a_run_and_sql_queries_beside_it_keep_their_own_tile_names(g
     side = {}
 
     def progress(report):
-        if gpu.backend.kernels.device_tokens and not side:
+        # on the plan's own thread (at a step's end): between steps the callback runs on the
+        # watchdog's thread, where the session running the plan is refused
+        on_plan_thread = threading.current_thread() is threading.main_thread()
+        if on_plan_thread and gpu.backend.kernels.device_tokens and not side:
             side["inner"] = gpu.einsum("ij,jk->ik", p, q).to_numpy()
             side["rows"] = gpu.connection.sql(
                 "SELECT i, l, value FROM einsum_elements('ij,jk,kl->il', 'NP', 'NQ', 'NR')").fetchall()
