@@ -74,18 +74,7 @@ def read_frame(spark, df, where: str, want, room: int | None = None) -> object |
     index, value = io._element_columns(empty, want, where)
     if not index:
         return None
-    vtype = empty.schema.field(value).type
-    decimal = pa.types.is_decimal(vtype)  # Spark's type of a literal such as 1.25, of avg() over decimals
-    if io._kind(vtype) == "other" and not decimal:
-        raise EinsumError(f"{where}: value column {value!r} holds {io._type_word(vtype)}, not numbers; cast it "
-                          "to a numeric type")
-    # a decimal is read as float64, as the driver path and DuckDB's read it (a trial: refused)
-    source = np.dtype(np.float64) if decimal else np.dtype(vtype.to_pandas_dtype())
-    check_dtype(source, f"{where}: value column {value!r}")
-    dtype = want.dtype or source.name
-    if source != dtype and not can_cast(source, dtype, "same_kind"):
-        raise EinsumError(f"{where}: cannot cast value column {value!r} ({source}) to {dtype} (numpy's same_kind "
-                          "rule)")
+    dtype, decimal = _values_dtype(empty.schema.field(value).type, f"value column {value!r}", "", where, want)
     for c in index:
         t = empty.schema.field(c).type
         if io._kind(t) != "int":
@@ -127,6 +116,22 @@ def read_frame(spark, df, where: str, want, room: int | None = None) -> object |
     return io.Incoming(tuple(shape), dtype, tuple(tile), keys, tiles)
 
 
+def _values_dtype(t: pa.DataType, what: str, of: str, where: str, want) -> tuple[str, bool]:
+    """The dtype a frame's values (a value column, or an array column's elements: ``of``) are
+    stored in, checked as the driver path checks them, and whether they are decimals: Spark's
+    type of a literal such as 1.25 and of avg() over decimals, read as float64 as the driver
+    path and DuckDB read them (a trial: refused as "not numbers")."""
+    decimal = pa.types.is_decimal(t)
+    if io._kind(t) == "other" and not decimal:
+        raise EinsumError(f"{where}: {what} holds {io._type_word(t)}{of}, not numbers; cast it to a numeric type")
+    source = np.dtype(np.float64) if decimal else np.dtype(t.to_pandas_dtype())
+    check_dtype(source, f"{where}: {what}")
+    dtype = want.dtype or source.name
+    if source != dtype and not can_cast(source, dtype, "same_kind"):
+        raise EinsumError(f"{where}: cannot cast {what} ({source}) to {dtype} (numpy's same_kind rule)")
+    return dtype, decimal
+
+
 def _read_array_rows(spark, df, empty: pa.Table, column: str, where: str, want, room: int | None):
     """A frame in array form (``(id, emb array<float>)``: embeddings) as a ``(rows, n)`` matrix,
     row ``r`` the array of the ``r``-th row in key order, as the driver path and the SQL
@@ -150,17 +155,8 @@ def _read_array_rows(spark, df, empty: pa.Table, column: str, where: str, want, 
                           f"column that orders its rows; it has {what} besides the array: select the two (a "
                           "DataFrame has no row order of its own: add a key, say F.monotonically_increasing_id())")
     key = others[0]
-    element = empty.schema.field(column).type.value_type
-    decimal = pa.types.is_decimal(element)
-    if io._kind(element) == "other" and not decimal:
-        raise EinsumError(f"{where}: array column {column!r} holds {io._type_word(element)} elements, not numbers; "
-                          "cast them to a numeric type")
-    source = np.dtype(np.float64) if decimal else np.dtype(element.to_pandas_dtype())
-    check_dtype(source, f"{where}: array column {column!r}")
-    dtype = want.dtype or source.name
-    if source != dtype and not can_cast(source, dtype, "same_kind"):
-        raise EinsumError(f"{where}: cannot cast array column {column!r} ({source}) to {dtype} (numpy's same_kind "
-                          "rule)")
+    dtype, decimal = _values_dtype(empty.schema.field(column).type.value_type, f"array column {column!r}",
+                                   " elements", where, want)
     k, a = F.col(_quoted(key)), F.col(_quoted(column))
     stats = df.agg(F.count(F.lit(1)), F.count_if(k.isNull()), F.count_if(a.isNull()), F.min(F.size(a)),
                    F.max(F.size(a)), F.count_if(F.exists(a, lambda x: x.isNull())),
