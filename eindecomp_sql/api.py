@@ -244,11 +244,12 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
     else:
         ct = None if dtype is None else np.dtype(check_dtype(dtype, "einsum dtype"))
         compute = _computation_dtype(ct, raw, out if plain else None, casting)
-        if plain and compute != promote(*raw):
+        promoted = promote(*raw)
+        if plain and compute != promoted:
             # a product summed computes in ``compute`` inside its kernels, each tile cast there:
             # no operand is cast whole first (a stored one read back to be cast)
             kernel_dtype = compute
-        elif ct is not None or compute != promote(*raw):
+        elif ct is not None or compute != promoted:
             # another join computes in its operands' dtypes: cast them first, as numpy would (a
             # stored operand of another dtype is read back to be cast)
             arrays = [x if x.dtype == compute and (isinstance(x, Tensor) or x.dtype.isnative)

@@ -194,12 +194,12 @@ class Session:
             # DuckDB is running the kernel's query and waits for it: a call from there waited
             # for ever on this session (or re-entered its running plan), Ctrl-C included (a trial)
             raise EinsumError(FROM_KERNEL)
-        if ticking() and self._lock.acquire(blocking=False) is False:
+        if ticking():
             # a progress callback between the steps of a plan this session runs on another thread:
             # the call waited for the plan to end, and its error was lost with the plan committed
             # (a documentation audit); refused, the error stops the plan as the callback's does
-            raise EinsumError(FROM_TICK)
-        elif ticking():
+            if not self._lock.acquire(blocking=False):
+                raise EinsumError(FROM_TICK)
             self._lock.release()
         with self._lock:
             if self.backend.closed:

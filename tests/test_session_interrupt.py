@@ -49,6 +49,22 @@ def _cue(started: threading.Event):
     return progress
 
 
+def _in_thread(call):
+    """``call()`` started on a thread of its own: the thread, and a list that gets what it
+    returned or raised."""
+    got = []
+
+    def run():
+        try:
+            got.append(call())
+        except BaseException as e:  # noqa: BLE001 - looked at by the test
+            got.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, got
+
+
 def _temp_tables(db) -> int:
     return db.connection.sql("SELECT count(*) FROM duckdb_tables() WHERE temporary").fetchall()[0][0]
 
@@ -79,16 +95,8 @@ def test_interrupt_stops_a_plan_on_the_main_thread_and_writes_nothing(db, a):
 
 def test_interrupt_stops_a_plan_on_another_thread(db, a):
     A = db.store("A", a, tile=(50, 50))
-    started, got = threading.Event(), []
-
-    def call():
-        try:
-            got.append(db.einsum("ij,ij->ij", A, A, join=slow, out="D", progress=_cue(started)))
-        except BaseException as e:  # noqa: BLE001 - looked at below
-            got.append(e)
-
-    worker = threading.Thread(target=call)
-    worker.start()
+    started = threading.Event()
+    worker, got = _in_thread(lambda: db.einsum("ij,ij->ij", A, A, join=slow, out="D", progress=_cue(started)))
     assert started.wait(30)
     assert db.interrupt() is True
     worker.join(60)
@@ -99,31 +107,17 @@ def test_interrupt_stops_a_plan_on_another_thread(db, a):
 
 def test_interrupt_stops_only_the_running_call_not_those_waiting_their_turn(db, a):
     A = db.store("A", a, tile=(50, 50))
-    started, results = threading.Event(), {}
-
-    def long_call():
-        try:
-            results["long"] = db.einsum("ij,ij->ij", A, A, join=slow, out="L", progress=_cue(started))
-        except BaseException as e:  # noqa: BLE001
-            results["long"] = e
-
-    def short_call():
-        try:
-            results["short"] = db.einsum("ij,jk->ik", A, A, out="S").to_numpy()
-        except BaseException as e:  # noqa: BLE001
-            results["short"] = e
-
-    first = threading.Thread(target=long_call)
-    first.start()
+    started = threading.Event()
+    first, long = _in_thread(lambda: db.einsum("ij,ij->ij", A, A, join=slow, out="L", progress=_cue(started)))
     assert started.wait(30)
-    second = threading.Thread(target=short_call)  # waits for the session the long call holds
-    second.start()
+    # waits for the session the long call holds
+    second, short = _in_thread(lambda: db.einsum("ij,jk->ik", A, A, out="S").to_numpy())
     time.sleep(0.2)
     assert db.interrupt() is True
     first.join(60)
     second.join(60)
-    assert isinstance(results["long"], Interrupted), results
-    np.testing.assert_allclose(results["short"], a @ a, rtol=1e-10)
+    assert len(long) == 1 and isinstance(long[0], Interrupted), long
+    np.testing.assert_allclose(short[0], a @ a, rtol=1e-10)
     assert sorted(db.tensors()) == ["A", "S"]
 
 
@@ -221,16 +215,8 @@ def test_another_threads_calls_neither_undo_nor_take_an_interrupt(db, a, monkeyp
     wrote its table); a quick call on one thread while another's store read its source forgot
     the stop asked of the store (it stored)."""
     A = db.store("A", a, tile=(50, 50))
-    started, got = threading.Event(), []
-
-    def long_call():
-        try:
-            got.append(db.einsum("ij,ij->ij", A, A, join=slow, out="D", progress=_cue(started)))
-        except BaseException as e:  # noqa: BLE001 - looked at below
-            got.append(e)
-
-    worker = threading.Thread(target=long_call)
-    worker.start()
+    started = threading.Event()
+    worker, got = _in_thread(lambda: db.einsum("ij,ij->ij", A, A, join=slow, out="D", progress=_cue(started)))
     assert started.wait(30)
     with pytest.raises(eds.EinsumError):
         db.store("X", "/nonexistent/x.npy")  # fails reading its source, on this thread
@@ -250,16 +236,7 @@ def test_another_threads_calls_neither_undo_nor_take_an_interrupt(db, a, monkeyp
         return real(*args, **kw)
 
     monkeypatch.setattr(io, "read_source", read_source)
-    stored = []
-
-    def store():
-        try:
-            stored.append(db.store("S", np.arange(6.0).reshape(2, 3)))
-        except BaseException as e:  # noqa: BLE001
-            stored.append(e)
-
-    worker = threading.Thread(target=store)
-    worker.start()
+    worker, stored = _in_thread(lambda: db.store("S", np.arange(6.0).reshape(2, 3)))
     assert reading.wait(30)
     assert db.interrupt() is True
     db.tensors()  # another thread's call meanwhile

@@ -670,14 +670,16 @@ def _not_shadowed(pack: exp.Expression, table_name: str) -> exp.Expression:
     queries reading ordinary tables (a stored tensor is read by its own name in the tensors'
     catalog, whatever the caller's TEMP tables).
 
-    The check is a one-row subquery cross-joined to the packing, which DuckDB runs whole (a
-    MATERIALIZED CTE) whatever the caller's query keeps: as a condition on the result's rows it
-    never ran where no row reached it (``WHERE value > 5`` of the caller's, a review). A table of
-    no rows packs no tile, and is not checked::
+    The check is a one-row subquery joined to the packing on its column (a cross join with it
+    was optimised away, its column unused), which DuckDB runs whole (a MATERIALIZED CTE)
+    whatever the caller's query keeps: as a condition on the result's rows it never ran where no
+    row reached it (``WHERE value > 5`` of the caller's, a review). A table of no rows packs no
+    tile, and is not checked::
 
-        SELECT p.* FROM (<packing>) AS p CROSS JOIN (SELECT CASE WHEN (SELECT count(*) FROM
+        SELECT p.* FROM (<packing>) AS p JOIN (SELECT CASE WHEN (SELECT count(*) FROM
           duckdb_tables() WHERE database_name = 'temp' AND lower(table_name) = lower('sh')) + (...
           duckdb_views() ...) = 0 THEN 1 ELSE error('...') END AS ok) AS _eds_shadow
+          ON _eds_shadow.ok = 1
     """
     def count(function: str, column: str) -> exp.Expression:
         return exp.Subquery(this=exp.Select(expressions=[exp.Count(this=exp.Star())]).from_(

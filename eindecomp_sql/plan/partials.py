@@ -58,30 +58,6 @@ def _product_name(dtype: str) -> str:
     return product_dtype(dtype).name
 
 
-def _partials_small(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str, int]) -> bool:
-    """``SMALL_PARTIALS``' test of ``cheaper_split``, without making the two nodes: the partial
-    step's result bytes (the output, times the pieces of each kept label) against the bytes it
-    joins (each operand read once, repeated by the pieces of the labels it lacks: the grouped
-    step's join without its sharing of group members). The planner asks this for every node and
-    chunking it prices; making the nodes for it took the 11-node attention graph's cold planning
-    from ~14 to ~100 ms (a documentation audit)."""
-    made = 1
-    for lab in node.output:
-        made *= node.size[lab]
-    for lab in cut_reduced(node, pieces):
-        made *= pieces[lab]
-    made = nbytes((made,), partial_dtype(node))
-    join = 0
-    for k in operands_read(node.operands):
-        op = node.operands[k]
-        rep = 1
-        for lab in node.labels:
-            if lab not in op.labels:
-                rep *= pieces[lab]
-        join += operand_bytes[op.value] * rep
-    return made <= join * SMALL_PARTIALS
-
-
 def split_nodes(node: EinsumNode, pieces: dict[str, int], partial: str) -> tuple[EinsumNode, EinsumNode, dict[str, int]]:
     """The partial node (its result named ``partial``), the combine node, and the combine
     node's pieces (the output's, and the kept labels' pieces, each of extent 1)."""
@@ -157,9 +133,9 @@ def cheaper_split(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[
     member of a group into one list, the partial step hands each tile to the kernel once.
     ``ij,ij->j`` of a 614 MB matrix in 49 tiles, no budget: one group of 49, 2.8 s and +1.9 GB
     of resident memory (bench/repeat_bench.py)."""
-    if not _partials_small(node, pieces, operand_bytes):
-        return False
-    # the optimizer prices the same node and chunking again in each of its passes
+    # the optimizer prices the same node and chunking again in each of its passes: making the
+    # two nodes for each of ~1,400 prices took the 11-node attention graph's cold planning from
+    # ~14 to ~100 ms at workers 4 (a documentation audit); cached, ~55 ms
     read = tuple(operand_bytes[node.operands[k].value] for k in operands_read(node.operands))
     return _cheaper(node, tuple(sorted(pieces.items())), read, model)
 
@@ -168,5 +144,9 @@ def cheaper_split(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[
 def _cheaper(node: EinsumNode, pieces: tuple, read: tuple, model: CostModel) -> bool:
     pieces = dict(pieces)
     operand_bytes = {node.operands[k].value: b for k, b in zip(operands_read(node.operands), read)}
+    first, _, _ = split_nodes(node, pieces, "_eds_partial")
+    made = nbytes(first.result.shape, first.result.dtype)
+    if made > step_costs(first, pieces, operand_bytes).join * SMALL_PARTIALS:
+        return False
     two = split_costs(node, pieces, operand_bytes, model)
     return two.total < step_costs(node, pieces, operand_bytes, model=model).total
