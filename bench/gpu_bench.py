@@ -291,8 +291,9 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", default=None, help="with --only ffn_half: write where the capped FFN's runs "
                                                      "2-5 spend their time (plan steps, cProfile) to this file")
+    ap.add_argument("--profile-ffn", default=None, help="the same for the FFN with an unlimited device budget")
     args = ap.parse_args()
-    if args.profile:
+    if args.profile or args.profile_ffn:
         import step_probe  # bench/, beside this script: before the first connect (see step_probe)
 
         step_probe.install()
@@ -330,7 +331,7 @@ def main() -> None:
         done("gemm", gemm(db, torch, 512 if args.small else 16384, args.reps, cuda))
     if "ffn" in only:
         shape = (64, 128, 256) if args.small else (8192, 8192, 28672)
-        done("ffn", ffn(db, torch, *shape, runs=5, cuda=cuda))
+        done("ffn", ffn(db, torch, *shape, runs=5, cuda=cuda, profile=args.profile_ffn))
     if "ffn" in only or "ffn_half" in only:
         # the same with the device's tile cache at half the FFN's working set
         shape = (64, 128, 256) if args.small else (8192, 8192, 28672)
