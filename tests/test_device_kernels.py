@@ -283,6 +283,75 @@ def test_a_replaced_tensor_is_sent_again_never_taken_from_the_cache(gpu, counted
     np.testing.assert_allclose(gpu.einsum("ij,jk->ik", "NA", np.eye(40)).to_numpy(), out, rtol=1e-10, atol=1e-10)
 
 
+def test_a_tensor_stored_as_parts_stays_on_the_device_and_a_replaced_one_is_sent_again(counted, on_cuda):
+    """A tensor stored as parts (a view over part tables) is named in the device cache by its
+    parts: it was sent with every call (the H100's FFN under half its working set sent its 940 MB
+    of weights every run); a store that replaces it writes new parts, sent again."""
+    rng = np.random.default_rng(31)
+    a, b = rng.standard_normal((96, 80)), rng.standard_normal((80, 72))
+    with eds.connect(device="cuda") as db:
+        db.backend.part_bytes = 2 * 32 * 40 * 8  # two tiles a part
+        A, B = db.store("PA", a, tile=(32, 40), replace=True), db.store("PB", b, tile=(40, 36), replace=True)
+        assert db.backend._parts_of("PA") and db.backend._parts_of("PB")
+        counted.reset()
+        np.testing.assert_allclose(db.einsum("ij,jk->ik", A, B).to_numpy(), a @ b, rtol=1e-10, atol=1e-10)
+        first = list(counted.uploads)
+        np.testing.assert_allclose(db.einsum("ij,jk->ik", A, B).to_numpy(), a @ b, rtol=1e-10, atol=1e-10)
+        if SIMULATED:
+            assert first[1] >= a.nbytes + b.nbytes and counted.uploads == first  # nothing sent again
+        a2 = rng.standard_normal((96, 80))
+        db.store("PA", a2, tile=(32, 40), replace=True)
+        counted.reset()
+        np.testing.assert_allclose(db.einsum("ij,jk->ik", "PA", B).to_numpy(), a2 @ b, rtol=1e-10, atol=1e-10)
+        if SIMULATED:
+            assert counted.uploads[1] == a2.nbytes  # the new parts' tiles, and only them
+
+
+@pytest.mark.parametrize("parted", [False, True])
+def test_a_capped_fused_ffn_keeps_what_fits_and_sends_a_groups_shared_tile_once(counted, on_cuda, parted):
+    """The FFN as one fused step under a device budget of half its working set (the H100 bench's
+    capped case at small scale): ``x``'s tile, alike in every member of a group, is sent once a
+    group call, not once a member (it was 8x), and the weights that fit stay for the next runs."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(32)
+    bf = ml_dtypes.bfloat16
+    b, d, f = 64, 128, 256
+    x = (rng.standard_normal((b, d)) / np.sqrt(d)).astype(bf)
+    w1 = (rng.standard_normal((d, f)) / np.sqrt(d)).astype(bf)
+    w2 = (rng.standard_normal((f, d)) / np.sqrt(f)).astype(bf)
+    g = eds.Graph()
+    X, W1, W2 = g.input("x", (b, d), "bfloat16"), g.input("w1", (d, f), "bfloat16"), g.input("w2", (f, d), "bfloat16")
+    g.einsum("bo,oi->bi", g.map("relu", g.einsum("bi,io->bo", X, W1)), W2, name="y")
+    working = (2 * b * d + 2 * d * f + b * f) * 2
+    want = np.maximum(x.astype(np.float32) @ w1.astype(np.float32), 0).astype(bf).astype(np.float32) @ \
+        w2.astype(np.float32)
+    with eds.connect(device="cuda", device_memory=working // 2) as db:
+        if parted:
+            db.backend.part_bytes = 1 << 12
+        from eindecomp_sql.plan.graph_plan import plan_graph
+
+        opts = dict(workers=db.workers, memory=db.plan_budget, tile_bytes=db.tile_bytes, costs=db.backend.cost_model)
+        free = plan_graph(g, **opts)
+        W1s = db.store("W1", w1, tile=free.plan_input_tile("w1"), replace=True)
+        W2s = db.store("W2", w2, tile=free.plan_input_tile("w2"), replace=True)
+        assert bool(db.backend._parts_of("W1")) == parted
+        plan = plan_graph(g, inputs={"w1": W1s, "w2": W2s}, **opts)
+        steps = plan.plan.steps
+        assert len(steps) == 1 and steps[0].grouped, plan.explain(sql=False)
+        sent = []
+        for _ in range(3):
+            counted.reset()
+            plan.run(db, x=x, w1="W1", w2="W2", out={"y": "Y"}, replace=True)
+            sent.append(counted.uploads[1])
+            got = db.tensor("Y").to_numpy().astype(np.float32)
+            np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
+        cache = db.backend.kernels.device_cache
+        assert cache.peak <= cache.budget
+        if SIMULATED:
+            assert sent[1] == sent[2] < x.nbytes + w1.nbytes + w2.nbytes, sent
+
+
 def test_a_runs_results_leave_the_cache_with_it_and_the_sql_interface_names_no_tiles(gpu):
     from eindecomp_sql.sql_functions import einsum_sql
 

@@ -255,8 +255,20 @@ def _on_device(kernel, members: list[tuple[list, dict]], out: np.ndarray, out_ke
     the device needs it (``_keep_result``: True, nothing copied)."""
     xp, state = kernel.xp, current()
     values = kernel.values or [None] * len(kernel.inputs)
-    dev = [[_device_tile(xp, state, values[k], tuple(keys[lab] for lab in kernel.inputs[k]), t, shape)
-            for k, (t, shape) in enumerate(zip(tiles, kernel.in_shapes(kernel.extents(keys))))]
+    sent: dict = {}  # tile id -> its device array: a tile every member reads is sent once a call
+
+    def tile(k, keys, t, shape):
+        tkeys = tuple(keys[lab] for lab in kernel.inputs[k])
+        tid = _tid(state, values[k], tkeys)
+        if tid is not None and tid in sent:
+            held = sent[tid]
+            return held if shape is None or held.shape == tuple(shape) else held.reshape(shape)
+        dev = _device_tile(xp, state, values[k], tkeys, t, shape)
+        if tid is not None:
+            sent[tid] = dev
+        return dev
+
+    dev = [[tile(k, keys, t, shape) for k, (t, shape) in enumerate(zip(tiles, kernel.in_shapes(kernel.extents(keys))))]
            for tiles, keys in members]
     result = xp.empty(out.shape, out.dtype)
     kernel.contract_group(dev, result)

@@ -1279,7 +1279,8 @@ class DuckDBBackend:
         (``_release_after``). The token is the table's oid in
         this database: a table written anew (store, replace, an einsum's ``out=``) is a new
         catalog entry with a new oid, so its old tiles are never taken for the new ones. A
-        tensor stored as parts (a view) gets none: its tiles are sent every call."""
+        tensor stored as parts is named by its part tables' oids (a store writes new parts);
+        a view of the user's own gets none: its tiles are sent every call."""
         cache = self.kernels.device_cache
         if cache is None:
             yield
@@ -1289,12 +1290,25 @@ class DuckDBBackend:
         if stored:
             for name, oid, temporary in self._run(
                     "SELECT lower(table_name), table_oid, temporary FROM duckdb_tables() WHERE temporary OR "
-                    "(database_name = current_database() AND schema_name = current_schema())"):
-                if temporary:  # a TEMP table of that name is what the SQL reads: no token
+                    "(database_name = current_database() AND schema_name = current_schema()) UNION ALL "
+                    "SELECT lower(view_name), view_oid, true FROM duckdb_views() WHERE temporary AND NOT internal"):
+                if temporary:  # a TEMP table or view of that name is what the SQL reads: no token
                     shadowed.add(name)
                 else:
                     oids[name] = oid
-        tokens = {v: f"oid{oids[t.lower()]}" for v, t in stored.items() if t.lower() in oids and t.lower() not in shadowed}
+        tokens = {}
+        for v, t in stored.items():
+            if t.lower() in shadowed:
+                continue
+            if t.lower() in oids:
+                tokens[v] = f"oid{oids[t.lower()]}"
+                continue
+            # a tensor stored as parts: its view names no table, but its part tables (fresh
+            # names, written anew by every store or replace) do; a view of the user's own,
+            # whose tables may change under it, lists no parts and gets no token
+            parts = self._parts_of(t)
+            if parts and all(p.lower() in oids for p in parts):
+                tokens[v] = "oid" + "+".join(str(oids[p.lower()]) for p in parts)
         # every value the plan computes, named for this run only: a step's result tiles stay on
         # the device for the later steps that read them (udfs/register.py: _keep_result)
         run = f"{RUN_TOKEN}{next(_RUNS)}/"
