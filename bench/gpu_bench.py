@@ -89,7 +89,8 @@ def gemm(db, torch, n: int, reps: int, cuda: bool) -> dict:
     return {"n": n, "store_s": store_s, "plan": plan.explain().splitlines()[0], "ours_s": times["cold"],
             "warm_s": times["warm"], "torch_s": times["torch"], "max_rel_diff_vs_torch": err,
             "throughput_ratio": statistics.median(times["torch"]) / statistics.median(times["cold"]),
-            "warm_throughput_ratio": statistics.median(times["torch"]) / statistics.median(times["warm"])}
+            "warm_throughput_ratio": statistics.median(times["torch"]) / statistics.median(times["warm"]),
+            "handed_again": db.backend.kernels.device_handed_again}
 
 
 def ffn_working_set(b: int, d: int, f: int) -> int:
@@ -182,7 +183,8 @@ def ffn(db, torch, b: int, d: int, f: int, runs: int, cuda: bool, profile: str |
             "retiles": retiles, "ours_s": ours, "torch_s": theirs,
             "max_rel_diff_vs_torch": err, "throughput_ratio_runs_2_on": statistics.median(theirs[1:]) / later,
             "cache_budget": cache.budget, "cache_peak": cache.peak, "cache_hits": cache.hits,
-            "bytes_sent_returned": moved, "working_set": ffn_working_set(b, d, f), "step_profiles": steps}
+            "bytes_sent_returned": moved, "working_set": ffn_working_set(b, d, f), "step_profiles": steps,
+            "staged_peak": cache.staged_peak, "handed_again": state.device_handed_again}
 
 
 def transfers(nbytes: int = 1 << 30, chunk: int = 64 << 20, reps: int = 3) -> dict:

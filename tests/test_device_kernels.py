@@ -352,6 +352,40 @@ def test_a_capped_fused_ffn_keeps_what_fits_and_sends_a_groups_shared_tile_once(
             assert sent[1] == sent[2] < x.nbytes + w1.nbytes + w2.nbytes, sent
 
 
+@pytest.mark.parametrize("parted", [False, True])
+def test_a_tile_the_join_hands_twice_is_sent_ahead_once_and_handed_as_null(counted, on_cuda, parted):
+    """A GEMM cut i:2 k:2 with j whole: every operand tile meets two rows of the join. Sent
+    ahead of the step, each crosses DuckDB and the bus once and the step's join hands NULL
+    (before: DuckDB copied every tile for each row, the H100's cold 16384² GEMM 4 GiB for
+    2 GiB of operands). Under a budget that holds none of them, they are staged for the step."""
+    rng = np.random.default_rng(33)
+    a, b = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((48, 40)).astype(np.float32)
+    for budget in (None, 16000):
+        with eds.connect(device="cuda", device_memory=budget, tile_bytes=32 * 48 * 4) as db:
+            if parted:
+                db.backend.part_bytes = 32 * 48 * 4
+            A, B = db.store("SA", a, tile=(32, 48), replace=True), db.store("SB", b, tile=(48, 20), replace=True)
+            plan = db.plan("ij,jk->ik", A, B)
+            assert plan.steps[0].pieces == {"i": 2, "j": 1, "k": 2} and not plan.steps[0].grouped
+            state = db.backend.kernels
+            counted.reset()
+            np.testing.assert_allclose(db.einsum("ij,jk->ik", A, B).to_numpy(), a @ b, rtol=1e-5, atol=1e-5)
+            assert state.device_handed_again == 0
+            cache = state.device_cache
+            if budget is None:
+                assert cache.used == a.nbytes + b.nbytes and cache.staged_peak == 0
+                if SIMULATED:
+                    assert counted.uploads[1] == a.nbytes + b.nbytes
+            else:
+                # A's two tiles kept (12,288 bytes), B's first staged (a quarter of the budget
+                # holds one of its 3,840-byte tiles), its second not sent ahead: the step's two
+                # rows reading it send it each
+                assert cache.used == a.nbytes and cache.staged_peak == 3840
+                if SIMULATED:
+                    assert counted.uploads[1] == a.nbytes + b.nbytes + 3840
+            assert state.device_cache.staged_bytes == 0
+
+
 def test_a_runs_results_leave_the_cache_with_it_and_the_sql_interface_names_no_tiles(gpu):
     from eindecomp_sql.sql_functions import einsum_sql
 

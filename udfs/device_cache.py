@@ -23,6 +23,15 @@ stand-in this sends Belady's count of bytes for the LLaMA block at half its work
 4.3x (bench/RESULTS.md, 2026-11-26). Without a plan's reads (``next_use`` None) the least recently used
 unpinned tiles make room.
 
+A step whose join hands a stored input's tiles more than once (a GEMM's operand tile meets
+every tile of the other's; a grouped step's weight tile, every group) has them *sent ahead*
+(``eds_send``, one statement before the step's): each tile crosses DuckDB and the bus once, is
+kept and pinned for the step if room can be made, else *staged* (``stage``): held for this step
+only, outside the budget, up to a quarter of it (a call holds its operand tiles on the device
+anyway; staged, they come across once instead of once per row of the join). The step's
+``eds_resident`` then finds them all and the join hands NULL. Staged tiles go when the step's
+pins do (``unpin_all``).
+
 A result whose every reader runs on the device is held (``hold``): its bytes never went back to
 DuckDB, whose table has NULL in their place, so it is the only copy and is never evicted; the
 backend drops it once its last reader has run. One that finds no room goes back as bytes.
@@ -49,14 +58,20 @@ class DeviceCache:
         self.kept = 0  # tiles put here after being sent
         self.evicted = 0
         self.held = 0  # results kept here instead of going back to DuckDB
+        # tiles sent ahead for the running step that the budget had no room for (``stage``)
+        self._staged: dict[Hashable, list] = {}
+        self.staged_bytes = 0
+        self.staged_peak = 0
 
     def __contains__(self, tid) -> bool:
         with self._lock:
-            return tid in self._tiles
+            return tid in self._tiles or tid in self._staged
 
     def pin(self, tid) -> bool:
         """Pin the tile if it is here (True), else False."""
         with self._lock:
+            if tid in self._staged:
+                return True
             entry = self._tiles.get(tid)
             if entry is None:
                 return False
@@ -69,16 +84,20 @@ class DeviceCache:
         because it was not here when the statement read it, and that an earlier call of the
         same statement has sent since. The caller's reference keeps it alive if it is evicted."""
         with self._lock:
-            entry = self._tiles.get(tid)
+            entry = self._tiles.get(tid) or self._staged.get(tid)
             if entry is None:
                 return None
-            self._tiles.move_to_end(tid)
+            if tid in self._tiles:
+                self._tiles.move_to_end(tid)
             self.hits += 1
             return entry[0]
 
     def take(self, tid):
         """The array of a tile pinned for this statement."""
         with self._lock:
+            if tid in self._staged:
+                self.hits += 1
+                return self._staged[tid][0]
             entry = self._tiles.get(tid)
             if entry is None or entry[2] == 0:
                 raise RuntimeError(f"eindecomp_sql device cache: tile {tid!r} was promised resident and is not")
@@ -86,10 +105,47 @@ class DeviceCache:
             self.hits += 1
             return entry[0]
 
-    def put(self, tid, array, nbytes: int, next_use=None) -> bool:
+    def put(self, tid, array, nbytes: int, next_use=None, pin: bool = False) -> bool:
         """Keep ``array`` (just sent) as tile ``tid`` if room can be made; whether it was kept.
-        ``next_use(tid)``: how far off the tile's next use is (None: least recently used)."""
-        return self._admit(tid, array, nbytes, next_use, held=False)
+        ``next_use(tid)``: how far off the tile's next use is (None: least recently used).
+        ``pin``: pinned for the running step if kept (sent ahead of it)."""
+        kept = self._admit(tid, array, nbytes, next_use, held=False)
+        if kept and pin:
+            self.pin(tid)
+        return kept
+
+    def would_keep(self, tid, nbytes: int, next_use=None) -> bool:
+        """Whether ``put`` or ``stage`` would take a tile of ``nbytes`` now (a tile sent ahead
+        that neither would take is not sent: the step's own calls send it)."""
+        with self._lock:
+            if tid in self._tiles or tid in self._staged:
+                return True
+            if self.staged_bytes + nbytes <= self.budget // 4:
+                return True
+            if nbytes > self.budget:
+                return False
+            room = self.budget - self.used
+            if room >= nbytes:
+                return True
+            mine = next_use(tid) if next_use is not None else None
+            for t, e in self._tiles.items():
+                if e[2] == 0 and not e[3] and (mine is None or next_use(t) > mine):
+                    room += e[1]
+            return room >= nbytes
+
+    def stage(self, tid, array, nbytes: int) -> bool:
+        """Hold ``array`` for the running step only, outside the budget, if the tiles staged
+        stay within a quarter of it (a tile sent ahead that ``put`` had no room for); whether
+        it was. ``unpin_all`` lets go of them."""
+        with self._lock:
+            if tid in self._staged:
+                return True
+            if self.staged_bytes + nbytes > self.budget // 4:
+                return False
+            self._staged[tid] = [array, nbytes]
+            self.staged_bytes += nbytes
+            self.staged_peak = max(self.staged_peak, self.staged_bytes)
+            return True
 
     def hold(self, tid, array, nbytes: int, next_use=None) -> bool:
         """Keep ``array``, a result whose bytes will not go back to the host, as tile ``tid``
@@ -142,11 +198,15 @@ class DeviceCache:
                 self.used -= self._tiles.pop(tid)[1]
 
     def unpin_all(self) -> None:
+        """The running step's statements have ended: its pins, and the tiles staged for it, go."""
         with self._lock:
             for entry in self._tiles.values():
                 entry[2] = 0
+            self._staged.clear()
+            self.staged_bytes = 0
 
     def clear(self) -> None:
         with self._lock:
             self._tiles.clear()
-            self.used = 0
+            self._staged.clear()
+            self.used = self.staged_bytes = 0

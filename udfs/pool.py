@@ -75,6 +75,7 @@ class KernelState:
         # a device session's tiles kept on the device (udfs/device_cache.py), and while a plan
         # runs, the token of each stored input (value name -> token) its tiles are named by
         self.device_cache = None
+        self.device_xp: str | None = None  # ... and the device whose namespace its kernels use ("cuda")
         self.device_tokens: dict[str, str] = {}
         # ... and the plan's future, for the cache's evictions: the tokens each step reads, and
         # the step running now (udfs/device_cache.py)
@@ -93,6 +94,9 @@ class KernelState:
         # call read and wrote, in order: what bench/device_bytes.py compares with Belady's count
         self.device_sent = 0
         self.device_returned = 0  # ... and copied back to the host
+        # ... and tile bytes a statement handed a kernel though the device held them already
+        # (a join hands a tile once per row it meets; sending ahead avoids it: device_cache.py)
+        self.device_handed_again = 0
         self.device_trace: list | None = None
 
     def next_use(self, tid) -> float:

@@ -7,6 +7,8 @@ one registration per connection serves every plan, including plans built inside 
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import re
 from typing import Callable
@@ -17,6 +19,7 @@ import pyarrow as pa
 from eindecomp_sql.errors import EinsumError
 from eindecomp_sql.plan.kernel_spec import MAX_OPERANDS, FillKernelSpec
 
+from . import devices
 from .devices import DEVICE_LOCK, float32_products, to_device, to_host
 from .kernels import einsum_kernel, program_kernel, read_spec, retile_kernel
 from .pool import THREADS, KernelState, check_cancelled, current, note_tiles, run_tasks, run_wide, serving
@@ -201,6 +204,7 @@ def _device_tile(xp, state, value: str | None, keys: tuple, host: np.ndarray | N
         return held if shape is None or held.shape == tuple(shape) else held.reshape(shape)
     held = cache.get(tid) if cache is not None and tid is not None else None
     if held is not None:  # sent by an earlier call since the statement read it
+        state.device_handed_again += host.nbytes  # bytes DuckDB copied for nothing
         return held.reshape(host.shape) if held.shape != host.shape else held
     dev = to_device(xp, host)
     if state is not None:
@@ -523,6 +527,54 @@ def resident(values_arr, keys_arr) -> pa.Array:
     return pa.array(held)
 
 
+@functools.lru_cache(maxsize=256)
+def _send_spec(text: str) -> tuple:
+    """An ``eds_send`` spec: (value, dtype, shape, tile, the axes its keys name in the cache)."""
+    spec = json.loads(text)
+    return spec["value"], np.dtype(spec["dtype"]), tuple(spec["shape"]), tuple(spec["tile"]), tuple(spec["named"])
+
+
+def send(spec_arr, keys_arr, tiles_arr) -> pa.Array:
+    """``eds_send(spec, keys, tile)``: send a stored input's tile to the device ahead of the step
+    that reads it (udfs/device_cache.py), kept and pinned there if room can be made, else staged
+    for the step; a NULL tile is one the device holds (``eds_resident`` pinned it). True where
+    the step will find the tile on the device. The spec (JSON) names the value, its dtype, shape
+    and tile, and which of its axes name the tile in the cache (a size-1 axis the step drops
+    does not, as the step's own ``eds_resident`` names it)."""
+    tiles = _as_array(tiles_arr)
+    n = len(tiles)
+    found = np.zeros(n, dtype=bool)
+    state = current()
+    cache = state.device_cache if state is not None else None
+    if n == 0 or cache is None or state.device_xp is None:
+        return pa.array(found)
+    value, dt, shape, tile, named = _send_spec(_spec(spec_arr))
+    token = state.device_tokens.get(value)
+    if token is None:  # no name for its tiles: the step's own statement hands them
+        return pa.array(found)
+    xp = devices.namespace(state.device_xp)
+    nulls, views, keys = _null_mask(tiles), blob_views(tiles), _key_rows(keys_arr)
+    for r in range(n):
+        check_cancelled()
+        if nulls is not None and nulls[r]:
+            found[r] = True
+            continue
+        k = keys[r].tolist()
+        tid = (token, _tile_key(k[a] for a in named))
+        if cache.pin(tid):  # sent by an earlier row, or resident since the statement began
+            found[r] = True
+            continue
+        host = tile_view(views[r], dt, tuple(extent(s, t, key) for s, t, key in zip(shape, tile, k)))
+        future = state.next_use if state.device_reads else None
+        if not cache.would_keep(tid, host.nbytes, future):
+            continue  # no room: the step's own calls send it, as without sending ahead
+        with DEVICE_LOCK:
+            dev = to_device(xp, host)
+        state.device_sent += host.nbytes
+        found[r] = cache.put(tid, dev, host.nbytes, future, pin=True) or cache.stage(tid, dev, host.nbytes)
+    return pa.array(found)
+
+
 def _values(dtype: str):
     dt = np.dtype(dtype)
     wire = sql_value_dtype(dt)  # float16 goes as FLOAT: DuckDB reads no Arrow float16
@@ -615,6 +667,8 @@ def register_kernels(con, state: KernelState | None = None) -> None:
     # pinning is a side effect: DuckDB must call it for every row it reads, never fold or reuse it
     create_function("eds_resident", resident, [text, keys], duckdb.sqltype("BOOLEAN"), type="arrow",
                     side_effects=True)
+    create_function("eds_send", send, [text, keys, blob], duckdb.sqltype("BOOLEAN"), type="arrow",
+                    side_effects=True, null_handling="special")
     for name, sqltype in SQL_TYPES.items():  # element rows: every dtype with a DuckDB type
         create_function(
             f"eds_values_{name}", _values(name), [blob], duckdb.list_type(duckdb.sqltype(sqltype)), **opts

@@ -275,6 +275,7 @@ class SQLCompiler:
     assemble_udf: str = "eds_assemble"  # pieces -> one target tile
     fill_udf: str = "eds_fill"  # a tile key -> a tile full of one value
     resident_udf: str = "eds_resident"  # (value, keys) -> whether the device holds that tile (pins it)
+    send_udf: str = "eds_send"  # (spec, keys, tile) -> sent ahead of the step: kept or staged there
     program_udf: str = "eds_program"  # one tile per input, as a list -> the program's result tile
     program_args_udf: str = "eds_program{arity}"  # the same, one tile argument per input
     max_program_args: int = 16  # more inputs go as a list (DuckDB copies a list's tiles: +1 copy)
@@ -573,6 +574,36 @@ class SQLCompiler:
         tile = exp.Case(ifs=[exp.If(this=held, true=exp.Null())], default=col(TILE))
         inner = exp.select(*[col(key) for key in value.keys], alias(tile, name(TILE))).from_(source)
         return subquery(inner, f"t{k}")
+
+    def send_ahead(self, step: Step) -> tuple[tuple[str, str], ...]:
+        """(value, statement) for each input of a device step whose join hands its tiles more
+        than once (a label the input lacks is cut: each of its tiles meets every piece of it):
+        one statement sends its tiles to the device first, each once, so that the step's
+        ``eds_resident`` finds them and its join hands NULL (udfs/device_cache.py)::
+
+            SELECT count(eds_send('{"value": "A", ...}', [d0, d1], tile))
+            FROM (SELECT d0, d1, CASE WHEN eds_resident('A', [d0, d1]) THEN NULL ELSE tile END
+                  AS tile FROM A) AS t0
+
+        The backend runs those of stored inputs whose tiles the device cache can name. Empty on
+        the CPU, for a step on the host, and for a step in batches (a send pins every tile of
+        the input for the whole step)."""
+        if (self.device == "cpu" or not self.device_residency or not isinstance(step, EinsumStep)
+                or step.batches > 1 or host_reason(step, self.device_min_work) is not None):
+            return ()
+        pieces, sends, seen = step.pieces, [], set()
+        for k, (value, operand) in enumerate(zip(step.inputs, step.node.operands)):
+            if value.name in seen or all(pieces[lab] == 1 for lab in pieces if lab not in operand.labels):
+                continue
+            seen.add(value.name)
+            named = [ax for ax in range(len(value.keys)) if ax not in operand.dropped]
+            spec = json.dumps({"value": value.name, "dtype": str(value.dtype), "shape": list(value.shape),
+                               "tile": list(value.tile), "named": named})
+            keys = cast(exp.Array(expressions=[col(key) for key in value.keys]), "BIGINT[]")
+            send = call(self.send_udf, exp.Literal.string(spec), keys, col(TILE))
+            select = exp.select(exp.Count(this=send)).from_(self.input_source(step, k, value))
+            sends.append((value.name, select.sql(dialect=self.dialect)))
+        return tuple(sends)
 
     def retile(self, step: RetileStep, batch: tuple[int, int] | None = None) -> exp.Select:
         """Re-tile a tiled table the memory-efficient way (slice, regroup, concatenate):
