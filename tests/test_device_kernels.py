@@ -327,8 +327,9 @@ def test_a_capped_fused_ffn_keeps_what_fits_and_sends_a_groups_shared_tile_once(
     want = np.maximum(x.astype(np.float32) @ w1.astype(np.float32), 0).astype(bf).astype(np.float32) @ \
         w2.astype(np.float32)
     with eds.connect(device="cuda", device_memory=working // 2) as db:
-        if parted:
+        if parted:  # parts, scanned on several threads: the sends ahead run at once
             db.backend.part_bytes = 1 << 12
+            db.connection.execute("SET threads = 4")
         from eindecomp_sql.plan.graph_plan import plan_graph
 
         opts = dict(workers=db.workers, memory=db.plan_budget, tile_bytes=db.tile_bytes, costs=db.backend.cost_model)
@@ -384,6 +385,51 @@ def test_a_tile_the_join_hands_twice_is_sent_ahead_once_and_handed_as_null(count
                 if SIMULATED:
                     assert counted.uploads[1] == a.nbytes + b.nbytes + 3840
             assert state.device_cache.staged_bytes == 0
+
+
+def test_an_operand_read_on_a_diagonal_is_not_sent_ahead(counted, on_cuda):
+    """``ii,j->ij`` with ``j`` cut: the join hands each diagonal tile of A once per piece of
+    ``j``, and never an off-diagonal one; sending A ahead would send those too (a review)."""
+    rng = np.random.default_rng(35)
+    a, v = rng.standard_normal((48, 48)), rng.standard_normal(40)
+    with eds.connect(device="cuda", tile_bytes=16 * 16 * 8) as db:
+        A, V = db.store("DA", a, tile=(16, 16), replace=True), db.store("DV", v, tile=(8,), replace=True)
+        step = db.plan("ii,j->ij", A, V).steps[-1]
+        assert step.pieces["j"] > 1 and step.pieces["i"] > 1
+        assert "DA" not in [name for name, _ in db.backend.compiler.send_ahead(step)]
+        counted.reset()
+        np.testing.assert_allclose(db.einsum("ii,j->ij", A, V).to_numpy(), np.einsum("ii,j->ij", a, v), rtol=1e-12)
+        if SIMULATED:  # the diagonal's 3 tiles and v's, each once
+            assert counted.uploads[1] == 3 * 16 * 16 * 8 + v.nbytes
+
+
+def test_tiles_sent_ahead_cross_in_the_offsets_their_step_asked_for(counted, on_cuda, monkeypatch):
+    """A step sets DuckDB's Arrow offsets (64-bit past 2 GiB, else 32-bit) before its
+    statements; its send ahead must come after, or a step after a smaller one sends a chunk of
+    more than 2 GiB in 32-bit offsets, which DuckDB refuses (a review). The thresholds scaled
+    down: the small step sets 32-bit offsets, the big one 64-bit."""
+    import pyarrow as pa
+
+    from eindecomp_sql.backends import duckdb as backend
+    from eindecomp_sql.udfs import register
+
+    monkeypatch.setattr(backend, "SMALL_BUFFER_BYTES", 1)
+    monkeypatch.setattr(backend, "LARGE_BUFFER_BYTES", 100_000)
+    handed = []
+    send = register.send
+    monkeypatch.setattr(register, "send", lambda spec, keys, tiles: (handed.append(tiles.type), send(spec, keys, tiles))[1])
+    rng = np.random.default_rng(34)
+    a, b = rng.standard_normal((64, 48)), rng.standard_normal((48, 40))
+    with eds.connect(device="cuda", tile_bytes=16 * 48 * 8) as db:
+        g = eds.Graph()
+        x = g.input("x", (8, 8), "float64")
+        g.einsum("ij,jk->ik", x, x, name="small")
+        g.einsum("ij,jk->ik", g.input("a", (64, 48), "float64"), g.input("b", (48, 40), "float64"), name="big")
+        A, B = db.store("GA", a, tile=(16, 48), replace=True), db.store("GB", b, tile=(48, 20), replace=True)
+        plan = g.plan(outputs=["small", "big"], inputs={"a": A, "b": B})
+        got = plan.run(db, x=np.eye(8), a="GA", b="GB")
+        np.testing.assert_allclose(got["big"], a @ b, rtol=1e-10, atol=1e-10)
+    assert handed and all(t == pa.large_binary() for t in handed), handed
 
 
 def test_a_runs_results_leave_the_cache_with_it_and_the_sql_interface_names_no_tiles(gpu):

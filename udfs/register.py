@@ -566,12 +566,15 @@ def send(spec_arr, keys_arr, tiles_arr) -> pa.Array:
             continue
         host = tile_view(views[r], dt, tuple(extent(s, t, key) for s, t, key in zip(shape, tile, k)))
         future = state.next_use if state.device_reads else None
-        if not cache.would_keep(tid, host.nbytes, future):
-            continue  # no room: the step's own calls send it, as without sending ahead
+        # the check, the upload and the keeping as one (DuckDB calls this on several threads
+        # over a view of parts: two told there was room both sent, and the second tile was
+        # dropped, to be sent again by every call of the step; uploads are serial anyway)
         with DEVICE_LOCK:
+            if not cache.would_keep(tid, host.nbytes, future):
+                continue  # no room: the step's own calls send it, as without sending ahead
             dev = to_device(xp, host)
-        state.device_sent += host.nbytes
-        found[r] = cache.put(tid, dev, host.nbytes, future, pin=True) or cache.stage(tid, dev, host.nbytes)
+            state.device_sent += host.nbytes
+            found[r] = cache.put(tid, dev, host.nbytes, future, pin=True) or cache.stage(tid, dev, host.nbytes)
     return pa.array(found)
 
 

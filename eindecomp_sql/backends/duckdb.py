@@ -1421,7 +1421,6 @@ class DuckDBBackend:
                     self.kernels.device_step = k  # where the device cache's evictions look ahead from
                     target = outputs.get(c.value, _SCRATCH)
                     try:
-                        self._send_ahead(plan.steps[k], tables)
                         peak = plan.peak_of(plan.steps[k])
                         returned = target.table is None and c.value in outputs
                         if returned:  # fetched as Arrow: the whole result is one column
@@ -1434,6 +1433,8 @@ class DuckDBBackend:
                             large = peak >= LARGE_BUFFER_BYTES
                             self._set_large_buffers(large, force=large or not big)
                             big = True
+                        # after the offsets are set: the send hands the step's own tiles
+                        self._send_ahead(plan.steps[k], tables)
                         if returned:
                             got = [self._work.sql(bind(going_on(text), tables)).to_arrow_table() for text in c.batches]
                             rows[c.value] = got[0] if len(got) == 1 else pa.concat_tables(got)

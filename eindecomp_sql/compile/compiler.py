@@ -587,14 +587,16 @@ class SQLCompiler:
 
         The backend runs those of stored inputs whose tiles the device cache can name. Empty on
         the CPU, for a step on the host, and for a step in batches (a send pins every tile of
-        the input for the whole step)."""
+        the input for the whole step); none for an operand read on a diagonal (``ii``: its join
+        reads only the diagonal's tiles)."""
         if (self.device == "cpu" or not self.device_residency or not isinstance(step, EinsumStep)
                 or step.batches > 1 or host_reason(step, self.device_min_work) is not None):
             return ()
         pieces, sends, seen = step.pieces, [], set()
         for k, (value, operand) in enumerate(zip(step.inputs, step.node.operands)):
-            if value.name in seen or all(pieces[lab] == 1 for lab in pieces if lab not in operand.labels):
-                continue
+            if (value.name in seen or all(pieces[lab] == 1 for lab in pieces if lab not in operand.labels)
+                    or len(set(operand.labels)) < len(operand.labels)):
+                continue  # (a diagonal's join reads only some of its tiles: sending all would waste room)
             seen.add(value.name)
             named = [ax for ax in range(len(value.keys)) if ax not in operand.dropped]
             spec = json.dumps({"value": value.name, "dtype": str(value.dtype), "shape": list(value.shape),
