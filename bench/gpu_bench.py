@@ -294,6 +294,9 @@ def main() -> None:
     ap.add_argument("--profile", default=None, help="with --only ffn_half: write where the capped FFN's runs "
                                                      "2-5 spend their time (plan steps, cProfile) to this file")
     ap.add_argument("--profile-ffn", default=None, help="the same for the FFN with an unlimited device budget")
+    ap.add_argument("--tile-bytes", type=int, default=None,
+                    help="the GEMM's session's tile cap (e.g. 134217728: tiles under the 256 MiB above which "
+                         "each Arrow copy of a tile is mapped and faulted in afresh)")
     args = ap.parse_args()
     if args.profile or args.profile_ffn:
         import step_probe  # bench/, beside this script: before the first connect (see step_probe)
@@ -330,7 +333,13 @@ def main() -> None:
     if "transfers" in only and cuda:  # rates of a real device only: the stand-in has no DMA
         done("transfers", transfers())
     if "gemm" in only:
+        if args.tile_bytes:
+            db.close()
+            db = eds.connect(device="cuda", allow_tf32=True, tile_bytes=args.tile_bytes)
         done("gemm", gemm(db, torch, 512 if args.small else 16384, args.reps, cuda))
+        if args.tile_bytes:
+            db.close()
+            db = eds.connect(device="cuda", allow_tf32=True)
     if "ffn" in only:
         shape = (64, 128, 256) if args.small else (8192, 8192, 28672)
         done("ffn", ffn(db, torch, *shape, runs=5, cuda=cuda, profile=args.profile_ffn))

@@ -7,6 +7,7 @@
 #   bench/gpu_check.sh all       # there: both, shortened, in one command under 600 s
 #   bench/gpu_check.sh profile   # there: where the open questions' time goes, ~5 minutes (below)
 #   bench/gpu_check.sh alloc     # there: the allocator questions the second lease left, ~4 minutes
+#   bench/gpu_check.sh lease4    # there: the third lease's question (the cold GEMM in 128 MiB tiles), ~4 min
 #
 # `run` installs the carried wheels (duckdb, sqlglot) and this checkout into /tmp/site, then
 #   1. runs tests/test_device_kernels.py with the kernels on the real GPU (CuPy; a fresh machine
@@ -142,5 +143,17 @@ case "$mode" in
     all) export EDS_EXAMPLES=${EDS_EXAMPLES:-8} SCALING_CORES=${SCALING_CORES:-all} TESTS_CAP=${TESTS_CAP:-100} \
              BENCH_CAP=${BENCH_CAP:-210} SCALING_CAP=${SCALING_CAP:-130} CURSOR_CAP=${CURSOR_CAP:-90}
          gpu_checks; cpu_checks ;;
-    *) echo "usage: $0 fetch|run|cpu|all|profile|alloc" >&2; exit 2 ;;
+    # the third lease's open question (~4 minutes): the cold GEMM with tiles under 256 MiB, whose
+    # Arrow copies reuse the heap (a 512 MiB tile's is mapped and faulted in afresh: 0.82 s
+    # against 0.075 s for the same bytes in 128 MiB tiles on the 2-core VM), then the FFN pair
+    lease4) set +e
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$out/machine.txt"
+        for tb in "" 134217728; do
+            timeout 120 python3 bench/gpu_bench.py --only gemm ${tb:+--tile-bytes $tb} \
+                --out "$out/gemm${tb:+_$tb}.json" 2>&1 | grep -E "GEMM|same"
+            echo "gemm ${tb:-default} exit: ${PIPESTATUS[0]}"
+        done
+        timeout 120 python3 bench/gpu_bench.py --only ffn --out "$out/ffn.json" 2>&1 | grep -E "FFN|Capped"
+        set -e ;;
+    *) echo "usage: $0 fetch|run|cpu|all|profile|alloc|lease4" >&2; exit 2 ;;
 esac
