@@ -7,7 +7,8 @@
 #   bench/gpu_check.sh all       # there: both, shortened, in one command under 600 s
 #   bench/gpu_check.sh profile   # there: where the open questions' time goes, ~5 minutes (below)
 #   bench/gpu_check.sh alloc     # there: the allocator questions the second lease left, ~4 minutes
-#   bench/gpu_check.sh lease4    # there: the third lease's question (the cold GEMM in 128 MiB tiles), ~4 min
+#   bench/gpu_check.sh lease4    # there: the third lease's question (the cold GEMM in 128 MiB tiles), the
+#                                #   FFN pair and the Belady bar on the device, ~5 minutes
 #
 # `run` installs the carried wheels (duckdb, sqlglot) and this checkout into /tmp/site, then
 #   1. runs tests/test_device_kernels.py with the kernels on the real GPU (CuPy; a fresh machine
@@ -154,6 +155,8 @@ case "$mode" in
             echo "gemm ${tb:-default} exit: ${PIPESTATUS[0]}"
         done
         timeout 120 python3 bench/gpu_bench.py --only ffn --out "$out/ffn.json" 2>&1 | grep -E "FFN|Capped"
+        # the Belady bar on the real device (bytes do not depend on its speed; tiny sizes)
+        timeout 60 python3 bench/device_bytes.py --namespace cupy --fractions 0.5,0.25 2>&1 | tail -9
         set -e ;;
     *) echo "usage: $0 fetch|run|cpu|all|profile|alloc|lease4" >&2; exit 2 ;;
 esac
