@@ -35,7 +35,7 @@ def run(graph: str, fraction: float | None, policy: str, namespace: str, fuse: b
     budget = int(fraction * working_set) if fraction is not None else 1 << 40
     admit = DeviceCache._admit
     if policy == "lru":  # the same cache, blind to the plan's future
-        DeviceCache._admit = lambda self, tid, a, n, next_use, held: admit(self, tid, a, n, None, held)
+        DeviceCache._admit = lambda self, tid, a, n, next_use, held, pin=False: admit(self, tid, a, n, None, held, pin)
     try:
         with eds.connect(device="cuda", device_memory=budget, tile_bytes=1 << 40) as db:
             xs = graphs.random_inputs(g, seed=1)

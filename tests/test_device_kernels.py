@@ -698,8 +698,8 @@ def test_a_capped_llama_block_sends_about_beladys_count_and_less_than_lru(monkey
     sent, budget = {}, None
     for policy in ("whole", "plan", "lru"):
         if policy == "lru":
-            monkeypatch.setattr(DeviceCache, "_admit", lambda self, tid, a, n, next_use, held: admit(self, tid, a, n,
-                                                                                                  None, held))
+            monkeypatch.setattr(DeviceCache, "_admit", lambda self, tid, a, n, next_use, held, pin=False: admit(
+                self, tid, a, n, None, held, pin))
         with eds.connect(device="cuda", device_memory=budget or 1 << 40, tile_bytes=1 << 30) as db:
             for name, x in xs.items():
                 db.store(name, x, replace=True)

@@ -109,10 +109,7 @@ class DeviceCache:
         """Keep ``array`` (just sent) as tile ``tid`` if room can be made; whether it was kept.
         ``next_use(tid)``: how far off the tile's next use is (None: least recently used).
         ``pin``: pinned for the running step if kept (sent ahead of it)."""
-        kept = self._admit(tid, array, nbytes, next_use, held=False)
-        if kept and pin:
-            self.pin(tid)
-        return kept
+        return self._admit(tid, array, nbytes, next_use, held=False, pin=pin)
 
     def would_keep(self, tid, nbytes: int, next_use=None) -> bool:
         """Whether ``put`` or ``stage`` would take a tile of ``nbytes`` now (a tile sent ahead
@@ -152,13 +149,14 @@ class DeviceCache:
         if room can be made (as ``put``); held tiles are never evicted (``drop`` lets go)."""
         return self._admit(tid, array, nbytes, next_use, held=True)
 
-    def _admit(self, tid, array, nbytes: int, next_use, held: bool) -> bool:
-        with self._lock:
+    def _admit(self, tid, array, nbytes: int, next_use, held: bool, pin: bool = False) -> bool:
+        with self._lock:  # (pinned under the same lock: nothing evicts it in between)
             entry = self._tiles.get(tid)
             if entry is not None:  # sent, or computed, before: the same tile
                 if held and not entry[3]:
                     entry[0], entry[3] = array, True
                     self.held += 1
+                entry[2] += pin
                 self._tiles.move_to_end(tid)
                 return True
             if nbytes > self.budget:
@@ -184,7 +182,7 @@ class DeviceCache:
                 for victim in chosen:
                     self.used -= self._tiles.pop(victim)[1]
                     self.evicted += 1
-            self._tiles[tid] = [array, nbytes, 0, held]
+            self._tiles[tid] = [array, nbytes, int(pin), held]
             self.used += nbytes
             self.peak = max(self.peak, self.used)
             self.kept += 1
