@@ -119,16 +119,7 @@ class DeviceCache:
                 return True
             if self.staged_bytes + nbytes <= self.budget // 4:
                 return True
-            if nbytes > self.budget:
-                return False
-            room = self.budget - self.used
-            if room >= nbytes:
-                return True
-            mine = next_use(tid) if next_use is not None else None
-            for t, e in self._tiles.items():
-                if e[2] == 0 and not e[3] and (mine is None or next_use(t) > mine):
-                    room += e[1]
-            return room >= nbytes
+            return self._victims(tid, nbytes, next_use) is not None
 
     def stage(self, tid, array, nbytes: int) -> bool:
         """Hold ``array`` for the running step only, outside the budget, if the tiles staged
@@ -149,6 +140,31 @@ class DeviceCache:
         if room can be made (as ``put``); held tiles are never evicted (``drop`` lets go)."""
         return self._admit(tid, array, nbytes, next_use, held=True)
 
+    def _victims(self, tid, nbytes: int, next_use) -> list | None:
+        """The tiles to evict so that ``tid`` (``nbytes``) fits, [] if it fits already, None if
+        no room can be made (the caller holds the lock)."""
+        if nbytes > self.budget:
+            return None
+        room = self.budget - self.used
+        if room >= nbytes:
+            return []
+        # unpinned tiles, least recently used first (the OrderedDict's order)
+        victims = [t for t, e in self._tiles.items() if e[2] == 0 and not e[3]]
+        if next_use is not None:
+            mine = next_use(tid)
+            # furthest-needed first (a stable sort keeps LRU among equals); only those
+            # needed later than this tile may go for it (the running step's tiles are
+            # needed now, 0: they make no room for each other, as a step re-reading its
+            # tiles in a cycle longer than the cache would evict each before its turn)
+            victims = [t for t in sorted(victims, key=lambda t: -next_use(t)) if next_use(t) > mine]
+        chosen = []
+        for victim in victims:
+            if room >= nbytes:
+                break
+            chosen.append(victim)
+            room += self._tiles[victim][1]
+        return chosen if room >= nbytes else None
+
     def _admit(self, tid, array, nbytes: int, next_use, held: bool, pin: bool = False) -> bool:
         with self._lock:  # (pinned under the same lock: nothing evicts it in between)
             entry = self._tiles.get(tid)
@@ -159,29 +175,12 @@ class DeviceCache:
                 entry[2] += pin
                 self._tiles.move_to_end(tid)
                 return True
-            if nbytes > self.budget:
-                return False
-            if self.used + nbytes > self.budget:
-                # unpinned tiles, least recently used first (the OrderedDict's order)
-                victims = [t for t, e in self._tiles.items() if e[2] == 0 and not e[3]]
-                if next_use is not None:
-                    mine = next_use(tid)
-                    # furthest-needed first (a stable sort keeps LRU among equals); only those
-                    # needed later than this tile may go for it (the running step's tiles are
-                    # needed now, 0: they make no room for each other, as a step re-reading its
-                    # tiles in a cycle longer than the cache would evict each before its turn)
-                    victims = [t for t in sorted(victims, key=lambda t: -next_use(t)) if next_use(t) > mine]
-                chosen, room = [], self.budget - self.used
-                for victim in victims:
-                    if room >= nbytes:
-                        break
-                    chosen.append(victim)
-                    room += self._tiles[victim][1]
-                if room < nbytes:
-                    return False  # all or nothing: this tile is used for its call and let go
-                for victim in chosen:
-                    self.used -= self._tiles.pop(victim)[1]
-                    self.evicted += 1
+            chosen = self._victims(tid, nbytes, next_use)
+            if chosen is None:
+                return False  # all or nothing: this tile is used for its call and let go
+            for victim in chosen:
+                self.used -= self._tiles.pop(victim)[1]
+                self.evicted += 1
             self._tiles[tid] = [array, nbytes, int(pin), held]
             self.used += nbytes
             self.peak = max(self.peak, self.used)

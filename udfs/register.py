@@ -183,6 +183,12 @@ def _output_tile(writer: TileWriter, r: int, state, value: str | None, keys: tup
     return out
 
 
+def _shaped(arr, shape):
+    """``arr`` read as ``shape`` (None: as it is); a label of size 1 may be dropped by one
+    reader of a tile and not by another."""
+    return arr if shape is None or arr.shape == tuple(shape) else arr.reshape(shape)
+
+
 def _device_tile(xp, state, value: str | None, keys: tuple, host: np.ndarray | None, shape=None):
     """One operand tile on the device: the cached copy where the SQL handed NULL (the tile was
     pinned as resident), shaped as this operand reads it (``shape``: a label of size 1 may be
@@ -194,18 +200,18 @@ def _device_tile(xp, state, value: str | None, keys: tuple, host: np.ndarray | N
     if host is None and state is not None and value in state.host_arrays:  # an array operand
         held = cache.get(tid) if cache is not None and tid is not None else None
         if held is not None:  # sent by an earlier call of this run: no host copy to make
-            return held if shape is None or held.shape == tuple(shape) else held.reshape(shape)
+            return _shaped(held, shape)
         host = _host_tile(state, value, keys, shape)
         host = host if host.flags.c_contiguous else host.copy()  # (ascontiguousarray makes 0-d 1-d)
     if host is None:
         if cache is None or tid is None:
             raise RuntimeError("eindecomp_sql device kernel: a NULL tile that no device cache holds")
         held = cache.take(tid)
-        return held if shape is None or held.shape == tuple(shape) else held.reshape(shape)
+        return _shaped(held, shape)
     held = cache.get(tid) if cache is not None and tid is not None else None
     if held is not None:  # sent by an earlier call since the statement read it
         state.device_handed_again += host.nbytes  # bytes DuckDB copied for nothing
-        return held.reshape(host.shape) if held.shape != host.shape else held
+        return _shaped(held, host.shape)
     dev = to_device(xp, host)
     if state is not None:
         state.device_sent += host.nbytes
@@ -266,7 +272,7 @@ def _on_device(kernel, members: list[tuple[list, dict]], out: np.ndarray, out_ke
         tid = _tid(state, values[k], tkeys)
         if tid is not None and tid in sent:
             held = sent[tid]
-            return held if shape is None or held.shape == tuple(shape) else held.reshape(shape)
+            return _shaped(held, shape)
         dev = _device_tile(xp, state, values[k], tkeys, t, shape)
         if tid is not None:
             sent[tid] = dev
