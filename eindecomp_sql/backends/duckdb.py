@@ -760,6 +760,23 @@ class DuckDBBackend:
         self._run(f"INSERT INTO {parted.PARTS_TABLE} SELECT ?, k - 1, part FROM "
                   "unnest(?) WITH ORDINALITY AS u(part, k)", [name, parts])
 
+    def _commit_parts(self, name: str, parts: list[str], replacing: bool) -> None:
+        """Make ``parts`` stored tensor ``name`` (inside the caller's transaction, with the
+        catalog row), in place of the tensor of that name when ``replacing``. One of as many
+        parts, in structs too (a repeated ``out=``, a store replaced), keeps its view and its
+        ``eds_parts`` rows: the new parts take the old ones' names (two statements a part
+        instead of the seven that drop and list them, ~8 ms a 64 MiB GEMM's ``out=`` here)."""
+        old = self._parts_of(name) if replacing else []
+        if len(old) == len(parts) and parted.wrapped(old) and parted.wrapped(parts):
+            for gone, new in zip(old, parts):
+                self._run(self.compiler.drop_table_sql(gone))
+                self._run(exp.Alter(this=table(new), kind="TABLE",
+                                    actions=[exp.AlterRename(this=table(gone))]).sql(dialect="duckdb"))
+            return
+        if replacing:
+            self._drop_stored(name)
+        self._list_parts(name, parts)
+
     def _sweep_parts(self) -> None:
         """Drop part tables that no tensor lists: what a process killed while storing left."""
         rows = self._run(f"SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
@@ -787,17 +804,15 @@ class DuckDBBackend:
                     raise Cancelled("the store was stopped")
                 made.append(next(names))
                 if isinstance(source, exp.Expression):
-                    self._run(create_table_as(made[-1], source).sql(dialect="duckdb"))
+                    self._run(parted.create_part_sql(made[-1], source))
                     continue
                 self._work.register(view, source)
                 try:
-                    self._run(create_table_as(made[-1], exp.select("*").from_(table(view))).sql(dialect="duckdb"))
+                    self._run(parted.create_part_sql(made[-1], exp.select("*").from_(table(view))))
                 finally:
                     self._unregister(view)
             with self._transaction():
-                if replacing:
-                    self._drop_stored(value.name)
-                self._list_parts(value.name, made)
+                self._commit_parts(value.name, made, replacing)
                 self._write_catalog(value.name, value)
                 if watch is not None and not watch.commit():  # roll back: the old tensor stands
                     raise Cancelled("the store was stopped before it committed")
@@ -1161,8 +1176,9 @@ class DuckDBBackend:
             # a kept result too big for one table and computed in several statements is stored
             # as parts, a statement each (their names are fresh: nothing to swap)
             # (value -> whether its table exists: probed here, where a failed probe aborts nothing)
+            device = self.kernels.device_cache is not None
             parts_of = {c.value: False for st, c in zip(plan.steps, compiled)
-                        if _parted(st, c, outputs[c.value] if c.value in outputs else None)}
+                        if _parted(st, c, outputs[c.value] if c.value in outputs else None, device)}
             for name, t in outputs.items():
                 if t.table is not None and not t.temporary:
                     exists = self._check_target(t.table, replace)
@@ -1218,7 +1234,7 @@ class DuckDBBackend:
                     bands_made = [f"{name}_{k}" for k in range(len(bands))]
                     for k, band in enumerate(bands):
                         made.append(("TABLE", bands_made[k]))
-                        self._pack_band(op, v, bands_made[k], 0, band, axis)
+                        self._pack_band(op, v, bands_made[k], 0, band, axis, part=True)
                     made.append(("VIEW", name))
                     self._run(parted.view_sql(name, bands_made, temporary=True))
             yield names
@@ -1235,10 +1251,14 @@ class DuckDBBackend:
             raise EinsumError(f"einsum(): table {op.table!r} changed while einsum read it (planned from {op.rows} "
                               f"rows; {n} now); run it again")
 
-    def _pack_band(self, op, v, name: str, k: int, band, axis: int) -> None:
-        """One statement packing ``band`` of table operand ``op`` into TEMP table ``name``."""
+    def _pack_band(self, op, v, name: str, k: int, band, axis: int, part: bool = False) -> None:
+        """One statement packing ``band`` of table operand ``op`` into TEMP table ``name`` (a
+        part behind a view, ``part``: its tiles in a struct, backends/parts.py)."""
         query = pack_query(op, v, self.compiler, band, axis).sql(dialect="duckdb")
-        sql = f"CREATE TEMP TABLE {name} AS {query}" if k == 0 else f"INSERT INTO {name} {query}"
+        if part:
+            sql = parted.create_part_sql(name, query, temporary=True)
+        else:
+            sql = f"CREATE TEMP TABLE {name} AS {query}" if k == 0 else f"INSERT INTO {name} {query}"
         try:
             run_interruptible(lambda: self._run(sql), self._work.interrupt, self.kernels, stopper=self.stopper)
         except duckdb.Error as e:
@@ -1404,7 +1424,10 @@ class DuckDBBackend:
         # value's parts are TEMP tables: no WAL, no checkpoint, evicted straight to the spill
         # folder (the out-of-core FFN ran in 20 s instead of 36 s, the same peak)
         parts_of = parts_of or {}
-        atomic = _atomic(plan, compiled, outputs) and not parts_of
+        # a value of one statement is one part: it can be written inside the plan's
+        # transaction as one table would be (one commit less)
+        atomic = _atomic(plan, compiled, outputs) and not any(
+            len(c.batches) > 1 for c in compiled if c.value in parts_of)
         big = False  # a step switched the (database-wide) Arrow offset setting
         def going_on(text=None):
             """``text``, unless the plan was stopped: a stop that came between statements met
@@ -1443,8 +1466,7 @@ class DuckDBBackend:
                             for name, text in zip(parted.new_part_names(len(c.batches)), c.batches):
                                 mine.append(name)
                                 kept = c.value in outputs and not outputs[c.value].temporary
-                                self._run(f"CREATE {'' if kept else 'TEMP '}TABLE "
-                                          f"{table(name).sql(dialect='duckdb')} AS {bind(going_on(text), tables)}")
+                                self._run(parted.create_part_sql(name, bind(going_on(text), tables), temporary=not kept))
                             if k + 1 < len(compiled):  # later steps read it by a TEMP view
                                 readers.append(f"_eds_pv{self._nest}{k}")
                                 self._run(parted.view_sql(readers[-1], mine, temporary=True))
@@ -1489,9 +1511,7 @@ class DuckDBBackend:
                             self._run(parted.view_sql(final, names, temporary=True))
                             self._temp_parts[final.lower()] = names
                             continue
-                        if parts_of[value]:
-                            self._drop_stored(final)
-                        self._list_parts(final, names)
+                        self._commit_parts(final, names, parts_of[value])
                     for fresh, final in swaps.items():
                         self._drop_stored(final)
                         self._run(exp.Alter(this=table(fresh), kind="TABLE",
@@ -1585,17 +1605,23 @@ def _native(x: np.ndarray, dtype) -> np.ndarray:
     return x
 
 
-def _parted(step, compiled, target: Target | None) -> bool:
-    """Whether a step's result is written as parts: more than ``PART_BYTES``, computed in
-    several statements, and a kept table or a scratch value (``target`` None; one TEMP table
-    of 256 MB of tiles filled a 150 MB ``memory_limit`` and failed: DuckDB 2.0 handles one
-    table's blob column whole, see backends/parts.py). Not a result returned as an array."""
-    if len(compiled.batches) <= 1 or step_target(step).nbytes <= parted.PART_BYTES:
+def _parted(step, compiled, target: Target | None, device: bool = False) -> bool:
+    """Whether a step's result is written as parts (a part a statement): more than
+    ``PART_BYTES``, and a kept table or a scratch value (``target`` None), not a result returned
+    as an array. Computed in several statements, a part each (one TEMP table of 256 MB of tiles
+    filled a 150 MB ``memory_limit`` and failed: DuckDB 2.0 handles one table's blob column
+    whole, see backends/parts.py); in one, one part, whose struct column DuckDB takes without
+    hashing the tiles for its statistics. A scratch value of one statement on a ``device``
+    session stays a table, which a result left on the device fills with NULLs
+    (``_device_tiles``)."""
+    if step_target(step).nbytes <= parted.PART_BYTES:
         return False
-    # a temporary result too: one TEMP table of a 256 MB result could not be read back by the
-    # next einsum under memory="100MB" (a scan pins its whole row group; a trial), nor
-    # exported within the budget
-    return target is None or target.table is not None
+    if len(compiled.batches) > 1:
+        # a temporary result too: one TEMP table of a 256 MB result could not be read back by
+        # the next einsum under memory="100MB" (a scan pins its whole row group; a trial), nor
+        # exported within the budget
+        return target is None or target.table is not None
+    return (target is None and not device) or (target is not None and target.table is not None)
 
 
 def _atomic(plan: Plan, compiled, outputs) -> bool:
