@@ -140,6 +140,114 @@ def test_gemm_over_parted_operands_and_plain_duckdb_reads_the_view(tmp_path, sma
     np.testing.assert_array_equal(np.frombuffer(raw, "<f8").reshape(2, 3), a[35:, 20:])
 
 
+# -- tiles in a struct (docs/DESIGN.md "Tiles in a one-field struct") ----------------------------
+def part_column_type(con, part: str) -> str:
+    return con.execute("SELECT data_type FROM duckdb_columns() WHERE table_name = ? AND column_name = 'tile'",
+                       [part]).fetchone()[0]
+
+
+def test_a_one_tile_tensor_over_part_bytes_is_one_part_whose_tiles_are_a_struct(tmp_path, small_parts):
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal((9, 7)), rng.standard_normal((7, 8))
+    path = str(tmp_path / "s.duckdb")
+    with eds.connect(path) as db:
+        con = db.connection
+        db.store("A", a, tile=(9, 7))  # 504 bytes in one tile, more than the 200 of a part
+        db.store("B", b, tile=(7, 8))
+        assert [len(listed(con, n)) for n in "AB"] == [1, 1] and is_view(con, "A")
+        assert part_column_type(con, listed(con, "A")[0]) == "STRUCT(t BLOB)"
+        # DuckDB keeps no distinct-count statistics of a struct column (what it hashes a BLOB for)
+        C = db.einsum("ij,jk->ik", "A", "B", out="C")
+        np.testing.assert_allclose(C.to_numpy(), a @ b, rtol=1e-12)
+        assert len(listed(con, "C")) == 1 and part_column_type(con, listed(con, "C")[0]) == "STRUCT(t BLOB)"
+    con = duckdb.connect(path, read_only=True)  # no eindecomp_sql: the view hands BLOBs
+    (raw,) = con.execute('SELECT tile FROM "A"').fetchone()
+    assert isinstance(raw, bytes)
+    np.testing.assert_array_equal(np.frombuffer(raw, "<f8").reshape(9, 7), a)
+    con.close()
+
+
+def test_a_repeated_out_renames_its_new_part_into_the_old_ones_place(tmp_path, small_parts, monkeypatch):
+    rng = np.random.default_rng(12)
+    a, b, b2 = rng.standard_normal((9, 7)), rng.standard_normal((7, 8)), rng.standard_normal((7, 8))
+    with eds.connect(str(tmp_path / "r.duckdb")) as db:
+        con = db.connection
+        db.store("A", a, tile=(9, 7))
+        db.store("B", b, tile=(7, 8))
+        db.store("B2", b2, tile=(7, 8))
+        db.einsum("ij,jk->ik", "A", "B", out="C")
+        names = listed(con, "C")
+        oid = con.execute("SELECT table_oid FROM duckdb_tables() WHERE table_name = ?", names).fetchone()[0]
+        ran = []
+        backend = db.backend
+        real = type(backend)._run
+        monkeypatch.setattr(type(backend), "_run", lambda self, sql, *args, **kw: (ran.append(sql), real(self, sql, *args, **kw))[1])
+        C = db.einsum("ij,jk->ik", "A", "B2", out="C", replace=True)
+        monkeypatch.undo()
+        np.testing.assert_allclose(C.to_numpy(), a @ b2, rtol=1e-12)  # the new numbers, not the old part's
+        assert listed(con, "C") == names  # the view and its eds_parts row stand
+        assert con.execute("SELECT table_oid FROM duckdb_tables() WHERE table_name = ?", names).fetchone()[0] != oid
+        writes = [q for q in ran if not q.lstrip().upper().startswith("SELECT")]
+        assert not [q for q in writes if "eds_parts" in q or "eds_catalog" in q]
+        assert not [q for q in ran if "VIEW" in q.upper()]
+        assert set(part_tables(con)) == {p for n in ("A", "B", "B2", "C") for p in listed(con, n)}
+        # another layout: parts listed anew
+        D = db.einsum("ij,jk->ik", "A", "B", out="C", replace=True, dtype="float32", casting="same_kind")
+        np.testing.assert_allclose(D.to_numpy(), (a @ b).astype(np.float32), rtol=1e-5)
+        assert listed(con, "C") != names and set(part_tables(con)) == {p for n in ("A", "B", "B2", "C") for p in listed(con, n)}
+
+
+@settings(max_examples=20, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), shape=st.lists(st.integers(1, 9), min_size=1, max_size=3), data=st.data())
+def test_results_replaced_as_parts_read_the_new_numbers(dtype, shape, data, tmp_path_factory):
+    parts.PART_BYTES, old = 200, parts.PART_BYTES
+    try:
+        tile = tuple(data.draw(st.integers(1, n)) for n in shape)
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+        a, a2 = random_array(rng, tuple(shape), dtype), random_array(rng, tuple(shape), dtype)
+        spec = "ijk"[:len(shape)] + "->" + "ijk"[:len(shape)][::-1]  # a transpose: exact in every dtype
+        with eds.connect(str(tmp_path_factory.mktemp("rp") / "r.duckdb")) as db:
+            for k, x in enumerate((a, a2, a)):
+                db.store("A", x, tile=tile, replace=True)
+                C = db.einsum(spec, "A", out="C", replace=k > 0)
+                np.testing.assert_array_equal(C.to_numpy(), np.transpose(x))
+                np.testing.assert_array_equal(db.tensor("A").to_numpy(), x)
+                listed_now = {p for n in ("A", "C") for p in listed(db.connection, n)}
+                assert set(part_tables(db.connection)) == listed_now
+    finally:
+        parts.PART_BYTES = old
+
+
+def test_a_database_with_blob_parts_from_before_reads_and_is_replaced(tmp_path, small_parts):
+    """Parts written before tiles went into a struct (BLOB columns behind a view of ``SELECT *``)
+    are read as they were, and replaced through a new view, never renamed under the old one."""
+    rng = np.random.default_rng(13)
+    a, a2 = rng.standard_normal((9, 7)), rng.standard_normal((9, 7))
+    path = str(tmp_path / "old.duckdb")
+    with eds.connect(path) as db:
+        db.store("A", a, tile=(3, 7))
+        con = db.connection
+        # rewrite A as the code before this wrote it: BLOB parts named _eds_part_<hex>_<k>
+        new = listed(con, "A")
+        old = [f"_eds_part_0123456789ab_{k}" for k in range(len(new))]
+        con.execute('DROP VIEW "A"')
+        for o, n in zip(old, new):
+            con.execute(f"CREATE TABLE {o} AS SELECT * REPLACE (struct_extract(tile, 't') AS tile) FROM {n}")
+            con.execute(f"DROP TABLE {n}")
+        con.execute('CREATE VIEW "A" AS ' + " UNION ALL ".join(f"SELECT * FROM {o}" for o in old))
+        con.execute("DELETE FROM eds_parts")
+        con.execute("INSERT INTO eds_parts SELECT 'A', k - 1, part FROM unnest(?) WITH ORDINALITY AS u(part, k)", [old])
+    with eds.connect(path) as db:
+        con = db.connection
+        assert part_column_type(con, old[0]) == "BLOB"
+        np.testing.assert_array_equal(db.tensor("A").to_numpy(), a)
+        np.testing.assert_array_equal(db.einsum_numpy("ij->ji", "A"), a.T)
+        db.store("A", a2, tile=(3, 7), replace=True)  # as many parts: not renamed under the old view
+        np.testing.assert_array_equal(db.tensor("A").to_numpy(), a2)
+        assert not set(old) & set(part_tables(con)) and set(part_tables(con)) == set(listed(con, "A"))
+        assert all(part_column_type(con, p) == "STRUCT(t BLOB)" for p in listed(con, "A"))
+
+
 # -- replacing and dropping ----------------------------------------------------------------------
 def test_replace_between_parted_and_single_and_by_einsum(tmp_path, small_parts):
     rng = np.random.default_rng(3)
