@@ -557,3 +557,18 @@ def test_a_refusal_suggests_the_coarsest_tile_that_fits(tmp_path):
         A = db.store("A", "A", tile=(750, 6007), replace=True)  # the advice, as written
         np.testing.assert_allclose(db.einsum("ij->i", A).to_numpy(), a.sum(axis=1, dtype=np.float64), rtol=1e-4,
                                    atol=1e-3)
+
+
+def test_a_one_tile_tensor_stored_as_one_part_reads_back_under_a_budget(tmp_path):
+    """A one-tile tensor over PART_BYTES is one part (backends/parts.py): its read needs room
+    for the tile, not for PART_BYTES, or DuckDB cannot pin it under a small budget."""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((6000, 6000), dtype=np.float32)  # 137 MiB in one tile
+    path = str(tmp_path / "one.duckdb")
+    with eds.connect(path) as db:
+        db.store("A", a, tile=a.shape)
+        assert len(db.backend._parts_of("A")) == 1
+    with eds.connect(path, memory="100MB") as db:
+        limit = db.backend._memory_limit
+        np.testing.assert_array_equal(db.tensor("A").to_numpy(), a)
+        assert db.backend._memory_limit == limit

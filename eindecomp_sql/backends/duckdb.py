@@ -478,11 +478,11 @@ class DuckDBBackend:
         larger limit would let DuckDB cache more of a big file)."""
         if self.budget is None:
             return self._memory_limit_while(None)
-        temp_parts = self._temp_parts.get(value.name.lower())
-        if temp_parts:  # one part per statement of the plan that wrote it: maybe over PART_BYTES
-            need = max(parted.PART_BYTES, -(-value.nbytes // len(temp_parts)))
-        else:
-            need = parted.PART_BYTES if self._parts_of(value.name) else value.nbytes
+        # a part holds ~PART_BYTES, or one tile of more (a one-tile tensor over PART_BYTES is
+        # one part); a temporary result's, one statement's of the plan that wrote it
+        parts = self._temp_parts.get(value.name.lower()) or self._parts_of(value.name)
+        tile = math.prod(value.tile) * np.dtype(value.dtype).itemsize
+        need = max(parted.PART_BYTES, tile, -(-value.nbytes // len(parts))) if parts else value.nbytes
         limit = self._idle_limit() + need + MIN_ENGINE_BYTES // 4
         return self._memory_limit_while(limit if limit > (self._memory_limit or 0) else None)
 
