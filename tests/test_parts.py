@@ -179,11 +179,10 @@ def test_a_repeated_out_renames_its_new_part_into_the_old_ones_place(tmp_path, s
         names = listed(con, "C")
         oid = con.execute("SELECT table_oid FROM duckdb_tables() WHERE table_name = ?", names).fetchone()[0]
         ran = []
-        backend = db.backend
-        real = type(backend)._run
-        monkeypatch.setattr(type(backend), "_run", lambda self, sql, *args, **kw: (ran.append(sql), real(self, sql, *args, **kw))[1])
-        C = db.einsum("ij,jk->ik", "A", "B2", out="C", replace=True)
-        monkeypatch.undo()
+        real = type(db.backend)._run
+        with monkeypatch.context() as m:
+            m.setattr(type(db.backend), "_run", lambda self, sql, *args, **kw: (ran.append(sql), real(self, sql, *args, **kw))[1])
+            C = db.einsum("ij,jk->ik", "A", "B2", out="C", replace=True)
         np.testing.assert_allclose(C.to_numpy(), a @ b2, rtol=1e-12)  # the new numbers, not the old part's
         assert listed(con, "C") == names  # the view and its eds_parts row stand
         assert con.execute("SELECT table_oid FROM duckdb_tables() WHERE table_name = ?", names).fetchone()[0] != oid
@@ -191,10 +190,17 @@ def test_a_repeated_out_renames_its_new_part_into_the_old_ones_place(tmp_path, s
         assert not [q for q in writes if "eds_parts" in q or "eds_catalog" in q]
         assert not [q for q in ran if "VIEW" in q.upper()]
         assert set(part_tables(con)) == {p for n in ("A", "B", "B2", "C") for p in listed(con, n)}
-        # another layout: parts listed anew
+        # another dtype, the same key columns: renamed in place too
         D = db.einsum("ij,jk->ik", "A", "B", out="C", replace=True, dtype="float32", casting="same_kind")
         np.testing.assert_allclose(D.to_numpy(), (a @ b).astype(np.float32), rtol=1e-5)
-        assert listed(con, "C") != names and set(part_tables(con)) == {p for n in ("A", "B", "B2", "C") for p in listed(con, n)}
+        assert listed(con, "C") == names and part_tables(con) == sorted({p for n in ("A", "B", "B2", "C") for p in listed(con, n)})
+        # other key columns (the view's): listed anew, under a new view
+        E = db.einsum("ij,jk->ikj", "A", "B", out="C", replace=True)  # 4 KB, one tile: one part
+        np.testing.assert_array_equal(E.to_numpy(), np.einsum("ij,jk->ikj", a, b))
+        assert len(listed(con, "C")) == 1 and listed(con, "C") != names
+        assert part_tables(con) == sorted({p for n in ("A", "B", "B2", "C") for p in listed(con, n)})
+        F = db.einsum("ij,jk->ik", "A", "B", out="C", replace=True)
+        np.testing.assert_allclose(F.to_numpy(), a @ b, rtol=1e-12)
 
 
 @settings(max_examples=20, deadline=None)
