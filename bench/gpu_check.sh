@@ -158,5 +158,16 @@ case "$mode" in
         # the Belady bar on the real device (bytes do not depend on its speed; tiny sizes)
         timeout 60 python3 bench/device_bytes.py --namespace cupy --fractions 0.5,0.25 2>&1 | tail -9
         set -e ;;
-    *) echo "usage: $0 fetch|run|cpu|all|profile|alloc|lease4" >&2; exit 2 ;;
+    # the twenty-third session's open question (~4 minutes, CPU only): the 16-core bars with
+    # tiles over 16 MiB in struct parts (no BLOB hash on write): the phases around the kernel
+    # and the bars' ratios, then both layouts side by side
+    struct16) set +e
+        (nproc; lscpu | grep -E 'Model name|^CPU\(s\)') | tee -a "$out/machine.txt"
+        export CUDA_VISIBLE_DEVICES=
+        timeout 90 python3 bench/udf_phases.py --workloads batched_bij_bjk,gemm_4096,two_label_abcd_cdef --calls 6 2>&1 | tail -5
+        timeout 120 python3 bench/scaling.py --cores all --only gemm_4096,batched_bij_bjk,gemm_2048 --rounds 5 \
+            --out "$out/scaling" 2>&1 | tail -3
+        timeout 90 python3 bench/struct_tiles.py --rounds 7 --tag 16core --out "$out/struct_tiles_16core.json" 2>&1 | tail -6
+        set -e ;;
+    *) echo "usage: $0 fetch|run|cpu|all|profile|alloc|lease4|struct16" >&2; exit 2 ;;
 esac
