@@ -201,6 +201,11 @@ def test_a_repeated_out_renames_its_new_part_into_the_old_ones_place(tmp_path, s
         assert part_tables(con) == sorted({p for n in ("A", "B", "B2", "C") for p in listed(con, n)})
         F = db.einsum("ij,jk->ik", "A", "B", out="C", replace=True)
         np.testing.assert_allclose(F.to_numpy(), a @ b, rtol=1e-12)
+        # the name spelled otherwise: the view and the catalog take the new spelling (a review)
+        db.einsum("ij,jk->ik", "A", "B2", out="c", replace=True)
+        assert con.execute("SELECT view_name FROM duckdb_views() WHERE lower(view_name) = 'c'").fetchall() == [("c",)]
+        assert con.execute("SELECT name FROM eds_catalog WHERE lower(name) = 'c'").fetchall() == [("c",)]
+        np.testing.assert_allclose(db.tensor("c").to_numpy(), a @ b2, rtol=1e-12)
 
 
 @settings(max_examples=20, deadline=None)

@@ -764,13 +764,14 @@ class DuckDBBackend:
         """Make ``parts`` stored tensor ``name`` (inside the caller's transaction, with the
         catalog row), in place of the tensor of that name when ``replacing``. One of as many
         parts, in structs too, with the same key columns (``keys``: the view's columns stay
-        what it was made over; a repeated ``out=``, a store replaced), keeps its view and its
+        what it was made over) and the name spelled as before (the view keeps its spelling; a
+        review), as a repeated ``out=`` or a store replaced, keeps its view and its
         ``eds_parts`` rows: the new parts take the old ones' names (two statements a part
         instead of the seven that drop and list them, ~8 ms a 64 MiB GEMM's ``out=`` here)."""
         old = self._parts_of(name) if replacing else []
         was = self.lookup(name) if old else None
         if (len(old) == len(parts) and parted.wrapped(old) and parted.wrapped(parts)
-                and was is not None and tuple(was.keys) == tuple(keys)):
+                and was is not None and tuple(was.keys) == tuple(keys) and was.name == name):
             for gone, new in zip(old, parts):
                 self._run(self.compiler.drop_table_sql(gone))
                 self._run(exp.Alter(this=table(new), kind="TABLE",
