@@ -771,7 +771,8 @@ class DuckDBBackend:
         old = self._parts_of(name) if replacing else []
         was = self.lookup(name) if old else None
         if (len(old) == len(parts) and parted.wrapped(old) and parted.wrapped(parts)
-                and was is not None and tuple(was.keys) == tuple(keys) and was.name == name):
+                and was is not None and tuple(was.keys) == tuple(keys) and was.name == name
+                and self._view_reads(name, old)):
             for gone, new in zip(old, parts):
                 self._run(self.compiler.drop_table_sql(gone))
                 self._run(exp.Alter(this=table(new), kind="TABLE",
@@ -780,6 +781,14 @@ class DuckDBBackend:
         if replacing:
             self._drop_stored(name)
         self._list_parts(name, parts)
+
+    def _view_reads(self, name: str, parts: list[str]) -> bool:
+        """Whether view ``name`` reads exactly ``parts``, in order: the one made over them, not
+        one a user put in its place by hand (``CREATE OR REPLACE VIEW``), which a replace must
+        drop rather than leave in front of the new parts (0.75 ms)."""
+        rows = self._run("SELECT sql FROM duckdb_views() WHERE database_name = current_database() "
+                         "AND schema_name = 'main' AND view_name = ?", [name])
+        return len(rows) == 1 and parted.parts_read(rows[0][0]) == list(parts)
 
     def _sweep_parts(self) -> None:
         """Drop part tables that no tensor lists: what a process killed while storing left."""

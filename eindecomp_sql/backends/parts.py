@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import secrets
 
 import pyarrow as pa
@@ -119,6 +120,11 @@ def split_reader(reader: pa.RecordBatchReader, rows: int):
             return
         pending.append(b)
         yield pa.RecordBatchReader.from_batches(reader.schema, part())
+
+
+def parts_read(view_sql_text: str) -> list[str]:
+    """The part tables a view's SQL (as DuckDB keeps it) reads, in order."""
+    return re.findall(rf'"?({re.escape(PREFIX)}[0-9A-Za-z]+_[0-9]+)"?', view_sql_text)
 
 
 def create_part_sql(part: str, select, temporary: bool = False) -> str:
