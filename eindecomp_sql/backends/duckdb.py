@@ -1186,8 +1186,8 @@ class DuckDBBackend:
             self._check_open()
             self.check_tables([(v, inputs[v.name]) for v in plan.inputs if isinstance(inputs.get(v.name), str)])
             swaps: dict[str, str] = {}  # a fresh table -> the parted tensor it replaces at the end
-            # a kept result too big for one table and computed in several statements is stored
-            # as parts, a statement each (their names are fresh: nothing to swap)
+            # a kept result or scratch value over PART_BYTES is stored as parts, a statement
+            # each (one part for a result of one statement; their names are fresh: nothing to swap)
             # (value -> whether its table exists: probed here, where a failed probe aborts nothing)
             device = self.kernels.device_cache is not None
             parts_of = {c.value: False for st, c in zip(plan.steps, compiled)

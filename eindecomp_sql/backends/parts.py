@@ -15,7 +15,7 @@ The tensor's name is a view, ``SELECT * FROM part0 UNION ALL SELECT * FROM part1
 reader (plan steps, the SQL interface, plain ``duckdb``) reads it as it read the table. The parts
 are listed in ``eds_parts`` (tensor name, position, part table); the view, its ``eds_parts`` rows
 and its catalog row are committed together after the last part, so a tensor is either whole or
-absent. Parts a crash left behind (named ``_eds_part_<run>_<k>``, listed nowhere) are dropped
+absent. Parts a crash left behind (named ``_eds_part_w<run>_<k>``, listed nowhere) are dropped
 when the database is next opened for writing.
 
 A part's tile column is ``STRUCT(t BLOB)`` and the view unwraps it (``struct_extract(tile, 't')
