@@ -770,7 +770,7 @@ class DuckDBBackend:
         instead of the seven that drop and list them, ~8 ms a 64 MiB GEMM's ``out=`` here)."""
         old = self._parts_of(name) if replacing else []
         was = self.lookup(name) if old else None
-        if (len(old) == len(parts) and parted.wrapped(old) and parted.wrapped(parts)
+        if (len(old) == len(parts) and parted.wrapped(old)  # new parts always are
                 and was is not None and tuple(was.keys) == tuple(keys) and was.name == name
                 and self._view_reads(name, old)):
             for gone, new in zip(old, parts):

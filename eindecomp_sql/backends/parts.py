@@ -69,7 +69,7 @@ def rows_per_part(value, part_bytes: int | None = None) -> int | None:
     if tiles * tile_bytes <= part_bytes:
         return None
     rows = max(1, part_bytes // max(tile_bytes, 1), math.ceil(tiles / MAX_PARTS))
-    return min(rows, max(tiles, 1))
+    return min(rows, tiles)
 
 
 def new_part_names(count: int):
