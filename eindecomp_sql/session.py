@@ -480,13 +480,19 @@ class Session:
             if name.temporary:
                 name.__exit__(None, None, None)
                 return
-            name = name.name
+            handle, name = name, name.name
+        else:
+            handle = None
         if isinstance(name, str) and name.lower().startswith("_eds_r"):
             # a temporary result's table, by the name its handle shows (a trial: "invalid tensor
             # name '_eds_r0' ... reserved")
             raise EinsumError(f"drop: {name!r} is a temporary result's table, dropped when its Tensor is collected; "
                               "to drop it now, pass the Tensor itself (db.drop(result)) or use it in a with block")
         with self._call():
+            if handle is not None:
+                # a handle whose tensor was since replaced by another layout (or dropped) is
+                # refused here as by every other use: it dropped the newer tensor (a trial)
+                handle._live_value()
             self.tensor(name)
             self.rewritten.add(name.lower())
             try:
@@ -791,7 +797,9 @@ class Session:
 
         A call stops within a kernel task, as on Ctrl-C; one still planning stops where its
         first statement would run. A query of yours on ``db.connection`` (the SQL functions)
-        is stopped by DuckDB's own ``db.connection.interrupt()``."""
+        is stopped by DuckDB's own ``db.connection.interrupt()``. On Spark the call's running
+        jobs are cancelled (their tasks interrupted); one that starts in the instant after the
+        cancel runs to its end, and the call stops before its next step."""
         stopper = getattr(self.backend, "stopper", None)
         if stopper is None:
             raise EinsumError(f"interrupt() is not available on the {self.backend.name} backend: stop a plan "

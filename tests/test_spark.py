@@ -1423,3 +1423,53 @@ def test_more_than_eight_operands_in_one_step_on_spark(sdb):
     stored = [sdb.store(f"many{k}", a, tile=(2, 3), replace=True) for k, a in enumerate(arrays)]
     got = sdb.einsum(",".join(["ij"] * 9) + "->i", *stored, join="add", agg="max").to_numpy()
     np.testing.assert_allclose(got, np.sum(arrays, axis=0).max(1), rtol=1e-12)
+
+
+
+def test_interrupt_cancels_a_plans_spark_jobs_and_writes_nothing(sdb, tmp_path):
+    """``db.interrupt()`` from another thread on Spark: the call's jobs are cancelled (their
+    tasks interrupted, not waited for), it raises Interrupted, the replaced tensor is the old
+    one, and the session goes on. Each tile's kernel call leaves a file: without the cancel all
+    16 ran (4 s each, 2 at a time) and the plan committed."""
+    import threading
+    import time
+
+    from eindecomp_sql.errors import Interrupted
+
+    calls, driver = str(tmp_path), os.getpid()
+
+    def sleepy(x, y):
+        import os
+        import time
+        import uuid
+
+        if os.getpid() != driver:  # a tile in Spark's Python workers (this machine's: local[2]),
+            open(os.path.join(calls, uuid.uuid4().hex), "w").close()  # not the driver's probes
+            time.sleep(4)
+        return x * y
+
+    rng = np.random.default_rng(31)
+    a = rng.standard_normal((64, 64))
+    A = sdb.store("SI", a, tile=(16, 16), replace=True)
+    old = sdb.einsum("ij->ji", A, out="SIO", replace=True).to_numpy()
+    assert sdb.interrupt() is False  # nothing runs
+    said = []
+
+    def stop_soon():
+        time.sleep(2)  # the plan's job is running by then
+        said.append(sdb.interrupt())
+
+    t = threading.Thread(target=stop_soon)
+    t.start()
+    with pytest.raises(Interrupted, match=r"db.interrupt\(\)"):
+        sdb.einsum("ij,ij->ij", A, A, join=sleepy, out="SIO", replace=True)
+    t.join()
+    assert said == [True]
+    time.sleep(5)  # what a task not cancelled would go on to call meanwhile
+    assert 0 < len(os.listdir(calls)) < 16
+    np.testing.assert_array_equal(sdb.tensor("SIO").to_numpy(), old)
+    assert sdb.backend.tables(temporary=True) == []
+    assert sdb.interrupt() is False
+    # the next call is not stopped, and Spark still runs this thread's jobs
+    np.testing.assert_array_equal(sdb.einsum("ij,ij->ij", A, A, join="mul", out="SIO", replace=True).to_numpy(), a * a)
+    assert sdb.backend.spark.sparkContext.getLocalProperty("spark.job.interruptOnCancel") is None

@@ -21,6 +21,7 @@ calls — DuckDB's client thread is not a neutral choice — so DuckDB stays on 
 from __future__ import annotations
 
 import _signal  # C: ``signal.signal`` is a Python wrapper (see run_interruptible)
+import contextlib
 import functools
 import os
 import select
@@ -119,6 +120,12 @@ class _Job:
 
     def stopping(self) -> bool:
         return self.hit.is_set() or bool(self.failed)
+
+    def check(self) -> None:
+        """Raise the stop asked of this work (``Stopper.interrupt``), if one was: an engine whose
+        jobs are cancelled calls this between them, since a job started after the cancel runs."""
+        if self.failed:
+            raise self.failed[0]
 
     def stop(self) -> None:
         """Interrupt the plan, once: a second Ctrl-C (or a callback error after a Ctrl-C) while
@@ -431,6 +438,26 @@ class Stopper:
                 if stops:
                     job.stop()  # the kernels' cancel flag and DuckDB's interrupt: neither blocks
             return True
+
+
+@contextlib.contextmanager
+def stoppable(stopper: Stopper, stop: Callable[[], None]):
+    """Work of a session call on an engine that runs its statements elsewhere (Spark):
+    ``Session.interrupt()`` stops it by calling ``stop`` (which cancels the engine's running
+    jobs; it must not block), and the work raises the interrupt at its next ``job.check()``
+    (between its jobs) or ``job.commit()`` (False: the work must roll back). Yields the job.
+    An error the stopped job raised (its cancelled job's) gives way to the interrupt, as in
+    ``run_interruptible``. An interrupt already asked of this call raises on entry."""
+    job = _Job(stop, None)
+    stopper.begin(job)
+    try:
+        yield job
+    except BaseException as e:
+        if job.failed and e is not job.failed[0] and not isinstance(e, KeyboardInterrupt):
+            raise job.failed[0] from e
+        raise
+    finally:
+        settle(lambda: stopper.end(job))
 
 
 def run_interruptible(work: Callable[[], object], interrupt: Callable[[], None], kernels: pool.KernelState,

@@ -59,12 +59,14 @@ from ..plan.steps import output_tiles, step_target
 from ..udfs.pool import THREADS
 from ..udfs.tiles import array_from_tiles, tiles_from_array
 from .base import Target, array_as_wanted, stored_as_wanted
-from .running import StepProgress
+from .running import StepProgress, Stopper, stoppable
 from . import spark_frames
 from .spark_tables import SparkTables, describe, from_description
 
 META = "_eds_tensor.json"
 SCRATCH = "_eds_scratch"
+# the job property Spark's SparkContext.setInterruptOnCancel sets (restored after our jobs)
+INTERRUPT_ON_CANCEL = "spark.job.interruptOnCancel"
 # How every step result is written (outputs are renamed into the catalog afterwards). Tiles are
 # incompressible numbers and never repeat: no codec, no dictionary (both spend the writer's time
 # on whole tiles for nothing); no min/max statistics of the tile column (a copy of whole tiles
@@ -287,6 +289,7 @@ class SparkBackend:
                               f"{type(database).__name__}")
         self.read_only = read_only
         self.lock = threading.RLock()
+        self.stopper = Stopper()  # Session.interrupt(): cancels the call's Spark jobs (``_stoppable``)
         self._closed = False
         self._owns_spark = False
         try:
@@ -598,16 +601,17 @@ class SparkBackend:
                 room = shutil.disk_usage(self.root).free
             except OSError:
                 room = None
-        try:
-            return spark_frames.read_frame(self.spark, source, where, want, room=room)
-        except EinsumError as e:
-            if str(e).startswith(where):
+        with self._stoppable():  # interrupt() cancels the frame's jobs
+            try:
+                return spark_frames.read_frame(self.spark, source, where, want, room=room)
+            except EinsumError as e:
+                if str(e).startswith(where):
+                    raise
+                raise EinsumError(f"{where}: {e}") from None  # the shared checks (tile, keys) name no store
+            except KeyboardInterrupt:
                 raise
-            raise EinsumError(f"{where}: {e}") from None  # the shared checks (tile, keys) name no store
-        except KeyboardInterrupt:
-            raise
-        except Exception as e:  # noqa: BLE001 - the frame's own computation failed (Spark's errors)
-            raise ExecutionError(f"{where} failed on Spark reading the DataFrame: {_spark_error(e)}") from e
+            except Exception as e:  # noqa: BLE001 - the frame's own computation failed (Spark's errors)
+                raise ExecutionError(f"{where} failed on Spark reading the DataFrame: {_spark_error(e)}") from e
 
     def spark_frame(self, value: TiledValue, form: str):
         """Tensor ``value`` as a Spark DataFrame, read from where it is stored when it runs:
@@ -634,28 +638,34 @@ class SparkBackend:
             self._check_target(value.name, replace)
             run = _Run(os.path.join(self._scratch, f"store-{next(self._counter)}"))
             written = None
-            try:
-                os.makedirs(run.path)
-                if isinstance(tiles, pa.Table):
-                    written = self._write_arrow(tiles.select(list(value.keys) + ["tile"]), run, "tiles", stored=True)
-                else:
-                    try:
-                        written = self._write_df(tiles.select(*value.keys, "tile"), run, "tiles")
-                    except Exception as e:  # noqa: BLE001 - Spark's errors come as many classes
-                        raise (spark_frames.worker_error(e) or ExecutionError(
-                            f"store({value.name!r}) failed on Spark: {_spark_error(e)}")) from e
-                self._install(written, value)
-                written = None
-            finally:
-                if written is not None:
-                    self._discard(written)
-                shutil.rmtree(run.path, ignore_errors=True)
+            with self._stoppable() as job:
+                try:
+                    os.makedirs(run.path)
+                    if isinstance(tiles, pa.Table):
+                        written = self._write_arrow(tiles.select(list(value.keys) + ["tile"]), run, "tiles",
+                                                    stored=True)
+                    else:
+                        try:
+                            written = self._write_df(tiles.select(*value.keys, "tile"), run, "tiles")
+                        except Exception as e:  # noqa: BLE001 - Spark's errors come as many classes
+                            job.check()  # cancelled by interrupt()
+                            raise (spark_frames.worker_error(e) or ExecutionError(
+                                f"store({value.name!r}) failed on Spark: {_spark_error(e)}")) from e
+                    if not job.commit():  # from here on an interrupt() comes too late
+                        job.check()
+                    self._install(written, value)
+                    written = None
+                finally:
+                    if written is not None:
+                        self._discard(written)
+                    shutil.rmtree(run.path, ignore_errors=True)
 
     def read_tiles(self, value: TiledValue) -> pa.Table:
         with self.lock:
             self._check_open()
             where = self._stored(value.name, value, f"tensor {value.name!r} was replaced: it is now")
-            return self._read(where, value)
+            with self._stoppable():  # interrupt() cancels the read's job (a table's)
+                return self._read(where, value)
 
     def tile_batches(self, value: TiledValue, batch_bytes: int):
         return contextlib.nullcontext(iter(self.read_tiles(value).to_batches()))
@@ -677,6 +687,26 @@ class SparkBackend:
                                   f"{' ...' if len(stray) > 3 else ''}, which is none of its tiles' Parquet files "
                                   "(Spark would read it as one); move it out of the directory")
         return where
+
+    @contextlib.contextmanager
+    def _stoppable(self):
+        """The Spark jobs of one piece of a session call, under a job tag of their own that
+        ``Session.interrupt()`` cancels (``cancelJobsWithTag``, the running tasks' threads
+        interrupted: a Python UDF's worker is killed, not waited for). A job started after the
+        cancel is not cancelled: the work calls ``job.check()`` between its jobs and asks
+        ``job.commit()`` before the catalog changes. Yields the job (``running.stoppable``)."""
+        context = self.spark.sparkContext
+        tag = f"eindecomp_sql-{self._session_id}-{next(self._counter)}"
+        with stoppable(self.stopper, lambda: context.cancelJobsWithTag(tag)) as job:
+            # both are properties of this thread's jobs (pyspark pins a JVM thread to it)
+            old = context.getLocalProperty(INTERRUPT_ON_CANCEL)
+            context.addJobTag(tag)
+            try:
+                context.setInterruptOnCancel(True)
+                yield job
+            finally:
+                context.removeJobTag(tag)
+                context.setLocalProperty(INTERRUPT_ON_CANCEL, old)
 
     # -- execution --------------------------------------------------------------------------
     def _register_arities(self, compiled) -> None:
@@ -710,75 +740,80 @@ class SparkBackend:
                 if t.table is not None and not t.temporary:
                     self._check_writable(t.table)
                     self._check_target(t.table, replace)
-            run = _Run(os.path.join(self._scratch, f"run-{next(self._counter)}"))
-            views: list[str] = []
-            context = self.spark.sparkContext
-            try:
-                os.makedirs(run.path)
-                where = {v.name: self._bind_input(v, inputs[v.name], run) for v in plan.inputs}
-                stored = [(v, inputs[v.name], where[v.name]) for v in plan.inputs if isinstance(inputs[v.name], str)]
-                stamps = self._check_stored(stored)
-                tables = {v.name: self._view(where[v.name], v, views) for v in plan.inputs}
-                arrays: dict[str, pa.Table] = {}
-                inlined = inlined_steps(plan)
-                start = time.perf_counter()
-                for k, c in enumerate(compiled):
-                    step = plan.steps[k]
-                    text = compiler.bind_sql(c.text, tables)
-                    # the step's jobs say which step they are (Spark's UI and REST API)
-                    context.setJobDescription(f"eindecomp_sql step {k}: {step.describe()}")
-                    try:
-                        df = self.spark.sql(text)
-                        if c.value in outputs and outputs[c.value].table is None:
-                            arrays[c.value] = df.toArrow()
-                        elif k in inlined:
-                            # read by one later step only: a view of the statement, which Spark
-                            # plans into its reader's (no Parquet written and read back, one job
-                            # less, and the reader can broadcast it)
-                            tables[c.value] = self._lazy_view(df, views)
+            with self._stoppable() as job:
+                run = _Run(os.path.join(self._scratch, f"run-{next(self._counter)}"))
+                views: list[str] = []
+                context = self.spark.sparkContext
+                try:
+                    os.makedirs(run.path)
+                    where = {v.name: self._bind_input(v, inputs[v.name], run) for v in plan.inputs}
+                    stored = [(v, inputs[v.name], where[v.name]) for v in plan.inputs if isinstance(inputs[v.name], str)]
+                    stamps = self._check_stored(stored)
+                    tables = {v.name: self._view(where[v.name], v, views) for v in plan.inputs}
+                    arrays: dict[str, pa.Table] = {}
+                    inlined = inlined_steps(plan)
+                    start = time.perf_counter()
+                    for k, c in enumerate(compiled):
+                        job.check()  # an interrupt() between two steps' jobs
+                        step = plan.steps[k]
+                        text = compiler.bind_sql(c.text, tables)
+                        # the step's jobs say which step they are (Spark's UI and REST API)
+                        context.setJobDescription(f"eindecomp_sql step {k}: {step.describe()}")
+                        try:
+                            df = self.spark.sql(text)
+                            if c.value in outputs and outputs[c.value].table is None:
+                                arrays[c.value] = df.toArrow()
+                            elif k in inlined:
+                                # read by one later step only: a view of the statement, which Spark
+                                # plans into its reader's (no Parquet written and read back, one job
+                                # less, and the reader can broadcast it)
+                                tables[c.value] = self._lazy_view(df, views)
+                            else:
+                                where[c.value] = self._write_df(df, run, "s")
+                                tables[c.value] = self._view(where[c.value], step_target(step), views)
+                        except KeyboardInterrupt:
+                            raise
+                        except Exception as e:  # noqa: BLE001 - Spark's errors come as many classes
+                            job.check()  # cancelled by interrupt(): that is what stopped it
+                            self._check_unchanged(stored, stamps, f"step {k} ({step.describe()}) failed: ")
+                            raise ExecutionError(f"step {k} ({step.describe()}) failed on Spark: {_spark_error(e)}") from e
+                        if progress is not None:
+                            n = output_tiles(step)
+                            progress(StepProgress(k + 1, len(compiled), step.describe(), n, n, 0,
+                                                  time.perf_counter() - start))
+                    self._check_unchanged(stored, stamps, "")
+                    values = {o.name: o for o in plan.outputs}
+                    result = {name: array_from_tiles(arrays[name], values[name].shape, values[name].tile,
+                                                     values[name].dtype, values[name].keys)
+                              for name, t in outputs.items() if t.table is None}
+                    if not job.commit():  # from here on an interrupt() comes too late
+                        job.check()
+                    for name, t in outputs.items():  # everything ran: now the catalog changes
+                        if t.table is None:
+                            continue
+                        v = values[name]
+                        if not self._made_by(run, where[name]) or (self._run_tables is not None
+                                                                   and where[name].table is None):
+                            # an output no step wrote (an input's own tiles): a copy is moved, never
+                            # the stored tensor; where tensors are tables, a table
+                            where[name] = self._copy(where[name], v, run)
+                        stored = _replace(v, name=t.table)
+                        if t.temporary:
+                            self._keep_temporary(where[name], stored, run)
                         else:
-                            where[c.value] = self._write_df(df, run, "s")
-                            tables[c.value] = self._view(where[c.value], step_target(step), views)
-                    except KeyboardInterrupt:
-                        raise
-                    except Exception as e:  # noqa: BLE001 - Spark's errors come as many classes
-                        self._check_unchanged(stored, stamps, f"step {k} ({step.describe()}) failed: ")
-                        raise ExecutionError(f"step {k} ({step.describe()}) failed on Spark: {_spark_error(e)}") from e
-                    if progress is not None:
-                        n = output_tiles(step)
-                        progress(StepProgress(k + 1, len(compiled), step.describe(), n, n, 0,
-                                              time.perf_counter() - start))
-                self._check_unchanged(stored, stamps, "")
-                values = {o.name: o for o in plan.outputs}
-                result = {name: array_from_tiles(arrays[name], values[name].shape, values[name].tile,
-                                                 values[name].dtype, values[name].keys)
-                          for name, t in outputs.items() if t.table is None}
-                for name, t in outputs.items():  # everything ran: now the catalog changes
-                    if t.table is None:
-                        continue
-                    v = values[name]
-                    if not self._made_by(run, where[name]) or (self._run_tables is not None
-                                                               and where[name].table is None):
-                        # an output no step wrote (an input's own tiles): a copy is moved, never
-                        # the stored tensor; where tensors are tables, a table
-                        where[name] = self._copy(where[name], v, run)
-                    stored = _replace(v, name=t.table)
-                    if t.temporary:
-                        self._keep_temporary(where[name], stored, run)
-                    else:
-                        self._install(where[name], stored)
-                        if where[name].table is not None:
-                            run.tables.remove(where[name].table)
-                return result
-            finally:
-                context.setJobDescription(None)
-                for view in views:
-                    with contextlib.suppress(Exception):
-                        self.spark.catalog.dropTempView(view)
-                for name in run.tables:  # the run's tables not moved into the catalog
-                    with contextlib.suppress(Exception):
-                        self._tables.discard(name)
-                shutil.rmtree(run.path, ignore_errors=True)
+                            self._install(where[name], stored)
+                            if where[name].table is not None:
+                                run.tables.remove(where[name].table)
+                    return result
+                finally:
+                    context.setJobDescription(None)
+                    for view in views:
+                        with contextlib.suppress(Exception):
+                            self.spark.catalog.dropTempView(view)
+                    for name in run.tables:  # the run's tables not moved into the catalog
+                        with contextlib.suppress(Exception):
+                            self._tables.discard(name)
+                    shutil.rmtree(run.path, ignore_errors=True)
 
     def _check_stored(self, stored: list[tuple[TiledValue, str, Where]]) -> dict[str, tuple | None]:
         """Refuse, before any statement runs, to read a stored tensor whose tiles no longer hold
