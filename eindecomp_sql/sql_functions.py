@@ -34,7 +34,7 @@ from .plan import TiledValue
 from .plan.steps import format_bytes
 
 MODES = ("tiles", "elements", "topk")
-_COUNT = re.compile(r"^\s*\+?\d+\s*$")
+_COUNT = re.compile(r"^\s*\+?\d+(\.0*)?\s*$")  # 2.0 too: a whole number (DuckDB passes 2.0 as text)
 
 
 
@@ -54,9 +54,9 @@ def _names(names: list) -> list[str]:
 
 
 def _k(k) -> int:
-    if k is None or not _COUNT.match(str(k)) or int(k) < 1:
+    if k is None or not _COUNT.match(str(k)) or int(str(k).strip().split(".")[0]) < 1:
         raise EinsumError(f"einsum_topk(): k must be a whole number >= 1, got {k!r}")
-    return min(int(k), 1 << 62)
+    return min(int(str(k).strip().split(".")[0]), 1 << 62)
 
 
 def check_not_qualified(name) -> None:

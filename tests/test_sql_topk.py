@@ -136,12 +136,16 @@ def test_topk_over_tables(tdb):
 def test_topk_errors(tdb):
     tdb.store("A", np.arange(6.0).reshape(2, 3), replace=True)
     con = tdb.connection
-    for k in ("0", "-1", "2.5", "'x'", "NULL", "true"):
+    for k in ("0", "-1", "2.5", "0.0", "'x'", "NULL", "true"):
         with pytest.raises(duckdb.Error, match=r"k must be a whole number >= 1") as e:
             con.sql(f"SELECT * FROM einsum_topk('ij->ij', {k}, 'A')").fetchall()
         assert "eds_einsum_sql" not in str(e.value)
     with pytest.raises(duckdb.Error, match="no output label to rank"):
         con.sql("SELECT * FROM einsum_topk('ij->', 2, 'A')").fetchall()
+    # 2.0 is a whole number (refused before: a trial), as the text '2' is
+    want = con.sql("SELECT * FROM einsum_topk('ij->ij', 2, 'A')").fetchall()
+    for k in ("2.0", "'2'", "2.00::DOUBLE"):
+        assert con.sql(f"SELECT * FROM einsum_topk('ij->ij', {k}, 'A')").fetchall() == want
 
 
 # -- the kernel -----------------------------------------------------------------------------

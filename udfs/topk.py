@@ -146,9 +146,17 @@ def _as_list(offsets, r, i, v) -> pa.Array:
 
 
 def topk_tiles(spec_arr, keys_arr, tile_arr) -> pa.Array:
-    """``eds_topk_<dtype>(spec, key, tile)``: one tile's candidates."""
+    """``eds_topk_<dtype>(spec, key, tile)``: one tile's candidates. Registered with special
+    NULL handling: a NULL tile (a stored tensor's row set NULL by hand) is refused here, where
+    DuckDB's default gave the row no candidates and its values silently left the ranking."""
     spec = json.loads(_spec(spec_arr))
-    return _as_list(*_candidates(spec, [kk.tolist() for kk in _key_rows(keys_arr)], blob_views(tile_arr)))
+    keys = [kk.tolist() for kk in _key_rows(keys_arr)]
+    tiles = tile_arr.combine_chunks() if isinstance(tile_arr, pa.ChunkedArray) else tile_arr
+    if tiles.null_count:
+        at = keys[tiles.is_null().to_numpy(zero_copy_only=False).nonzero()[0][0]]
+        raise RuntimeError(f"eindecomp_sql kernel: tile {tuple(at)} is NULL: a tile column must hold every tile's "
+                           "bytes")
+    return _as_list(*_candidates(spec, keys, blob_views(tiles)))
 
 
 def _fused(kernel: Callable, names: list[str]) -> Callable:
@@ -174,7 +182,8 @@ def register_topk(con) -> None:
     keys = duckdb.list_type(duckdb.sqltype("BIGINT"))
     blob = duckdb.sqltype("BLOB")
     bigint = duckdb.sqltype("BIGINT")
-    opts = {"type": "arrow", "side_effects": False}
+    # special: a NULL tile reaches the kernel, which refuses it (DuckDB's default skipped the row)
+    opts = {"type": "arrow", "side_effects": False, "null_handling": "special"}
     for dtype, sqltype in SQL_TYPES.items():
         cand = duckdb.list_type(duckdb.struct_type({"r": bigint, "i": bigint, "v": duckdb.sqltype(sqltype)}))
         con.create_function(f"eds_topk_{dtype}", topk_tiles, [text, keys, blob], cand, **opts)
