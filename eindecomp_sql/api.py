@@ -148,7 +148,8 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
         from the operands alone, and ``out`` receives the result (int8 ``add``/``max`` wraps
         into an int64 ``out``, as ``np.add(a, b, out=...)`` does; pass ``dtype`` to widen).
         As in numpy, a lone operand whose labels all reach the output (a copy, a transpose, a
-        diagonal) keeps its dtype: numpy returns a view there and ignores it.
+        diagonal) keeps its dtype: numpy returns a view there and ignores it (not with a
+        ``join``/``agg`` of ours, which computes: ``dtype`` applies there).
     order : {'K', 'C', 'F', 'A'}
         Memory layout of the returned array ('K' and 'C': C order; 'F': Fortran; 'A': Fortran
         when every array operand is Fortran-contiguous). Ignored with ``out``.
@@ -235,7 +236,9 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
     plain = (join is None or _named(join, "mul")) and (agg is None or _named(agg, "sum"))
     shapes = [x.shape for x in arrays]
     compute = kernel_dtype = None
-    if out is None and _is_view_case(spec, shapes):
+    # numpy's view case is its plain product's: a join (``square``) or an aggregation computes,
+    # and dtype= then widens or casts it as elsewhere (it was ignored: int8 squares wrapped)
+    if out is None and plain and _is_view_case(spec, shapes):
         if dtype is not None:  # numpy ignores it here (a view), but it must be a dtype
             try:
                 np.dtype(dtype)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eindecomp_sql as eds
-from eindecomp_sql import EinsumError, Graph
+from eindecomp_sql import EinsumError, EinsumTypeError, Graph
 from eindecomp_sql.notation.checks import DTYPES as SUPPORTED, can_cast, promote
 
 from helpers import DTYPES, assert_close, error_scale, random_array
@@ -120,6 +120,26 @@ def test_non_dtypes_as_arguments(dtype):
             eds.einsum("i->i", np.ones(3), dtype=dtype)
     with pytest.raises(EinsumError):
         Graph().input("x", (3,), dtype)
+
+
+def test_dtype_applies_to_a_lone_operands_join_where_numpys_view_case_ignores_it():
+    """numpy ignores ``dtype`` for a lone operand's copy, transpose or diagonal (a view); a join
+    of ours computes there, and ``dtype`` widens it as when a label is reduced. It was ignored:
+    int8 squares wrapped, ``sqrt`` stayed float16, an unsafe cast went unrefused (a trial)."""
+    x = np.array([[100, 50], [-7, 3]], np.int8)
+    for spec, want in (("ij->ij", x.astype(np.int64) ** 2), ("ij->ji", (x.astype(np.int64) ** 2).T),
+                       ("ii->i", np.diagonal(x).astype(np.int64) ** 2)):
+        got = eds.einsum(spec, x, join="square", dtype=np.int64)
+        assert got.dtype == np.int64 and np.array_equal(got, want), (spec, got)
+        assert eds.einsum(spec, x, agg="max", dtype=np.int64).dtype == np.int64
+    h = np.array([[2.0, 3.0]], np.float16)
+    got = eds.einsum("ij->ji", h, join="sqrt", dtype=np.float64)
+    np.testing.assert_allclose(got, np.sqrt(h.astype(np.float64)).T, rtol=1e-15)
+    assert got.dtype == np.float64
+    with pytest.raises(EinsumTypeError):  # float64 into int8 under casting='safe', as "ij->i" refuses
+        eds.einsum("ij->ij", np.full((1, 2), 0.5), join="exp", dtype=np.int8)
+    # numpy's own view case is untouched: dtype ignored, the operand's dtype kept
+    assert eds.einsum("ij->ji", x, dtype=np.int64).dtype == np.int8 == np.einsum("ij->ji", x, dtype=np.int64).dtype
 
 
 def test_bfloat16_promotes_as_float16_does():

@@ -137,7 +137,11 @@ def _check_expr(text: str, arity: int) -> None:
                 f"numbers, + - * / ** %, comparisons, if-else and {', '.join(EXPR_FUNCTIONS)})\n{caret(text, pos)}"
             )
         if isinstance(node, ast.Constant) and not isinstance(node.value, (int, float, bool)):
-            raise EinsumError(f"join expression: only numeric constants are allowed\n{caret(text, pos)}")
+            # "x + 1j * y" said "only numeric constants", and 1j is one (a trial)
+            what = ("complex constants are not: pass a Python callable (lambda x, y: x + 1j * y)"
+                    if isinstance(node.value, complex) else f"{node.value!r} is not one")
+            raise EinsumError(f"join expression: constants are real numbers (int, float, bool); {what}\n"
+                              f"{caret(text, pos)}")
         if isinstance(node, ast.Call):
             if not isinstance(node.func, ast.Name) or node.func.id not in EXPR_FUNCTIONS:
                 what = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
