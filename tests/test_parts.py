@@ -300,6 +300,67 @@ def test_replace_between_parted_and_single_and_by_einsum(tmp_path, small_parts):
         assert db.tensors() == [] and part_tables(con) == []
 
 
+def test_a_tensor_whose_eds_parts_rows_were_deleted_by_hand_keeps_its_data_and_can_be_dropped(tmp_path,
+                                                                                               small_parts):
+    """``DELETE FROM eds_parts WHERE name = 'A'`` (the view still reads its parts): the next open
+    swept every part as listed by no tensor, the view and catalog row left reading nothing; and
+    drop / replace failed with DuckDB's "Existing object A is of type View" (a trial)."""
+    a = np.random.default_rng(41).standard_normal((12, 10))
+    path = str(tmp_path / "f.duckdb")
+    with eds.connect(path) as db:
+        db.store("A", a, tile=(4, 5))
+        db.store("B", a * 3, tile=(4, 5))
+        made = listed(db.connection, "A")
+        assert len(made) > 1
+    con = duckdb.connect(path)
+    con.execute("DELETE FROM eds_parts WHERE name = 'A'")
+    con.close()
+    with eds.connect(path) as db:  # the open's sweep spares what a view reads
+        assert part_tables(db.connection) == sorted(made + listed(db.connection, "B"))
+        np.testing.assert_array_equal(db.tensor("A").to_numpy(), a)
+        db.drop("A")
+        assert db.tensors() == ["B"] and not is_view(db.connection, "A")
+        assert part_tables(db.connection) == sorted(listed(db.connection, "B"))  # A's parts went with it
+        np.testing.assert_array_equal(db.tensor("B").to_numpy(), a * 3)
+    con = duckdb.connect(path)
+    con.execute("DELETE FROM eds_parts WHERE name = 'B'")
+    con.close()
+    with eds.connect(path) as db:  # and a replace
+        np.testing.assert_array_equal(db.store("B", a, tile=(4, 5), replace=True).to_numpy(), a)
+        assert part_tables(db.connection) == sorted(listed(db.connection, "B"))
+
+
+def test_a_result_of_several_statements_under_a_budget_is_parts_of_the_budgets_size(tmp_path):
+    """A 16 MB result computed in 3 statements under memory="40MB" was one table (the fixed
+    16 MiB part size), while store cut a 6 MB tensor into parts under the same budget (a trial):
+    a batched result now follows the session's part size, a part a statement."""
+    rng = np.random.default_rng(43)
+    a = rng.standard_normal((2000, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 2000)).astype(np.float32)
+    with eds.connect(str(tmp_path / "f.duckdb"), memory="40MB") as db:
+        A, B = db.store("A", a), db.store("B", b)
+        plan = db.plan("ij,jk->ik", A, B)
+        batches = max(len(st.batches) for st in db.backend.compiler.compile_plan(plan))
+        assert batches > 1 and plan.outputs[0].nbytes <= parts.PART_BYTES
+        C = db.einsum("ij,jk->ik", A, B, out="C")
+        assert is_view(db.connection, "C") and len(listed(db.connection, "C")) == batches
+        np.testing.assert_allclose(C.to_numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_part_table_dropped_in_sql_is_named_by_every_read(tmp_path, small_parts):
+    """"tensor 'A' no longer exists in this database" while db.tensors() listed it (a trial)."""
+    with eds.connect() as db:
+        A = db.store("A", np.arange(120.0).reshape(12, 10), tile=(4, 5))
+        gone = listed(db.connection, "A")[0]
+        db.connection.execute(f'DROP TABLE "{gone}"')
+        for read in (A.to_numpy, A.to_arrow, lambda: A.export(tmp_path / "a.npy")):
+            with pytest.raises(EinsumError, match=f"stored tensor 'A': its table '{gone}' no longer exists .*"
+                                                  r"db.drop\('A'\)"):
+                read()
+        db.drop("A")
+        assert db.tensors() == [] and part_tables(db.connection) == []
+
+
 def test_a_failed_store_leaves_nothing_and_keeps_the_old_tensor(tmp_path, small_parts):
     rng = np.random.default_rng(4)
     a = rng.standard_normal((30, 30))

@@ -390,7 +390,7 @@ class DuckDBBackend:
         lines = [f"-- kernels on {self.device}{' (TF32 allowed for float32 products)' if self.compiler.allow_tf32 else ''}"]
         outputs = {v.name for v in plan.outputs}
         parted_scratch = {c.value for st, c in zip(plan.steps, self.compiler.compile_plan(plan))
-                          if c.value not in outputs and _parted(st, c, None)}
+                          if c.value not in outputs and _parted(st, c, None, part_bytes=self.part_bytes)}
         kept = self._device_only(plan, parted_scratch)
         for line in listing.splitlines():
             if line.startswith("-- step "):
@@ -741,8 +741,15 @@ class DuckDBBackend:
         caller's transaction)."""
         parts = self._parts_of(name)
         if not parts:
-            self._run(drop_table(name).sql(dialect="duckdb"))
-            return
+            reads = self._view_parts(name)
+            if reads is None:
+                self._run(drop_table(name).sql(dialect="duckdb"))
+                return
+            # a view whose eds_parts rows were deleted by hand: DuckDB refused to drop it as a
+            # table, so neither drop nor replace could remove the tensor (a trial); its parts are
+            # the ones its SQL reads that no other tensor lists
+            listed = {r[0].lower() for r in self._run(f"SELECT part FROM {parted.PARTS_TABLE}")}
+            parts = [p for p in reads if p.lower() not in listed]
         self._drop_parted(name, parts)
         self._run(f"DELETE FROM {parted.PARTS_TABLE} WHERE lower(name) = lower(?)", [name])
 
@@ -790,12 +797,29 @@ class DuckDBBackend:
                          "AND schema_name = 'main' AND view_name = ?", [name])
         return len(rows) == 1 and parted.parts_read(rows[0][0]) == list(parts)
 
+    def _views_read(self) -> set[str]:
+        """The part tables the views of the database read (lower-cased)."""
+        rows = self._run("SELECT sql FROM duckdb_views() WHERE database_name = current_database() "
+                         "AND schema_name = 'main' AND NOT internal")
+        return {p.lower() for (text,) in rows for p in parted.parts_read(text or "")}
+
+    def _view_parts(self, name: str) -> list[str] | None:
+        """The part tables view ``name`` reads, or None where ``name`` is no view."""
+        rows = self._run("SELECT sql FROM duckdb_views() WHERE database_name = current_database() "
+                         "AND schema_name = 'main' AND lower(view_name) = lower(?)", [name])
+        return parted.parts_read(rows[0][0] or "") if rows else None
+
     def _sweep_parts(self) -> None:
-        """Drop part tables that no tensor lists: what a process killed while storing left."""
+        """Drop part tables that no tensor lists: what a process killed while storing left.
+        One a view still reads is spared: ``eds_parts`` rows deleted by hand made the next open
+        drop a tensor's every part, its view and catalog row left reading nothing (a trial)."""
         rows = self._run(f"SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
                          f"AND schema_name = 'main' AND starts_with(table_name, '{parted.PREFIX}') "
                          f"AND table_name NOT IN (SELECT part FROM {parted.PARTS_TABLE})")
+        read = self._views_read() if rows else set()
         for (name,) in rows:
+            if name.lower() in read:
+                continue
             try:
                 self._run(self.compiler.drop_table_sql(name))
             except duckdb.Error:  # best effort: it holds nothing anyone reads
@@ -1005,9 +1029,8 @@ class DuckDBBackend:
                     return run_interruptible(
                         lambda: self._work.sql(select_value(value, value.name).sql(dialect="duckdb")).to_arrow_table(),
                         self._work.interrupt, self.kernels, stopper=self.stopper)
-            except duckdb.CatalogException:
-                raise EinsumError(f"tensor {value.name!r} no longer exists in this database (dropped, or "
-                                  "replaced by another session)") from None
+            except duckdb.CatalogException as e:
+                raise self._gone(value, e) from None
             except duckdb.Error as e:  # out of memory, say: ours, not DuckDB's raw error
                 raise EinsumError(f"reading tensor {value.name!r} failed: {e}") from None
 
@@ -1035,15 +1058,25 @@ class DuckDBBackend:
             with self._reading(value):
                 try:
                     reader = self._work.sql(select_value(value, value.name).sql(dialect="duckdb")).to_arrow_reader(rows)
-                except duckdb.CatalogException:
-                    raise EinsumError(f"tensor {value.name!r} no longer exists in this database (dropped, or "
-                                      "replaced by another session)") from None
+                except duckdb.CatalogException as e:
+                    raise self._gone(value, e) from None
                 except duckdb.Error as e:
                     raise EinsumError(f"reading tensor {value.name!r} failed: {e}") from None
                 try:
                     yield batches(reader)
                 finally:
                     reader.close()
+
+    def _gone(self, value: TiledValue, error: duckdb.Error) -> EinsumError:
+        """What a read of stored tensor ``value`` that found a table missing says: the table by
+        name where the catalog still lists the tensor (a part table dropped in SQL was said as
+        "no longer exists in this database", though ``db.tensors()`` listed it: a trial)."""
+        missing = re.search(r"Table with name (\S+) does not exist", str(error))
+        if missing is not None and self.lookup(value.name) is not None:
+            return EinsumError(f"stored tensor {value.name!r}: its table {missing.group(1)!r} no longer exists "
+                               f"(renamed or dropped in SQL?); rename it back, or db.drop({value.name!r}) the tensor")
+        return EinsumError(f"tensor {value.name!r} no longer exists in this database (dropped, or replaced by "
+                           "another session)")
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1191,7 +1224,8 @@ class DuckDBBackend:
             # (value -> whether its table exists: probed here, where a failed probe aborts nothing)
             device = self.kernels.device_cache is not None
             parts_of = {c.value: False for st, c in zip(plan.steps, compiled)
-                        if _parted(st, c, outputs[c.value] if c.value in outputs else None, device)}
+                        if _parted(st, c, outputs[c.value] if c.value in outputs else None, device,
+                                   self.part_bytes)}
             for name, t in outputs.items():
                 if t.table is not None and not t.temporary:
                     exists = self._check_target(t.table, replace)
@@ -1618,7 +1652,7 @@ def _native(x: np.ndarray, dtype) -> np.ndarray:
     return x
 
 
-def _parted(step, compiled, target: Target | None, device: bool = False) -> bool:
+def _parted(step, compiled, target: Target | None, device: bool = False, part_bytes: int | None = None) -> bool:
     """Whether a step's result is written as parts (a part a statement): more than
     ``PART_BYTES``, and a kept table or a scratch value (``target`` None), not a result returned
     as an array. Computed in several statements, a part each (one TEMP table of 256 MB of tiles
@@ -1626,8 +1660,13 @@ def _parted(step, compiled, target: Target | None, device: bool = False) -> bool
     whole, see backends/parts.py); in one, one part, whose struct column DuckDB takes without
     hashing the tiles for its statistics. A scratch value of one statement on a ``device``
     session stays a table, which a result left on the device fills with NULLs
-    (``_device_tiles``)."""
-    if step_target(step).nbytes <= parted.PART_BYTES:
+    (``_device_tiles``). ``part_bytes``: the session's part size under a memory budget (a
+    result of several statements over it is parts, as ``store`` cuts a tensor: a 16 MB result
+    of 3 statements under ``memory="40MB"`` was one table, a trial)."""
+    nbytes = step_target(step).nbytes
+    if len(compiled.batches) > 1 and nbytes > min(parted.PART_BYTES, part_bytes or parted.PART_BYTES):
+        return target is None or target.table is not None
+    if nbytes <= parted.PART_BYTES:
         return False
     if len(compiled.batches) > 1:
         # a temporary result too: one TEMP table of a 256 MB result could not be read back by
