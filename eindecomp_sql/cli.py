@@ -617,7 +617,9 @@ def explain(job_file, database, memory, workers, dot, sql):
                f"{len(job.steps)} step(s), workers {job.workers}, memory budget {mem}")
     for p in prep.parts:
         state = {"done": "done (unchanged: skipped on run)", "todo": "to run",
-                 "changed": f"CHANGED: {p.why} (run refuses without --force)",
+                 # new input data only: run says --refresh is enough, and so does this (a trial)
+                 "changed": f"CHANGED: {p.why} (run refuses without "
+                            f"{'--refresh: new input data' if p.new_data else '--force'})",
                  "conflict": f"CONFLICT: {p.why} (run refuses without --force)",
                  "blocked": f"BLOCKED: {p.why}"}[p.status]
         at = f" (line {p.line})" if p.line is not None else ""

@@ -290,6 +290,22 @@ def small_job(d: Path, extra: str = "", join: str = "relu(x - y)") -> Path:
     return d / "job.toml"
 
 
+def test_operand_names_ignore_case_as_every_name_of_a_job_does(tmp_path, capsys):
+    """docs/cli.md: names ignore case, operands in the fingerprint too; yet ["x", "X"] with an
+    input x was refused as an unknown operand 'X' (a trial). Respelt, the job is unchanged."""
+    job = small_job(tmp_path)
+    job.write_text(job.read_text().replace('operands = ["x", "x"]', 'operands = ["x", "X"]')
+                   .replace('operands = ["h"]', 'operands = ["H"]'))
+    code, out, err = run_main(capsys, "run", job)
+    assert code == 0, err
+    x = np.load(tmp_path / "x.npy")
+    h = np.max(np.maximum(x[:, None, :] - x[None, :, :], 0), axis=2)
+    np.testing.assert_allclose(stored(tmp_path / "t.duckdb")["s"], h.sum(1))
+    job.write_text(job.read_text().replace('["x", "X"]', '["X", "x"]').replace('["H"]', '["h"]'))
+    code, out, err = run_main(capsys, "run", job, "--json")
+    assert code == 0 and all(e["skipped"] for e in json.loads(out)["steps"]), err
+
+
 def test_changed_job_is_refused_saying_what_changed_then_forced(tmp_path, capsys):
     job = small_job(tmp_path)
     code, out, err = run_main(capsys, "run", job, "--json")
@@ -756,6 +772,9 @@ def test_run_refresh_recomputes_for_new_input_data_and_still_refuses_an_edited_j
     np.save(tmp_path / "x.npy", np.concatenate([x + 1, x]))  # new data, more rows
     code, out, err = run_main(capsys, "run", job)
     assert code == 1 and "Only input data changed: run with --refresh" in err, err
+    code, out, err = run_main(capsys, "explain", job)  # said "--force" where --refresh does (a trial)
+    assert code == 0 and out.count("(run refuses without --refresh: new input data)") == 3, out
+    assert "--force" not in out, out
     code, out, err = run_main(capsys, "run", job, "--refresh", "--json")
     assert code == 0, err
     assert {e["name"]: e["skipped"] for e in json.loads(out)["steps"]} == {"x": False, "h": False, "s": False}
@@ -767,6 +786,33 @@ def test_run_refresh_recomputes_for_new_input_data_and_still_refuses_an_edited_j
     code, out, err = run_main(capsys, "run", job, "--refresh")
     assert code == 1 and "agg 'max' -> 'min'" in err and "--refresh" not in err.split("agg")[0], err
     assert "Run with --force" in err
+
+
+def test_run_refresh_takes_the_job_run_from_another_directory(tmp_path, capsys, monkeypatch):
+    """The record named a loaded file as the command spelt its path: run as ``job.toml`` in its
+    directory, then ``--refresh`` as ``proj/job.toml`` from the parent (a cron job by its path)
+    was refused as a file pointed elsewhere, --force the only way on (a trial). Nor is the file
+    hashed again on a run from elsewhere."""
+    job = small_job(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert run_main(capsys, "run", job.name)[0] == 0
+    x = np.load(tmp_path / "x.npy")
+    np.save(tmp_path / "x.npy", x * 2)  # new data
+    monkeypatch.chdir(tmp_path.parent)
+    code, out, err = run_main(capsys, "run", Path(tmp_path.name) / job.name, "--refresh", "--json")
+    assert code == 0, err
+    assert {e["name"]: e["skipped"] for e in json.loads(out)["steps"]} == {"x": False, "h": False, "s": False}
+    h = np.max(np.maximum(2 * x[:, None, :] - 2 * x[None, :, :], 0), axis=2)
+    np.testing.assert_allclose(stored(tmp_path / "t.duckdb")["s"], h.sum(1))
+    from eindecomp_sql.jobs import files
+
+    hashed, digest = [], files.file_digest
+    monkeypatch.setattr(files, "file_digest", lambda path, *a, **k: hashed.append(path) or digest(path, *a, **k))
+    for where, path in ((tmp_path, job.name), (tmp_path.parent, job)):  # all done: skipped, no hash
+        monkeypatch.chdir(where)
+        code, out, err = run_main(capsys, "run", path, "--json")
+        assert code == 0 and all(e["skipped"] for e in json.loads(out)["steps"]), err
+    assert hashed == []
 
 
 def _two_jobs(d: Path, capsys, step: str, read_as: str, tensor: str) -> dict[str, str]:

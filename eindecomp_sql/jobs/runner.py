@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import resource
 import sys
 import time
@@ -482,7 +483,11 @@ def prepare(job: Job, db=None) -> Prepared:
         st = i.file.stat()
         stat = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
         row = rows.get(i.name.lower())
-        if (row is not None and row["kind"] == "load" and row["file_stat"] == {**stat, "file": str(i.file)}
+        where = _file_key(job, i.file)
+        recorded = dict(row["file_stat"] or {}) if row is not None and row["kind"] == "load" else None
+        if recorded is not None and recorded.get("file") == str(i.file):
+            recorded["file"] = where  # recorded as the command's path spelt it (before 2026-11-28)
+        if (recorded is not None and recorded == {**stat, "file": where}
                 and "sha256" in row["detail"]):
             sha = row["detail"]["sha256"]  # size and mtime unchanged: the recorded hash stands
         else:
@@ -493,7 +498,8 @@ def prepare(job: Job, db=None) -> Prepared:
                   **{k: list(x) if isinstance(x, tuple) else x for k, x in i.table_options().items()
                      if k != "shape"}}
         p = Part(i.name, "load", i.line, None, source=i, detail=detail, fingerprint=digest(detail),
-                 file_stat={**stat, "file": str(i.file)}, recorded_stat=row["file_stat"] if row is not None else None)
+                 file_stat={**stat, "file": where}, recorded_stat=recorded if recorded is not None else
+                 (row["file_stat"] if row is not None else None))
         fps[i.name] = p.fingerprint
         parts.append(p)
     for name in job.order:
@@ -547,6 +553,14 @@ def prepare(job: Job, db=None) -> Prepared:
     return Prepared(job, g, gplan, parts, stored)
 
 
+def _file_key(job: Job, file) -> str:
+    """A loaded file as the job's record names it: its path from the job file's directory, so
+    that the job run from another directory, or by an absolute path, reads the same file (it
+    was the path as the command spelt it: ``run proj/job.toml --refresh`` after ``run job.toml``
+    in proj/ was refused as a file pointed elsewhere, a trial)."""
+    return os.path.relpath(os.path.abspath(file), os.path.abspath(job.path.parent))
+
+
 def _new_data(row: dict, p: Part, fresh: set[str], reads: dict[str, dict]) -> bool:
     """Whether a part whose fingerprint changed did so only because the data it reads changed:
     a load whose file (the same path) holds other bytes, or a step whose every changed input is
@@ -562,7 +576,7 @@ def _new_data(row: dict, p: Part, fresh: set[str], reads: dict[str, dict]) -> bo
     if not same("form", "kind", "version"):
         return False
     if new.get("kind") == "load":  # (a new file may hold more rows: its shape is data too)
-        was = (row.get("file_stat") or {}).get("file")
+        was = (p.recorded_stat or {}).get("file")  # (an old record's spelling made the job's: ``prepare``)
         return same("dtype", "index", "value") and not same("sha256") and was == (p.file_stat or {}).get("file")
     oi, ni = old.get("inputs") or {}, new.get("inputs") or {}
     named = {n: (x or {}).get("tensor") for n, x in (old.get("stored_inputs") or {}).items()} \

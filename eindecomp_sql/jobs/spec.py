@@ -23,6 +23,7 @@ eindecomp_sql.jobs.spec.JobError: job.toml:3: step 'C': unknown operand 'B'; inp
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import re
@@ -259,13 +260,13 @@ def parse_job(text: str, path, *, database=None, memory=None, workers=None, tile
             raise err(f"{kind} {name!r} and {seen[low]!r} are one name to the database (names ignore case)",
                       "steps" if name in steps else "inputs", name)
         seen[low] = name
-    for s in steps.values():
+    for s in list(steps.values()):
         for op in s.operands:
-            if op not in inputs and op not in steps:
-                near = [n for n in list(inputs) + list(steps) if n.lower() == op.lower()]
-                hint = f" (did you mean {near[0]!r}? names are case-sensitive here)" if near else ""
-                raise err(f"unknown operand {op!r}{hint}; inputs: {', '.join(inputs) or 'none'}; "
+            if op.lower() not in seen:
+                raise err(f"unknown operand {op!r}; inputs: {', '.join(inputs) or 'none'}; "
                           f"steps: {', '.join(steps)}", "steps", s.name, "operands", step=s.name)
+        # names ignore case, an operand's too ("X" reads input x: it was refused, a trial)
+        steps[s.name] = dataclasses.replace(s, operands=tuple(seen[op.lower()] for op in s.operands))
     order = _order(steps, err)
     read = {op for s in steps.values() for op in s.operands}
     for i in inputs.values():
