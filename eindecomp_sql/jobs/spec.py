@@ -267,6 +267,13 @@ def parse_job(text: str, path, *, database=None, memory=None, workers=None, tile
                           f"steps: {', '.join(steps)}", "steps", s.name, "operands", step=s.name)
         # names ignore case, an operand's too ("X" reads input x: it was refused, a trial)
         steps[s.name] = dataclasses.replace(s, operands=tuple(seen[op.lower()] for op in s.operands))
+    for s in steps.values():
+        # before the unread-input check: a step given too few operands left an input unread,
+        # and the error said to remove the input the user had forgotten to pass (a trial)
+        wanted = len(s.spec.split("->")[0].split(","))
+        if wanted != len(s.operands):
+            raise err(f"einsum spec {s.spec!r} has {wanted} operand(s) but {len(s.operands)} "
+                      "operand(s) were given", "steps", s.name, "operands", step=s.name)
     order = _order(steps, err)
     read = {op for s in steps.values() for op in s.operands}
     for i in inputs.values():
