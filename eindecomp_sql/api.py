@@ -64,6 +64,11 @@ def _check_casting(casting) -> str:
 def _check_order(order) -> str:
     if order is None:
         return "K"
+    if isinstance(order, bytes):  # numpy takes b"C" too (it refused: a trial)
+        try:
+            order = order.decode("ascii")
+        except UnicodeDecodeError:
+            raise EinsumError(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})") from None
     if not isinstance(order, str) or order.upper() not in ORDERS:
         kind = EinsumError if isinstance(order, str) else EinsumTypeError
         raise kind(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")

@@ -357,6 +357,9 @@ def test_join_expressions_that_python_cannot_evaluate_sensibly_are_einsum_errors
             eds.einsum("ij,jk->ik", a, b, join=join)
     with pytest.raises(EinsumError, match="Python integer 1000 out of bounds for int8"):
         eds.einsum("ij->ij", np.ones((2, 3), np.int8), join="x*1000")
+    # numpy's TypeError (bool - bool) is a TypeError here too, and an EinsumError
+    with pytest.raises(eds.EinsumTypeError, match="boolean subtract"):
+        eds.einsum("i,i->i", np.ones(2, bool), np.ones(2, bool), join="sub")
     # 1j is a number: "only numeric constants are allowed" said otherwise (a trial)
     with pytest.raises(EinsumError, match=r"complex constants are not: pass a Python callable"):
         eds.einsum("i,i->i", np.ones(2, complex), np.ones(2, complex), join="x + 1j * y")

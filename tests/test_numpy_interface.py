@@ -173,6 +173,19 @@ def test_bad_keywords_are_einsum_errors(kwargs, match):
         eds.einsum("ij,jk->i", a, a.T, **kwargs)
 
 
+def test_order_as_bytes_as_numpy_takes_it():
+    """``order=b"F"`` is numpy's too (it was refused: a trial)."""
+    a = np.arange(6.0).reshape(2, 3)
+    for order in (b"C", b"f", b"K"):
+        got = eds.einsum("ij,kj->ik", a, a, order=order)
+        want = np.einsum("ij,kj->ik", a, a, order=order)
+        np.testing.assert_array_equal(got, want)
+        assert got.flags["C_CONTIGUOUS"] == want.flags["C_CONTIGUOUS"] and got.flags["F_CONTIGUOUS"] == want.flags[
+            "F_CONTIGUOUS"]
+    with pytest.raises(EinsumError, match="order must be one of"):
+        eds.einsum("ij->i", a, order=b"X")
+
+
 def test_read_only_out():
     out = np.zeros(2)
     out.flags.writeable = False

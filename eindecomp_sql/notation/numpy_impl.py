@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import EinsumError
+from ..errors import EinsumError, EinsumTypeError
 from .checks import check_dtype, is_bfloat16, narrow_bfloat16, promote
 from .functions import Aggregation, JoinFunction, check_expression, operand_index, parse_join  # noqa: F401
 
@@ -250,7 +250,10 @@ def join_dtype(join: JoinFunction, dtypes: list[np.dtype]) -> np.dtype:
     except EinsumError:
         raise
     except Exception as e:  # noqa: BLE001 - a user's join failing on a probe is bad input
-        raise EinsumError(f"join {join.label} failed on a probe of dtypes {[d.name for d in dtypes]}: {e}") from e
+        # where numpy's ufunc raises TypeError (bool - bool), a TypeError too, as numpy's
+        # callers catch it (it was a ValueError only: a trial)
+        kind = EinsumTypeError if isinstance(e, TypeError) else EinsumError
+        raise kind(f"join {join.label} failed on a probe of dtypes {[d.name for d in dtypes]}: {e}") from e
     return narrow_bfloat16(vals.dtype, dtypes)
 
 
