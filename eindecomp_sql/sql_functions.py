@@ -30,7 +30,7 @@ from .compile.sql_interface import (
 )
 from .errors import EinsumError
 from .notation.checks import check_name
-from .plan import TiledValue
+from .plan import TiledValue, plan_einsum
 from .plan.steps import format_bytes
 
 MODES = ("tiles", "elements", "topk")
@@ -186,6 +186,20 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
         # a step over the budget runs as several statements, each committed before the next,
         # which is what keeps it within the budget; one query would hold all of it at once
         k, s = batched[0]
+        if mode == "topk":
+            # the Python API has no top-k: "call db.einsum(...)" led nowhere (a trial); say the
+            # memory= under which the plan is one query
+            from .plan.cost import BUDGET_SHARE
+            from .session import _rounded_up
+
+            whole = plan_einsum(spec, tuple(values), join, agg, workers=session.workers, budget=None,
+                                tile_bytes=session.tile_bytes, costs=session.backend.cost_model)
+            need = _rounded_up(whole.peak_bytes / BUDGET_SHARE)
+            raise _said_of_tables(EinsumError(
+                f"einsum_topk(): under the session's memory budget of {format_bytes(session.memory or 0)} the plan "
+                f"runs step {k} ({s.describe()}) as {s.batches} statements, but a SQL table function is one query, "
+                f"and top-k has no Python form to run them one after another; connect with memory= of at least "
+                f"{need}, or rank fewer rows a query (WHERE on a smaller table of queries)"), tables)
         raise _said_of_tables(EinsumError(
             f"einsum(): under the session's memory budget of {format_bytes(session.memory or 0)} the plan runs step {k} "
             f"({s.describe()}) as {s.batches} statements, but a SQL table function is one query; call "

@@ -240,3 +240,26 @@ def test_rows_come_in_order_whatever_the_labels_are_called():
                     for k, j in enumerate(np.argsort(-a[x, y], kind="stable")[:2]):
                         want.append((x, y, k + 1, int(j), float(a[x, y, j])))
             assert [tuple(r) for r in rows] == want, spec
+
+
+def test_topk_refused_under_a_budget_says_the_memory_that_runs_it():
+    """Under memory= a top-k whose product is batched is one query it cannot split; the
+    refusal said "call db.einsum(...) from Python", which has no top-k (a trial). It now says
+    the memory= under which it runs, and it does run there."""
+    import re
+
+    rng = np.random.default_rng(12)
+    q = rng.standard_normal((300, 64)).astype(np.float32)
+    e = rng.standard_normal((20000, 64)).astype(np.float32)
+    with eds.connect(memory="40MB") as db:
+        db.store("Q", q)
+        db.store("E", e)
+        with pytest.raises(duckdb.Error, match="top-k has no Python form") as info:
+            db.connection.sql("SELECT * FROM einsum_topk('id,jd->ij', 3, 'Q', 'E')").fetchall()
+        need = re.search(r"memory= of at least (\S+ [kMG]?B)", str(info.value)).group(1).replace(" ", "")
+        assert "db.einsum" not in str(info.value)
+    with eds.connect(memory=need) as db:
+        db.store("Q", q)
+        db.store("E", e)
+        rows = db.connection.sql("SELECT * FROM einsum_topk('id,jd->ij', 3, 'Q', 'E')").fetchall()
+    same_rows(rows, ref_topk(q @ e.T, 3))
