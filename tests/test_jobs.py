@@ -229,6 +229,11 @@ BAD = [
      "unknown key 'wrkers' in the job"),
     ('databse = "t.duckdb"\n', 1, "unknown key 'databse' in the job"),
     (BASE + '[steps.h]\nspec = "ij,jk->ik"\noperands = ["x", "y"]\n', 6, "step 'h': unknown operand 'y'"),
+    # a database path opening would refuse, said with its line (they came without one: a trial)
+    (BASE.replace("t.duckdb", "x.npy") + '[steps.h]\nspec = "ij->i"\noperands = ["x"]\n', 1,
+     "is not a DuckDB database file"),
+    (BASE.replace("t.duckdb", "sub/t.duckdb") + '[steps.h]\nspec = "ij->i"\noperands = ["x"]\n', 1,
+     "its folder"),
     # an operand forgotten: said so, not "input 'w1': no step reads this input" (a trial)
     (BASE + 'w1 = { file = "x.npy" }\n[steps.h]\nspec = "bi,io->bo"\noperands = ["x"]\n', 7,
      "step 'h': einsum spec 'bi,io->bo' has 2 operand(s) but 1 operand(s) were given"),

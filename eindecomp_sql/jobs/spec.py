@@ -207,6 +207,21 @@ def parse_job(text: str, path, *, database=None, memory=None, workers=None, tile
             raise err(f"database must be a file path (a string), got {doc['database']!r}", "database")
         # "~/x.duckdb" is the user's home, as in a shell (it became <job dir>/~/x.duckdb)
         db = base / os.path.expanduser(doc["database"])
+    # what opening it would refuse, said before anything runs and with the line (a trial met
+    # "'x.npy' is not a DuckDB database file" and DuckDB's raw IO error, no file or line)
+    where = () if database is not None else ("database",)
+    if db.is_dir():
+        raise err(f"database {str(db)!r} is a directory; name a DuckDB file", *where)
+    if not db.exists() and not db.parent.is_dir():
+        raise err(f"database {str(db)!r}: its folder {str(db.parent)!r} does not exist", *where)
+    if db.is_file() and db.stat().st_size > 0:
+        try:
+            with open(db, "rb") as f:
+                head = f.read(12)
+        except OSError as e:
+            raise err(f"cannot read database {str(db)!r}: {e.strerror}", *where) from None
+        if head[8:12] != b"DUCK":
+            raise err(f"database {str(db)!r} is not a DuckDB database file", *where)
 
     def setting(key, given, check):
         if given is not None:
