@@ -561,7 +561,8 @@ class DuckDBBackend:
         def udf(spec, names, mode, join, agg, k, where):
             if where is not None and tuple(where) != home:
                 raise EinsumError(
-                    f"einsum(): this connection's default schema is {'.'.join(map(str, where))} (after USE), but "
+                    f"einsum(): this connection's default schema is {'.'.join(map(str, where))} (after USE or SET "
+                    "search_path), but "
                     f"einsum() reads stored tensors and tables from the session's {'.'.join(home)}; run "
                     f"USE {'.'.join(ident(n).sql(dialect='duckdb') for n in home)} first")
             return einsum_sql(spec, list(names) if names is not None else [], mode, join, agg, k)
@@ -948,8 +949,9 @@ class DuckDBBackend:
         if stored and not replace:
             raise EinsumError(f"table {table!r} already exists; pass replace=True to overwrite it")
         if exists and not stored:  # with or without replace (so no advice to pass it)
-            raise EinsumError(f"{table!r} is a table or view of the database that is not a stored tensor; replace "
-                              "overwrites stored tensors only: choose another name, or drop it first")
+            why = "; replace=True overwrites stored tensors only" if replace else ""
+            raise EinsumError(f"{table!r} is a table or view of the database that is not a stored tensor{why}: "
+                              "choose another name, or drop it first")
         return exists
 
     # -- data in and out --------------------------------------------------------------------
