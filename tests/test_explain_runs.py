@@ -36,8 +36,10 @@ class Recorder:
         backend.execute, backend._run = recording_execute, recording_run
 
     def writes(self) -> tuple[int, int]:
-        """(CREATE TABLE statements, INSERT statements) run for plan steps."""
-        creates = [s for s in self.statements if s.startswith("CREATE") and "eds_catalog" not in s]
+        """(CREATE TABLE statements, INSERT statements) run for plan steps (a view over a value's
+        parts writes nothing)."""
+        creates = [s for s in self.statements if s.startswith("CREATE") and "eds_catalog" not in s
+                   and " VIEW " not in s.split("(")[0].upper() + " "]
         inserts = [s for s in self.statements if s.startswith("INSERT INTO") and "eds_catalog" not in s]
         return len(creates), len(inserts)
 
@@ -46,7 +48,10 @@ def check_runs_as_explained(rec: Recorder, plan, text: str) -> None:
     (ran,) = rec.plans
     assert ran == plan
     assert explained_steps(text) == [s.describe() for s in ran.steps]
-    assert rec.writes() == (len(ran.steps), sum(s.batches - 1 for s in ran.steps))
+    # one write a statement: a table and an INSERT a further batch, or (a value over the
+    # session's part size, batched under a budget) a part a batch
+    creates, inserts = rec.writes()
+    assert creates + inserts == sum(s.batches for s in ran.steps) and creates >= len(ran.steps)
 
 
 @pytest.mark.parametrize("memory", [None, "2MB"])
