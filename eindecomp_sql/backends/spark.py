@@ -185,6 +185,28 @@ def _hold(path: str):
     return f
 
 
+@contextlib.contextmanager
+def _locked(path: str, shared: bool = False):
+    """A lock on file ``path`` (made if missing) for the ``with`` block, across the processes
+    and sessions of a database directory: exclusive, or ``shared`` with other shared holders."""
+    import fcntl
+
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        f = open(path, "a")  # noqa: SIM115 - closed below
+    except OSError:
+        if not shared:
+            raise
+        yield  # a reader of a directory it may not write (read-only): no lock to share
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _sweep_scratch(folder: str) -> None:
     """Remove the scratch of sessions no longer alive from ``folder`` (``<db>/_eds_scratch``):
     a run killed with its process, or a session never closed, left its step results there (a
@@ -414,13 +436,23 @@ class SparkBackend:
         self._write_meta(written, value)
         path = self._dir(value.name)
         old = None
-        if os.path.exists(path):
-            old = os.path.join(self._scratch, f"old-{next(self._counter)}")
-            os.rename(path, old)
-        os.rename(written, path)
+        # the two renames under a lock every session of the database takes: two sessions
+        # replacing one tensor at once failed with a raw "Directory not empty" or
+        # FileNotFoundError between them (a trial: 3 of 800 stores)
+        with self._install_lock():
+            if os.path.exists(path):
+                old = os.path.join(self._scratch, f"old-{next(self._counter)}")
+                os.rename(path, old)
+            os.rename(written, path)
         self._temporary.pop(value.name.lower(), None)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+    def _install_lock(self, shared: bool = False):
+        """The database directory's install lock (``_install``); none where tensors are tables."""
+        if self.root is None:
+            return contextlib.nullcontext()
+        return _locked(os.path.join(self.root, SCRATCH, "install.lock"), shared)
 
     def owned_directory(self, path: str) -> str | None:
         """The directory of this session's that file ``path`` (a real path) would be written in
@@ -476,7 +508,7 @@ class SparkBackend:
         """No DuckDB connection here: the SQL interface is DuckDB's."""
 
     def lookup(self, name: str) -> TiledValue | None:
-        with self.lock:
+        with self.lock, self._install_lock(shared=True):  # (not between another session's renames)
             self._check_open()
             return self._stored_value(name)
 
@@ -663,9 +695,13 @@ class SparkBackend:
     def read_tiles(self, value: TiledValue) -> pa.Table:
         with self.lock:
             self._check_open()
-            where = self._stored(value.name, value, f"tensor {value.name!r} was replaced: it is now")
-            with self._stoppable():  # interrupt() cancels the read's job (a table's)
-                return self._read(where, value)
+            # under the directory's install lock, shared: another session's replace renames the
+            # tensor's directory away between two of its files (a trial: pyarrow's raw
+            # FileNotFoundError, 7 reads in 300, or a fragment-less read "No match for d0")
+            with self._install_lock(shared=True):
+                where = self._stored(value.name, value, f"tensor {value.name!r} was replaced: it is now")
+                with self._stoppable():  # interrupt() cancels the read's job (a table's)
+                    return self._read(where, value)
 
     def tile_batches(self, value: TiledValue, batch_bytes: int):
         return contextlib.nullcontext(iter(self.read_tiles(value).to_batches()))
@@ -693,11 +729,27 @@ class SparkBackend:
         """The Spark jobs of one piece of a session call, under a job tag of their own that
         ``Session.interrupt()`` cancels (``cancelJobsWithTag``, the running tasks' threads
         interrupted: a Python UDF's worker is killed, not waited for). A job started after the
-        cancel is not cancelled: the work calls ``job.check()`` between its jobs and asks
-        ``job.commit()`` before the catalog changes. Yields the job (``running.stoppable``)."""
+        cancel is cancelled too (the stop cancels the tag's jobs every 0.2 s until the work ends),
+        and the work calls ``job.check()`` between its jobs and asks ``job.commit()`` before the
+        catalog changes. Yields the job (``running.stoppable``)."""
         context = self.spark.sparkContext
         tag = f"eindecomp_sql-{self._session_id}-{next(self._counter)}"
-        with stoppable(self.stopper, lambda: context.cancelJobsWithTag(tag)) as job:
+        ended = threading.Event()
+
+        def cancel_until_ended():
+            # a stop that lands while Spark still plans a step's job (0.2-8 s here) finds no
+            # job to cancel, and the job then ran its every task (a trial: 34 s): the tag's jobs
+            # are cancelled again until this work ends
+            while True:
+                with contextlib.suppress(Exception):  # the session stopping meanwhile
+                    context.cancelJobsWithTag(tag)
+                if ended.wait(0.2):
+                    return
+
+        def stop():
+            threading.Thread(target=cancel_until_ended, name="eds-spark-cancel", daemon=True).start()
+
+        with stoppable(self.stopper, stop) as job:
             # both are properties of this thread's jobs (pyspark pins a JVM thread to it)
             old = context.getLocalProperty(INTERRUPT_ON_CANCEL)
             context.addJobTag(tag)
@@ -705,6 +757,7 @@ class SparkBackend:
                 context.setInterruptOnCancel(True)
                 yield job
             finally:
+                ended.set()
                 context.removeJobTag(tag)
                 context.setLocalProperty(INTERRUPT_ON_CANCEL, old)
 
