@@ -1227,6 +1227,13 @@ def _parquet_cursor(p: str, where: str, con):
     the checks that it exists and is not read as a pattern."""
     import duckdb
 
+    if os.path.isdir(p):
+        # a directory of Parquet files named x.parquet, as Spark writes one, was "no such
+        # Parquet file" (a trial)
+        advice = _other_files(con, p) if con is None else (
+            "read a directory of Parquet files with DuckDB (db.connection.read_parquet(path + '/*.parquet')) "
+            "and store the relation")
+        raise EinsumError(f"{where}: {p!r} is a directory, not one Parquet file; {advice}")
     if not os.path.isfile(p):
         raise EinsumError(f"{where}: no such Parquet file {p!r}")
     try:

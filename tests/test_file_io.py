@@ -711,3 +711,24 @@ def test_a_callers_memmap_slice_or_copy_on_write_map_stores_its_own_values(tmp_p
         c[:] = -1.0
         np.testing.assert_array_equal(db.store("T", c, replace=True).to_numpy(), np.full((40, 6), -1.0))
         assert (c == -1.0).all()  # the caller's edits are still there
+
+
+def test_a_directory_named_like_a_parquet_file_is_said_to_be_one(tmp_path):
+    """``df.write.parquet("x.parquet")`` makes a directory: store() said "no such Parquet file"
+    though the path exists (a trial). It says what it is and how to read it, per engine."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from eindecomp_sql import io
+
+    d = tmp_path / "elems.parquet"
+    d.mkdir()
+    pq.write_table(pa.table({"i": [0, 1, 2], "v": [1.0, 2.0, 3.0]}), d / "part-0.parquet")
+    with eds.connect() as db:
+        with pytest.raises(eds.EinsumError, match=r"is a directory, not one Parquet file; read a directory of "
+                                                  r"Parquet files with DuckDB \(db\.connection\.read_parquet"):
+            db.store("P", str(d), value="v")
+        rel = db.connection.read_parquet(str(d / "*.parquet"))
+        np.testing.assert_array_equal(db.store("P", rel, value="v").to_numpy(), [1.0, 2.0, 3.0])
+    with pytest.raises(eds.EinsumError, match=r"spark\.read\.parquet\(path\)"):  # an engine without DuckDB
+        io._parquet_cursor(str(d), "store('P')", None)
