@@ -797,9 +797,8 @@ class Session:
 
         A call stops within a kernel task, as on Ctrl-C; one still planning stops where its
         first statement would run. A query of yours on ``db.connection`` (the SQL functions)
-        is stopped by DuckDB's own ``db.connection.interrupt()``. On Spark the call's running
-        jobs are cancelled (their tasks interrupted); one that starts in the instant after the
-        cancel runs to its end, and the call stops before its next step."""
+        is stopped by DuckDB's own ``db.connection.interrupt()``. On Spark the call's jobs are
+        cancelled (their tasks interrupted), those it starts after the stop too."""
         stopper = getattr(self.backend, "stopper", None)
         if stopper is None:
             raise EinsumError(f"interrupt() is not available on the {self.backend.name} backend: stop a plan "
