@@ -143,6 +143,19 @@ print(plan.run_peak(), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
 """
 
 
+def test_a_small_non_product_join_is_projected_at_its_joined_space_not_a_minimum_block():
+    """A max over 5 elements was projected at 2.1 MB (the kernel's minimum block of 256K
+    elements, though it never materialises more than a tile's joined space) and refused under
+    memory="3MB" (a trial)."""
+    v = np.arange(1, 6, dtype=np.float64)
+    with eds.connect(memory="3MB") as db:
+        assert db.plan("i->", v, agg="max").peak_bytes < 1024
+        assert db.einsum("i->", v, agg="max").to_numpy() == 5.0
+        m = np.random.default_rng(3).standard_normal((7, 9))
+        np.testing.assert_array_equal(db.einsum("ij,jk->ik", m, m.T, join="add", agg="min").to_numpy(),
+                                      (m[:, :, None] + m.T[None, :, :]).min(1))
+
+
 def test_a_non_product_joins_blocks_are_in_its_projected_peak():
     """The blocks of a join that is no product are memory the kernels hold besides the tiles:
     a 1024² max-plus product grew the process by ~92 MB where its projected peak said 48 MB,

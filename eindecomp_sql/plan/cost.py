@@ -341,9 +341,11 @@ def join_block_bytes(node: EinsumNode, tile: dict[str, int], rows: int) -> int:
         return 0
     out = math.prod(tile[lab] for lab in node.output)
     largest = max([out] + [math.prod(tile[lab] for lab in op.labels) for op in node.operands])
-    # never under an output tile (the kernel cuts reduced axes only), and the accumulator and
-    # a block's reduction besides
-    block = max(min(BLOCK_ELEMENTS, max(MIN_BLOCK, largest, 8 * out)), out)
+    # never under an output tile (the kernel cuts reduced axes only), never over the tile's
+    # whole joined space (MIN_BLOCK made a 5-element max 2.1 MB, refused under memory="3MB": a
+    # trial), and the accumulator and a block's reduction besides
+    space = math.prod(tile[lab] for lab in node.labels)
+    block = max(min(BLOCK_ELEMENTS, max(MIN_BLOCK, largest, 8 * out), space), out)
     itemsize = max(np.dtype(node.result.dtype).itemsize, 4)  # float16 blocks reduce in float32
     return min(max(rows, 1), KERNEL_THREADS) * (block + 2 * out) * itemsize
 
