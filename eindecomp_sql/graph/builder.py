@@ -19,6 +19,8 @@ import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import EinsumError
 from ..notation import parse_agg, parse_join, parse_spec
 from ..notation.checks import check_dtype, check_name
@@ -138,12 +140,15 @@ class Graph:
 
     def einsum(self, spec: str, *operands, join=None, agg=None, name: str | None = None) -> GraphValue:
         """An extended einsum node (many operands lower to a binary tree when that is exact)."""
+        return self._einsum(spec, operands, join, agg, name)
+
+    def _einsum(self, spec: str, operands, join, agg, name, dtype=None) -> GraphValue:
         vals = [self._value(x, f"einsum {spec!r} operand {k}") for k, x in enumerate(operands)]
         parsed = parse_spec(spec, [v.shape for v in vals])
         j = parse_join(join, len(vals))
         a = parse_agg(agg)
         result = self._check_new_name(name) if name is not None else self._fresh("v")
-        nodes = lower_einsum(parsed, vals, j, a, result, temp_prefix=f"{result}_t")
+        nodes = lower_einsum(parsed, vals, j, a, result, temp_prefix=f"{result}_t", dtype=dtype)
         for node in nodes:
             self._values[node.result.name] = node.result
             self._nodes.append(node)
@@ -179,6 +184,13 @@ class Graph:
         # silence: a trial's mask count came back [True, True]); the identity join takes
         # ``agg.reduce``'s dtype, which is numpy's
         integral = v.dtype == "bool" or v.dtype.startswith(("int", "uint"))
+        if integral and not axes:
+            # nothing reduced: numpy's np.sum / np.prod(a, axis=()) still widen (int8 -> int64,
+            # bool -> int64), where the identity kept int8 (a trial): the lone operand cast to
+            # that dtype, a product "summed" over nothing in it
+            want = getattr(np, parse_agg(agg).name)(np.zeros(1, v.dtype), axis=()).dtype.name
+            if want != v.dtype:
+                return self._einsum(f"{s}->{out}", (x,), None, "sum", name, dtype=want)
         join = "identity" if integral and parse_agg(agg).name == "sum" else None
         return self.einsum(f"{s}->{out}", x, join=join, agg=agg, name=name)
 
