@@ -759,8 +759,11 @@ class Session:
             if t.shape != v.shape or t.dtype != v.dtype:
                 raise EinsumError(f"input {v.name!r}: the graph wants {v.shape} {v.dtype}, got {t.shape} {t.dtype}")
             return t
-        a = _cast_input(as_array(x, f"input {v.name!r}"), v)
-        if a.shape != v.shape or a.dtype != v.dtype:
+        given = as_array(x, f"input {v.name!r}")
+        if given.shape != v.shape:  # before any cast: named as given, with no warning of a cast (a trial)
+            raise EinsumError(f"input {v.name!r}: the graph wants {v.shape} {v.dtype}, got {given.shape} {given.dtype}")
+        a = _cast_input(given, v)
+        if a.dtype != v.dtype:
             raise EinsumError(f"input {v.name!r}: the graph wants {v.shape} {v.dtype}, got {a.shape} {a.dtype}")
         return a
 

@@ -115,7 +115,10 @@ def test_a_node_nobody_uses_is_left_out_with_a_warning(db):
     # ... but what is given for it must be right: a wrong shape or dtype ran in silence (a trial)
     for bad, match in [(np.ones((4, 8)), r"input 'u': the graph wants \(8, 4\) float64, got \(4, 8\)"),
                        (np.ones((8, 4), np.complex128), "got .8, 4. complex128"),
-                       (np.full((8, 4), 2**70), "u"), ("nope", "no stored tensor named 'nope'")]:
+                       (np.full((8, 4), 2**70), "u"), ("nope", "no stored tensor named 'nope'"),
+                       # the shape before any cast, named as given (it said float32 after casting a
+                       # float64 array it warned of: a trial)
+                       (np.ones((3, 4), np.int16), r"the graph wants \(8, 4\) float64, got \(3, 4\) int16")]:
         for run in (lambda: plan.run(db, **{**xs, "u": bad}), lambda: g.run(db, outputs=y, **{**xs, "u": bad})):
             with pytest.raises(EinsumError, match=match):
                 run()
