@@ -507,3 +507,20 @@ def test_out_names_tables_by_graph_value_or_as_a_list(db):
     np.testing.assert_allclose(db.tensor("GT2").to_numpy(), (a @ b).T, rtol=1e-12)
     with pytest.raises(EinsumError, match=r"out names 1 table\(s\) for the plan's 2 outputs"):
         g.run(db, outputs=[s, t], out=["GS3"], p=a, q=b)
+
+
+def test_a_refused_graph_says_the_memory_under_which_every_node_plans():
+    """The memory= a refusal named was its first node's need: at that figure the graph's next
+    node was refused with a bigger one (a trial: 1MB -> "1.1 MB" -> "1.5 MB"). It is now every
+    node's, and the graph plans there."""
+    import re
+
+    g = eds.Graph()
+    x, w1, w2 = g.input("x", (256, 128)), g.input("w1", (128, 512)), g.input("w2", (512, 128))
+    g.einsum("bo,oi->bi", g.map("relu", g.einsum("bi,io->bo", x, w1)), w2)
+    with pytest.raises(EinsumError, match="needs memory= of at least") as info:
+        g.run(eds.connect(memory="20kB"), x=np.ones((256, 128), np.float32), w1=np.ones((128, 512), np.float32),
+              w2=np.ones((512, 128), np.float32))
+    need = re.search(r"needs memory= of at least (\S+ [kMG]?B)", str(info.value)).group(1).replace(" ", "")
+    with eds.connect(memory=need) as db:
+        assert g.plan(memory=db.plan_budget).plan.steps

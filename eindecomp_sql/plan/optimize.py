@@ -308,7 +308,6 @@ class _Problem:
 
     def _refuse(self, node: EinsumNode) -> None:
         """Raise the EinsumError that says why no chunking of ``node`` is a candidate."""
-        opts = self._label_options(node)
         labels = list(node.labels)
         cap = max(self.workers * MAX_PRODUCT_FACTOR, MAX_JOIN_TASKS)  # as _candidates_fitting's
         if self.budget is None:  # only the tile cap can refuse every candidate
@@ -317,8 +316,7 @@ class _Problem:
                 f"no chunking of node {node.describe()} -> {node.result.name} keeps the tiles it makes under "
                 f"tile_bytes = {format_bytes(self.tile_bytes)} with at most {cap} tile tuples per step (one element "
                 f"takes up to {item} B); give a larger tile_bytes")
-        peaks = [(self._best_peak(node, p), p) for p in
-                 (dict(zip(labels, c)) for c in _bounded_products([opts[lab] for lab in labels], 1, cap))]
+        peaks = self._peaks(node)
         smallest, pieces = min(peaks, key=lambda t: t[0])
         if smallest <= self.budget:
             # what it says to store is the coarsest chunking whose step fits, not the one of the
@@ -342,8 +340,19 @@ class _Problem:
             head + f"the smallest projected peak with at most {cap} tile tuples per step is "
             f"{format_bytes(smallest)}{capped}; give more memory"
         )
-        error.needed = smallest  # what a budget must be at least (a session says it in its memory=)
+        # what a budget must be at least (a session says it in its memory=): every node's
+        # smallest peak, not this one's only (at the figure said for a graph's first node its
+        # next was refused with a bigger one: a trial)
+        error.needed = max([smallest] + [min(p for p, _ in self._peaks(n)) for n in self.nodes if n is not node])
         raise error
+
+    def _peaks(self, node: EinsumNode) -> list[tuple[int, dict[str, int]]]:
+        """The smallest projected peak of each chunking of ``node`` a refusal weighs."""
+        opts = self._label_options(node)
+        labels = list(node.labels)
+        cap = max(self.workers * MAX_PRODUCT_FACTOR, MAX_JOIN_TASKS)  # as _candidates_fitting's
+        return [(self._best_peak(node, p), p) for p in
+                (dict(zip(labels, c)) for c in _bounded_products([opts[lab] for lab in labels], 1, cap))]
 
     def _stored_pieces(self, node: EinsumNode) -> dict[str, int] | None:
         """Pieces of every label as the node's stored inputs are cut (None: a label no stored
