@@ -191,13 +191,21 @@ def _locked(path: str, shared: bool = False):
     and sessions of a database directory: exclusive, or ``shared`` with other shared holders."""
     import fcntl
 
+    f = None
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        f = open(path, "a")  # noqa: SIM115 - closed below
+        if shared:
+            # a reader neither makes nor writes it (a read-only session wrote into the database
+            # directory: a review); flock needs no write access
+            f = open(path)  # noqa: SIM115 - closed below
+        else:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+            f = os.fdopen(fd)
     except OSError:
         if not shared:
             raise
-        yield  # a reader of a directory it may not write (read-only): no lock to share
+    if f is None:  # no lock file yet (no replace ever ran), or none this reader may open
+        yield
         return
     with f:
         fcntl.flock(f, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
@@ -425,7 +433,7 @@ class SparkBackend:
             raise EinsumError(f"{self._dir(name)!r} exists and is not a stored tensor; choose another name, or "
                               "move it out of the database directory")
 
-    def _install(self, where: Where, value: TiledValue) -> None:
+    def _install(self, where: Where, value: TiledValue, replace: bool = True) -> None:
         """Move a written value into the catalog as tensor ``value.name`` (replacing one of that
         name): one rename puts it in place, after its description is written."""
         if where.table is not None:
@@ -440,6 +448,11 @@ class SparkBackend:
         # replacing one tensor at once failed with a raw "Directory not empty" or
         # FileNotFoundError between them (a trial: 3 of 800 stores)
         with self._install_lock():
+            if not replace and self._read_meta(path) is not None:
+                # another session stored it since this call's check (both without replace=True:
+                # the second overwrote the first in silence, a review)
+                raise EinsumError(f"table {value.name!r} already exists (stored by another session meanwhile); pass "
+                                  "replace=True to overwrite it")
             if os.path.exists(path):
                 old = os.path.join(self._scratch, f"old-{next(self._counter)}")
                 os.rename(path, old)
@@ -541,9 +554,12 @@ class SparkBackend:
                 self._tables.drop(name)
                 return
             path = self._dir(name)
-            if self._read_meta(path) is not None:
-                gone = os.path.join(self._scratch, f"dropped-{next(self._counter)}")
-                os.rename(path, gone)  # out of the catalog at once, then deleted
+            gone = None
+            with self._install_lock():  # (not between another session's renames: a review)
+                if self._read_meta(path) is not None:
+                    gone = os.path.join(self._scratch, f"dropped-{next(self._counter)}")
+                    os.rename(path, gone)  # out of the catalog at once, then deleted
+            if gone is not None:
                 shutil.rmtree(gone, ignore_errors=True)
 
     def set_memory(self, budget: int | None) -> None:
@@ -685,7 +701,7 @@ class SparkBackend:
                                 f"store({value.name!r}) failed on Spark: {_spark_error(e)}")) from e
                     if not job.commit():  # from here on an interrupt() comes too late
                         job.check()
-                    self._install(written, value)
+                    self._install(written, value, replace)
                     written = None
                 finally:
                     if written is not None:
@@ -854,7 +870,7 @@ class SparkBackend:
                         if t.temporary:
                             self._keep_temporary(where[name], stored, run)
                         else:
-                            self._install(where[name], stored)
+                            self._install(where[name], stored, replace)
                             if where[name].table is not None:
                                 run.tables.remove(where[name].table)
                     return result
