@@ -598,6 +598,8 @@ class Session:
             yield
         except EinsumError as e:
             needed = getattr(e, "needed", None)
+            if needed is not None and hasattr(e, "needed_by_all"):
+                needed = e.needed_by_all()  # every node's need (plan/optimize.py's _refuse)
             if needed is None or self.memory is None or self.plan_budget is None:
                 raise
             raise type(e)(f"{e}: this session's memory={format_bytes(self.memory)} gives plans {BUDGET_SHARE:.0%} of "

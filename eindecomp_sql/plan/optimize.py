@@ -343,7 +343,11 @@ class _Problem:
         # what a budget must be at least (a session says it in its memory=): every node's
         # smallest peak, not this one's only (at the figure said for a graph's first node its
         # next was refused with a bigger one: a trial)
-        error.needed = max([smallest] + [min(p for p, _ in self._peaks(n)) for n in self.nodes if n is not node])
+        error.needed = smallest
+        # computed only where a session says it (a plan's fusion attempt and the pipeline's
+        # retry catch refusals: eagerly, a 60-node chain's refusal took 16x as long, a review)
+        others = [n for n in self.nodes if n is not node]
+        error.needed_by_all = lambda: max([smallest] + [min(p for p, _ in self._peaks(n)) for n in others])
         raise error
 
     def _peaks(self, node: EinsumNode) -> list[tuple[int, dict[str, int]]]:
