@@ -419,6 +419,12 @@ class SparkBackend:
         return value, (Where(table=name) if self._tables is not None else Where(path=self._dir(name)))
 
     def _check_target(self, name: str, replace: bool) -> None:
+        # (not between another session's renames of it: a drop's made a tensor's directory
+        # read as "not a stored tensor" for an instant, CI met it once)
+        with self._install_lock(shared=True):
+            self._check_target_now(name, replace)
+
+    def _check_target_now(self, name: str, replace: bool) -> None:
         found = self._find(name) is not None
         if found and not replace:
             raise EinsumError(f"table {name!r} already exists; pass replace=True to overwrite it")
