@@ -365,7 +365,7 @@ def store(database, name, file, tile, dtype, shape, index, value, replace, memor
     path = pathlib.Path(file)
     files.kind(path)
     if not path.is_file():
-        raise Failure(f"no such file {str(path)!r}")
+        raise Failure(files.missing(path))
     t0 = time.perf_counter()
     # a store that fails leaves no database file it created (a bad name made an empty 270 kB
     # one, a trial); one that was there stays as it was (the store is atomic). Removed while

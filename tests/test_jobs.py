@@ -280,6 +280,16 @@ def test_bad_job_files_fail_before_anything_runs(tmp_path, capsys, text, line, s
     assert not (tmp_path / "t.duckdb").exists()  # nothing was created, let alone computed
 
 
+def test_an_input_that_is_a_directory_is_said_to_be_one(tmp_path, capsys):
+    # a Spark-written x.parquet/ is a folder of files: "no such file" sent a trial looking for it
+    (tmp_path / "x.parquet").mkdir()
+    (tmp_path / "job.toml").write_text('database = "t.duckdb"\n[inputs]\nx = { file = "x.parquet" }\n'
+                                       '[steps.h]\nspec = "i->"\noperands = ["x"]\n')
+    code, _, err = run_main(capsys, "run", tmp_path / "job.toml")
+    assert code == 1 and ":3: input 'x': " in err and "is a directory, not a file" in err, err
+    assert "no such file" not in err and not (tmp_path / "t.duckdb").exists()
+
+
 def test_unknown_stored_tensor_is_named_with_its_line(tmp_path, capsys):
     with eds.connect(str(tmp_path / "t.duckdb")) as db:
         db.store("Z", np.ones(3))

@@ -18,6 +18,15 @@ ARROW_SUFFIXES = (".arrow", ".feather")
 SUFFIXES = (".npy", ".parquet") + ARROW_SUFFIXES
 
 
+def missing(path) -> str:
+    """Why ``path`` cannot be loaded as a file (it is not one): a directory is not read as the
+    files in it (a Spark-written ``x.parquet/`` is one), which "no such file" would hide."""
+    if pathlib.Path(path).is_dir():
+        return (f"{str(path)!r} is a directory, not a file; read a directory of Parquet files with DuckDB "
+                "(read_parquet(path + '/*.parquet')) and store the relation")
+    return f"no such file {str(path)!r}"
+
+
 def kind(path) -> str:
     s = pathlib.Path(path).suffix.lower()
     if s == ".npy":
@@ -91,7 +100,7 @@ def store_file(db, name: str, path, tile=None, dtype=None, shape=None, replace: 
     path = pathlib.Path(path)
     kind(path)
     if not path.is_file():
-        raise EinsumError(f"no such file {str(path)!r}")
+        raise EinsumError(missing(path))
     kw = {"tile": tile, "replace": replace, "dtype": dtype, "keys": keys}
     for k, v in (("shape", shape), ("index", index), ("value", value)):
         if v is not None:

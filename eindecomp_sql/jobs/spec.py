@@ -328,7 +328,8 @@ def _input(name, spec, base: pathlib.Path, lines: Lines, err) -> InputSpec:
         if file.suffix.lower() not in FILE_SUFFIXES:
             raise err(f"file {f!r}: unknown kind of file; reads {', '.join(FILE_SUFFIXES)}", *where, "file", input=name)
         if not file.is_file():
-            raise err(f"no such file {str(file)!r}", *where, "file", input=name)
+            from .files import missing
+            raise err(missing(file), *where, "file", input=name)
     else:
         t = spec["tensor"]
         try:
