@@ -324,6 +324,23 @@ def test_operand_names_ignore_case_as_every_name_of_a_job_does(tmp_path, capsys)
     assert code == 0 and all(e["skipped"] for e in json.loads(out)["steps"]), err
 
 
+def test_a_spec_join_or_agg_respelt_with_the_same_meaning_changes_nothing(tmp_path, capsys):
+    """Names ignore case in the job; a join, agg or spec spelt otherwise (``MAX``, blanks) was
+    a changed job that only --force ran (the fingerprint hashed the raw text). A change of
+    meaning is still refused, naming that field alone."""
+    job = small_job(tmp_path, join="relu(x-y)")
+    assert run_main(capsys, "run", job, "-q")[0] == 0
+    text = job.read_text()
+    job.write_text(text.replace('"relu(x-y)"', '" relu( x  -  y ) "').replace('agg = "max"', 'agg = "MAX"')
+                   .replace('"ij,kj->ik"', '"ij, kj -> ik"').replace('"ik->i"', '" ik -> i "'))
+    code, out, err = run_main(capsys, "run", job, "--json")
+    assert code == 0 and all(e["skipped"] for e in json.loads(out)["steps"]), out + err
+    job.write_text(text.replace('agg = "max"', 'agg = "MIN"'))
+    code, out, err = run_main(capsys, "run", job)
+    assert code == 1 and "step 'h' (line 4): agg 'max' -> 'MIN'; step 's'" in err, err
+    assert "join '" not in err and "spec '" not in err, err
+
+
 def test_changed_job_is_refused_saying_what_changed_then_forced(tmp_path, capsys):
     job = small_job(tmp_path)
     code, out, err = run_main(capsys, "run", job, "--json")

@@ -505,9 +505,12 @@ def prepare(job: Job, db=None) -> Prepared:
     for name in job.order:
         s = job.steps[name]
         shape, dtype = shapes[name]
-        # (names ignore case, as the database's do: [steps.h] renamed [steps.H] changes nothing)
-        detail = {"form": FINGERPRINT_FORM, "kind": "step", "version": __version__, "spec": s.spec,
-                  "operands": [op.lower() for op in s.operands], "join": s.join, "agg": s.agg,
+        # (names ignore case, as the database's do: [steps.h] renamed [steps.H] changes nothing;
+        # nor does a spec, join or agg spelt otherwise with the same meaning: the recorded
+        # spelling is fingerprinted again)
+        spec, join, agg = _recorded_spelling(s, rows.get(name.lower()), [shapes[op][0] for op in s.operands])
+        detail = {"form": FINGERPRINT_FORM, "kind": "step", "version": __version__, "spec": spec,
+                  "operands": [op.lower() for op in s.operands], "join": join, "agg": agg,
                   "result": {"shape": list(shape), "dtype": dtype},
                   "inputs": {op.lower(): fps[op] for op in dict.fromkeys(s.operands)}}
         p = Part(name, "step", s.line, None, detail=detail, fingerprint=digest(detail))
@@ -551,6 +554,41 @@ def prepare(job: Job, db=None) -> Prepared:
             p.bind = {x.name: (job.inputs[x.name].tensor or x.name) if x.name in job.inputs else x.name
                       for x in sub.plan.inputs}
     return Prepared(job, g, gplan, parts, stored)
+
+
+def _meanings(spec, join, agg, shapes) -> tuple:
+    """What a step's spec, join and agg mean, whatever their spelling: the parsed spec's labels,
+    the join's name (its case and blanks ignored; ``None`` is ``mul``) or its expression as
+    Python prints it back (``relu(x-y)`` is ``relu(x - y)``), the aggregation's name."""
+    import ast
+
+    from ..notation.functions import parse_agg, parse_join
+    from ..notation.spec import parse_spec
+
+    e = parse_spec(spec, [tuple(x) for x in shapes])
+    f = parse_join(join, len(shapes))
+    return ((e.inputs, e.output, e.squeezed),
+            ("expr", ast.unparse(ast.parse(f.expr, mode="eval"))) if f.expr else ("name", f.name),
+            parse_agg(agg).name)
+
+
+def _recorded_spelling(s, row: dict | None, shapes) -> tuple:
+    """The step's (spec, join, agg) to fingerprint: each as its row recorded it where it means
+    what the job says now, else as the job spells it. A respelt join (``MUL`` for ``mul``,
+    ``x*y`` for ``x * y``) made a changed job that only ``--force`` ran (a trial); the recorded
+    spelling keeps every fingerprint a job has stored, its later steps' included, and a
+    refusal names only what changed in meaning."""
+    now = (s.spec, s.join, s.agg)
+    if row is None or row.get("kind") != "step" or not isinstance(row.get("detail"), dict):
+        return now
+    was = tuple(row["detail"].get(k) for k in ("spec", "join", "agg"))
+    if was == now or not all(x is None or isinstance(x, str) for x in was) or not isinstance(was[0], str):
+        return now
+    try:
+        m_was, m_now = _meanings(*was, shapes), _meanings(*now, shapes)
+    except (EinsumError, SyntaxError, ValueError):  # a recorded text this version reads otherwise
+        return now
+    return tuple(w if a == b else n for w, n, a, b in zip(was, now, m_was, m_now))
 
 
 def _file_key(job: Job, file) -> str:
