@@ -163,11 +163,18 @@ def einsum(*operands, out=None, dtype=None, order="K", casting="safe", optimize=
         operands' promoted dtype) and for the result into ``out``.
     optimize : {False, True, 'greedy', 'optimal', ('greedy', memory_limit), ['einsum_path', ...]}
         numpy's contraction-path argument (also opt_einsum's path names), checked as numpy
-        checks it (an invalid path is an ``EinsumError``). Values never depend on it: every
-        step computes in the dtype of the whole einsum, as numpy's unoptimized einsum does.
-        It orders the binary products of a many-operand product (a semiring join/agg): an
-        explicit path is followed, a name picks opt_einsum's algorithm; ``False`` lets the
-        planner choose (opt_einsum's ``"auto"``).
+        checks it (an invalid path is an ``EinsumError``). It orders the binary products of a
+        many-operand product (a semiring join/agg: ``mul``/``sum``, ``add``/``max``,
+        ``add``/``min``, ``min``/``max``, ``max``/``min``): an explicit path is followed, a name
+        picks opt_einsum's algorithm; ``False`` lets the planner choose (opt_einsum's
+        ``"auto"``). The result's dtype never depends on it: every step computes in the dtype of
+        the whole einsum, as numpy's unoptimized einsum does. Float values can, as with
+        numpy's own ``optimize``: another order rounds sums (and max-plus additions) otherwise,
+        and where ``+inf`` meets ``-inf`` in an add join (or ``inf`` meets ``0`` in a product)
+        one order gives ``nan`` and another ``inf``, since the pairwise steps reduce a label
+        before its values meet the other operands'. Integer, bool and ``min``/``max`` joins are
+        exact in any order; a join written as one expression (``join="x + y + z"``) is never
+        regrouped.
     join : str or callable, optional
         The element-wise function of the operands (default ``"mul"``). A name: binary
         ``mul add sub div max min pow`` (``mul add max min`` fold over any number of operands)
