@@ -428,17 +428,25 @@ def _float16_back(table: pa.Table, path: str) -> pa.Table:
     type comes back (exactly: every float16 is a float32), so a float16 file stores float16."""
     import pyarrow.parquet as pq
 
-    if not any(pa.types.is_float32(col.type) for col in table.schema):
+    if not any(pa.types.is_float32(col.type) or (_is_list(col.type) and pa.types.is_float32(col.type.value_type))
+               for col in table.schema):
         return table  # nothing DuckDB could have widened: no second read of the footer
     try:
         schema = pq.read_schema(path)  # the footer only
     except (OSError, pa.ArrowException):
         return table
     for k, col in enumerate(table.schema):
-        if (pa.types.is_float32(col.type) and col.name in schema.names
-                and pa.types.is_float16(schema.field(col.name).type)):
-            table = table.set_column(k, pa.field(col.name, pa.float16(), col.nullable),
-                                     pc.cast(table.column(k), pa.float16()))
+        if col.name not in schema.names:
+            continue
+        was = schema.field(col.name).type
+        if pa.types.is_float32(col.type) and pa.types.is_float16(was):
+            to = pa.float16()
+        elif (_is_list(col.type) and pa.types.is_float32(col.type.value_type) and _is_list(was)
+              and pa.types.is_float16(was.value_type)):
+            to = _list_like(col.type, pa.float16())  # an array-form file's embeddings (a trial)
+        else:
+            continue
+        table = table.set_column(k, pa.field(col.name, to, col.nullable), pc.cast(table.column(k), to))
     return table
 
 
@@ -601,9 +609,12 @@ def _element_columns(table: pa.Table, want: Wanted, where: str) -> tuple[list[st
             raise EinsumError(f"{where}: the table has no columns")
         if index is None and len(others) == len(cols) and not (len(cols) == 1 and named):
             typed = ", ".join(f"{c!r} ({_type_word(table.schema.field(c).type)})" for c in cols)
+            dense = len(cols) > 1 and all(_kind(table.schema.field(c).type) == "number" for c in cols)
             raise EinsumError(f"{where}: no integer columns ({typed}); a table in element form "
                               "has integer index columns, one per dimension, and one numeric value column "
-                              "(a DataFrame's index is not read: .reset_index() makes it a column)")
+                              + ("(a table whose every column is a number is a dense array: store "
+                                 "df.to_numpy(), or an array column as array form)" if dense else
+                                 "(a DataFrame's index is not read: .reset_index() makes it a column)"))
         if named:
             value = named[0]
         elif index is not None and len(rest) == 1:
@@ -652,7 +663,13 @@ def _from_elements(table: pa.Table, meta: dict, want: Wanted, where: str) -> Inc
                           "to a numeric type")
     vals = vcol.to_numpy()
     check_dtype(vals.dtype, f"{where}: value column {value!r}")
-    dtype = want.dtype or meta.get("dtype") or vals.dtype.name
+    written = meta.get("dtype")
+    if written is not None and want.dtype is None and vals.dtype != _written_as(written):
+        # a value column replaced since to_arrow("elements") wrote it (pyarrow's set_column
+        # keeps the metadata): its own type, not the old dtype (float64 values were rounded to
+        # the old float32 without a word, a trial)
+        written = None
+    dtype = want.dtype or written or vals.dtype.name
     if vals.dtype != dtype:
         if not can_cast(vals.dtype, dtype, "same_kind"):
             raise EinsumError(f"{where}: cannot cast value column {value!r} ({vals.dtype}) to {dtype} "
@@ -888,6 +905,15 @@ def elements_table(a: np.ndarray, names: tuple[str, ...]) -> pa.Table:
             for n, c in zip(names, np.indices(a.shape, sparse=False))} if a.ndim else {}
     cols[VALUE] = pa.array(np.ascontiguousarray(a).reshape(-1).astype(arrow_value_dtype(a.dtype), copy=False))
     return pa.table(cols)
+
+
+def _written_as(dtype) -> np.dtype | None:
+    """The value column's numpy dtype that ``to_arrow("elements")`` writes for ``dtype`` (None:
+    no dtype this package writes)."""
+    try:
+        return arrow_value_dtype(dtype)
+    except TypeError:
+        return None
 
 
 def arrow_value_dtype(dtype) -> np.dtype:
@@ -1537,15 +1563,24 @@ def _plain_columns(table: pa.Table, where: str) -> pa.Table:
         t = f.type
         if pa.types.is_dictionary(t):
             t = t.value_type
+        via = None
         if pa.types.is_decimal(t):
             t = pa.int64() if (t.precision, t.scale) == (38, 0) else pa.float64()
+            via = pa.string() if t == pa.float64() else None
         elif (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) and \
                 pa.types.is_decimal(t.value_type):
-            t = _list_like(t, pa.float64())
+            t, via = _list_like(t, pa.float64()), _list_like(t, pa.string())
         if t == f.type:
             continue
         try:
-            column = pc.cast(table.column(k), t)
+            column = table.column(k)
+            if via is not None:
+                # through the decimal's text: Arrow's decimal -> float64 cast is not correctly
+                # rounded (-3.258643 came out -3.2586429999999997, 28% of random DECIMAL(18,6)
+                # values 1 ulp off, where DuckDB's ::DOUBLE and the SQL functions are exact: a
+                # trial); its text -> float64 parse is
+                column = pc.cast(column, via)
+            column = pc.cast(column, t)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
             raise EinsumError(f"{where}: column {f.name!r} ({_type_word(f.type)}) cannot be read as {t} ({e}); cast "
                               "it to a numeric type first") from None

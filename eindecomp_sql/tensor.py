@@ -243,8 +243,13 @@ class Tensor:
         return array_from_tiles(tiles, v.shape, v.tile, v.dtype, v.keys)
 
     def __array__(self, dtype=None, copy=None):
+        # numpy 2's protocol: copy=False asks for no copy, and the tiles are in DuckDB, so
+        # reading them is always one (it was made silently: a trial). ValueError is numpy's.
+        if copy is False:
+            raise ValueError(f"{self!r}: np.asarray(..., copy=False) cannot be honoured: a stored tensor's "
+                             "values are read out of DuckDB into a new array (use copy=None, or to_numpy())")
         a = self.to_numpy()
-        return a if dtype is None else a.astype(dtype)
+        return a if dtype is None else a.astype(dtype, copy=False)
 
     def __repr__(self) -> str:
         v = self.value

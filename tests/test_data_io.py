@@ -781,3 +781,54 @@ def test_a_stored_tensors_name_is_a_source_for_store():
         np.testing.assert_array_equal(db.tensor("B").to_numpy(), a)
         with pytest.raises(EinsumError, match="a path must name"):
             db.store("C", "nothing_stored")
+
+
+# -- a data engineer's trial (2026-11-28, twenty-fifth session) ---------------------------------
+def test_decimal_values_are_the_nearest_double_as_duckdb_and_the_sql_functions_read_them():
+    """Arrow's decimal -> float64 cast is not correctly rounded: -3.258643 was stored as
+    -3.2586429999999997 (28% of random DECIMAL(18,6) values 1 ulp off), element and array form."""
+    with eds.connect() as db:
+        con = db.connection
+        con.execute("CREATE TABLE dec AS SELECT range AS i, ((hash(range) % 20000000) / 1000000 - 10)::DECIMAL(18,6) "
+                    "AS v FROM range(500)")
+        want = np.array([r[0] for r in con.sql("SELECT v::DOUBLE FROM dec ORDER BY i").fetchall()])
+        np.testing.assert_array_equal(db.store("D", con.table("dec")).to_numpy(), want)
+        con.execute("CREATE TABLE decarr AS SELECT 0 AS id, [-3.258643::DECIMAL(18,6), 1.5] AS emb")
+        assert db.store("D2", con.table("decarr")).to_numpy()[0].tolist() == [-3.258643, 1.5]
+
+
+@pytest.mark.parametrize("typ", [pa.list_(pa.float16()), pa.list_(pa.float16(), 3)], ids=["list", "fixed"])
+def test_a_float16_array_form_parquet_file_stays_float16(tmp_path, typ):
+    a = random_array(np.random.default_rng(3), (4, 3), "float16")
+    pq.write_table(pa.table({"emb": pa.array(list(a), typ)}), tmp_path / "h.parquet")
+    with eds.connect() as db:
+        t = db.store("H", str(tmp_path / "h.parquet"))
+        assert t.dtype == "float16"
+        np.testing.assert_array_equal(t.to_numpy().view(np.uint16), a.view(np.uint16))
+
+
+def test_a_value_column_replaced_under_old_metadata_keeps_its_own_type():
+    """pyarrow's set_column keeps the schema metadata: new float64 values under a float32
+    tensor's metadata were rounded to float32 without a word."""
+    with eds.connect() as db:
+        e = db.store("A", np.array([1.0, 2.0], np.float32)).to_arrow("elements")
+        t = db.store("A2", e.set_column(1, "value", pa.array([0.1, 0.2])))
+        assert t.dtype == "float64" and t.to_numpy().tolist() == [0.1, 0.2]
+        b = db.store("B", np.array([1.5, 2.0], ml_dtypes.bfloat16)).to_arrow("elements")  # float32 + metadata
+        assert db.store("B2", b).dtype == "bfloat16" and db.store("A3", e).dtype == "float32"
+
+
+def test_asarray_copy_false_of_a_stored_tensor_is_refused_as_numpy_2_asks():
+    with eds.connect() as db:
+        t = db.store("N", np.arange(3.0))
+        with pytest.raises(ValueError, match=r"copy=False\) cannot be honoured"):
+            np.asarray(t, copy=False)
+        assert np.asarray(t).tolist() == [0.0, 1.0, 2.0] and np.asarray(t, dtype=np.float32).dtype == np.float32
+
+
+def test_a_dense_dataframe_of_numbers_is_told_to_store_its_array():
+    import pandas as pd
+
+    with eds.connect() as db:
+        with pytest.raises(EinsumError, match=r"is a dense array: store df\.to_numpy\(\)"):
+            db.store("X", pd.DataFrame(np.random.default_rng(0).random((4, 6))))
