@@ -1660,7 +1660,9 @@ def _from_array_rows(table: pa.Table, column: str, want: Wanted, where: str) -> 
     if others and rows:
         key = others[0]
         keys = _no_nulls(table, key, where)
-        if pc.count_distinct(keys).as_py() < rows:
+        # -0.0 and 0.0 are one key, as DuckDB (and the SQL functions' ordering) compare them:
+        # Arrow counts them apart, so store took them in file order where SQL refused them
+        if pc.count_distinct(pc.add(keys, 0.0) if pa.types.is_floating(keys.type) else keys).as_py() < rows:
             raise EinsumError(f"{where}: key column {key!r} repeats values; a table in array form is ordered by its "
                               "key, which must be unique")
         try:

@@ -832,3 +832,12 @@ def test_a_dense_dataframe_of_numbers_is_told_to_store_its_array():
     with eds.connect() as db:
         with pytest.raises(EinsumError, match=r"is a dense array: store df\.to_numpy\(\)"):
             db.store("X", pd.DataFrame(np.random.default_rng(0).random((4, 6))))
+
+
+def test_array_form_keys_minus_zero_and_zero_are_one_key_as_in_the_sql_functions():
+    with eds.connect() as db:
+        t = pa.table({"id": [0.0, -0.0], "emb": pa.array([[1.0], [3.0]])})
+        with pytest.raises(EinsumError, match="key column 'id' repeats values"):
+            db.store("K", t)
+        assert db.store("K", pa.table({"id": [1.5, -0.0], "emb": pa.array([[1.0], [3.0]])})).to_numpy().tolist() \
+            == [[3.0], [1.0]]
