@@ -1546,14 +1546,18 @@ def _from_table(table: pa.Table, want: Wanted, where: str) -> Incoming:
     _check_columns(table.schema, tiled, where)
     if tiled:
         return _from_tiles(table, meta, want, where)
-    table = _plain_columns(_drop_pandas_index(table), where)
+    table = _drop_pandas_index(table)
     column = _array_column(table, want, where)
+    # an array-form table's key is ordered as it is: a DECIMAL or HUGEINT key made float64 or
+    # int64 first was refused as repeating (distinct decimals, one double) or as too big,
+    # where the SQL functions order it (a trial)
+    table = _plain_columns(table, where, keep=frozenset(table.column_names) - {column} if column else frozenset())
     if column is not None:
         return _from_array_rows(table, column, want, where)
     return _from_elements(table, meta, want, where)
 
 
-def _plain_columns(table: pa.Table, where: str) -> pa.Table:
+def _plain_columns(table: pa.Table, where: str, keep: frozenset = frozenset()) -> pa.Table:
     """Columns of a table not in tiled form in the types element and array rows are read in:
     dictionary-encoded ones (a pandas category, Arrow's dictionary arrays) decoded; decimals
     (DuckDB's type of a literal such as 1.5, and of ``sum()`` over decimals) as float64, as the
@@ -1564,7 +1568,7 @@ def _plain_columns(table: pa.Table, where: str) -> pa.Table:
         if pa.types.is_dictionary(t):
             t = t.value_type
         via = None
-        if pa.types.is_decimal(t):
+        if pa.types.is_decimal(t) and f.name not in keep:  # (``keep``: ordered, never computed with)
             t = pa.int64() if (t.precision, t.scale) == (38, 0) else pa.float64()
             via = pa.string() if t == pa.float64() else None
         elif (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) and \

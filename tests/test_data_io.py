@@ -841,3 +841,17 @@ def test_array_form_keys_minus_zero_and_zero_are_one_key_as_in_the_sql_functions
             db.store("K", t)
         assert db.store("K", pa.table({"id": [1.5, -0.0], "emb": pa.array([[1.0], [3.0]])})).to_numpy().tolist() \
             == [[3.0], [1.0]]
+
+
+def test_array_form_decimal_and_hugeint_keys_are_ordered_as_they_are():
+    """Made float64 / int64 before the key was known, distinct DECIMAL keys were refused as
+    repeating and a HUGEINT key beyond int64 as unreadable, where the SQL functions order them."""
+    with eds.connect() as db:
+        con = db.connection
+        con.execute("CREATE TABLE dk AS SELECT * FROM (VALUES (12345678901234567.02::DECIMAL(20,2), [1.0]),"
+                    " (12345678901234567.01::DECIMAL(20,2), [3.0])) v(id, emb)")
+        con.execute("CREATE TABLE hk AS SELECT * FROM (VALUES (170141183460469231731687303715884105727::HUGEINT,"
+                    " [1.0]), (-5::HUGEINT, [3.0])) v(id, emb)")
+        for name in ("dk", "hk"):
+            want = [[v] for _, _, v in con.sql(f"SELECT * FROM einsum_elements('ij->ij', '{name}')").fetchall()]
+            assert db.store(f"t_{name}", con.table(name)).to_numpy().tolist() == want == [[3.0], [1.0]]
