@@ -14,6 +14,7 @@ Stitches the layers like the session does: resolve operands, plan, compile; no S
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -25,6 +26,7 @@ from .compile.sql_interface import (
     SQL_TYPES,
     ArrayTable,
     array_tile,
+    fuses_topk,
     interface_query,
     settle_shapes,
 )
@@ -148,6 +150,36 @@ def table_values(session, spec: str, operands: list) -> tuple[list, list[TiledVa
     return operands, values, tables
 
 
+def streamed_costs(model):
+    """``model`` for a plan whose one einsum's results never leave its kernel (a fused top-k):
+    one statement a step, no partial results."""
+    return dataclasses.replace(model, streamed_result=True, splits_reductions=False)
+
+
+def _streamed_topk_plan(session, spec, values, join, agg):
+    """A plan of ``einsum_topk``'s product for a result bigger than the session's budget, or
+    None: one einsum step whose kernel is fused with the top-k (``fuse_topk``), so its result
+    tiles never leave the kernel, which computes them a slice at a time and keeps only each
+    row's ``k`` candidates (``CostModel.streamed_result``). Planned under the budget with that
+    model, it is one query; the ordinary plan ran the product as several statements, each
+    holding its share of the result, which one query cannot (it was refused, with a memory=
+    the size of the whole result: an embeddings trial)."""
+    from .compile.sql_interface import _EXACT_IN_DOUBLE
+    from .plan.steps import EinsumStep
+
+    model = streamed_costs(session.backend.cost_model)
+    try:
+        plan = plan_einsum(spec, tuple(values), join, agg, workers=session.workers, budget=session.plan_budget,
+                           tile_bytes=session.tile_bytes, costs=model)
+    except EinsumError:
+        return None
+    einsums = [s for s in plan.steps if isinstance(s, EinsumStep)]
+    if (len(einsums) != 1 or plan.steps[-1] is not einsums[0] or any(s.batches > 1 for s in plan.steps)
+            or plan.result.dtype not in _EXACT_IN_DOUBLE or not plan.result.shape):
+        return None
+    return plan if fuses_topk(plan, session.backend.compiler) else None
+
+
 def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=None) -> str:
     """The query answering ``einsum(spec, names...)`` in ``mode`` (tiles, elements or topk)."""
     if mode not in MODES:
@@ -182,6 +214,10 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
     if check is not None:  # stored tensors edited out of shape in SQL: refused, as db.einsum refuses them
         check([(v, v.name) for v in plan.inputs if v.name not in tables])
     batched = [(k, s) for k, s in enumerate(plan.steps) if s.batches > 1]
+    if batched and mode == "topk":
+        streamed = _streamed_topk_plan(session, spec, values, join, agg)
+        if streamed is not None:
+            plan, batched = streamed, []
     if batched:
         # a step over the budget runs as several statements, each committed before the next,
         # which is what keeps it within the budget; one query would hold all of it at once

@@ -242,6 +242,40 @@ def test_rows_come_in_order_whatever_the_labels_are_called():
             assert [tuple(r) for r in rows] == want, spec
 
 
+def test_a_topk_over_a_result_bigger_than_the_budget_runs_as_one_query_within_it():
+    """The embeddings case: 300 queries against 20,000 items is a 24 MB result, the whole of
+    memory="40MB"'s plan share. Planned as it is held, the product ran as several statements
+    and the SQL function refused it (asking for memory= the size of the result); the top-k
+    fused into the einsum kernel never holds the result, so it is planned without it
+    (``CostModel.streamed_result``): one query, within the budget, numpy's answer."""
+    from eindecomp_sql.plan.steps import EinsumStep
+
+    rng = np.random.default_rng(12)
+    q = rng.standard_normal((300, 64)).astype(np.float32)
+    e = rng.standard_normal((20000, 64)).astype(np.float32)
+    with eds.connect(memory="40MB") as db:
+        db.store("Q", q)
+        db.store("E", e)
+        assert db.plan("id,jd->ij", "Q", "E").steps[-1].batches > 1  # held, it would not be one query
+        sql = db._einsum_sql("id,jd->ij", ["Q", "E"], "topk", None, None, "3").lower()
+        assert "eds_topk_eds_einsum2" in sql
+        rows = db.connection.sql("SELECT * FROM einsum_topk('id,jd->ij', 3, 'Q', 'E')").fetchall()
+        same_rows(rows, ref_topk(q @ e.T, 3))
+        from eindecomp_sql.sql_functions import _streamed_topk_plan, streamed_costs
+
+        plan = _streamed_topk_plan(db, "id,jd->ij", [db.tensor("Q").value, db.tensor("E").value], None, None)
+        assert [type(s) for s in plan.steps].count(EinsumStep) == 1 and all(s.batches == 1 for s in plan.steps)
+        assert max(s.peak(streamed_costs(db.backend.cost_model)) for s in plan.steps) <= db.plan_budget
+    # a join and an aggregation (its kernel blocks the join space: 34 MB at most here)
+    with eds.connect(memory="80MB") as db:
+        db.store("Q", q[:100])
+        db.store("E", e)
+        assert db.plan("id,jd->ij", "Q", "E", join="-abs(x - y)", agg="min").steps[-1].batches > 1
+        rows = db.connection.sql("SELECT * FROM einsum_topk('id,jd->ij', 2, 'Q', 'E', join := '-abs(x - y)', "
+                                 "agg := 'min')").fetchall()
+    same_rows(rows, ref_topk(np.min(-np.abs(q[:100, None, :] - e[None, :, :]), axis=2), 2))
+
+
 def test_topk_refused_under_a_budget_says_the_memory_that_runs_it():
     """Under memory= a top-k whose product is batched is one query it cannot split; the
     refusal said "call db.einsum(...) from Python", which has no top-k (a trial). It now says
@@ -249,8 +283,10 @@ def test_topk_refused_under_a_budget_says_the_memory_that_runs_it():
     import re
 
     rng = np.random.default_rng(12)
-    q = rng.standard_normal((300, 64)).astype(np.float32)
-    e = rng.standard_normal((20000, 64)).astype(np.float32)
+    # int64: not exact in DOUBLE, so the top-k is not fused into the einsum kernel, whose
+    # result tiles then reach SQL and are planned as held (float32 runs: the test above)
+    q = rng.integers(-1000, 1000, (300, 64))
+    e = rng.integers(-1000, 1000, (20000, 64))
     with eds.connect(memory="40MB") as db:
         db.store("Q", q)
         db.store("E", e)
@@ -263,3 +299,32 @@ def test_topk_refused_under_a_budget_says_the_memory_that_runs_it():
         db.store("E", e)
         rows = db.connection.sql("SELECT * FROM einsum_topk('id,jd->ij', 3, 'Q', 'E')").fetchall()
     same_rows(rows, ref_topk(q @ e.T, 3))
+
+
+@pytest.mark.parametrize("tile", [(300, 1000), (20, 30)], ids=["big tiles", "small tiles"])
+def test_the_fused_topk_kernel_computes_a_slice_of_results_at_a_time(tile):
+    """A vector of joined rows is computed a slice at a time (at least one result tile,
+    ``STREAM_SLICE_BYTES`` of them when small), each cut to its candidates before the next:
+    the candidates are those of the whole call. The einsum kernel is a stand-in here that
+    hands back tiles it is given, counting the rows of each call."""
+    from eindecomp_sql.plan.cost import STREAM_SLICE_BYTES
+    from eindecomp_sql.udfs.topk import _fused
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2 * tile[0], 3 * tile[1]))
+    keys = [[i, k] for i in range(2) for k in range(3)]
+    tiles = tiles_to_arrow([np.ascontiguousarray(x[i * tile[0]:(i + 1) * tile[0], k * tile[1]:(k + 1) * tile[1]])
+                            for i, k in keys])
+    spec = json.dumps({"shape": list(x.shape), "tile": list(tile), "dtype": "float64", "k": 4})
+    calls = []
+
+    def kernel(t):
+        calls.append(len(t))
+        return t
+
+    got = _fused(kernel, ["t"])(pa.array([spec] * 6), pa.array(keys, pa.list_(pa.int64())), tiles)
+    assert calls == ([1] * 6 if tile[0] * tile[1] * 8 >= STREAM_SLICE_BYTES else [6]), calls
+    assert got.equals(topk_tiles(pa.array([spec] * 6), pa.array(keys, pa.list_(pa.int64())), tiles))
+    cands = got.flatten()
+    r, i = cands.field("r").to_numpy(), cands.field("i").to_numpy()
+    np.testing.assert_array_equal(cands.field("v").to_numpy(), x[r, i])

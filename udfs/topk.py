@@ -15,6 +15,7 @@ per tile; SQL ranks the candidates of a row across tiles (``compile/sql_interfac
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -25,6 +26,7 @@ from .register import _key_rows, _spec, _with_arity, einsum_groups, einsum_rows
 from .tiles import blob_views, tile_view
 from eindecomp_sql.notation.checks import SQL_TYPES, sql_value_dtype
 from eindecomp_sql.notation.numpy_impl import widened
+from eindecomp_sql.plan.cost import STREAM_SLICE_BYTES
 from eindecomp_sql.plan.tiling import extent
 
 # einsum kernels that have a fused top-k twin (a product's last step is binary after lowering)
@@ -165,9 +167,25 @@ def _fused(kernel: Callable, names: list[str]) -> Callable:
     SQL casts them back; only dtypes DOUBLE holds exactly are fused)."""
 
     def fused(topk_spec_arr, out_keys_arr, *args):
-        tiles = kernel(*args)
         spec = json.loads(_spec(topk_spec_arr))
-        offsets, r, i, v = _candidates(spec, [kk.tolist() for kk in _key_rows(out_keys_arr)], blob_views(tiles))
+        keys = [kk.tolist() for kk in _key_rows(out_keys_arr)]
+        # a slice of the call's rows at a time (STREAM_SLICE_BYTES of results, at least one
+        # tile), each cut to its candidates before the next is computed: a vector of 16 joined
+        # rows of 50 MB result tiles held 800 MB at once, where the plan of a top-k over a
+        # result bigger than the budget counts one slice (CostModel.streamed_result)
+        step = max(1, STREAM_SLICE_BYTES // max(1, math.prod(spec["tile"]) * np.dtype(spec["dtype"]).itemsize))
+        parts = []
+        for lo in range(0, max(len(keys), 1), step):
+            n = min(step, len(keys) - lo)
+            tiles = kernel(*args) if n == len(keys) else kernel(*(a.slice(lo, n) for a in args))
+            parts.append(_candidates(spec, keys[lo:lo + n], blob_views(tiles)))
+            del tiles
+        if len(parts) == 1:
+            offsets, r, i, v = parts[0]
+        else:
+            offsets = np.concatenate([np.zeros(1, np.int32)] + [o[1:] + sum(int(q[0][-1]) for q in parts[:j])
+                                                                for j, (o, *_) in enumerate(parts)]).astype(np.int32)
+            r, i, v = (np.concatenate([q[c] for q in parts]) for c in (1, 2, 3))
         return _as_list(offsets, r, i, v.astype(np.float64))
 
     return _with_arity(fused, ["topk_spec", "out_keys"] + names)

@@ -573,6 +573,13 @@ def fuse_topk(query: exp.Select, result: TiledValue, k: int, compiler: SQLCompil
     return query
 
 
+def fuses_topk(plan: Plan, compiler: SQLCompiler | None = None) -> bool:
+    """Whether ``interface_query`` runs ``plan``'s top-k inside its last einsum's kernel."""
+    c = without_residency(type(compiler or COMPILER))()
+    query = c.single_query(plan, {v.name: v.name for v in plan.inputs})
+    return fuse_topk(query, plan.result, 1, c) is not None
+
+
 def topk_query(result: TiledValue, k: int, source: exp.Expression, fused: bool = False,
                compiler: SQLCompiler | None = None) -> exp.Select:
     """The ``k`` largest elements of every row of ``result`` (the tiles ``source`` returns, or

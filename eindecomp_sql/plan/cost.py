@@ -95,6 +95,12 @@ class CostModel:
     # a grouped step over the budget may run as partial results and a combine step
     # (plan/partials.py); not tried on Spark, whose steps are not held by list() the same way
     splits_reductions: bool = True
+    # the result's tiles are consumed inside the kernel that makes them (a top-k fused into its
+    # einsum's kernel, ``compile/sql_interface.fuse_topk``), which computes a call's rows a
+    # slice at a time (``STREAM_SLICE_BYTES``): a step holds one slice of results, not three
+    # copies of a vector's. Only for a plan whose one einsum step is that kernel
+    # (``sql_functions``' top-k over a result bigger than the budget)
+    streamed_result: bool = False
 
     @property
     def row_retile_weight(self) -> float:
@@ -215,12 +221,13 @@ def batch_label(node: EinsumNode, pieces: dict[str, int]) -> str | None:
     return labs[0] if labs else None
 
 
-def batch_options(node: EinsumNode, pieces: dict[str, int]) -> list[int]:
+def batch_options(node: EinsumNode, pieces: dict[str, int], model: CostModel | None = None) -> list[int]:
     """The statement counts a step can run as, fewest first: 1..p1 statements over ranges of
     the first batch label's keys (p1 its pieces), then p1 * m (m = 2..p2) over every key of
-    the first and m ranges of the second's."""
+    the first and m ranges of the second's. One only where ``model``'s results are streamed
+    (a top-k's one query)."""
     labs = batch_labels(node, pieces)
-    if not labs:
+    if not labs or (model is not None and model.streamed_result):
         return [1]
     p1 = pieces[labs[0]]
     more = [p1 * m for m in range(2, pieces[labs[1]] + 1)] if len(labs) > 1 else []
@@ -232,7 +239,7 @@ def needed_batches(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dic
     """The fewest statements (``batch_options``) ``node`` cut into ``pieces`` runs as under
     ``budget`` (the most there are if none fits: the caller refuses such a chunking)."""
     model = model or DEFAULT_COSTS
-    return choose_batches(lambda b: step_peak(node, pieces, operand_dtypes, b, model), batch_options(node, pieces),
+    return choose_batches(lambda b: step_peak(node, pieces, operand_dtypes, b, model), batch_options(node, pieces, model),
                           budget)
 
 
@@ -248,8 +255,8 @@ def batch_grid(node: EinsumNode, pieces: dict[str, int], batches: int) -> tuple[
     return ((labs[0], p1), (labs[1], min(ceil_div(batches, p1), pieces[labs[1]])))
 
 
-def max_batches(node: EinsumNode, pieces: dict[str, int]) -> int:
-    return batch_options(node, pieces)[-1]
+def max_batches(node: EinsumNode, pieces: dict[str, int], model: CostModel | None = None) -> int:
+    return batch_options(node, pieces, model)[-1]
 
 
 def _fraction(pieces_along: int, batches: int) -> float:
@@ -265,6 +272,27 @@ def _batch_pieces(node: EinsumNode, pieces: dict[str, int], batches: int) -> dic
 # what a step holds of each result tile in flight: the kernel's result, DuckDB's vector of it, and
 # the table's copy (see step_peak)
 OUT_COPIES = 3
+# the result bytes a streaming kernel (``CostModel.streamed_result``: udfs/topk.py's fused
+# top-k) computes at once, at least one result tile: small tiles go a few at a time, so a call
+# of 2048 small rows is not 2048 kernel calls
+STREAM_SLICE_BYTES = 2 << 20
+
+
+def _results_held(model: CostModel, in_flight: int, out_tile: int, held_tile_bytes: int) -> int:
+    """What a step's kernels and engine hold of its results while ``in_flight`` joined rows are
+    handed over: three copies of each (``OUT_COPIES``) and a fused chain's hidden values; or,
+    streamed, one slice of results (and of the hidden values) at a time."""
+    if not model.streamed_result:
+        return in_flight * (OUT_COPIES * out_tile + held_tile_bytes)
+    return _slice_rows(model, in_flight, out_tile) * (out_tile + held_tile_bytes)
+
+
+def _slice_rows(model: CostModel, in_flight: int, out_tile: int) -> int:
+    """The joined rows whose results a kernel computes at once: a call's (``in_flight``), or
+    streamed (``CostModel.streamed_result``) a slice of them."""
+    if not model.streamed_result:
+        return in_flight
+    return max(1, min(in_flight, STREAM_SLICE_BYTES // max(out_tile, 1)))
 
 
 def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str], batches: int = 1,
@@ -298,8 +326,8 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
         # failed at 298 MB; with 3 copies the FFN's grouped step still measured 1.5x its
         # projected run peak, bench/run_peak.py)
         lists = out_tiles * reduced * in_tile * (4 if model.engine_holds_inputs else 1)
-        return (engine + lists + min(out_tiles, rows) * (OUT_COPIES * out_tile + held_tile_bytes)
-                + join_block_bytes(node, tile, min(out_tiles, rows)))
+        return (engine + lists + _results_held(model, min(out_tiles, rows), out_tile, held_tile_bytes)
+                + join_block_bytes(node, tile, _slice_rows(model, min(out_tiles, rows), out_tile)))
     # each result tile is held three times: the kernel's (Arrow), DuckDB's vector of it and the
     # table's copy it is written into (a 50 MB result tile under memory="200MB", projected at
     # 2x: "could not allocate block of size 47.6 MiB (48.5 MiB/85.8 MiB used)" at commit, a trial)
@@ -316,8 +344,8 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
     in_flight = min(out_tiles, rows)
     shared = sum(max(in_flight - math.prod(each[lab] for lab in op.labels), 0) * b
                  for op, b in zip(node.operands, op_tile))
-    return (joined + in_flight * (in_tile + OUT_COPIES * out_tile + held_tile_bytes) + shared
-            + join_block_bytes(node, tile, in_flight))
+    return (joined + in_flight * in_tile + _results_held(model, in_flight, out_tile, held_tile_bytes) + shared
+            + join_block_bytes(node, tile, _slice_rows(model, in_flight, out_tile)))
 
 
 # udfs/kernels.py's blocking of a join that is not a plain product (mul/sum is BLAS or np.einsum,
@@ -363,6 +391,9 @@ def step_kernel_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: d
     tile = {lab: tile_of(size[lab], pieces[lab]) for lab in node.labels}
     held_tile_bytes += held_bytes(node, tile)
     rows = min(out_tiles, model.vector_rows)
+    if model.streamed_result:
+        return (_results_held(model, rows, out_tile, held_tile_bytes)
+                + join_block_bytes(node, tile, _slice_rows(model, rows, out_tile)))
     return rows * (out_tile + held_tile_bytes) + join_block_bytes(node, tile, rows)
 
 
@@ -427,8 +458,8 @@ def retile_kernel_peak(shape, dtype, target_tile, batches: int = 1, model: CostM
     return read + in_flight
 
 
-def retile_max_batches(shape, target_tile) -> int:
-    if not shape:
+def retile_max_batches(shape, target_tile, model: CostModel | None = None) -> int:
+    if not shape or (model is not None and model.streamed_result):  # (one query: one statement)
         return 1
     a = retile_axis(shape, target_tile)
     return pieces_of(shape[a], target_tile[a])

@@ -380,7 +380,7 @@ class _Problem:
         where that is over the budget and it can, as partial and combine steps
         (``plan/partials.py``): always with ``split``, else where the partial results are small
         (a reduction to a small output; ``partials.small_partials``)."""
-        peak = step_peak(node, pieces, self.dtypes, max_batches(node, pieces), self.model)
+        peak = step_peak(node, pieces, self.dtypes, max_batches(node, pieces, self.model), self.model)
         if (self.budget is not None and peak > self.budget and partials.can_split(node, pieces, self.model)
                 and (split or partials.small_partials(node, pieces, self.bytes, self.budget))):
             return min(peak, partials.split_peak(node, pieces, self.dtypes, self.model))
@@ -454,7 +454,7 @@ class _Problem:
             # a stored input's tiles are known (each is read, copied and cut whole); an
             # intermediate's depend on its producer's chunking, which this cost does not see:
             # tiles of the target's size stand in (the finished plan's budget check knows them)
-            if retile_peak(v.shape, v.dtype, target, retile_max_batches(v.shape, target), self.model,
+            if retile_peak(v.shape, v.dtype, target, retile_max_batches(v.shape, target, self.model), self.model,
                            self.fixed.get(value, target)) > self.budget:
                 return Costs(retile=FORBIDDEN, model=self.model)  # forbidden: optimize() refuses such a plan
         have = self.fixed.get(value)  # a stored input's tiling is known; an intermediate's is the producer's choice

@@ -77,8 +77,8 @@ def split_nodes(node: EinsumNode, pieces: dict[str, int], partial: str) -> tuple
 def split_peak(node: EinsumNode, pieces: dict[str, int], dtypes: dict[str, str], model: CostModel) -> int:
     """The projected peak of the two steps, each in as many statements as it may have."""
     first, combine, cp = split_nodes(node, pieces, "_eds_partial")
-    return max(step_peak(first, pieces, dtypes, max_batches(first, pieces), model),
-               step_peak(combine, cp, {"_eds_partial": first.result.dtype}, max_batches(combine, cp), model))
+    return max(step_peak(first, pieces, dtypes, max_batches(first, pieces, model), model),
+               step_peak(combine, cp, {"_eds_partial": first.result.dtype}, max_batches(combine, cp, model), model))
 
 
 def split_costs(node: EinsumNode, pieces: dict[str, int], operand_bytes: dict[str, int], model: CostModel) -> Costs:
@@ -121,7 +121,7 @@ def splits(node: EinsumNode, pieces: dict[str, int], dtypes: dict[str, str], bud
     given) its partials are small and the two steps cost less (``cheaper_split``)."""
     if not can_split(node, pieces, model):
         return False
-    if budget is not None and step_peak(node, pieces, dtypes, max_batches(node, pieces), model) > budget:
+    if budget is not None and step_peak(node, pieces, dtypes, max_batches(node, pieces, model), model) > budget:
         return True
     return operand_bytes is not None and cheaper_split(node, pieces, operand_bytes, model) and (
         budget is None or split_peak(node, pieces, dtypes, model) <= budget)

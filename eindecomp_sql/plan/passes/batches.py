@@ -34,9 +34,9 @@ def _batched(step, budget, model):
     if isinstance(step, RetileStep):
         s, t = step.source, step.target
         b = choose_batches(lambda k: retile_peak(s.shape, s.dtype, t.tile, k, model, s.tile),
-                           retile_max_batches(s.shape, t.tile), budget)
+                           retile_max_batches(s.shape, t.tile, model), budget)
         return replace(step, batches=b)
     assert isinstance(step, EinsumStep)
     # the step's own peak: a fused step's kernel holds more than its node alone
-    b = choose_batches(lambda k: replace(step, batches=k).peak(model), batch_options(step.node, step.pieces), budget)
+    b = choose_batches(lambda k: replace(step, batches=k).peak(model), batch_options(step.node, step.pieces, model), budget)
     return replace(step, batches=b)

@@ -137,7 +137,7 @@ def _worth(fused: EinsumStep, parts: list[EinsumStep], options) -> bool:
     if fused.costs_on(model).total > before.total:
         return False
     if options.budget is not None:
-        most = replace(fused, batches=max_batches(fused.node, fused.pieces))
+        most = replace(fused, batches=max_batches(fused.node, fused.pieces, model))
         if most.peak(model) > options.budget:
             return False
     return True

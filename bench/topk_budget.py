@@ -1,0 +1,47 @@
+"""einsum_topk over a result bigger than the memory budget: one query, its time and the
+process's resident-memory rise, against numpy's stable argsort of the whole product.
+
+    .venv/bin/python bench/topk_budget.py [--queries 2000] [--items 100000] [--dim 64] [--memory 300MB] [--k 5]
+
+Run it in a fresh process per setting (ru_maxrss is the process's high-water mark); pass
+``--memory none`` for the session without a budget."""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import numpy as np
+
+import eindecomp_sql as eds
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--queries", type=int, default=2000)
+    ap.add_argument("--items", type=int, default=100_000)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--memory", default="300MB")
+    ap.add_argument("--k", type=int, default=5)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((args.queries, args.dim)).astype(np.float32)
+    e = rng.standard_normal((args.items, args.dim)).astype(np.float32)
+    db = eds.connect(memory=None if args.memory == "none" else args.memory)
+    db.store("Q", q)
+    db.store("E", e)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
+    out = db.connection.sql(f"SELECT * FROM einsum_topk('id,jd->ij', {args.k}, 'Q', 'E')").fetchnumpy()
+    seconds = time.perf_counter() - t
+    rise = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024
+    top = np.argsort(-(q @ e.T), axis=1, kind="stable")[:, :args.k]
+    same = np.array_equal(np.asarray(out["j"]).reshape(args.queries, args.k), top)
+    print(f"memory={args.memory}: {args.queries} x {args.items} x {args.dim} float32, top {args.k}, result "
+          f"{args.queries * args.items * 4 / 1e6:.0f} MB: {seconds:.2f} s, resident rise {rise / 1e6:.0f} MB, "
+          f"equal to numpy's: {same}")
+
+
+if __name__ == "__main__":
+    main()
