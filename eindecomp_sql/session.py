@@ -81,6 +81,26 @@ class Session:
     def __init__(self, database=None, *, tile_bytes: int | None = None, workers: int | None = None,
                  memory=None, read_only: bool = False, backend: str = "duckdb", device_memory=None, spark=None,
                  device: str = "auto", allow_tf32: bool = False, spark_database=None):
+        # a Ctrl-C while the session opens is KeyboardInterrupt, as in every call: the
+        # statements that open it (catalog, sweep, the SQL interface) ran unwatched, and
+        # duckdb-python made the handler's KeyboardInterrupt a RuntimeError('Query
+        # interrupted') (a crash trial); the backend closes what it opened either way
+        mark = CtrlCMark()
+        try:
+            mark.install()
+            self._open(database, tile_bytes=tile_bytes, workers=workers, memory=memory, read_only=read_only,
+                       backend=backend, device_memory=device_memory, spark=spark, device=device,
+                       allow_tf32=allow_tf32, spark_database=spark_database)
+        except RuntimeError as error:
+            translated = mark.translate(error)
+            if translated is error:
+                raise
+            raise translated from None
+        finally:
+            settle(mark.remove)
+
+    def _open(self, database, *, tile_bytes, workers, memory, read_only, backend, device_memory, spark, device,
+              allow_tf32, spark_database):
         # The plans' knobs: largest tile a plan creates, join tasks per step, memory budget.
         # One worker by default: kernels already use every core inside a call (docs/DESIGN.md).
         # Checked before the connection opens, so bad options leave nothing open.

@@ -907,3 +907,59 @@ def test_pyarrows_pandas_shim_is_loaded_before_any_call(tmp_path):
               "print('pandas' in sys.modules)\n")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "True", (r.stdout, r.stderr[-2000:])
+
+
+CTRL_C_WHILE_OPENING = r"""
+import signal; signal.signal(signal.SIGINT, signal.default_int_handler)
+import os, sys, threading, typing
+import eindecomp_sql as eds
+from eindecomp_sql.backends.duckdb import DuckDBBackend
+path, where, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if where == "register":  # a real SIGINT whose handler runs inside create_function's C++ call
+    calls, get_origin = [0], typing.get_origin
+    def flaky(tp):
+        calls[0] += 1
+        if calls[0] == n:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(100): pass
+        return get_origin(tp)
+    typing.get_origin = flaky
+else:  # a SIGINT during one of the statements that open the session
+    run = DuckDBBackend._run
+    def slow(self, sql, *a, **k):
+        if "current_database" in str(sql) and not getattr(slow, "done", False):
+            slow.done = True
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+            self._work.execute("SELECT count(*) FROM range(3000000000)").fetchall()
+        return run(self, sql, *a, **k)
+    DuckDBBackend._run = slow
+try:
+    eds.connect(path)
+    print("connected", flush=True)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", flush=True)
+except BaseException as e:
+    print("OTHER", type(e).__name__, e, flush=True)
+if where == "register":
+    typing.get_origin = get_origin
+else:
+    DuckDBBackend._run = run
+with eds.connect(path) as db:
+    db.store("A", [1.0, 2.0])
+    print("reopened", db.tensors(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("where,n", [("register", 5), ("register", 60), ("statement", 0)])
+def test_a_ctrl_c_while_a_session_opens_is_a_keyboard_interrupt(tmp_path, where, n):
+    """A Ctrl-C whose handler ran inside duckdb-python's create_function (it runs typing code
+    from C++) aborted the process ("terminate called after throwing nanobind::python_error",
+    SIGABRT; a crash trial: 1 connect in 70, the CLI's SIGTERM too); one during the statements
+    that open the session came out as RuntimeError('Query interrupted'). Both are now
+    KeyboardInterrupt, and the file opens again."""
+    script = tmp_path / "open.py"
+    script.write_text(CTRL_C_WHILE_OPENING)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "t.duckdb"), where, str(n)],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.splitlines() == ["KeyboardInterrupt", "reopened ['A']"], r.stdout + r.stderr[-2000:]

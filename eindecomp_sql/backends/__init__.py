@@ -20,7 +20,10 @@ def create_backend(name: str = "duckdb", database=None, *, read_only: bool = Fal
 
         raise EinsumError(f"backend {name!r} takes no options {sorted(set(options) - own)}")
     if name == "duckdb":
-        from .duckdb import DuckDBBackend
+        from .running import sigint_held
+
+        with sigint_held():  # duckdb's first import runs Python from C++ (running.sigint_held)
+            from .duckdb import DuckDBBackend
 
         return DuckDBBackend(database, read_only=read_only, **options)
     if name == "reference":

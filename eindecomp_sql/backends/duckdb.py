@@ -32,7 +32,7 @@ from ..udfs.tiles import array_from_tiles, null_tiles, tiles_from_array
 from . import allocator, parts as parted, spill
 from ..udfs.pool import RUN_TOKEN, THREADS, Cancelled, KernelState
 from .base import Target
-from .running import Stopper, Watch, run_interruptible
+from .running import Stopper, Watch, run_interruptible, sigint_held
 from .tables import COUNT_NAMED, WHERE_BARE_NAMES_RESOLVE, read_table_operand
 
 
@@ -99,7 +99,8 @@ class _Registrar:
         self.names: list[str] = []
 
     def create_function(self, name, *args, **kw):
-        self._con.create_function(name, *args, **kw)
+        with sigint_held():  # (a Ctrl-C inside aborted the process: running.sigint_held)
+            self._con.create_function(name, *args, **kw)
         self.names.append(name)
 
     def __getattr__(self, attr):

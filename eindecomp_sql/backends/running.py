@@ -317,6 +317,28 @@ def _forget_watchdog() -> None:  # a forked child has the socket but not the thr
 os.register_at_fork(after_in_child=_forget_watchdog)
 
 
+@contextlib.contextmanager
+def sigint_held():
+    """Hold a SIGINT back while C++ code calls Python code (on the main thread, where Python
+    runs signal handlers), and run its handler when the block ends. duckdb-python's
+    ``create_function`` runs typing code from C++, and its import initialises enums there:
+    a handler's KeyboardInterrupt raised inside became a C++ exception nothing catches, and
+    the process aborted (SIGABRT, "terminate called after throwing nanobind::python_error": a
+    crash trial, 1 Ctrl-C in 70 during ``connect()``, and the CLI's SIGTERM, which it turns into
+    a SIGINT). Only around such calls: a Ctrl-C there waits a few milliseconds."""
+    if threading.current_thread() is not threading.main_thread() or not callable(signal.getsignal(signal.SIGINT)):
+        yield
+        return
+    came: list = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if came:
+            previous(signal.SIGINT, came[0])
+
+
 class CtrlCMark:
     """For one session call on the main thread: whether a SIGINT came. duckdb-python checks
     signals while a statement runs and, when a handler raises, interrupts the statement and
