@@ -915,12 +915,16 @@ import os, sys, threading, typing
 import eindecomp_sql as eds
 from eindecomp_sql.backends.duckdb import DuckDBBackend
 path, where, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-if where == "register":  # a real SIGINT whose handler runs inside create_function's C++ call
+if where == "sigterm":  # the CLI's SIGTERM handling in a background job (SIGINT ignored)
+    from eindecomp_sql.cli import _on_sigterm
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _on_sigterm()
+if where in ("register", "sigterm"):  # a real signal whose handler runs inside create_function's C++ call
     calls, get_origin = [0], typing.get_origin
     def flaky(tp):
         calls[0] += 1
         if calls[0] == n:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT if where == "register" else signal.SIGTERM)
             for _ in range(100): pass
         return get_origin(tp)
     typing.get_origin = flaky
@@ -940,7 +944,7 @@ except KeyboardInterrupt:
     print("KeyboardInterrupt", flush=True)
 except BaseException as e:
     print("OTHER", type(e).__name__, e, flush=True)
-if where == "register":
+if where in ("register", "sigterm"):
     typing.get_origin = get_origin
 else:
     DuckDBBackend._run = run
@@ -950,11 +954,12 @@ with eds.connect(path) as db:
 """
 
 
-@pytest.mark.parametrize("where,n", [("register", 5), ("register", 60), ("statement", 0)])
+@pytest.mark.parametrize("where,n", [("register", 5), ("register", 60), ("sigterm", 60), ("statement", 0)])
 def test_a_ctrl_c_while_a_session_opens_is_a_keyboard_interrupt(tmp_path, where, n):
     """A Ctrl-C whose handler ran inside duckdb-python's create_function (it runs typing code
     from C++) aborted the process ("terminate called after throwing nanobind::python_error",
-    SIGABRT; a crash trial: 1 connect in 70, the CLI's SIGTERM too); one during the statements
+    SIGABRT; a crash trial: 1 connect in 70, and the CLI's SIGTERM, which installs Python's
+    SIGINT handler where SIGINT was ignored and passes itself on as one); one during the statements
     that open the session came out as RuntimeError('Query interrupted'). Both are now
     KeyboardInterrupt, and the file opens again."""
     script = tmp_path / "open.py"

@@ -319,24 +319,29 @@ os.register_at_fork(after_in_child=_forget_watchdog)
 
 @contextlib.contextmanager
 def sigint_held():
-    """Hold a SIGINT back while C++ code calls Python code (on the main thread, where Python
-    runs signal handlers), and run its handler when the block ends. duckdb-python's
+    """Hold a SIGINT (and a SIGTERM) back while C++ code calls Python code (on the main thread,
+    where Python runs signal handlers), and run the handlers when the block ends. duckdb-python's
     ``create_function`` runs typing code from C++, and its import initialises enums there:
     a handler's KeyboardInterrupt raised inside became a C++ exception nothing catches, and
     the process aborted (SIGABRT, "terminate called after throwing nanobind::python_error": a
     crash trial, 1 Ctrl-C in 70 during ``connect()``, and the CLI's SIGTERM, which it turns into
     a SIGINT). Only around such calls: a Ctrl-C there waits a few milliseconds."""
-    if threading.current_thread() is not threading.main_thread() or not callable(signal.getsignal(signal.SIGINT)):
+    # SIGTERM too: the CLI's handler passes it on as a SIGINT, and where SIGINT was ignored (a
+    # background job) it installs Python's own first, which then raised in the C++ call
+    held = [s for s in (signal.SIGTERM, signal.SIGINT) if callable(signal.getsignal(s))] \
+        if threading.current_thread() is threading.main_thread() else []
+    if not held:
         yield
         return
     came: list = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(frame))
+    previous = {s: signal.signal(s, lambda signum, frame: came.append((signum, frame))) for s in held}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if came:
-            previous(signal.SIGINT, came[0])
+        for s in held:
+            signal.signal(s, previous[s])
+        for signum, frame in sorted(came, key=lambda c: c[0] != signal.SIGTERM):
+            previous[signum](signum, frame)  # (a SIGTERM first: its handler may raise the SIGINT)
 
 
 class CtrlCMark:
