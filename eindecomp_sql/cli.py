@@ -166,7 +166,7 @@ def _stopped(e: BaseException, sigterm: list) -> str:
     """What a Ctrl-C or SIGTERM stopped, for stderr: a stop that came after the running
     operation committed says so (its result stands)."""
     said = "terminated (SIGTERM)" if len(sigterm) > 1 else "interrupted"
-    if getattr(e, "eds_committed", False):
+    if getattr(e, "eds_committed", False) or getattr(e.__cause__, "eds_committed", False):  # (click's Abort)
         said += " after the running operation committed (its result is written)"
     return said
 
@@ -542,7 +542,7 @@ def run(job_file, database, memory, workers, force, refresh, as_json, quiet):
     from .jobs import runner
 
     t0 = time.perf_counter()
-    job, r = None, None
+    job, r, entries = None, None, None
     try:
         job = _load(job_file, database, memory, workers)
         if not job.database.exists():
@@ -561,6 +561,10 @@ def run(job_file, database, memory, workers, force, refresh, as_json, quiet):
             finally:
                 r.close()
     except BaseException as e:
+        if entries is not None and isinstance(e, KeyboardInterrupt):
+            # every step ran and committed; the stop came while the session closed: say the work
+            # is written (it said only "terminated (SIGTERM)", ok false: a crash trial)
+            e.eds_committed = True
         # a failed run still prints its summary (docs/cli.md), also when nothing ran: a job that
         # cannot be read, planned or is refused
         if as_json and not isinstance(e, (SystemExit, click.exceptions.Exit)):

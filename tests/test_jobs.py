@@ -920,3 +920,26 @@ def test_ls_flags_a_result_read_through_a_stored_input_another_job_recomputed(tm
     assert run_main(capsys, "run", tmp_path / "one.toml", "--refresh")[0] == 0
     state = _ls_jobs(tmp_path, capsys)
     assert state["d2"] == "step done, STALE: input c (tensor c) changed since" and "STALE" not in state["c"], state
+
+
+def test_a_stop_after_every_step_committed_says_the_work_is_written(tmp_path, capsys, monkeypatch):
+    """A SIGTERM (or Ctrl-C) landing while the runner closed, every step committed, was
+    reported as "terminated", ok false, with nothing saying the results were written (a crash
+    trial). It still exits as stopped; the message says the work is written."""
+    from eindecomp_sql.jobs import runner
+
+    job = small_job(tmp_path)
+    close = runner.Runner.close
+
+    def late_stop(self):
+        close(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner.Runner, "close", late_stop)
+    code, out, err = run_main(capsys, "run", job, "--json")
+    assert code == 130, err
+    assert "interrupted after the running operation committed (its result is written)" in err, err
+    assert "after the running operation committed" in json.loads(out)["error"], out
+    monkeypatch.setattr(runner.Runner, "close", close)
+    code, out, err = run_main(capsys, "run", job, "--json")
+    assert code == 0 and all(e["skipped"] for e in json.loads(out)["steps"]), out + err
