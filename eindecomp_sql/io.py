@@ -1666,11 +1666,14 @@ def _from_array_rows(table: pa.Table, column: str, want: Wanted, where: str) -> 
         keys = _no_nulls(table, key, where)
         # -0.0 and 0.0 are one key, as DuckDB (and the SQL functions' ordering) compare them:
         # Arrow counts them apart, so store took them in file order where SQL refused them
-        if pc.count_distinct(pc.add(keys, 0.0) if pa.types.is_floating(keys.type) else keys).as_py() < rows:
+        if pc.count_distinct(pc.add(pc.cast(keys, pa.float64()), 0.0) if pa.types.is_floating(keys.type)
+                             else keys).as_py() < rows:
             raise EinsumError(f"{where}: key column {key!r} repeats values; a table in array form is ordered by its "
                               "key, which must be unique")
         try:
-            order = pc.sort_indices(table.select([key]), [(key, "ascending")]).to_numpy()
+            # (Arrow sorts no float16: its keys ordered as the float32s they are exactly)
+            by = pa.table({key: pc.cast(keys, pa.float32())}) if pa.types.is_float16(keys.type) else table.select([key])
+            order = pc.sort_indices(by, [(key, "ascending")]).to_numpy()
         except pa.ArrowException as e:
             raise EinsumError(f"{where}: key column {key!r} ({_type_word(keys.type)}) cannot be ordered ({e})") from None
         if not (order == np.arange(rows)).all():

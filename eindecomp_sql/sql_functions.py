@@ -150,13 +150,17 @@ def table_values(session, spec: str, operands: list) -> tuple[list, list[TiledVa
     return operands, values, tables
 
 
+# one top-k candidate as the kernel returns it and DuckDB holds it: row, index, value
+CANDIDATE_BYTES = 24
+
+
 def streamed_costs(model):
     """``model`` for a plan whose one einsum's results never leave its kernel (a fused top-k):
     one statement a step, no partial results."""
     return dataclasses.replace(model, streamed_result=True, splits_reductions=False)
 
 
-def _streamed_topk_plan(session, spec, values, join, agg):
+def _streamed_topk_plan(session, spec, values, join, agg, k: int):
     """A plan of ``einsum_topk``'s product for a result bigger than the session's budget, or
     None: one einsum step whose kernel is fused with the top-k (``fuse_topk``), so its result
     tiles never leave the kernel, which computes them a slice at a time and keeps only each
@@ -176,6 +180,14 @@ def _streamed_topk_plan(session, spec, values, join, agg):
     einsums = [s for s in plan.steps if isinstance(s, EinsumStep)]
     if (len(einsums) != 1 or plan.steps[-1] is not einsums[0] or any(s.batches > 1 for s in plan.steps)
             or plan.result.dtype not in _EXACT_IN_DOUBLE or not plan.result.shape):
+        return None
+    # the candidates: up to k a row of every tile (24 B each, r, i and v), which the fused
+    # kernel returns for its call and DuckDB's window holds for the query. Uncounted, a k as
+    # wide as a tile made every element one: 6x a float32 result (a review)
+    r = plan.result
+    candidates = (math.prod(r.shape[:-1]) * -(-r.shape[-1] // r.tile[-1]) * min(k, r.tile[-1]) * CANDIDATE_BYTES
+                  if r.tile[-1] else 0)
+    if max(s.peak(model) for s in plan.steps) + candidates > session.plan_budget:
         return None
     return plan if fuses_topk(plan, session.backend.compiler) else None
 
@@ -214,10 +226,11 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
     if check is not None:  # stored tensors edited out of shape in SQL: refused, as db.einsum refuses them
         check([(v, v.name) for v in plan.inputs if v.name not in tables])
     batched = [(k, s) for k, s in enumerate(plan.steps) if s.batches > 1]
+    stream = False
     if batched and mode == "topk":
-        streamed = _streamed_topk_plan(session, spec, values, join, agg)
+        streamed = _streamed_topk_plan(session, spec, values, join, agg, count)
         if streamed is not None:
-            plan, batched = streamed, []
+            plan, batched, stream = streamed, [], True
     if batched:
         # a step over the budget runs as several statements, each committed before the next,
         # which is what keeps it within the budget; one query would hold all of it at once
@@ -252,4 +265,4 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
     read = tuple((v.name, tables[v.name]) for v in plan.inputs if v.name in tables)
     rewritten = tuple(sorted(v.name for v in plan.inputs if v.name not in tables and v.name.lower() in session.rewritten))
     return interface_query(plan, read, mode, count, session.backend.compiler, getattr(session.backend, "home", None),
-                           rewritten)
+                           rewritten, stream)

@@ -841,6 +841,10 @@ def test_array_form_keys_minus_zero_and_zero_are_one_key_as_in_the_sql_functions
             db.store("K", t)
         assert db.store("K", pa.table({"id": [1.5, -0.0], "emb": pa.array([[1.0], [3.0]])})).to_numpy().tolist() \
             == [[3.0], [1.0]]
+        # float16 keys too (Arrow has no float16 add: a raw ArrowNotImplementedError, a review)
+        f16 = pa.array(np.array([2.5, 0.5], np.float16))
+        assert db.store("K", pa.table({"id": f16, "emb": pa.array([[1.0], [3.0]])}), replace=True) \
+            .to_numpy().tolist() == [[3.0], [1.0]]
 
 
 def test_array_form_decimal_and_hugeint_keys_are_ordered_as_they_are():

@@ -968,3 +968,52 @@ def test_a_ctrl_c_while_a_session_opens_is_a_keyboard_interrupt(tmp_path, where,
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     assert r.stdout.splitlines() == ["KeyboardInterrupt", "reopened ['A']"], r.stdout + r.stderr[-2000:]
+
+
+def test_a_ctrl_c_between_the_holds_puts_every_handler_back(monkeypatch):
+    """sigint_held installs SIGTERM's holder, then SIGINT's: a Ctrl-C between the two left
+    SIGTERM held for the rest of the process, every later SIGTERM dropped (a review)."""
+    from eindecomp_sql.backends import running
+
+    got = []
+    previous = signal.signal(signal.SIGTERM, lambda s, f: got.append(s))
+    real = running._signal.signal
+
+    fired = []
+
+    def racy(signum, handler):  # (signal.signal calls it too)
+        if signum == signal.SIGINT and not fired:
+            fired.append(True)
+            os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C lands between the two installs
+        return real(signum, handler)
+
+    try:
+        monkeypatch.setattr(running._signal, "signal", racy)
+        with pytest.raises(KeyboardInterrupt):
+            with running.sigint_held():
+                pass
+        monkeypatch.undo()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert got == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_signals_held_around_c_calls_run_their_handlers_after_in_order():
+    from eindecomp_sql.backends import running
+
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda s, f: seen.append("term"))
+    try:
+        signal.signal(signal.SIGINT, lambda s, f: seen.append("int"))
+        with running.sigint_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            assert seen == []  # held while the block runs
+        assert seen == ["term", "int"]  # a SIGTERM first: the CLI's passes itself on as a SIGINT
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -263,9 +263,13 @@ def test_a_topk_over_a_result_bigger_than_the_budget_runs_as_one_query_within_it
         same_rows(rows, ref_topk(q @ e.T, 3))
         from eindecomp_sql.sql_functions import _streamed_topk_plan, streamed_costs
 
-        plan = _streamed_topk_plan(db, "id,jd->ij", [db.tensor("Q").value, db.tensor("E").value], None, None)
+        plan = _streamed_topk_plan(db, "id,jd->ij", [db.tensor("Q").value, db.tensor("E").value], None, None, 3)
         assert [type(s) for s in plan.steps].count(EinsumStep) == 1 and all(s.batches == 1 for s in plan.steps)
         assert max(s.peak(streamed_costs(db.backend.cost_model)) for s in plan.steps) <= db.plan_budget
+        # a k as wide as a tile makes every element a candidate (24 B each, 6x the result):
+        # counted, that is over the budget, and refused as before
+        with pytest.raises(duckdb.Error, match="top-k has no Python form"):
+            db.connection.sql("SELECT * FROM einsum_topk('id,jd->ij', 1250, 'Q', 'E')").fetchall()
     # a join and an aggregation (its kernel blocks the join space: 34 MB at most here)
     with eds.connect(memory="80MB") as db:
         db.store("Q", q[:100])
@@ -303,8 +307,9 @@ def test_topk_refused_under_a_budget_says_the_memory_that_runs_it():
 
 @pytest.mark.parametrize("tile", [(300, 1000), (20, 30)], ids=["big tiles", "small tiles"])
 def test_the_fused_topk_kernel_computes_a_slice_of_results_at_a_time(tile):
-    """A vector of joined rows is computed a slice at a time (at least one result tile,
-    ``STREAM_SLICE_BYTES`` of them when small), each cut to its candidates before the next:
+    """In a streamed plan (its spec's "stream"), a vector of joined rows is computed a slice at a
+    time (at least one result tile, ``STREAM_SLICE_BYTES`` of them when small), each cut to its
+    candidates before the next:
     the candidates are those of the whole call. The einsum kernel is a stand-in here that
     hands back tiles it is given, counting the rows of each call."""
     from eindecomp_sql.plan.cost import STREAM_SLICE_BYTES
@@ -315,7 +320,8 @@ def test_the_fused_topk_kernel_computes_a_slice_of_results_at_a_time(tile):
     keys = [[i, k] for i in range(2) for k in range(3)]
     tiles = tiles_to_arrow([np.ascontiguousarray(x[i * tile[0]:(i + 1) * tile[0], k * tile[1]:(k + 1) * tile[1]])
                             for i, k in keys])
-    spec = json.dumps({"shape": list(x.shape), "tile": list(tile), "dtype": "float64", "k": 4})
+    spec = json.dumps({"shape": list(x.shape), "tile": list(tile), "dtype": "float64", "k": 4,
+                       "stream": STREAM_SLICE_BYTES})
     calls = []
 
     def kernel(t):
@@ -324,6 +330,11 @@ def test_the_fused_topk_kernel_computes_a_slice_of_results_at_a_time(tile):
 
     got = _fused(kernel, ["t"])(pa.array([spec] * 6), pa.array(keys, pa.list_(pa.int64())), tiles)
     assert calls == ([1] * 6 if tile[0] * tile[1] * 8 >= STREAM_SLICE_BYTES else [6]), calls
+    # an ordinary plan's kernel computes its call whole (the bits einsum_elements gives)
+    whole = json.dumps({**json.loads(spec), "stream": None})
+    calls.clear()
+    assert _fused(kernel, ["t"])(pa.array([whole] * 6), pa.array(keys, pa.list_(pa.int64())), tiles).equals(got)
+    assert calls == [6], calls
     assert got.equals(topk_tiles(pa.array([spec] * 6), pa.array(keys, pa.list_(pa.int64())), tiles))
     cands = got.flatten()
     r, i = cands.field("r").to_numpy(), cands.field("i").to_numpy()

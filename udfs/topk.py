@@ -26,7 +26,6 @@ from .register import _key_rows, _spec, _with_arity, einsum_groups, einsum_rows
 from .tiles import blob_views, tile_view
 from eindecomp_sql.notation.checks import SQL_TYPES, sql_value_dtype
 from eindecomp_sql.notation.numpy_impl import widened
-from eindecomp_sql.plan.cost import STREAM_SLICE_BYTES
 from eindecomp_sql.plan.tiling import extent
 
 # einsum kernels that have a fused top-k twin (a product's last step is binary after lowering)
@@ -169,15 +168,18 @@ def _fused(kernel: Callable, names: list[str]) -> Callable:
     def fused(topk_spec_arr, out_keys_arr, *args):
         spec = json.loads(_spec(topk_spec_arr))
         keys = [kk.tolist() for kk in _key_rows(out_keys_arr)]
-        # a slice of the call's rows at a time (STREAM_SLICE_BYTES of results, at least one
-        # tile), each cut to its candidates before the next is computed: a vector of 16 joined
-        # rows of 50 MB result tiles held 800 MB at once, where the plan of a top-k over a
-        # result bigger than the budget counts one slice (CostModel.streamed_result)
-        step = max(1, STREAM_SLICE_BYTES // max(1, math.prod(spec["tile"]) * np.dtype(spec["dtype"]).itemsize))
+        # with "stream" (a plan of a top-k over a result bigger than the budget, made with
+        # CostModel.streamed_result): a slice of the call's rows at a time (that many bytes of
+        # results, at least one tile), each cut to its candidates before the next is computed:
+        # a vector of 16 joined rows of 50 MB result tiles held 800 MB at once. Else the call
+        # whole, as the einsum kernel alone computes it (the same bits as einsum_elements')
+        stream = spec.get("stream")
+        step = max(1, len(keys)) if not stream else \
+            max(1, stream // max(1, math.prod(spec["tile"]) * np.dtype(spec["dtype"]).itemsize))
         parts = []
         for lo in range(0, max(len(keys), 1), step):
             n = min(step, len(keys) - lo)
-            tiles = kernel(*args) if n == len(keys) else kernel(*(a.slice(lo, n) for a in args))
+            tiles = kernel(*args) if n >= len(keys) else kernel(*(a.slice(lo, n) for a in args))
             parts.append(_candidates(spec, keys[lo:lo + n], blob_views(tiles)))
             del tiles
         if len(parts) == 1:

@@ -334,14 +334,36 @@ def sigint_held():
         yield
         return
     came: list = []
-    previous = {s: signal.signal(s, lambda signum, frame: came.append((signum, frame))) for s in held}
+
+    def hold(signum, frame):
+        came.append((signum, frame))
+
+    previous: dict = {}
     try:
+        # installed one by one inside the try, each recorded by C code (no handler runs between
+        # an install and the record of what it displaced), so a Ctrl-C between two installs
+        # puts back the first (a review: SIGTERM left held for the rest of the process)
+        for s in held:
+            previous.update(zip((s,), map(_signal.signal, (s,), (hold,))))
         yield
     finally:
-        for s in held:
-            signal.signal(s, previous[s])
-        for signum, frame in sorted(came, key=lambda c: c[0] != signal.SIGTERM):
-            previous[signum](signum, frame)  # (a SIGTERM first: its handler may raise the SIGINT)
+        _put_back(previous, came, hold)
+
+
+def _put_back(previous: dict, came: list, hold) -> None:
+    """``sigint_held``'s end: SIGTERM's handler back and its held signals run first (the CLI's
+    passes itself on as a SIGINT, which is then still held, so none is lost), then SIGINT's."""
+    try:
+        if signal.SIGTERM in previous:
+            _signal.signal(signal.SIGTERM, previous[signal.SIGTERM])
+            for signum, frame in [c for c in came if c[0] == signal.SIGTERM]:
+                previous[signum](signum, frame)
+    finally:
+        if signal.SIGINT in previous:
+            if signal.getsignal(signal.SIGINT) is hold:  # (not replaced by a handler just run)
+                _signal.signal(signal.SIGINT, previous[signal.SIGINT])
+            for signum, frame in [c for c in came if c[0] == signal.SIGINT]:
+                previous[signum](signum, frame)
 
 
 class CtrlCMark:

@@ -37,6 +37,7 @@ from ..errors import EinsumError
 from ..notation.checks import SQL_TYPES, SQL_WIRE, check_dtype
 from ..notation.spec import parse_spec
 from ..plan import Plan, TiledValue
+from ..plan.cost import STREAM_SLICE_BYTES
 from .compiler import without_residency
 from .compiler import (
     TILE,
@@ -546,12 +547,17 @@ _FUSABLE = re.compile(r"^eds_einsum(_group)?[12]$", re.IGNORECASE)
 _EXACT_IN_DOUBLE = {"bool", "int8", "int16", "int32", "uint8", "uint16", "uint32", "float32", "float64"}
 
 
-def _topk_spec(result: TiledValue, k: int) -> str:
-    return json.dumps({"shape": list(result.shape), "tile": list(result.tile), "dtype": result.dtype, "k": k},
-                      separators=(",", ":"), sort_keys=True)
+def _topk_spec(result: TiledValue, k: int, stream: bool = False) -> str:
+    # ``stream``: the fused kernel computes its call's results a slice at a time (a plan made
+    # with ``CostModel.streamed_result``); else whole, as the einsum kernel alone would (fewer
+    # rows a call change how BLAS splits a product: values 1 ulp from einsum_elements', a review)
+    extra = {"stream": STREAM_SLICE_BYTES} if stream else {}
+    return json.dumps({"shape": list(result.shape), "tile": list(result.tile), "dtype": result.dtype, "k": k,
+                       **extra}, separators=(",", ":"), sort_keys=True)
 
 
-def fuse_topk(query: exp.Select, result: TiledValue, k: int, compiler: SQLCompiler | None = None) -> exp.Select | None:
+def fuse_topk(query: exp.Select, result: TiledValue, k: int, compiler: SQLCompiler | None = None,
+              stream: bool = False) -> exp.Select | None:
     """``query`` (a plan's single query, whose last step is a binary einsum) with its kernel
     swapped for the fused top-k twin, so the result tiles never leave the kernel; None when
     the last step is another kind or the dtype is not exact in DOUBLE.
@@ -566,7 +572,7 @@ def fuse_topk(query: exp.Select, result: TiledValue, k: int, compiler: SQLCompil
     if not isinstance(kernel, exp.Anonymous) or not _FUSABLE.match(kernel.name) or last.alias != TILE:
         return None
     keys = key_list([(e.this if isinstance(e, exp.Alias) else e).copy() for e in keys])
-    fused = call(c.topk_fused_udf.format(kernel=kernel.name.lower()), exp.Literal.string(_topk_spec(result, k)), keys,
+    fused = call(c.topk_fused_udf.format(kernel=kernel.name.lower()), exp.Literal.string(_topk_spec(result, k, stream)), keys,
                  *[a.copy() for a in kernel.expressions])
     query = query.copy()
     query.expressions[-1].set("this", fused)
@@ -636,7 +642,7 @@ def topk_query(result: TiledValue, k: int, source: exp.Expression, fused: bool =
 @lru_cache(maxsize=256)
 def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mode: str, k: int | None,
                     compiler: SQLCompiler | None = None, home: tuple[str, str] | None = None,
-                    rewritten: tuple[str, ...] = ()) -> str:
+                    rewritten: tuple[str, ...] = (), stream: bool = False) -> str:
     """The whole answer of a SQL table function as SQL (DuckDB's, or ``compiler``'s): the plan
     as one query, preceded by the tiling of every table operand it reads (``tables``: CTE name
     and operand), then cut to elements or to the top ``k`` per row by ``mode`` (tiles, elements,
@@ -644,6 +650,8 @@ def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mo
     names is qualified with it, so a TEMP table of the caller's with a tensor's name does not
     stand in for it (the plan was made from the tensor's shape). ``rewritten``: the stored
     tensors read that the session wrote over or dropped, checked in the query (``_unchanged``).
+    ``stream``: the plan was made with its result streamed (``CostModel.streamed_result``), so
+    the fused top-k kernel works a slice of its call at a time.
 
     Cached: plans and operands are frozen, so a query repeated over unchanged tables pays for
     building and printing it once."""
@@ -653,7 +661,7 @@ def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mo
     result = plan.result
     # stored tensors are values named after their tables, table operands after their CTEs
     query = c.single_query(plan, {v.name: v.name for v in plan.inputs})
-    fused = fuse_topk(query, result, k, c) if mode == "topk" else None
+    fused = fuse_topk(query, result, k, c, stream) if mode == "topk" else None
     query = fused if fused is not None else query
     by_table = {v.name: v for v in plan.inputs}
     query = with_ctes(query, [(cte, _not_shadowed(pack_query(op, by_table[cte], c), op.table)) for cte, op in tables])

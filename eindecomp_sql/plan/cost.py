@@ -284,15 +284,9 @@ def _results_held(model: CostModel, in_flight: int, out_tile: int, held_tile_byt
     streamed, one slice of results (and of the hidden values) at a time."""
     if not model.streamed_result:
         return in_flight * (OUT_COPIES * out_tile + held_tile_bytes)
-    return _slice_rows(model, in_flight, out_tile) * (out_tile + held_tile_bytes)
-
-
-def _slice_rows(model: CostModel, in_flight: int, out_tile: int) -> int:
-    """The joined rows whose results a kernel computes at once: a call's (``in_flight``), or
-    streamed (``CostModel.streamed_result``) a slice of them."""
-    if not model.streamed_result:
-        return in_flight
-    return max(1, min(in_flight, STREAM_SLICE_BYTES // max(out_tile, 1)))
+    # (a join's blocks stay counted per call, ``join_block_bytes``: a slice of one row is
+    # still cut into tasks on every kernel thread, each with its block)
+    return max(1, min(in_flight, STREAM_SLICE_BYTES // max(out_tile, 1))) * (out_tile + held_tile_bytes)
 
 
 def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str, str], batches: int = 1,
@@ -327,7 +321,7 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
         # projected run peak, bench/run_peak.py)
         lists = out_tiles * reduced * in_tile * (4 if model.engine_holds_inputs else 1)
         return (engine + lists + _results_held(model, min(out_tiles, rows), out_tile, held_tile_bytes)
-                + join_block_bytes(node, tile, _slice_rows(model, min(out_tiles, rows), out_tile)))
+                + join_block_bytes(node, tile, min(out_tiles, rows)))
     # each result tile is held three times: the kernel's (Arrow), DuckDB's vector of it and the
     # table's copy it is written into (a 50 MB result tile under memory="200MB", projected at
     # 2x: "could not allocate block of size 47.6 MiB (48.5 MiB/85.8 MiB used)" at commit, a trial)
@@ -345,7 +339,7 @@ def step_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: dict[str
     shared = sum(max(in_flight - math.prod(each[lab] for lab in op.labels), 0) * b
                  for op, b in zip(node.operands, op_tile))
     return (joined + in_flight * in_tile + _results_held(model, in_flight, out_tile, held_tile_bytes) + shared
-            + join_block_bytes(node, tile, _slice_rows(model, in_flight, out_tile)))
+            + join_block_bytes(node, tile, in_flight))
 
 
 # udfs/kernels.py's blocking of a join that is not a plain product (mul/sum is BLAS or np.einsum,
@@ -392,8 +386,7 @@ def step_kernel_peak(node: EinsumNode, pieces: dict[str, int], operand_dtypes: d
     held_tile_bytes += held_bytes(node, tile)
     rows = min(out_tiles, model.vector_rows)
     if model.streamed_result:
-        return (_results_held(model, rows, out_tile, held_tile_bytes)
-                + join_block_bytes(node, tile, _slice_rows(model, rows, out_tile)))
+        return _results_held(model, rows, out_tile, held_tile_bytes) + join_block_bytes(node, tile, rows)
     return rows * (out_tile + held_tile_bytes) + join_block_bytes(node, tile, rows)
 
 
