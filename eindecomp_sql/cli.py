@@ -94,6 +94,13 @@ def main(argv=None) -> None:
         code = rv if isinstance(rv, int) else 0
     except click.exceptions.Exit as e:
         code = e.exit_code
+    except SystemExit as e:
+        # click (8.2+) catches a broken pipe itself, even with standalone_mode=False: it wraps
+        # stdout and stderr to swallow further errors and exits 1, so `... | head` read as a
+        # failure, not 141 (a documentation audit)
+        if "PacifyFlushWrapper" not in type(sys.stdout).__name__:  # (8.1 named it without the _)
+            raise
+        code = EXIT_BROKEN_PIPE
     except click.ClickException as e:  # usage errors: exit 2, with click's own hint
         e.show()
         code = e.exit_code

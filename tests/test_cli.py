@@ -443,3 +443,18 @@ def test_a_stop_after_the_commit_says_the_result_is_written():
     assert _stopped(late, []) == "interrupted after the running operation committed (its result is written)"
     assert _stopped(KeyboardInterrupt(), []) == "interrupted"
     assert _stopped(KeyboardInterrupt(), [None, 15]) == "terminated (SIGTERM)"
+
+
+def test_a_reader_that_goes_away_gives_exit_141_and_no_message(tmp_path):
+    """docs/cli.md: `... | head` exits 141. click catches the broken pipe itself (even with
+    standalone_mode=False) and exited 1, so a script read it as a failure (a documentation audit)."""
+    np.save(tmp_path / "m.npy", np.random.default_rng(0).random((300, 300)))
+    db = tmp_path / "t.duckdb"
+    assert sh("store", db, "m", tmp_path / "m.npy").returncode == 0
+    p = subprocess.Popen(command("einsum", db, "ij,jk->ik", "m", "m", "--json"), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    assert p.stdout.read(1) == b"{"
+    p.stdout.close()  # the reader goes away with ~1.8 MB still to write
+    err = p.stderr.read()
+    assert p.wait(timeout=240) == 141, err
+    assert err == b"", err
