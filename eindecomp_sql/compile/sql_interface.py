@@ -181,9 +181,15 @@ def classify_table(table_name: str, columns: list[str], types: list[str]) -> Tab
                 why = f"all its columns ({', '.join(columns)}) are integers, so the value column is ambiguous"
             else:
                 why = f"{len(candidates)} columns are not integers ({', '.join(candidates)})"
+            # the view spelt with the table's own columns (it said "SELECT i, j, w AS value"
+            # whatever they were called, a documentation audit)
+            guess = candidates[0] if candidates else columns[-1]
+            select = ", ".join([_q(c) for c in columns if c != guess and c not in candidates]
+                               + [f"{_q(guess)} AS value"])
             raise EinsumError(
                 f"einsum(): table {table_name!r} is read in element form (integer index columns + one value "
-                f"column), but {why}; name the value column 'value' (in a view: SELECT i, j, w AS value FROM ...)")
+                f"column), but {why}; name the value column 'value' (in a view: CREATE VIEW v AS SELECT {select} "
+                f"FROM {_q(table_name)})")
         value = candidates[0]
     dtype = _value_dtype(table_name, value, types[columns.index(value)])
     indices = tuple(c for c in columns if c != value)
