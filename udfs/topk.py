@@ -185,8 +185,10 @@ def _fused(kernel: Callable, names: list[str]) -> Callable:
         if len(parts) == 1:
             offsets, r, i, v = parts[0]
         else:
-            offsets = np.concatenate([np.zeros(1, np.int32)] + [o[1:] + sum(int(q[0][-1]) for q in parts[:j])
-                                                                for j, (o, *_) in enumerate(parts)]).astype(np.int32)
+            # each slice's offsets after the candidates of the slices before it
+            before = np.cumsum([0] + [int(q[0][-1]) for q in parts[:-1]])
+            offsets = np.concatenate([np.zeros(1, np.int32)] + [q[0][1:] + b for q, b in zip(parts, before)]
+                                     ).astype(np.int32)
             r, i, v = (np.concatenate([q[c] for q in parts]) for c in (1, 2, 3))
         return _as_list(offsets, r, i, v.astype(np.float64))
 
