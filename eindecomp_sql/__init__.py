@@ -11,7 +11,7 @@ from .errors import EinsumError, EinsumTypeError
 
 # The engine-facing names load on first use: the pure layers (``eindecomp_sql.notation``,
 # ``.graph``, ``.plan``) then import without duckdb, pyarrow or sqlglot (~0.3 s of imports).
-_LAZY = {"einsum": "api", "Session": "session", "connect": "session", "Tensor": "tensor", "Graph": "graph"}
+_LAZY = {"einsum": "api", "topk": "api", "TopK": "ranking", "Session": "session", "connect": "session", "Tensor": "tensor", "Graph": "graph"}
 
 
 def __getattr__(name: str):
@@ -27,5 +27,5 @@ def __getattr__(name: str):
 def __dir__():
     return sorted(list(globals()) + list(_LAZY))
 
-__all__ = ["EinsumError", "EinsumTypeError", "Graph", "Session", "Tensor", "connect", "einsum"]
+__all__ = ["EinsumError", "EinsumTypeError", "Graph", "Session", "Tensor", "TopK", "connect", "einsum", "topk"]
 __version__ = "0.1.0"

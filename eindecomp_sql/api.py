@@ -302,3 +302,29 @@ einsum.__signature__ = inspect.Signature(
     [_P("spec", _P.POSITIONAL_ONLY), _P("operands", _P.VAR_POSITIONAL)]
     + [p for p in inspect.signature(einsum).parameters.values() if p.kind is _P.KEYWORD_ONLY]
 )
+
+
+def topk(spec: str, k: int, *operands, join=None, agg=None, largest: bool = True, progress=None):
+    """The ``k`` largest elements of every row of an (extended) einsum's result:
+    ``TopK(values, indices)``, numpy arrays, as ``torch.topk`` returns them.
+
+    >>> q = np.array([[1., 0.], [0., 1.]]); e = np.array([[1., 0.], [0.9, 0.1], [0., 2.]])
+    >>> topk("id,jd->ij", 1, q, e)   # each query's most similar item
+    TopK(values=array([[1.],
+           [2.]]), indices=array([[0],
+           [2]]))
+
+    A row is every output label but the last; the last output label is ranked. Both arrays
+    have the result's shape with its last dimension ``min(k, n)``; ``indices`` (int64) index
+    the ranked label. Best first, NaN after every number, ties by the smaller index (the order
+    numpy's stable ``argsort`` gives); ``largest=False``: smallest first. ``operands``,
+    ``join``, ``agg`` and ``progress`` as ``einsum`` takes them (a Tensor runs in its own
+    session, arrays in the in-memory one). The result is never whole in Python: its tiles are
+    cut to their candidates a batch at a time (``Session.topk``).
+    """
+    owners = {id(x.session): x.session for x in operands if isinstance(x, Tensor)}
+    if len(owners) > 1:
+        raise EinsumError("topk: the Tensor operands belong to different sessions; one einsum runs in one "
+                          "database (read one with np.asarray(tensor), or store it in the other)")
+    session = next(iter(owners.values())) if owners else default_session()
+    return session.topk(spec, k, *operands, join=join, agg=agg, largest=largest, progress=progress)

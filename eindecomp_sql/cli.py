@@ -94,7 +94,7 @@ def main(argv=None) -> None:
         code = rv if isinstance(rv, int) else 0
     except click.exceptions.Exit as e:
         code = e.exit_code
-    except SystemExit as e:
+    except SystemExit:
         # click (8.2+) catches a broken pipe itself, even with standalone_mode=False: it wraps
         # stdout and stderr to swallow further errors and exits 1, so `... | head` read as a
         # failure, not 141 (a documentation audit)

@@ -22,7 +22,7 @@ import numpy as np
 from .arrays import as_array
 from .backends import Target, create_backend
 from .backends.running import CtrlCMark, settle, ticking
-from .errors import FATAL_ADVICE, EinsumError, Interrupted, duckdb_fatal, duckdb_said, warn
+from .errors import FATAL_ADVICE, EinsumError, EinsumTypeError, Interrupted, duckdb_fatal, duckdb_said, warn
 from .notation.checks import can_cast, check_name
 from .notation.sublist import sublist_spec
 from .plan import DEFAULT_TILE_BYTES, Plan, TiledValue, plan_einsum
@@ -704,6 +704,46 @@ class Session:
             values, inputs = self._resolve(operands, spec=spec)
             p = self._plan_over(spec, values, inputs, join, agg, path=path, dtype=dtype, casting=casting)
             return self.backend.execute(p, inputs, {RESULT: Target()}, progress=reporter(progress))[RESULT]
+
+    def topk(self, spec: str, k: int, *operands, join=None, agg=None, largest: bool = True, progress=None):
+        """The ``k`` largest elements of every row of an einsum's result, as numpy arrays:
+        ``TopK(values, indices)``, as ``torch.topk`` returns them.
+
+        A row is every output label but the last; the last output label is ranked (for
+        ``"id,jd->ij"``, each ``i`` gets its best ``j``s). Both arrays have the shape of the
+        result with its last dimension ``min(k, n)``; ``indices`` (int64) index the ranked
+        label. Order: best first, NaN after every number, ties by the smaller index (numpy's
+        stable sort). ``largest=False`` ranks the smallest first. ``operands``, ``join``,
+        ``agg`` and ``progress`` as ``einsum`` takes them; the product is planned and run as
+        ``einsum`` runs it (under ``memory=`` in as many statements as the budget asks), into a
+        temporary table that is read back a batch at a time, each cut to its candidates by the
+        top-k kernel: the result is never whole in Python. Complex results have no order.
+
+        >>> db = connect()
+        >>> q, e = np.array([[1., 0.], [0., 1.]]), np.array([[1., 0.], [0.9, 0.1], [0., 2.]])
+        >>> db.topk("id,jd->ij", 2, q, e).indices
+        array([[0, 1],
+               [2, 1]])
+        """
+        from .ranking import check_k, check_largest, check_rankable, empty, tensor_topk
+
+        if not isinstance(spec, str):
+            raise EinsumTypeError(f"topk(): the spec must be a str such as 'id,jd->ij', got {type(spec).__name__}")
+        k, largest = check_k(k), check_largest(largest)
+        result = None
+        try:
+            with self._call():
+                values, inputs = self._resolve(operands, spec=spec)
+                p = self._plan_over(spec, values, inputs, join, agg)
+                check_rankable(p.result, spec)
+                if not all(p.result.shape):  # no row, or nothing to rank: no product to run
+                    return empty(p.result, k)
+                result = self._execute(p, inputs, {RESULT: Target(self._temp_name(), temporary=True)}, False,
+                                       progress)[RESULT]
+                return tensor_topk(self.backend, result.value, k, largest)
+        finally:
+            if result is not None:  # its table dropped now (the call is over): it may be big
+                result.__exit__(None, None, None)
 
     # -- graphs -----------------------------------------------------------------------------
     def run_graph_plan(self, gplan, inputs: dict, out=None, replace: bool = False, progress=None):

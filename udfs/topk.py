@@ -93,9 +93,20 @@ def row_top(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return rows[keep], cols[keep]
 
 
-def _tile_candidates(x2: np.ndarray, key: list[int], ext: tuple[int, ...], shape, tile, k: int, row0: int):
-    """Candidates of rows ``row0 ..`` of one tile (``x2``: those rows, 2-D), in global numbering."""
-    rows, cols = row_top(x2, k)
+def reversed_order(x: np.ndarray) -> np.ndarray:
+    """``x`` mapped so that the largest becomes the smallest, exactly, with NaN still NaN: ``-x``
+    for floats, ``~x`` for integers (``-x`` overflows the smallest int, and wraps unsigned
+    ones); bool as uint8. Ranking it ranks ``x`` smallest first."""
+    if x.dtype == np.bool_:
+        x = x.view(np.uint8)
+    return -x if x.dtype.kind == "f" else ~x
+
+
+def _tile_candidates(x2: np.ndarray, key: list[int], ext: tuple[int, ...], shape, tile, k: int, row0: int,
+                     largest: bool = True):
+    """Candidates of rows ``row0 ..`` of one tile (``x2``: those rows, 2-D), in global numbering;
+    ``largest`` False: the ``k`` smallest."""
+    rows, cols = row_top(x2 if largest else reversed_order(x2), k)
     values = x2[rows, cols]
     rows = rows + row0
     if len(ext) > 1:
@@ -111,6 +122,7 @@ def _tile_candidates(x2: np.ndarray, key: list[int], ext: tuple[int, ...], shape
 def _candidates(spec: dict, keys: list[list[int]], views: list) -> tuple[np.ndarray, ...]:
     """Offsets (per tile) and the r, i, v arrays of every tile's candidates."""
     shape, tile, dtype, k = spec["shape"], spec["tile"], np.dtype(spec["dtype"]), int(spec["k"])
+    largest = not spec.get("smallest", False)
     parts: list[list] = []  # per tile, the candidates of each of its row blocks
     tasks = []
     for key, raw in zip(keys, views):
@@ -124,7 +136,7 @@ def _candidates(spec: dict, keys: list[list[int]], views: list) -> tuple[np.ndar
         parts.append(slots)
         for b in range(n_blocks):
             def task(b=b, slots=slots, x2=x2, key=key, ext=ext, lo=bounds[b], hi=bounds[b + 1]):
-                slots[b] = _tile_candidates(x2[lo:hi], key, ext, shape, tile, k, lo)
+                slots[b] = _tile_candidates(x2[lo:hi], key, ext, shape, tile, k, lo, largest)
 
             tasks.append(task)
     if tasks:

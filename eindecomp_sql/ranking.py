@@ -1,0 +1,118 @@
+"""Top-k in the Python API: the ``k`` largest (or smallest) elements of every row of an einsum's
+result, as numpy arrays, the way ``torch.topk`` returns them (``db.topk``, ``eds.topk``).
+
+>>> import eindecomp_sql as eds, numpy as np
+>>> r = eds.topk("ij->ij", 2, np.array([[3., 1., 3., 2.], [0., 5., 4., 5.]]))
+>>> r.values, r.indices
+(array([[3., 3.],
+       [5., 5.]]), array([[0, 2],
+       [1, 3]]))
+
+A row is every output label but the last; the last label is ranked, as in SQL's
+``einsum_topk``. The product runs as any einsum does (its plan, its budget, its kernels), into
+a temporary table; its tiles are then read back a batch at a time, each cut to its ``k``
+candidates per row by the top-k kernel (``udfs/topk.py``), and the candidates merged here. The
+result is never whole in Python: under ``memory=`` a product bigger than the budget runs as
+several statements, as ``db.einsum`` runs it, and is ranked a batch at a time.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import NamedTuple
+
+import numpy as np
+
+from .errors import EinsumError, EinsumTypeError
+from .notation.checks import SQL_TYPES
+from .plan import TiledValue
+from .udfs.tiles import blob_views
+from .udfs.topk import _candidates, reversed_order
+
+# the tiles a batch hands the top-k kernel (the export's batch: at least one tile)
+RANK_BATCH_BYTES = 16 << 20
+
+
+class TopK(NamedTuple):
+    """``values`` and ``indices`` (int64, along the ranked label), each of shape
+    ``(*rows, min(k, n))``: best first, NaN after every number, ties by the smaller index."""
+
+    values: np.ndarray
+    indices: np.ndarray
+
+
+def check_k(k) -> int:
+    """``k`` as an int >= 1 (a bool, a float or a string is refused, as ``torch.topk`` does)."""
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral):
+        raise EinsumTypeError(f"topk(): k must be an int, got {type(k).__name__} {k!r:.40}")
+    if k < 1:
+        raise EinsumError(f"topk(): k must be >= 1, got {k}")
+    return int(k)
+
+
+def check_largest(largest) -> bool:
+    if not isinstance(largest, (bool, np.bool_)):
+        raise EinsumTypeError(f"topk(): largest must be True or False, got {type(largest).__name__} {largest!r:.40}")
+    return bool(largest)
+
+
+def check_rankable(result: TiledValue, spec: str) -> None:
+    """Refuse a result with no label to rank, or of a dtype with no order (complex)."""
+    if not result.shape:
+        raise EinsumError(f"topk(): {spec!r} has no output label to rank (a row is every output label but the "
+                          "last, and the last is ranked)")
+    if result.dtype not in SQL_TYPES:
+        raise EinsumError(f"topk(): the result is {result.dtype}, which has no order")
+
+
+def empty(result: TiledValue, k: int) -> TopK:
+    """The answer for a result with no row or an empty ranked label (nothing to read)."""
+    shape = (*result.shape[:-1], min(k, result.shape[-1]))
+    return TopK(np.empty(shape, np.dtype(result.dtype)), np.empty(shape, np.int64))
+
+
+def tensor_topk(backend, value: TiledValue, k: int, largest: bool = True) -> TopK:
+    """The top ``k`` of every row of stored (or temporary) tensor ``value``: its tiles read a
+    batch at a time (``backend.tile_batches``), each batch cut to its candidates by the top-k
+    kernel, the candidates merged by ``merge``."""
+    rows, n = math.prod(value.shape[:-1]), value.shape[-1]
+    if rows == 0 or n == 0:
+        return empty(value, k)
+    spec = {"shape": list(value.shape), "tile": list(value.tile), "dtype": value.dtype, "k": k,
+            "smallest": not largest}
+    found = []
+    with backend.tile_batches(value, RANK_BATCH_BYTES) as batches:
+        for b in batches:
+            if not b.num_rows:
+                continue
+            keys = np.stack([b.column(c).to_numpy(zero_copy_only=False) for c in value.keys], axis=1).tolist()
+            tiles = b.column("tile")
+            if tiles.null_count:
+                raise EinsumError(f"topk(): a tile of {value.name!r} is NULL")
+            _, r, i, v = _candidates(spec, keys, blob_views(tiles))
+            found.append((r, i, v))
+    r, i, v = (np.concatenate([f[c] for f in found]) for c in range(3))
+    values, indices = merge(r, i, v, rows, min(k, n), largest)
+    shape = (*value.shape[:-1], min(k, n))
+    return TopK(values.astype(np.dtype(value.dtype), copy=False).reshape(shape), indices.reshape(shape))
+
+
+def merge(r: np.ndarray, i: np.ndarray, v: np.ndarray, rows: int, m: int, largest: bool = True):
+    """The best ``m`` of each of ``rows`` rows among the candidates (row ``r``, index ``i``,
+    value ``v``), as two ``(rows, m)`` arrays: value descending (``largest``, else ascending),
+    NaN after every number, ties by the smaller index; -0.0 and 0.0 tie. Every row must have at
+    least ``m`` candidates (every tile gives ``min(k, its width)`` of each of its rows)."""
+    if v.dtype.kind == "f":
+        nan = np.isnan(v)
+        key = np.where(nan, 0, v)
+        order = np.lexsort((i, -key if largest else key, nan, r))
+    else:
+        order = np.lexsort((i, reversed_order(v) if largest else v, r))
+    r, i, v = r[order], i[order], v[order]
+    counts = np.bincount(r, minlength=rows)
+    starts = np.cumsum(counts) - counts
+    keep = (np.arange(r.size) - starts[r]) < m
+    if counts.size != rows or counts.min() < m:  # a kernel's fault, not the user's
+        raise EinsumError(f"topk(): internal error: a row has fewer than {m} candidates")
+    return v[keep].reshape(rows, m), i[keep].reshape(rows, m)

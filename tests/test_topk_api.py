@@ -1,0 +1,220 @@
+"""db.topk / eds.topk: the k largest (or smallest) of every row of an einsum's result, as numpy
+arrays, against a reference written with Python's sort on exact Python numbers."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import eindecomp_sql as eds
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "int64", "uint16", "uint64", "bool"]
+
+
+def ref_topk(x: np.ndarray, k: int, largest: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Best first (largest, else smallest), NaN after every number, ties by the smaller index:
+    Python's stable sort of exact Python numbers, one row at a time."""
+    n = x.shape[-1]
+    rows = x.reshape(-1, n).astype(np.float32) if x.dtype.name == "bfloat16" else x.reshape(-1, n)
+    m = min(k, n)
+    vals = np.empty((rows.shape[0], m), x.dtype)
+    idx = np.empty((rows.shape[0], m), np.int64)
+    for r, row in enumerate(rows):
+        row = [v.item() for v in row]
+
+        def key(j, row=row):
+            v = row[j]
+            nan = isinstance(v, float) and math.isnan(v)
+            return (nan, 0 if nan else (-v if largest else v), j)
+
+        best = sorted(range(n), key=key)[:m]
+        idx[r] = best
+        vals[r] = [row[j] for j in best]
+    shape = (*x.shape[:-1], m)
+    return vals.reshape(shape), idx.reshape(shape)
+
+
+def same(got: eds.TopK, want, exact_values=True):
+    wv, wi = want
+    assert isinstance(got, eds.TopK)
+    assert got.values.shape == wv.shape and got.indices.shape == wi.shape, (got.values.shape, wv.shape)
+    assert got.values.dtype == wv.dtype and got.indices.dtype == np.int64
+    np.testing.assert_array_equal(got.indices, wi)
+    np.testing.assert_array_equal(got.values, wv)  # NaN equal to NaN, -0.0 to 0.0
+
+
+def small_ints(rng, shape, dtype):
+    """Values every dtype holds exactly, products and sums of a few too: ties abound."""
+    dtype = np.dtype(dtype) if dtype != "bfloat16" else None
+    if dtype is None:
+        import ml_dtypes
+
+        return rng.integers(-3, 4, shape).astype(np.float32).astype(ml_dtypes.bfloat16)
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    lo = 0 if dtype.kind == "u" else -3
+    return rng.integers(lo, 4, shape).astype(dtype)
+
+
+@pytest.fixture(scope="module")
+def db():
+    s = eds.connect(tile_bytes=256)  # small tiles: results cut along the ranked label and the rows
+    yield s
+    s.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), dtype=st.sampled_from(DTYPES), k=st.integers(1, 30),
+       largest=st.booleans(), m=st.integers(1, 9), n=st.integers(1, 40), j=st.integers(1, 6),
+       three=st.booleans())
+def test_topk_of_a_product_matches_the_reference(db, seed, dtype, k, largest, m, n, j, three):
+    """Random shapes that do not divide the tiles, every dtype, k below and above the ranked
+    label, both directions; the reference ranks the session's own product (its values exact:
+    small ints, so the order is numpy's to the last tie)."""
+    rng = np.random.default_rng(seed)
+    if three:
+        a, b, spec = small_ints(rng, (2, m, j), dtype), small_ints(rng, (2, j, n), dtype), "bij,bjk->bik"
+    else:
+        a, b, spec = small_ints(rng, (m, j), dtype), small_ints(rng, (j, n), dtype), "ij,jk->ik"
+    product = db.einsum_numpy(spec, a, b)
+    got = db.topk(spec, k, a, b, largest=largest)
+    same(got, ref_topk(product, k, largest))
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_nan_inf_and_signed_zero(db, largest):
+    x = np.array([[np.nan, 1.0, -np.inf, 0.0, -0.0, np.inf, 1.0, np.nan],
+                  [-0.0, 0.0, -0.0, 0.0, 2.0, -2.0, np.nan, 2.0]])
+    for k in (1, 3, 6, 8, 20):
+        got = db.topk("ij->ij", k, x, largest=largest)
+        same(got, ref_topk(x, k, largest))
+    # integers at their limits: reversing the order must not overflow
+    i = np.array([[np.iinfo(np.int64).min, 0, np.iinfo(np.int64).max, -1, np.iinfo(np.int64).min]])
+    for k in (1, 2, 5):
+        same(db.topk("ij->ij", k, i, largest=largest), ref_topk(i, k, largest))
+    u = np.array([[0, 2**64 - 1, 7, 0]], dtype=np.uint64)
+    same(db.topk("ij->ij", 2, u, largest=largest), ref_topk(u, 2, largest))
+
+
+def test_random_floats_against_numpy(db):
+    """Similarities of random embeddings: the values are the product's to float32 rounding, the
+    indices numpy's (no near-ties at this size)."""
+    rng = np.random.default_rng(3)
+    q, e = rng.standard_normal((37, 16)).astype(np.float32), rng.standard_normal((501, 16)).astype(np.float32)
+    s = q.astype(np.float64) @ e.T.astype(np.float64)
+    got = eds.topk("id,jd->ij", 5, q, e)
+    want = np.argsort(-s, axis=1, kind="stable")[:, :5]
+    np.testing.assert_array_equal(got.indices, want)
+    np.testing.assert_allclose(got.values, np.take_along_axis(s, want, 1), rtol=1e-5, atol=1e-5)
+    assert got.values.dtype == np.float32
+    got = eds.topk("id,jd->ij", 3, q, e, join="(x - y) ** 2", agg="sum", largest=False)  # nearest by L2
+    d = ((q[:, None, :].astype(np.float64) - e[None].astype(np.float64)) ** 2).sum(-1)
+    np.testing.assert_array_equal(got.indices, np.argsort(d, axis=1, kind="stable")[:, :3])
+
+
+def test_shapes_rows_and_one_dimension(db):
+    rng = np.random.default_rng(5)
+    x = small_ints(rng, (3, 4, 11), "int32")
+    same(db.topk("abc->abc", 4, x), ref_topk(x, 4))
+    same(db.topk("abc->cab", 2, x), ref_topk(np.einsum("abc->cab", x), 2))  # the last output label ranked
+    v = small_ints(rng, (19,), "float64")
+    got = db.topk("i->i", 5, v)
+    assert got.values.shape == (5,)
+    same(got, ref_topk(v, 5))
+    got = db.topk("ij->j", 2, x[0], agg="max")  # a reduction, then ranked
+    same(got, ref_topk(x[0].max(axis=0), 2))
+
+
+def test_empty_results(db):
+    got = db.topk("ij,jk->ik", 3, np.ones((0, 4)), np.ones((4, 5)))
+    assert got.values.shape == got.indices.shape == (0, 3)
+    got = db.topk("ij,jk->ik", 3, np.ones((2, 4)), np.ones((4, 0)))
+    assert got.values.shape == (2, 0) and got.indices.dtype == np.int64
+    got = db.topk("ij,jk->ik", 3, np.ones((2, 0)), np.ones((0, 5)))  # a sum over nothing: zeros
+    same(got, ref_topk(np.zeros((2, 5)), 3))
+
+
+def test_operands_stored_named_and_tables(db):
+    rng = np.random.default_rng(7)
+    a = small_ints(rng, (9, 6), "float32")
+    A = db.store("TA", a, tile=(4, 4), replace=True)
+    want = ref_topk(a @ a.T, 4)
+    same(db.topk("ij,kj->ik", 4, A, A), want)
+    same(db.topk("ij,kj->ik", 4, "TA", a), want)
+    same(eds.topk("ij,kj->ik", 4, A, a), want)  # a Tensor runs in its own session
+    db.connection.execute("CREATE OR REPLACE TABLE te AS SELECT i, j, value FROM "
+                          "(SELECT unnest(range(9)) AS i) CROSS JOIN (SELECT unnest(range(6)) AS j) "
+                          "JOIN (SELECT ? AS v) ON true, LATERAL (SELECT v[i * 6 + j + 1] AS value)",
+                          [a.ravel().tolist()])
+    # the table's DOUBLE values and A's float32 promote to float64
+    same(db.topk("ij,kj->ik", 4, "te", A), (want[0].astype(np.float64), want[1]))
+
+
+def test_nothing_is_left_behind(db):
+    before = set(db.connection.sql("SELECT table_name FROM duckdb_tables()").fetchnumpy()["table_name"].tolist())
+    x = np.random.default_rng(1).standard_normal((50, 70))
+    db.topk("ij,jk->ik", 3, x, x.T)
+    with pytest.raises(eds.EinsumError):
+        db.topk("ij,jk->ik", 3, x, x.T, join=lambda u, v: u.sum() + v)  # a callable that is not element-wise
+    after = set(db.connection.sql("SELECT table_name FROM duckdb_tables()").fetchnumpy()["table_name"].tolist())
+    assert after == before
+
+
+def test_bad_arguments(db):
+    x = np.ones((3, 4))
+    for k in (0, -2):
+        with pytest.raises(eds.EinsumError, match="k must be >= 1"):
+            db.topk("ij->ij", k, x)
+    for k in (2.0, True, "3", None):
+        with pytest.raises(eds.EinsumTypeError, match="k must be an int"):
+            db.topk("ij->ij", k, x)
+    with pytest.raises(eds.EinsumTypeError, match="largest must be True or False"):
+        db.topk("ij->ij", 2, x, largest="no")
+    with pytest.raises(eds.EinsumError, match="no output label to rank"):
+        db.topk("ij->", 2, x)
+    with pytest.raises(eds.EinsumError, match="complex128, which has no order"):
+        db.topk("ij->ij", 2, x.astype(complex))
+    with pytest.raises(eds.EinsumTypeError, match="spec must be a str"):
+        db.topk(x, 2, [0, 1])
+    with pytest.raises(eds.EinsumError, match="operand"):
+        db.topk("ij,jk->ik", 2, x, x)
+    assert db.topk("ij->ij", np.int64(2), x).values.shape == (3, 2)  # numpy's ints are ints
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
+def test_a_result_bigger_than_the_budget_is_ranked_within_it(dtype):
+    """The product runs as db.einsum runs it under the budget (several statements: one query,
+    as SQL's einsum_topk, could not for int64), and is ranked a batch at a time."""
+    rng = np.random.default_rng(11)
+    q = rng.integers(-50, 50, (2000, 8)).astype(dtype)
+    e = rng.integers(-50, 50, (5000, 8)).astype(dtype)
+    with eds.connect(memory="60MB") as s:
+        assert np.dtype(dtype).itemsize * 2000 * 5000 > s.plan_budget  # 40-80 MB of result
+        assert any(st.batches > 1 for st in s.plan("id,jd->ij", q, e).steps)
+        got = s.topk("id,jd->ij", 5, q, e)
+    sim = q.astype(np.int64) @ e.T.astype(np.int64)
+    want = np.argsort(-sim, axis=1, kind="stable")[:, :5]
+    np.testing.assert_array_equal(got.indices, want)
+    np.testing.assert_array_equal(got.values, np.take_along_axis(sim, want, 1).astype(dtype))
+
+
+def test_the_ranking_reads_the_result_a_batch_at_a_time(db, monkeypatch):
+    """The result's tiles reach the top-k kernel in batches of RANK_BATCH_BYTES, never whole."""
+    from eindecomp_sql import ranking
+
+    seen = []
+    real = ranking._candidates
+
+    def counting(spec, keys, views):
+        seen.append(sum(len(v) for v in views))
+        return real(spec, keys, views)
+
+    monkeypatch.setattr(ranking, "_candidates", counting)
+    monkeypatch.setattr(ranking, "RANK_BATCH_BYTES", 4096)
+    x = np.random.default_rng(2).standard_normal((200, 300))
+    with eds.connect(tile_bytes=2048) as s:  # 16x16 float64 tiles
+        got = s.topk("ij->ij", 3, x)
+    assert len(seen) > 10 and max(seen) <= 4096
+    np.testing.assert_array_equal(got.indices, np.argsort(-x, axis=1, kind="stable")[:, :3])
