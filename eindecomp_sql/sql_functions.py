@@ -55,6 +55,17 @@ def _names(names: list) -> list[str]:
     return names
 
 
+def _k_and_order(k) -> tuple[int, bool]:
+    """``einsum_topk``'s k and ``largest`` as its macro passes them: ``'<k>;<largest>'`` (both
+    cast to text in SQL, so a wrong type gets our message), or a bare k (largest)."""
+    text, sep, largest = str(k).rpartition(";") if k is not None else ("", "", "")
+    if not sep:
+        return _k(k), True
+    if largest.strip().lower() not in ("true", "false"):
+        raise EinsumError(f"einsum_topk(): largest must be true or false, got {largest!r}")
+    return _k(text if text != "NULL" else None), largest.strip().lower() == "true"
+
+
 def _k(k) -> int:
     if k is None or not _COUNT.match(str(k)) or int(str(k).strip().split(".")[0]) < 1:
         raise EinsumError(f"einsum_topk(): k must be a whole number >= 1, got {k!r}")
@@ -198,7 +209,7 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
         raise EinsumError(f"einsum(): unknown mode {mode!r}")
     if spec is None:
         raise EinsumError("einsum(): the spec is NULL")
-    count = _k(k) if mode == "topk" else None
+    count, largest = _k_and_order(k) if mode == "topk" else (None, True)
     wanted = str(spec).split("->")[0].count(",") + 1
     if wanted > MAX_OPERANDS:  # (it said "9 operand(s) but 8 operand(s) were given": a documentation audit)
         raise EinsumError(f"einsum(): the spec {spec!r} names {wanted} operands, but einsum() takes at most "
@@ -236,8 +247,8 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
         # which is what keeps it within the budget; one query would hold all of it at once
         k, s = batched[0]
         if mode == "topk":
-            # the Python API has no top-k: "call db.einsum(...)" led nowhere (a trial); say the
-            # memory= under which the plan is one query
+            # "call db.einsum(...)" led nowhere (a trial): db.topk runs the statements one after
+            # another; or the memory= under which the plan is one query
             from .plan.cost import BUDGET_SHARE
             from .session import _rounded_up
 
@@ -247,7 +258,7 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
             raise _said_of_tables(EinsumError(
                 f"einsum_topk(): under the session's memory budget of {format_bytes(session.memory or 0)} the plan "
                 f"runs step {k} ({s.describe()}) as {s.batches} statements, but a SQL table function is one query, "
-                f"and top-k has no Python form to run them one after another; connect with memory= of at least "
+                f"which db.topk(...) from Python runs one after another; or connect with memory= of at least "
                 f"{need}, or rank fewer rows a query (WHERE on a smaller table of queries)"), tables)
         raise _said_of_tables(EinsumError(
             f"einsum(): under the session's memory budget of {format_bytes(session.memory or 0)} the plan runs step {k} "
@@ -265,4 +276,4 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
     read = tuple((v.name, tables[v.name]) for v in plan.inputs if v.name in tables)
     rewritten = tuple(sorted(v.name for v in plan.inputs if v.name not in tables and v.name.lower() in session.rewritten))
     return interface_query(plan, read, mode, count, session.backend.compiler, getattr(session.backend, "home", None),
-                           rewritten, stream)
+                           rewritten, stream, largest)

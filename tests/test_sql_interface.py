@@ -148,8 +148,8 @@ def test_a_plan_the_budget_splits_into_statements_is_refused_by_the_one_query_in
         assert db.plan("ij,jk->ik", "A", "B").steps and any(s.batches > 1 for s in db.plan("ij,jk->ik", "A", "B").steps)
         for q in ("SELECT count(*) FROM einsum_topk('ij,jk->ik', 2, 'A', 'B')",
                   "SELECT count(*) FROM einsum_elements('ij,jk->ik', 'A', 'B')"):
-            # (top-k has no Python form: its refusal says the memory= it needs instead)
-            then = "and top-k has no Python form" if "topk" in q else r"call db\.einsum"
+            # (top-k: db.topk, and the memory= it needs as one query)
+            then = r"which db\.topk\(\.\.\.\) from Python runs" if "topk" in q else r"call db\.einsum"
             with pytest.raises(Exception, match=r"EinsumError: .*as \d+ statements, but a SQL table function is one "
                                                 rf"query(;|,) {then}"):
                 db.connection.execute(q).fetchall()

@@ -15,9 +15,10 @@ from reference import reference  # np.einsum, and bfloat16's rule where numpy ha
 import eindecomp_sql as eds
 
 
-def ref_topk(x: np.ndarray, k: int) -> list[tuple]:
-    """(row indices..., rank, index, value): value descending, NaN last, ties by the smaller
-    index; written with Python's sort on exact Python numbers, apart from the kernel."""
+def ref_topk(x: np.ndarray, k: int, largest: bool = True) -> list[tuple]:
+    """(row indices..., rank, index, value): value descending (``largest``, else ascending),
+    NaN last, ties by the smaller index; written with Python's sort on exact Python numbers,
+    apart from the kernel."""
     out = []
     rows = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
     for r, row in enumerate(rows):
@@ -26,7 +27,7 @@ def ref_topk(x: np.ndarray, k: int) -> list[tuple]:
         def key(j, vals=vals):
             v = vals[j]
             nan = isinstance(v, float) and math.isnan(v)
-            return (nan, 0 if nan else -v, j)
+            return (nan, 0 if nan else (-v if largest else v), j)
 
         for rank, j in enumerate(sorted(range(len(vals)), key=key)[:k], 1):
             out.append((*(int(q) for q in np.unravel_index(r, x.shape[:-1])), rank, j, vals[j]))
@@ -268,7 +269,7 @@ def test_a_topk_over_a_result_bigger_than_the_budget_runs_as_one_query_within_it
         assert max(s.peak(streamed_costs(db.backend.cost_model)) for s in plan.steps) <= db.plan_budget
         # a k as wide as a tile makes every element a candidate (24 B each, 6x the result):
         # counted, that is over the budget, and refused as before
-        with pytest.raises(duckdb.Error, match="top-k has no Python form"):
+        with pytest.raises(duckdb.Error, match=r"which db\.topk\(\.\.\.\) from Python runs one after another"):
             db.connection.sql("SELECT * FROM einsum_topk('id,jd->ij', 1250, 'Q', 'E')").fetchall()
     # a join and an aggregation (its kernel blocks the join space: 34 MB at most here)
     with eds.connect(memory="80MB") as db:
@@ -294,10 +295,13 @@ def test_topk_refused_under_a_budget_says_the_memory_that_runs_it():
     with eds.connect(memory="40MB") as db:
         db.store("Q", q)
         db.store("E", e)
-        with pytest.raises(duckdb.Error, match="top-k has no Python form") as info:
+        with pytest.raises(duckdb.Error, match=r"which db\.topk\(\.\.\.\) from Python runs") as info:
             db.connection.sql("SELECT * FROM einsum_topk('id,jd->ij', 3, 'Q', 'E')").fetchall()
         need = re.search(r"memory= of at least (\S+ [kMG]?B)", str(info.value)).group(1).replace(" ", "")
         assert "db.einsum" not in str(info.value)
+        # ... and db.topk does, under the same budget (the statements one after another)
+        got = db.topk("id,jd->ij", 3, "Q", "E")
+        np.testing.assert_array_equal(got.indices, np.argsort(-(q @ e.T), axis=1, kind="stable")[:, :3])
     with eds.connect(memory=need) as db:
         db.store("Q", q)
         db.store("E", e)
@@ -339,3 +343,47 @@ def test_the_fused_topk_kernel_computes_a_slice_of_results_at_a_time(tile):
     cands = got.flatten()
     r, i = cands.field("r").to_numpy(), cands.field("i").to_numpy()
     np.testing.assert_array_equal(cands.field("v").to_numpy(), x[r, i])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "int64", "uint64", "bool", "float16", "bfloat16"])
+def test_largest_false_ranks_the_smallest(tdb, dtype):
+    """``largest := false``: smallest first, NaN still last, ties by the smaller index, on the
+    fused path (the einsum kernel ranks) and the separate kernel's (int64, uint64: not exact in
+    DOUBLE), integers at their limits included (negating them would overflow)."""
+    rng = np.random.default_rng(31)
+    a = random_array(rng, (7, 19), dtype)
+    if dtype in ("int64", "uint64"):
+        info = np.iinfo(dtype)
+        a[0, :4] = [info.min, info.max, info.min, 1]
+    if dtype.startswith("float"):
+        a[1, :5] = [np.nan, -np.inf, np.inf, -0.0, 0.0]
+    tdb.store("S", a, tile=(3, 5), replace=True)
+    want = a.astype(np.float32) if dtype == "bfloat16" else a
+    con = tdb.connection
+    for k in (1, 4, 30):
+        rows = con.sql(f"SELECT * FROM einsum_topk('ij->ij', {k}, 'S', largest := false)").fetchall()
+        same_rows(rows, ref_topk(want, k, largest=False))
+        same_rows(con.sql(f"SELECT * FROM einsum_topk('ij->ij', {k}, 'S', largest := true)").fetchall(),
+                  ref_topk(want, k))
+    # a product, fused into its kernel
+    b = random_array(rng, (19, 6), dtype)
+    tdb.store("T", b, tile=(5, 4), replace=True)
+    ours = tdb.einsum_numpy("ij,jk->ik", "S", "T")
+    rows = con.sql("SELECT * FROM einsum_topk('ij,jk->ik', 2, 'S', 'T', largest := false)").fetchall()
+    same_rows(rows, ref_topk(ours.astype(np.float32) if dtype == "bfloat16" else ours, 2, largest=False))
+    for bad in ("NULL", "'maybe'", "2"):
+        with pytest.raises(duckdb.Error, match="largest must be true or false"):
+            con.sql(f"SELECT * FROM einsum_topk('ij->ij', 2, 'S', largest := {bad})").fetchall()
+
+
+def test_largest_false_under_a_budget_streams_as_largest_does():
+    rng = np.random.default_rng(13)
+    q = rng.standard_normal((300, 64)).astype(np.float32)
+    e = rng.standard_normal((20000, 64)).astype(np.float32)
+    with eds.connect(memory="40MB") as db:
+        db.store("Q", q)
+        db.store("E", e)
+        sql = db._einsum_sql("id,jd->ij", ["Q", "E"], "topk", None, None, "3;false")
+        assert '"stream"' in sql and '"smallest":true' in sql
+        rows = db.connection.sql("SELECT * FROM einsum_topk('id,jd->ij', 3, 'Q', 'E', largest := false)").fetchall()
+    same_rows(rows, ref_topk(q @ e.T, 3, largest=False))

@@ -81,9 +81,11 @@ SESSION_ON_CONNECTION = "this DuckDB connection already has an eindecomp_sql ses
 
 
 # the SQL interface's table macros: name, mode, and the k parameter einsum_topk adds
-_SQL_MACROS = (("einsum", "tiles", "", "NULL"),
-               ("einsum_elements", "elements", "", "NULL"),
-               ("einsum_topk", "topk", "k, ", "CAST(k AS VARCHAR)"))
+# (and its largest :=, passed with k as '<k>;<largest>': sql_functions._k_and_order)
+_SQL_MACROS = (("einsum", "tiles", "", "", "NULL"),
+               ("einsum_elements", "elements", "", "", "NULL"),
+               ("einsum_topk", "topk", "k, ", ", largest := true",
+                "CAST(k AS VARCHAR) || ';' || coalesce(CAST(largest AS VARCHAR), 'NULL')"))
 
 
 class _Registrar:
@@ -578,10 +580,10 @@ class DuckDBBackend:
 
     @staticmethod
     def _make_macros(con) -> None:
-        for macro, mode, k_param, k_arg in _SQL_MACROS:
+        for macro, mode, k_param, more_params, k_arg in _SQL_MACROS:
             # TEMP macros live on the connection that creates them: the user's, not our cursor
             con.execute(template("macros").format(macro=macro, mode=exp.Literal.string(mode).sql(dialect="duckdb"),
-                                                  k_param=k_param, k_arg=k_arg))
+                                                  k_param=k_param, more_params=more_params, k_arg=k_arg))
 
     def sql_cursor(self):
         """A new cursor of the user's connection with the SQL functions on it (its TEMP macros;

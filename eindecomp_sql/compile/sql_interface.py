@@ -553,17 +553,19 @@ _FUSABLE = re.compile(r"^eds_einsum(_group)?[12]$", re.IGNORECASE)
 _EXACT_IN_DOUBLE = {"bool", "int8", "int16", "int32", "uint8", "uint16", "uint32", "float32", "float64"}
 
 
-def _topk_spec(result: TiledValue, k: int, stream: bool = False) -> str:
+def _topk_spec(result: TiledValue, k: int, stream: bool = False, largest: bool = True) -> str:
     # ``stream``: the fused kernel computes its call's results a slice at a time (a plan made
     # with ``CostModel.streamed_result``); else whole, as the einsum kernel alone would (fewer
     # rows a call change how BLAS splits a product: values 1 ulp from einsum_elements', a review)
     extra = {"stream": STREAM_SLICE_BYTES} if stream else {}
+    if not largest:  # the kernel ranks the smallest (udfs/topk.py: reversed_order)
+        extra["smallest"] = True
     return json.dumps({"shape": list(result.shape), "tile": list(result.tile), "dtype": result.dtype, "k": k,
                        **extra}, separators=(",", ":"), sort_keys=True)
 
 
 def fuse_topk(query: exp.Select, result: TiledValue, k: int, compiler: SQLCompiler | None = None,
-              stream: bool = False) -> exp.Select | None:
+              stream: bool = False, largest: bool = True) -> exp.Select | None:
     """``query`` (a plan's single query, whose last step is a binary einsum) with its kernel
     swapped for the fused top-k twin, so the result tiles never leave the kernel; None when
     the last step is another kind or the dtype is not exact in DOUBLE.
@@ -578,7 +580,7 @@ def fuse_topk(query: exp.Select, result: TiledValue, k: int, compiler: SQLCompil
     if not isinstance(kernel, exp.Anonymous) or not _FUSABLE.match(kernel.name) or last.alias != TILE:
         return None
     keys = key_list([(e.this if isinstance(e, exp.Alias) else e).copy() for e in keys])
-    fused = call(c.topk_fused_udf.format(kernel=kernel.name.lower()), exp.Literal.string(_topk_spec(result, k, stream)), keys,
+    fused = call(c.topk_fused_udf.format(kernel=kernel.name.lower()), exp.Literal.string(_topk_spec(result, k, stream, largest)), keys,
                  *[a.copy() for a in kernel.expressions])
     query = query.copy()
     query.expressions[-1].set("this", fused)
@@ -593,7 +595,7 @@ def fuses_topk(plan: Plan, compiler: SQLCompiler | None = None) -> bool:
 
 
 def topk_query(result: TiledValue, k: int, source: exp.Expression, fused: bool = False,
-               compiler: SQLCompiler | None = None) -> exp.Select:
+               compiler: SQLCompiler | None = None, largest: bool = True) -> exp.Select:
     """The ``k`` largest elements of every row of ``result`` (the tiles ``source`` returns, or
     with ``fused`` the candidates ``fuse_topk``'s kernel returns in the tile column).
 
@@ -623,14 +625,14 @@ def topk_query(result: TiledValue, k: int, source: exp.Expression, fused: bool =
     # the kernel over the result tiles, or (fused: the einsum kernel already returned
     # candidates, values as DOUBLE) the tile column itself
     candidates = ucol(TILE) if fused else call(c.topk_udf.format(dtype=result.dtype),
-                                               exp.Literal.string(_topk_spec(result, k)),
+                                               exp.Literal.string(_topk_spec(result, k, largest=largest)),
                                                key_list([col(key) for key in keys]), ucol(TILE))
     cands = exp.Select(expressions=[alias(exp.Explode(this=candidates), name("cand"))])
     cands = cands.from_(source.subquery("src"), copy=False)
     v = ucol("v", "cand")
-    # -0.0 and 0.0 tie, as in numpy; NaN ranks last
+    # -0.0 and 0.0 tie, as in numpy; NaN ranks last (smallest first too)
     order = ([ordered(exp.IsNan(this=v.copy()))] if floating else []) + [
-        ordered(exp.Add(this=v.copy(), expression=num("0.0")) if floating else v.copy(), desc=True),
+        ordered(exp.Add(this=v.copy(), expression=num("0.0")) if floating else v.copy(), desc=largest),
         ordered(ucol("i", "cand"))]
     rank = exp.Window(this=exp.RowNumber(), partition_by=[ucol("r", "cand")], order=exp.Order(expressions=order),
                       over="OVER")
@@ -648,7 +650,7 @@ def topk_query(result: TiledValue, k: int, source: exp.Expression, fused: bool =
 @lru_cache(maxsize=256)
 def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mode: str, k: int | None,
                     compiler: SQLCompiler | None = None, home: tuple[str, str] | None = None,
-                    rewritten: tuple[str, ...] = (), stream: bool = False) -> str:
+                    rewritten: tuple[str, ...] = (), stream: bool = False, largest: bool = True) -> str:
     """The whole answer of a SQL table function as SQL (DuckDB's, or ``compiler``'s): the plan
     as one query, preceded by the tiling of every table operand it reads (``tables``: CTE name
     and operand), then cut to elements or to the top ``k`` per row by ``mode`` (tiles, elements,
@@ -657,7 +659,8 @@ def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mo
     stand in for it (the plan was made from the tensor's shape). ``rewritten``: the stored
     tensors read that the session wrote over or dropped, checked in the query (``_unchanged``).
     ``stream``: the plan was made with its result streamed (``CostModel.streamed_result``), so
-    the fused top-k kernel works a slice of its call at a time.
+    the fused top-k kernel works a slice of its call at a time. ``largest`` False: the top-k
+    ranks the smallest first.
 
     Cached: plans and operands are frozen, so a query repeated over unchanged tables pays for
     building and printing it once."""
@@ -667,14 +670,14 @@ def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mo
     result = plan.result
     # stored tensors are values named after their tables, table operands after their CTEs
     query = c.single_query(plan, {v.name: v.name for v in plan.inputs})
-    fused = fuse_topk(query, result, k, c, stream) if mode == "topk" else None
+    fused = fuse_topk(query, result, k, c, stream, largest) if mode == "topk" else None
     query = fused if fused is not None else query
     by_table = {v.name: v for v in plan.inputs}
     query = with_ctes(query, [(cte, _not_shadowed(pack_query(op, by_table[cte], c), op.table)) for cte, op in tables])
     if mode == "elements":
         query = c.elements_query(result, result.keys, source=query)
     elif mode == "topk":
-        query = topk_query(result, k, query, fused=fused is not None, compiler=c)
+        query = topk_query(result, k, query, fused=fused is not None, compiler=c, largest=largest)
     query = _unchanged(query, [v for v in plan.inputs if v.name in rewritten])
     if home is not None:
         query = qualified(query, home)
