@@ -11,6 +11,8 @@ Ways (every one returns the k (index, value) pairs of every query row, best firs
 - einsum_topk, stored tensors: ``SELECT * FROM einsum_topk('id,jd->ij', 5, 'Q', 'E')``;
 - einsum_topk, array tables: the same over ``queries(qid, v FLOAT[128])`` and ``items(id, v FLOAT[128])``
   (includes packing both tables into tiles inside the query);
+- db.topk, the Python API: ``db.topk("id,jd->ij", 5, q, e)`` on the numpy arrays, and on the stored
+  tensors (the product into a temporary table, ranked a batch at a time);
 - (numpy's product alone, the floor every way pays);
 - einsum_elements + window: ``... QUALIFY row_number() OVER (PARTITION BY i ORDER BY value DESC) <= 5``
   over all 20M element rows.
@@ -81,6 +83,8 @@ def main():
             "einsum_topk stored": lambda: as_arrays(con.sql(topk, params=[k, "Q", "E"]).to_arrow_table(), len(q), k),
             "einsum_topk array tables": lambda: as_arrays(con.sql(topk, params=[k, "queries", "items"]).to_arrow_table(),
                                                           len(q), k),
+            "db.topk arrays": lambda: tuple(db.topk("id,jd->ij", k, q, e))[::-1],
+            "db.topk stored": lambda: tuple(db.topk("id,jd->ij", k, "Q", "E"))[::-1],
             "einsum_elements + window": lambda: as_arrays(con.sql(window, params=[k]).to_arrow_table(), len(q), k),
         }
         want_idx, want_val = numpy_topk(q, e, k)

@@ -1,7 +1,11 @@
-"""einsum_topk over a result bigger than the memory budget: one query, its time and the
-process's resident-memory rise, against numpy's stable argsort of the whole product.
+"""A top-k over a result bigger than the memory budget: its time and the process's
+resident-memory rise, against numpy's stable argsort of the whole product. ``--api sql``:
+``einsum_topk`` (one query, the result streamed through the fused kernel); ``--api python``:
+``db.topk`` (the product into a temporary table in the budget's statements, ranked a batch at a
+time).
 
-    .venv/bin/python bench/topk_budget.py [--queries 2000] [--items 100000] [--dim 64] [--memory 300MB] [--k 5]
+    .venv/bin/python bench/topk_budget.py [--api sql|python] [--queries 2000] [--items 100000] [--dim 64]
+                                          [--memory 300MB] [--k 5]
 
 Run it in a fresh process per setting (ru_maxrss is the process's high-water mark); pass
 ``--memory none`` for the session without a budget."""
@@ -24,6 +28,7 @@ def main():
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--memory", default="300MB")
     ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--api", choices=("sql", "python"), default="sql")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     q = rng.standard_normal((args.queries, args.dim)).astype(np.float32)
@@ -33,12 +38,16 @@ def main():
     db.store("E", e)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t = time.perf_counter()
-    out = db.connection.sql(f"SELECT * FROM einsum_topk('id,jd->ij', {args.k}, 'Q', 'E')").fetchnumpy()
+    if args.api == "sql":
+        out = db.connection.sql(f"SELECT * FROM einsum_topk('id,jd->ij', {args.k}, 'Q', 'E')").fetchnumpy()
+        got = np.asarray(out["j"]).reshape(args.queries, args.k)
+    else:
+        got = db.topk("id,jd->ij", args.k, "Q", "E").indices
     seconds = time.perf_counter() - t
     rise = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024
     top = np.argsort(-(q @ e.T), axis=1, kind="stable")[:, :args.k]
-    same = np.array_equal(np.asarray(out["j"]).reshape(args.queries, args.k), top)
-    print(f"memory={args.memory}: {args.queries} x {args.items} x {args.dim} float32, top {args.k}, result "
+    same = np.array_equal(got, top)
+    print(f"{args.api}, memory={args.memory}: {args.queries} x {args.items} x {args.dim} float32, top {args.k}, result "
           f"{args.queries * args.items * 4 / 1e6:.0f} MB: {seconds:.2f} s, resident rise {rise / 1e6:.0f} MB, "
           f"equal to numpy's: {same}")
 

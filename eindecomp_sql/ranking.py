@@ -9,11 +9,20 @@ result, as numpy arrays, the way ``torch.topk`` returns them (``db.topk``, ``eds
        [1, 3]]))
 
 A row is every output label but the last; the last label is ranked, as in SQL's
-``einsum_topk``. The product runs as any einsum does (its plan, its budget, its kernels), into
-a temporary table; its tiles are then read back a batch at a time, each cut to its ``k``
-candidates per row by the top-k kernel (``udfs/topk.py``), and the candidates merged here. The
-result is never whole in Python: under ``memory=`` a product bigger than the budget runs as
-several statements, as ``db.einsum`` runs it, and is ranked a batch at a time.
+``einsum_topk``. The product runs as any einsum does (its plan, its kernels); then the top-k
+kernel (``udfs/topk.py``) cuts it to each row's candidates a batch at a time, and ``merge``
+orders them. Where it goes between the two depends on the budget:
+
+- without ``memory=``, into a numpy array, as ``einsum_numpy`` returns it (the kernels write
+  their tiles straight in), ranked in bands of rows (``array_topk``): the result is held once,
+  as numpy's ``q @ e.T`` holds it;
+- under ``memory=``, into a temporary table in as many statements as the budget asks (as
+  ``db.einsum`` runs it), read back a batch of tiles at a time (``tensor_topk``): never whole
+  in Python, so a product bigger than the budget is ranked within it.
+
+Measured (2,000 x 100,000 similarities, dimension 64, float32, top 5, 2 cores): the table way
+took 3.2 s without a budget and raised resident memory 1.6 GB (the temporary table written
+and read back: 0.7 s and 0.8 s of it); the array way is what the session does there.
 """
 
 from __future__ import annotations
@@ -96,6 +105,29 @@ def tensor_topk(backend, value: TiledValue, k: int, largest: bool = True) -> Top
     values, indices = merge(r, i, v, rows, min(k, n), largest)
     shape = (*value.shape[:-1], min(k, n))
     return TopK(values.astype(np.dtype(value.dtype), copy=False).reshape(shape), indices.reshape(shape))
+
+
+def array_topk(x: np.ndarray, k: int, largest: bool = True) -> TopK:
+    """The top ``k`` of every row of array ``x`` (its last axis ranked), by the top-k kernel over
+    bands of whole rows of about ``RANK_BATCH_BYTES`` (a band is one tile as wide as a row: its
+    candidates are the row's answer, then ordered by ``merge``)."""
+    n = x.shape[-1]
+    rows = math.prod(x.shape[:-1])
+    if rows == 0 or n == 0:
+        return TopK(np.empty((*x.shape[:-1], min(k, n)), x.dtype), np.empty((*x.shape[:-1], min(k, n)), np.int64))
+    x2 = np.ascontiguousarray(x).reshape(rows, n)
+    band = max(1, RANK_BATCH_BYTES // max(1, n * x2.itemsize))
+    found = []
+    for lo in range(0, rows, band):
+        part = x2[lo:lo + band]
+        spec = {"shape": list(part.shape), "tile": list(part.shape), "dtype": x.dtype.name, "k": k,
+                "smallest": not largest}
+        _, r, i, v = _candidates(spec, [[0, 0]], [part.reshape(-1).view(np.uint8)])
+        found.append((r + lo, i, v))
+    r, i, v = (np.concatenate([f[c] for f in found]) for c in range(3))
+    values, indices = merge(r, i, v, rows, min(k, n), largest)
+    shape = (*x.shape[:-1], min(k, n))
+    return TopK(values.astype(x.dtype, copy=False).reshape(shape), indices.reshape(shape))
 
 
 def merge(r: np.ndarray, i: np.ndarray, v: np.ndarray, rows: int, m: int, largest: bool = True):

@@ -58,9 +58,11 @@ def small_ints(rng, shape, dtype):
     return rng.integers(lo, 4, shape).astype(dtype)
 
 
-@pytest.fixture(scope="module")
-def db():
-    s = eds.connect(tile_bytes=256)  # small tiles: results cut along the ranked label and the rows
+@pytest.fixture(scope="module", params=[None, "2GB"], ids=["array", "table"])
+def db(request):
+    """Small tiles: results cut along the ranked label and the rows. Without a budget the
+    product is ranked as an array; under one, from a temporary table a batch at a time."""
+    s = eds.connect(tile_bytes=256, memory=request.param)
     yield s
     s.close()
 
@@ -200,8 +202,10 @@ def test_a_result_bigger_than_the_budget_is_ranked_within_it(dtype):
     np.testing.assert_array_equal(got.values, np.take_along_axis(sim, want, 1).astype(dtype))
 
 
-def test_the_ranking_reads_the_result_a_batch_at_a_time(db, monkeypatch):
-    """The result's tiles reach the top-k kernel in batches of RANK_BATCH_BYTES, never whole."""
+@pytest.mark.parametrize("memory", [None, "1GB"], ids=["array", "table"])
+def test_the_ranking_reads_the_result_a_batch_at_a_time(memory, monkeypatch):
+    """The result reaches the top-k kernel in batches of RANK_BATCH_BYTES, never whole: bands
+    of rows of the array, or batches of the temporary table's tiles."""
     from eindecomp_sql import ranking
 
     seen = []
@@ -214,7 +218,7 @@ def test_the_ranking_reads_the_result_a_batch_at_a_time(db, monkeypatch):
     monkeypatch.setattr(ranking, "_candidates", counting)
     monkeypatch.setattr(ranking, "RANK_BATCH_BYTES", 4096)
     x = np.random.default_rng(2).standard_normal((200, 300))
-    with eds.connect(tile_bytes=2048) as s:  # 16x16 float64 tiles
+    with eds.connect(tile_bytes=2048, memory=memory) as s:  # 16x16 float64 tiles
         got = s.topk("ij->ij", 3, x)
     assert len(seen) > 10 and max(seen) <= 4096
     np.testing.assert_array_equal(got.indices, np.argsort(-x, axis=1, kind="stable")[:, :3])
