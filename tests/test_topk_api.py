@@ -222,3 +222,38 @@ def test_the_ranking_reads_the_result_a_batch_at_a_time(memory, monkeypatch):
         got = s.topk("ij->ij", 3, x)
     assert len(seen) > 10 and max(seen) <= 4096
     np.testing.assert_array_equal(got.indices, np.argsort(-x, axis=1, kind="stable")[:, :3])
+
+
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_stored_operands_under_a_budget_run_einsum_topks_query(dtype, largest):
+    """Under memory=, stored operands by name or handle run as SQL's einsum_topk (one query,
+    fused and streamed where it can be); the answer is the same as every other way's."""
+    rng = np.random.default_rng(17)
+    a, b = small_ints(rng, (11, 5), dtype), small_ints(rng, (5, 23), dtype)
+    with eds.connect(tile_bytes=256, memory="1GB") as s:
+        A, B = s.store("A", a, tile=(4, 3)), s.store("B", b, tile=(3, 6))
+        rows = s._sql_topk("ij,jk->ik", 4, (A, "B"), None, None, largest)
+        assert rows is not None and rows.num_rows == 11 * 4
+        want = ref_topk(s.einsum_numpy("ij,jk->ik", a, b), 4, largest)
+        same(s.topk("ij,jk->ik", 4, A, "B", largest=largest), want)
+        # arrays, a callable join or a progress callback: the product's own way
+        assert s._sql_topk("ij,jk->ik", 4, (a, "B"), None, None, largest) is None
+        same(s.topk("ij,jk->ik", 4, a, B, largest=largest), want)
+        same(s.topk("ij,jk->ik", 4, A, B, largest=largest, progress=lambda p: None), want)
+
+
+def test_under_a_budget_what_sql_refuses_runs_the_product_way():
+    """int64 does not fuse: over a result bigger than the budget, einsum_topk refuses one
+    query, and db.topk runs the product in the budget's statements instead."""
+    rng = np.random.default_rng(19)
+    q, e = rng.integers(-50, 50, (2000, 8)), rng.integers(-50, 50, (5000, 8))
+    with eds.connect(memory="60MB") as s:
+        s.store("Q", q)
+        s.store("E", e)
+        assert s._sql_topk("id,jd->ij", 3, ("Q", "E"), None, None, True) is None
+        got = s.topk("id,jd->ij", 3, "Q", "E", largest=False)
+    sim = q @ e.T
+    want = np.argsort(sim, axis=1, kind="stable")[:, :3]
+    np.testing.assert_array_equal(got.indices, want)
+    np.testing.assert_array_equal(got.values, np.take_along_axis(sim, want, 1))

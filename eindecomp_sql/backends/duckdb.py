@@ -1034,6 +1034,17 @@ class DuckDBBackend:
             except duckdb.Error as e:  # out of memory, say: ours, not DuckDB's raw error
                 raise EinsumError(f"reading tensor {value.name!r} failed: {e}") from None
 
+    def query_arrow(self, sql: str) -> pa.Table:
+        """A query of the SQL interface (``sql_functions.einsum_sql``'s) run on our cursor, as
+        Arrow; Ctrl-C and ``interrupt()`` stop it as they stop a plan's statement."""
+        with self.lock:
+            self._check_open()
+            try:
+                return run_interruptible(lambda: self._work.sql(sql).to_arrow_table(), self._work.interrupt,
+                                         self.kernels, stopper=self.stopper)
+            except duckdb.Error as e:
+                raise ExecutionError(f"the top-k query failed: {e}") from e
+
     @contextlib.contextmanager
     def tile_batches(self, value: TiledValue, batch_bytes: int = 64 << 20):
         """The tiles of stored tensor ``value.name`` as an iterator of Arrow record batches of
