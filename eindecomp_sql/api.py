@@ -304,7 +304,8 @@ einsum.__signature__ = inspect.Signature(
 )
 
 
-def topk(spec: str, k: int, *operands, join=None, agg=None, largest: bool = True, progress=None):
+def topk(spec: str, k: int, *operands, join=None, agg=None, largest: bool = True, progress=None, dtype=None,
+         casting="safe"):
     """The ``k`` largest elements of every row of an (extended) einsum's result:
     ``TopK(values, indices)``, numpy arrays, as ``torch.topk`` returns them.
 
@@ -317,14 +318,19 @@ def topk(spec: str, k: int, *operands, join=None, agg=None, largest: bool = True
     A row is every output label but the last; the last output label is ranked. Both arrays
     have the result's shape with its last dimension ``min(k, n)``; ``indices`` (int64) index
     the ranked label. Best first, NaN after every number, ties by the smaller index (the order
-    numpy's stable ``argsort`` gives); ``largest=False``: smallest first. ``operands``,
-    ``join``, ``agg`` and ``progress`` as ``einsum`` takes them (a Tensor runs in its own
-    session, arrays in the in-memory one). The result is never whole in Python: its tiles are
-    cut to their candidates a batch at a time (``Session.topk``).
+    numpy's stable ``argsort`` gives; ``torch.topk`` puts NaN first); ``largest=False``:
+    smallest first. ``operands``, ``join``, ``agg``, ``progress``, ``dtype`` and ``casting`` as
+    ``einsum`` takes them (the spec a string, not numpy's sublist form); a Tensor runs in its
+    own session, arrays in the in-memory one. That session has no memory budget: the product
+    is computed into an array (held once, as numpy holds ``q @ e.T``) and ranked in bands of
+    rows. To rank a product bigger than memory, use a session with one:
+    ``eds.connect(memory="2GB").topk(...)`` runs it in the budget's statements and ranks it a
+    batch at a time (``Session.topk``).
     """
     owners = {id(x.session): x.session for x in operands if isinstance(x, Tensor)}
     if len(owners) > 1:
         raise EinsumError("topk: the Tensor operands belong to different sessions; one einsum runs in one "
                           "database (read one with np.asarray(tensor), or store it in the other)")
     session = next(iter(owners.values())) if owners else default_session()
-    return session.topk(spec, k, *operands, join=join, agg=agg, largest=largest, progress=progress)
+    return session.topk(spec, k, *operands, join=join, agg=agg, largest=largest, progress=progress, dtype=dtype,
+                        casting=casting)

@@ -705,7 +705,8 @@ class Session:
             p = self._plan_over(spec, values, inputs, join, agg, path=path, dtype=dtype, casting=casting)
             return self.backend.execute(p, inputs, {RESULT: Target()}, progress=reporter(progress))[RESULT]
 
-    def topk(self, spec: str, k: int, *operands, join=None, agg=None, largest: bool = True, progress=None):
+    def topk(self, spec: str, k: int, *operands, join=None, agg=None, largest: bool = True, progress=None,
+             dtype=None, casting="safe"):
         """The ``k`` largest elements of every row of an einsum's result, as numpy arrays:
         ``TopK(values, indices)``, as ``torch.topk`` returns them.
 
@@ -714,7 +715,8 @@ class Session:
         result with its last dimension ``min(k, n)``; ``indices`` (int64) index the ranked
         label. Order: best first, NaN after every number, ties by the smaller index (numpy's
         stable sort). ``largest=False`` ranks the smallest first. ``operands``, ``join``,
-        ``agg`` and ``progress`` as ``einsum`` takes them. The product is planned and run as
+        ``agg``, ``progress``, ``dtype`` and ``casting`` as ``einsum`` takes them (the spec a
+        string: numpy's sublist form is not taken here). The product is planned and run as
         ``einsum`` runs it, then cut to each row's candidates by the top-k kernel: without
         ``memory=`` into an array, as ``einsum_numpy`` returns it (held once, as numpy holds
         ``q @ e.T``); under ``memory=`` into a temporary table, in as many statements as the
@@ -736,8 +738,9 @@ class Session:
         try:
             with self._call():
                 values, inputs = self._resolve(operands, spec=spec)
-                p = self._plan_over(spec, values, inputs, join, agg)
+                p = self._plan_over(spec, values, inputs, join, agg, dtype=dtype, casting=casting)
                 check_rankable(p.result, spec)
+                stop = getattr(getattr(self.backend, "stopper", None), "check", None)  # db.interrupt()
                 if not all(p.result.shape):  # no row, or nothing to rank: no product to run
                     return empty(p.result, k)
                 if self.plan_budget is None:
@@ -745,16 +748,20 @@ class Session:
                     # (through a table it was written and read back: 3.2 s and 1.6 GB for an
                     # 800 MB result, where numpy's way took 1.4 s)
                     x = self.backend.execute(p, inputs, {RESULT: Target()}, progress=reporter(progress))[RESULT]
-                    return array_topk(np.asarray(x), k, largest)
-                rows = self._sql_topk(spec, k, operands, join, agg, largest) if progress is None else None
+                    return array_topk(np.asarray(x), k, largest, stop)
+                rows = self._sql_topk(spec, k, operands, join, agg, largest) if progress is None and dtype is None \
+                    else None
                 if rows is not None:
                     return rows_topk(rows, p.result, k)
                 result = self._execute(p, inputs, {RESULT: Target(self._temp_name(), temporary=True)}, False,
                                        progress)[RESULT]
-                return tensor_topk(self.backend, result.value, k, largest)
+                return tensor_topk(self.backend, result.value, k, largest, stop)
         finally:
             if result is not None:  # its table dropped now (the call is over): it may be big
-                result.__exit__(None, None, None)
+                try:
+                    result.__exit__(None, None, None)
+                except Exception:  # noqa: BLE001 - the call's own error (if any) is the one to report
+                    pass  # (a TEMP table whose drop failed goes with the connection, as in _collect)
 
     def _sql_topk(self, spec: str, k: int, operands, join, agg, largest: bool):
         """``einsum_topk``'s answer as Arrow rows, where every operand is a stored tensor or a

@@ -464,6 +464,14 @@ class Stopper:
                 raise pending
             self._jobs.append(job)
 
+    def check(self) -> None:
+        """Raise the stop asked of this thread's call, if any: for work of ours between an
+        engine's jobs (a top-k ranking a result a batch at a time, in Python)."""
+        with self._lock:
+            pending = self._calls.get(threading.get_ident())
+        if pending is not None:
+            raise pending
+
     def end(self, job: _Job) -> None:
         """``job`` ended (idempotent); under the lock, so that no stop reaches it afterwards (its
         interrupt would land on the connection's next statement)."""

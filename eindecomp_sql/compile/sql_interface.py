@@ -621,7 +621,8 @@ def topk_query(result: TiledValue, k: int, source: exp.Expression, fused: bool =
     row_cols = [alias(exp.Mod(this=exp.Paren(this=exp.IntDiv(this=ucol("_eds_r"), expression=num(s))), expression=num(n)),
                       ident(row))
                 for s, n, row in zip(strides, result.shape, rows)]
-    floating = result.dtype.startswith("float")
+    # bfloat16 too: "bfloat16".startswith("float") is False, and NaN ranked first there (a review)
+    floating = result.dtype in ("float16", "bfloat16", "float32", "float64")
     # the kernel over the result tiles, or (fused: the einsum kernel already returned
     # candidates, values as DOUBLE) the tile column itself
     candidates = ucol(TILE) if fused else call(c.topk_udf.format(dtype=result.dtype),
