@@ -369,8 +369,8 @@ def test_a_k_whose_candidates_overflow_the_budget_takes_the_pruning_way():
     """SQL's window holds up to k candidates a row of every tile (24 B each): over half the
     budget, db.topk takes the table way, which prunes them as they come."""
     rng = np.random.default_rng(29)
-    q, e = rng.standard_normal((300, 8)).astype(np.float32), rng.standard_normal((20000, 8)).astype(np.float32)
-    with eds.connect(memory="100MB") as s:
+    q, e = rng.standard_normal((150, 8)).astype(np.float32), rng.standard_normal((20000, 8)).astype(np.float32)
+    with eds.connect(memory="100MB") as s:  # (one query runs it: the result is 12 MB, its candidates 72 MB)
         s.store("Q", q)
         s.store("E", e)
         calls = []
@@ -378,9 +378,9 @@ def test_a_k_whose_candidates_overflow_the_budget_takes_the_pruning_way():
         s.backend.query_arrow = lambda sql: calls.append(sql) or real(sql)
         small = s.topk("id,jd->ij", 3, "Q", "E")
         assert len(calls) == 1  # a small k: SQL's query
-        got = s.topk("id,jd->ij", 5000, "Q", "E")
-        assert len(calls) == 1  # 300 rows x 5000 x 24 B a tile: the table way
+        got = s.topk("id,jd->ij", 20000, "Q", "E")
+        assert len(calls) == 1  # 150 rows x 20000 x 24 B: the table way
         ours = s.einsum_numpy("id,jd->ij", "Q", "E")
-    for r, k in ((small, 3), (got, 5000)):
+    for r, k in ((small, 3), (got, 20000)):
         want = np.argsort(-ours, axis=1, kind="stable")[:, :k]
         np.testing.assert_array_equal(r.indices, want)
