@@ -1,6 +1,7 @@
 """db.topk / eds.topk: the k largest (or smallest) of every row of an einsum's result, as numpy
 arrays, against a reference written with Python's sort on exact Python numbers."""
 
+import contextlib
 import math
 
 import numpy as np
@@ -169,7 +170,7 @@ def test_nothing_is_left_behind(db, monkeypatch):
     db.topk("ij,jk->ik", 3, x, x.T)
     assert tables() == before
 
-    def failing(spec, keys, views):
+    def failing(spec, keys, views, *bars):
         raise RuntimeError("a kernel failed")
 
     monkeypatch.setattr(ranking, "_candidates", failing)
@@ -238,9 +239,9 @@ def test_the_ranking_reads_the_result_a_batch_at_a_time(memory, monkeypatch):
     seen = []
     real = ranking._candidates
 
-    def counting(spec, keys, views):
+    def counting(spec, keys, views, *bars):
         seen.append(sum(len(v) for v in views))
-        return real(spec, keys, views)
+        return real(spec, keys, views, *bars)
 
     monkeypatch.setattr(ranking, "_candidates", counting)
     monkeypatch.setattr(ranking, "RANK_BATCH_BYTES", 4096)
@@ -332,7 +333,7 @@ def test_interrupt_stops_the_ranking(memory, monkeypatch):
     real, calls = ranking._candidates, []
     x = np.random.default_rng(4).standard_normal((200, 300))
     with eds.connect(tile_bytes=2048, memory=memory) as s:
-        def interrupting(spec, keys, views):
+        def interrupting(spec, keys, views, *bars):
             calls.append(1)
             if len(calls) == 1:  # from another thread, as a service's deadline would
                 said = []
@@ -340,7 +341,7 @@ def test_interrupt_stops_the_ranking(memory, monkeypatch):
                 t.start()
                 t.join()
                 assert said == [True]
-            return real(spec, keys, views)
+            return real(spec, keys, views, *bars)
 
         monkeypatch.setattr(ranking, "_candidates", interrupting)
         with pytest.raises(Interrupted):
@@ -384,3 +385,48 @@ def test_a_k_whose_candidates_overflow_the_budget_takes_the_pruning_way():
     for r, k in ((small, 3), (got, 20000)):
         want = np.argsort(-ours, axis=1, kind="stable")[:, :k]
         np.testing.assert_array_equal(r.indices, want)
+
+
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_kernel_drops_what_a_rows_bar_rules_out(dtype, largest, monkeypatch):
+    """Pruned as soon as the candidates reach twice the answer, the kernel is handed each row's
+    bar (its m-th best so far) and drops elements worse: ties at the bar (many: small ints),
+    NaN (worse than every number; a NaN bar where a row's best m held NaN: 4 rows, pruned every
+    few tiles), int limits, rows with no bar yet (30 rows in bands of 4: bands unseen at a
+    prune). The batches come last to first too, so a tile met later holds smaller indices,
+    whose ties at the bar win."""
+    from eindecomp_sql import ranking
+
+    monkeypatch.setattr(ranking, "PRUNE_MIN", 1)
+    monkeypatch.setattr(ranking, "RANK_BATCH_BYTES", 1)  # a tile a batch
+    rng = np.random.default_rng(37)
+    bars = []
+    real = ranking._candidates
+    monkeypatch.setattr(ranking, "_candidates", lambda s, k, v, *b: bars.append(b and b[0] is not None) or real(s, k, v, *b))
+    for shape in ((30, 200), (4, 800)):
+        x = small_ints(rng, shape, dtype)
+        if dtype.startswith(("float", "bfloat")):
+            x[0, np.arange(shape[1]) % 8 != 0] = np.nan  # few numbers: a best 69 holds NaN, its bar too
+            x[1, 5:9] = [np.inf, -np.inf, -0.0, 0.0]
+        elif dtype in ("int64", "uint64"):
+            info = np.iinfo(dtype)
+            x[2, ::7] = info.min
+            x[3, ::5] = info.max
+        with eds.connect(memory="1GB") as s:
+            s.store("X", x, tile=(4, 8))
+            for order in ("forwards", "backwards"):
+                if order == "backwards":
+                    scan = s.backend.tile_batches
+
+                    @contextlib.contextmanager
+                    def backwards(value, batch_bytes, scan=scan):
+                        with scan(value, batch_bytes) as it:
+                            yield iter(list(it)[::-1])
+
+                    s.backend.tile_batches = backwards
+                for k in (1, 4, 30, 69):
+                    # (progress=: the table way, not SQL's query, for a stored operand)
+                    got = s.topk("ij->ij", k, "X", largest=largest, progress=lambda p: None)
+                    same(got, ref_topk(x, k, largest))
+    assert sum(bars) > len(bars) // 2

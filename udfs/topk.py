@@ -102,25 +102,49 @@ def reversed_order(x: np.ndarray) -> np.ndarray:
     return -x if x.dtype.kind == "f" else ~x
 
 
+def _global_rows(rows: np.ndarray, key: list[int], ext: tuple[int, ...], shape, tile) -> np.ndarray:
+    """Row numbers (C order over the row labels) of a tile's local rows."""
+    if len(ext) == 1:
+        return np.zeros(rows.size, dtype=np.int64)
+    local = np.unravel_index(rows, ext[:-1])
+    glob = tuple(q + kk * t for q, kk, t in zip(local, key[:-1], tile[:-1]))
+    return np.ravel_multi_index(glob, tuple(shape[:-1])).astype(np.int64, copy=False)
+
+
 def _tile_candidates(x2: np.ndarray, key: list[int], ext: tuple[int, ...], shape, tile, k: int, row0: int,
-                     largest: bool = True):
+                     largest: bool = True, bars=None):
     """Candidates of rows ``row0 ..`` of one tile (``x2``: those rows, 2-D), in global numbering;
-    ``largest`` False: the ``k`` smallest."""
-    rows, cols = row_top(x2 if largest else reversed_order(x2), k)
-    values = x2[rows, cols]
-    rows = rows + row0
-    if len(ext) > 1:
-        local = np.unravel_index(rows, ext[:-1])
-        glob = tuple(q + kk * t for q, kk, t in zip(local, key[:-1], tile[:-1]))
-        r = np.ravel_multi_index(glob, tuple(shape[:-1])).astype(np.int64, copy=False)
+    ``largest`` False: the ``k`` smallest. ``bars``: (each row's worst value still wanted, and
+    whether the row has one), by global row, from a caller that has already seen other tiles
+    (``ranking.tensor_topk``): elements worse are no candidates, and where every row has at most
+    ``k`` others they are the candidates without a ranking (a k of 1,000 over tiles 1,563 wide
+    ranked 64% of every tile: 9.6 s of 15.8)."""
+    kx = x2 if largest else reversed_order(x2)
+    if bars is not None and x2.size:
+        bar, full = bars
+        g = _global_rows(np.arange(x2.shape[0]) + row0, key, ext, shape, tile)
+        kb = bar[g] if largest else reversed_order(bar[g])
+        ok = kx >= kb[:, None]  # (equal ones may still win a tie by a smaller index)
+        if kx.dtype.kind == "f":
+            ok |= np.isnan(kb)[:, None]  # a NaN bar: fewer than m numbers yet, NaN ties it
+        ok |= ~full[g][:, None]
+        if np.count_nonzero(ok, axis=1).max() <= k:
+            rows, cols = np.nonzero(ok)
+        else:
+            rows, cols = row_top(kx, k)
+            keep = ok[rows, cols]
+            rows, cols = rows[keep], cols[keep]
     else:
-        r = np.zeros(rows.size, dtype=np.int64)
+        rows, cols = row_top(kx, k)
+    values = x2[rows, cols]
+    r = _global_rows(rows + row0, key, ext, shape, tile)
     i = (cols + key[-1] * tile[-1]).astype(np.int64, copy=False)
     return r, i, values
 
 
-def _candidates(spec: dict, keys: list[list[int]], views: list) -> tuple[np.ndarray, ...]:
-    """Offsets (per tile) and the r, i, v arrays of every tile's candidates."""
+def _candidates(spec: dict, keys: list[list[int]], views: list, bars=None) -> tuple[np.ndarray, ...]:
+    """Offsets (per tile) and the r, i, v arrays of every tile's candidates (``bars``: see
+    ``_tile_candidates``)."""
     shape, tile, dtype, k = spec["shape"], spec["tile"], np.dtype(spec["dtype"]), int(spec["k"])
     largest = not spec.get("smallest", False)
     parts: list[list] = []  # per tile, the candidates of each of its row blocks
@@ -136,7 +160,7 @@ def _candidates(spec: dict, keys: list[list[int]], views: list) -> tuple[np.ndar
         parts.append(slots)
         for b in range(n_blocks):
             def task(b=b, slots=slots, x2=x2, key=key, ext=ext, lo=bounds[b], hi=bounds[b + 1]):
-                slots[b] = _tile_candidates(x2[lo:hi], key, ext, shape, tile, k, lo, largest)
+                slots[b] = _tile_candidates(x2[lo:hi], key, ext, shape, tile, k, lo, largest, bars)
 
             tasks.append(task)
     if tasks:
