@@ -318,7 +318,7 @@ def topk(spec: str, k: int, *operands, join=None, agg=None, largest: bool = True
     A row is every output label but the last; the last output label is ranked. Both arrays
     have the result's shape with its last dimension ``min(k, n)``; ``indices`` (int64) index
     the ranked label. Best first, NaN after every number, ties by the smaller index (the order
-    numpy's stable ``argsort`` gives; ``torch.topk`` puts NaN first); ``largest=False``:
+    numpy's stable ``argsort`` gives; ``torch.topk`` ranks NaN as the largest); ``largest=False``:
     smallest first. ``operands``, ``join``, ``agg``, ``progress``, ``dtype`` and ``casting`` as
     ``einsum`` takes them (the spec a string, not numpy's sublist form); a Tensor runs in its
     own session, arrays in the in-memory one. That session has no memory budget: the product

@@ -719,9 +719,10 @@ class Session:
         string: numpy's sublist form is not taken here). The product is planned and run as
         ``einsum`` runs it, then cut to each row's candidates by the top-k kernel: without
         ``memory=`` into an array, as ``einsum_numpy`` returns it (held once, as numpy holds
-        ``q @ e.T``); under ``memory=`` into a temporary table, in as many statements as the
-        budget asks, read back a batch at a time, so a result bigger than the budget is ranked
-        within it. Complex results have no order.
+        ``q @ e.T``); under ``memory=``, for stored operands by name or handle, as
+        ``einsum_topk``'s one query (fused, streamed) where its candidates fit, else into a
+        temporary table, in as many statements as the budget asks, read back a batch at a time,
+        so a result bigger than the budget is ranked within it. Complex results have no order.
 
         >>> db = connect()
         >>> q, e = np.array([[1., 0.], [0., 1.]]), np.array([[1., 0.], [0.9, 0.1], [0., 2.]])

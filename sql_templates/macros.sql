@@ -2,8 +2,9 @@
 -- einsum_topk(spec, k, a, ...) as table macros. DuckDB 2.0 does not overload table macros by
 -- arity, so operands 2..8 are defaulted to NULL; join := and agg := name the extended
 -- notation's join function and aggregation ("join" is quoted: JOIN is a keyword, yet callers
--- may write join := 'add'); einsum_topk's largest := false ranks the smallest first. Every argument is cast to VARCHAR here, so a wrong type reaches
--- eds_einsum_sql (a Python UDF) and gets our message instead of a binder error naming it.
+-- may write join := 'add'); einsum_topk's largest := false ranks the smallest first. Every
+-- argument is cast to VARCHAR here, so a wrong type reaches eds_einsum_sql (a Python UDF) and
+-- gets our message instead of a binder error naming it.
 -- eds_einsum_sql resolves the operands (stored tensors or ordinary tables), plans the einsum
 -- and returns the whole plan as one query for query(). The caller's default database and schema
 -- go along: the plan is made on the session's own cursor, whose default is the session's database,
