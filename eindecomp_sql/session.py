@@ -750,12 +750,13 @@ class Session:
                     # 800 MB result, where numpy's way took 1.4 s)
                     x = self.backend.execute(p, inputs, {RESULT: Target()}, progress=reporter(progress))[RESULT]
                     return array_topk(np.asarray(x), k, largest, stop)
-                # SQL's query, unless its window would hold more candidates (up to k a row of
-                # every tile, 24 B each) than half the budget: the table way prunes them
-                r = p.result
-                held = math.prod(r.shape[:-1]) * -(-r.shape[-1] // max(1, r.tile[-1])) * min(k, r.tile[-1]) * 24
+                # SQL's query, unless its window would hold candidates over half the budget:
+                # the table way prunes them
+                from .sql_functions import candidate_bytes
+
                 rows = self._sql_topk(spec, k, operands, join, agg, largest) \
-                    if progress is None and dtype is None and held <= self.plan_budget // 2 else None
+                    if progress is None and dtype is None and candidate_bytes(p.result, k) <= self.plan_budget // 2 \
+                    else None
                 if rows is not None:
                     return rows_topk(rows, p.result, k)
                 result = self._execute(p, inputs, {RESULT: Target(self._temp_name(), temporary=True)}, False,

@@ -165,6 +165,15 @@ def table_values(session, spec: str, operands: list) -> tuple[list, list[TiledVa
 CANDIDATE_BYTES = 24
 
 
+def candidate_bytes(result: TiledValue, k: int) -> int:
+    """What ``einsum_topk``'s candidates take: up to ``k`` a row of every result tile (24 B
+    each, r, i and v), which the fused kernel returns for its call and DuckDB's window holds
+    for the query."""
+    r = result
+    return (math.prod(r.shape[:-1]) * -(-r.shape[-1] // r.tile[-1]) * min(k, r.tile[-1]) * CANDIDATE_BYTES
+            if r.tile[-1] else 0)
+
+
 def streamed_costs(model):
     """``model`` for a plan whose one einsum's results never leave its kernel (a fused top-k):
     one statement a step, no partial results."""
@@ -192,13 +201,9 @@ def _streamed_topk_plan(session, spec, values, join, agg, k: int):
     if (len(einsums) != 1 or plan.steps[-1] is not einsums[0] or any(s.batches > 1 for s in plan.steps)
             or plan.result.dtype not in _EXACT_IN_DOUBLE or not plan.result.shape):
         return None
-    # the candidates: up to k a row of every tile (24 B each, r, i and v), which the fused
-    # kernel returns for its call and DuckDB's window holds for the query. Uncounted, a k as
-    # wide as a tile made every element one: 6x a float32 result (a review)
-    r = plan.result
-    candidates = (math.prod(r.shape[:-1]) * -(-r.shape[-1] // r.tile[-1]) * min(k, r.tile[-1]) * CANDIDATE_BYTES
-                  if r.tile[-1] else 0)
-    if max(s.peak(model) for s in plan.steps) + candidates > session.plan_budget:
+    # the candidates counted: uncounted, a k as wide as a tile made every element one: 6x a
+    # float32 result (a review)
+    if max(s.peak(model) for s in plan.steps) + candidate_bytes(plan.result, k) > session.plan_budget:
         return None
     return plan if fuses_topk(plan, session.backend.compiler) else None
 

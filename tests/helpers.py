@@ -1,3 +1,4 @@
+import math
 import os
 
 import numpy as np
@@ -123,3 +124,14 @@ def backend_tables(db, temporary: bool | None = None) -> list[str]:
         return db.backend.tables(temporary)
     where = "" if temporary is None else f" WHERE temporary = {str(temporary).lower()}"
     return [r[0] for r in db.backend._run(f"SELECT table_name FROM duckdb_tables(){where} ORDER BY table_name")]
+
+
+def topk_key(row: list, largest: bool = True):
+    """The top-k order of a row of exact Python numbers, as a sort key of an index: best first
+    (largest, else smallest), NaN after every number, ties by the smaller index."""
+    def key(j):
+        v = row[j]
+        nan = isinstance(v, float) and math.isnan(v)
+        return (nan, 0 if nan else (-v if largest else v), j)
+
+    return key

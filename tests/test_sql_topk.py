@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from eindecomp_sql.udfs.tiles import tiles_to_arrow
 from eindecomp_sql.udfs.topk import row_top, topk_tiles
-from helpers import assert_close, error_scale, random_array
+from helpers import assert_close, error_scale, random_array, topk_key
 from reference import reference  # np.einsum, and bfloat16's rule where numpy has none
 
 import eindecomp_sql as eds
@@ -23,13 +23,7 @@ def ref_topk(x: np.ndarray, k: int, largest: bool = True) -> list[tuple]:
     rows = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
     for r, row in enumerate(rows):
         vals = [v.item() for v in row]
-
-        def key(j, vals=vals):
-            v = vals[j]
-            nan = isinstance(v, float) and math.isnan(v)
-            return (nan, 0 if nan else (-v if largest else v), j)
-
-        for rank, j in enumerate(sorted(range(len(vals)), key=key)[:k], 1):
+        for rank, j in enumerate(sorted(range(len(vals)), key=topk_key(vals, largest))[:k], 1):
             out.append((*(int(q) for q in np.unravel_index(r, x.shape[:-1])), rank, j, vals[j]))
     return out
 

@@ -2,12 +2,12 @@
 arrays, against a reference written with Python's sort on exact Python numbers."""
 
 import contextlib
-import math
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers import topk_key
 
 import eindecomp_sql as eds
 
@@ -24,13 +24,7 @@ def ref_topk(x: np.ndarray, k: int, largest: bool = True) -> tuple[np.ndarray, n
     idx = np.empty((rows.shape[0], m), np.int64)
     for r, row in enumerate(rows):
         row = [v.item() for v in row]
-
-        def key(j, row=row):
-            v = row[j]
-            nan = isinstance(v, float) and math.isnan(v)
-            return (nan, 0 if nan else (-v if largest else v), j)
-
-        best = sorted(range(n), key=key)[:m]
+        best = sorted(range(n), key=topk_key(row, largest))[:m]
         idx[r] = best
         vals[r] = [row[j] for j in best]
     shape = (*x.shape[:-1], m)
