@@ -208,6 +208,32 @@ def _streamed_topk_plan(session, spec, values, join, agg, k: int):
     return plan if fuses_topk(plan, session.backend.compiler) else None
 
 
+def _candidates_within(session, spec, values, join, agg, plan, k: int, tables) -> tuple:
+    """``(plan, False)`` for a top-k that fits the session's budget, or else its streamed plan where
+    its candidates fit with it, ``True``; refused otherwise. The query's window holds every candidate
+    at once (up to ``k`` a row of every result tile), which the plan's steps do not count: a
+    ``k`` near a tile's width makes every element a candidate, 24 B where a float32 holds 4
+    (k=20000 over a 150 x 20000 float32 result rose resident memory by 153 MiB under
+    memory="100MB"). ``db.topk`` prunes them as they come, a batch at a time."""
+    model = session.backend.cost_model
+    held = max(s.peak(model) for s in plan.steps) + candidate_bytes(plan.result, k)
+    if held <= session.plan_budget:
+        return plan, False
+    streamed = _streamed_topk_plan(session, spec, values, join, agg, k)
+    if streamed is not None:
+        return streamed, True
+    from .plan.cost import BUDGET_SHARE
+    from .session import _rounded_up
+
+    raise _said_of_tables(EinsumError(
+        f"einsum_topk(): under the session's memory budget of {format_bytes(session.memory or 0)} its window "
+        f"would hold {format_bytes(candidate_bytes(plan.result, k))} of candidates (up to k = {k} a row of every "
+        f"result tile, {CANDIDATE_BYTES} B each) beside the plan's {format_bytes(held - candidate_bytes(plan.result, k))}, "
+        f"over the plans' share of {format_bytes(session.plan_budget)}; db.topk(...) from Python ranks them a batch "
+        f"at a time within the budget; or a smaller k, or connect with memory= of at least "
+        f"{_rounded_up(held / BUDGET_SHARE)}"), tables)
+
+
 def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=None) -> str:
     """The query answering ``einsum(spec, names...)`` in ``mode`` (tiles, elements or topk)."""
     if mode not in MODES:
@@ -270,6 +296,8 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
             f"({s.describe()}) as {s.batches} statements, but a SQL table function is one query; call "
             "db.einsum(...) from Python, which runs them one after another, or connect with a larger memory="),
             tables)
+    if mode == "topk" and not stream and session.plan_budget is not None and plan.result.shape:
+        plan, stream = _candidates_within(session, spec, values, join, agg, plan, count, tables)
     result = plan.result
     if mode == "topk":
         if not result.shape:

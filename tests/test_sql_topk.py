@@ -381,3 +381,36 @@ def test_largest_false_under_a_budget_streams_as_largest_does():
         assert '"stream"' in sql and '"smallest":true' in sql
         rows = db.connection.sql("SELECT * FROM einsum_topk('id,jd->ij', 3, 'Q', 'E', largest := false)").fetchall()
     same_rows(rows, ref_topk(q @ e.T, 3, largest=False))
+
+
+def test_a_topk_whose_candidates_are_over_the_budget_is_refused_and_db_topk_ranks_it():
+    """A plan that fits the budget left out the candidates its window holds at once (up to k a
+    row of every result tile, 24 B each): k=20000 over a 150 x 20000 float32 result (12 MB)
+    rose resident memory by 153 MiB under memory="100MB". Counted, the query is refused with
+    what runs it: db.topk, a smaller k, or the memory= it names (which runs it)."""
+    import re
+
+    rng = np.random.default_rng(7)
+    # small integers: every product exact whatever the tiles' order of summation (ties many)
+    q = rng.integers(-8, 9, (40, 16)).astype(np.float32)
+    e = rng.integers(-8, 9, (20000, 16)).astype(np.float32)
+    x = q @ e.T
+    order = np.argsort(-x, axis=1, kind="stable")
+
+    def ranked(db, k):
+        t = db.connection.sql(f"SELECT * FROM einsum_topk('id,jd->ij', {k}, 'Q', 'E')").to_arrow_table()
+        return t.column("j").to_numpy().reshape(40, k)
+
+    with eds.connect(memory="40MB") as db:
+        db.store("Q", q)
+        db.store("E", e)
+        with pytest.raises(duckdb.Error, match=r"its window would hold 19\.2 MB of candidates") as info:
+            ranked(db, 20000)
+        assert "db.topk(...)" in str(info.value)
+        need = re.search(r"memory= of at least (\S+ [kMG]?B)", str(info.value)).group(1).replace(" ", "")
+        np.testing.assert_array_equal(ranked(db, 3), order[:, :3])  # a k whose candidates fit runs as before
+        np.testing.assert_array_equal(db.topk("id,jd->ij", 20000, "Q", "E").indices, order)
+    with eds.connect(memory=need) as db:
+        db.store("Q", q)
+        db.store("E", e)
+        np.testing.assert_array_equal(ranked(db, 20000), order)
