@@ -47,6 +47,9 @@ from .udfs.topk import _candidates, reversed_order
 
 # the tiles a batch hands the top-k kernel (the export's batch: at least one tile)
 RANK_BATCH_BYTES = 16 << 20
+# under a budget, a batch is at most this share of the plans' part of it (a float32 batch's
+# candidates are up to 3x its bytes, and the kernel ranks it in temporaries of its own)
+RANK_BATCH_SHARE = 16
 # candidates held before the first prune, whatever the answer's size (a prune sorts them)
 PRUNE_MIN = 1 << 18
 
@@ -89,27 +92,31 @@ def empty(result: TiledValue, k: int) -> TopK:
     return TopK(np.empty(shape, np.dtype(result.dtype)), np.empty(shape, np.int64))
 
 
-def tensor_topk(backend, value: TiledValue, k: int, largest: bool = True, check=None) -> TopK:
+def tensor_topk(backend, value: TiledValue, k: int, largest: bool = True, check=None,
+                batch_bytes: int = RANK_BATCH_BYTES) -> TopK:
     """The top ``k`` of every row of stored (or temporary) tensor ``value``: its tiles read a
-    batch at a time (``backend.tile_batches``), each batch cut to its candidates by the top-k
-    kernel. Candidates beyond the best ``min(k, n)`` of a row are pruned whenever those held
-    reach twice the answer's count (at least ``PRUNE_MIN``), so what is held is bounded by the
-    answer and a batch, whatever the number of tiles: kept to the end, a k of 1,000 over
-    1,000 x 50,000 made every element a candidate and rose 1.45 GB under memory="100MB" (a
-    trial). After a prune, the kernel drops a batch's elements worse than their row's ``m``-th
-    best so far (``_bars``): that k sorted 12 s of candidates it could have dropped, and ranked
-    64% of every tile (24 s in all; now 7.9-8.7 s). ``check``: called between batches
-    (``db.interrupt()``'s stop)."""
+    batch of about ``batch_bytes`` at a time (``backend.tile_batches``), each batch cut to its
+    candidates by the top-k kernel. Candidates beyond the best ``min(k, n)`` of a row are pruned
+    whenever those held reach twice the answer's count (at least ``PRUNE_MIN``), so what is held
+    is bounded by the answer and a batch, whatever the number of tiles: kept to the end, a k of
+    1,000 over 1,000 x 50,000 made every element a candidate and rose 1.45 GB under
+    memory="100MB" (a trial). After a prune, the kernel drops a batch's elements worse than
+    their row's ``m``-th best so far (``_bars``): that k sorted 12 s of candidates it could have
+    dropped, and ranked 64% of every tile (24 s in all; now 7.9-8.7 s). Candidates are held as
+    int32 rows and indices where they fit (12 B a float32 candidate, not 20), and a prune lets
+    go of each column's pieces as it joins them (``_pruned``). ``check``: called between
+    batches (``db.interrupt()``'s stop)."""
     rows, n = math.prod(value.shape[:-1]), value.shape[-1]
     if rows == 0 or n == 0:
         return empty(value, k)
     m = min(k, n)
     spec = {"shape": list(value.shape), "tile": list(value.tile), "dtype": value.dtype, "k": k,
             "smallest": not largest}
-    held: list[tuple] = []  # (r, i, v) of the pruned best so far, then of the batches since
+    r_type, i_type = _index_type(rows), _index_type(n)
+    held: list[list] = [[], [], []]  # r, i, v pieces: the pruned best so far, then the batches' since
     count = 0
     bar = None  # after a prune: each row's m-th best value so far, and whether it has m
-    with backend.tile_batches(value, RANK_BATCH_BYTES) as batches:
+    with backend.tile_batches(value, batch_bytes) as batches:
         for b in batches:
             if check is not None:
                 check()
@@ -120,16 +127,45 @@ def tensor_topk(backend, value: TiledValue, k: int, largest: bool = True, check=
             if tiles.null_count:
                 raise EinsumError(f"topk(): a tile of {value.name!r} is NULL")
             _, r, i, v = _candidates(spec, keys, blob_views(tiles), bar)
-            held.append((r, i, v))
-            count += r.size
+            del tiles, b
+            for c, (x, t) in enumerate(((r, r_type), (i, i_type), (v, None))):
+                held[c].append(x.astype(t, copy=False) if t is not None else x)
+            del r, i, v
+            count += held[0][-1].size
             if count > max(2 * rows * m, PRUNE_MIN):
-                held = [best(*(np.concatenate([h[c] for h in held]) for c in range(3)), m, largest)]
-                count = held[0][0].size
-                bar = _bars(held[0][0], held[0][2], rows, m)
-    r, i, v = best(*(np.concatenate([h[c] for h in held]) for c in range(3)), m, largest)
-    values, indices = placed(r, i, v, rows, m)
+                kept = _pruned(held, m, largest)
+                held = [[x] for x in kept]
+                count = kept[0].size
+                bar = _bars(kept[0], kept[2], rows, m)
+                del kept
+    values, indices = placed(*_pruned(held, m, largest), rows, m)
     shape = (*value.shape[:-1], m)
-    return TopK(values.astype(np.dtype(value.dtype), copy=False).reshape(shape), indices.reshape(shape))
+    return TopK(values.astype(np.dtype(value.dtype), copy=False).reshape(shape),
+                indices.astype(np.int64, copy=False).reshape(shape))
+
+
+def batch_bytes(plan_budget: int | None) -> int:
+    """The tiles a batch hands the top-k kernel: ``RANK_BATCH_BYTES``, less under a small budget."""
+    if plan_budget is None:
+        return RANK_BATCH_BYTES
+    return min(RANK_BATCH_BYTES, max(1 << 20, plan_budget // RANK_BATCH_SHARE))
+
+
+def _index_type(n: int):
+    """The narrowest of int32 and int64 that holds ``0 .. n - 1``."""
+    return np.int32 if n <= np.iinfo(np.int32).max else np.int64
+
+
+def _pruned(held: list[list], m: int, largest: bool):
+    """``best`` of ``held``'s r, i and v pieces, each column's pieces let go of as soon as they
+    are joined (``held``'s lists are emptied): a prune held its pieces and their join at once."""
+    cols = []
+    for pieces in held:
+        cols.append(np.concatenate(pieces) if len(pieces) > 1 else pieces[0])
+        pieces.clear()
+    r, i, v = cols
+    del cols
+    return best(r, i, v, m, largest)
 
 
 def _bars(r: np.ndarray, v: np.ndarray, rows: int, m: int):
@@ -184,20 +220,27 @@ def array_topk(x: np.ndarray, k: int, largest: bool = True, check=None) -> TopK:
 def best(r: np.ndarray, i: np.ndarray, v: np.ndarray, m: int, largest: bool = True):
     """The best ``m`` candidates of each row among (row ``r``, index ``i``, value ``v``), sorted
     by row, then best first: value descending (``largest``, else ascending), NaN after every
-    number, ties by the smaller index; -0.0 and 0.0 tie."""
+    number, ties by the smaller index; -0.0 and 0.0 tie. Only the kept candidates are gathered
+    (a candidate's place in its row is its place in the sorted order less its row's first)."""
     nan = np.isnan(v) if v.dtype.kind == "f" else None
     if nan is not None and nan.any():
         key = np.where(nan, 0, v)
         order = np.lexsort((i, -key if largest else key, nan, r))
+        del key
     elif nan is not None:  # (no NaN: one sort pass fewer)
         order = np.lexsort((i, -v if largest else v, r))
     else:
         order = np.lexsort((i, reversed_order(v) if largest else v, r))
-    r, i, v = r[order], i[order], v[order]
-    first = np.ones(r.size, dtype=bool)
-    first[1:] = r[1:] != r[:-1]
-    starts = np.maximum.accumulate(np.where(first, np.arange(r.size), 0)) if r.size else r
-    keep = (np.arange(r.size) - starts) < m
+    del nan
+    if not r.size:
+        return r, i, v
+    counts = np.bincount(r)
+    pos_type = _index_type(r.size)
+    firsts = (np.cumsum(counts) - counts).astype(pos_type, copy=False)
+    place = np.arange(r.size, dtype=pos_type)
+    place -= firsts[r[order]]
+    keep = order[place < m]
+    del order, place
     return r[keep], i[keep], v[keep]
 
 

@@ -730,7 +730,16 @@ class Session:
         array([[0, 1],
                [2, 1]])
         """
-        from .ranking import array_topk, check_k, check_largest, check_rankable, empty, rows_topk, tensor_topk
+        from .ranking import (
+            array_topk,
+            batch_bytes,
+            check_k,
+            check_largest,
+            check_rankable,
+            empty,
+            rows_topk,
+            tensor_topk,
+        )
 
         if not isinstance(spec, str):
             raise EinsumTypeError(f"topk(): the spec must be a str such as 'id,jd->ij', got {type(spec).__name__}")
@@ -761,7 +770,7 @@ class Session:
                     return rows_topk(rows, p.result, k)
                 result = self._execute(p, inputs, {RESULT: Target(self._temp_name(), temporary=True)}, False,
                                        progress)[RESULT]
-                return tensor_topk(self.backend, result.value, k, largest, stop)
+                return tensor_topk(self.backend, result.value, k, largest, stop, batch_bytes(self.plan_budget))
         finally:
             if result is not None:  # its table dropped now (the call is over): it may be big
                 try:
