@@ -76,7 +76,7 @@ CHILD = textwrap.dedent("""
                 from graphs import ffn
                 g, _ = ffn(*db.tensor("x").shape, db.tensor("w1").shape[1], "float32")
                 stored = {n: db.tensor(n) for n in names}
-                p = g.plan(inputs=stored, memory=None if limit is None else db.plan_budget)
+                p = g.plan(inputs=stored, memory=None if limit is None else db.memory)
                 plan = p.plan
                 run = lambda: p.run(db, out="C", replace=True, **stored)
             else:

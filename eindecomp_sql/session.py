@@ -862,14 +862,15 @@ class Session:
                 outs[v.name] = Target(table) if table is not None else Target(self._temp_name(), temporary=True)
             # a plan made without a budget (or for a larger one) ran past the session's (a trial:
             # 201 MB projected under memory="150MB"): refused, as memory= promises. Against the
-            # whole of memory=, not the plans' share of it: g.plan(memory=M) on connect(memory=M)
-            # is what a user writes, and runs
+            # plans' share, as the session's own plans are: checked against the whole of memory=,
+            # a plan projecting 298 MB ran under 300 MB and rose 494-587 MB (a budget trial).
+            # g.plan(memory=M) plans under that share of M, so on connect(memory=M) it runs
             try:
-                gplan.plan.check_budget(self.memory)
+                gplan.plan.check_budget(self.plan_budget)
             except EinsumError as e:
-                raise EinsumError(f"plan.run: {e} (the session's memory=); this plan was made for another budget: "
-                                  "plan it for this session with g.plan(memory=db.plan_budget), or run "
-                                  "g.run(db, ...), which does") from None
+                raise EinsumError(f"plan.run: {e} (the plans' share of the session's memory={format_bytes(self.memory)}); "
+                                  "this plan was made for another budget: plan it for this session with "
+                                  "g.plan(memory=db.memory), or run g.run(db, ...), which does") from None
             self._check_overwrites(gplan.plan, bound, outs, replace)
             result = self._execute(gplan.plan, bound, outs, replace, progress)
         # one return type per plan, fixed by how its outputs were asked for (never by count)

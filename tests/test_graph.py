@@ -367,11 +367,35 @@ def test_plan_run_refuses_a_plan_over_the_sessions_budget():
     free = g.plan()
     with eds.connect(memory="24MB") as db:
         assert free.plan.peak_bytes > db.memory
-        with pytest.raises(EinsumError, match=r"plan.run: step 0 .* over the memory budget .* memory=\); .*g.plan\(m"):
+        with pytest.raises(EinsumError, match=r"plan.run: step 0 .* over the memory budget .* memory=24\.0 MB\); .*g.plan\(m"):
             free.run(db, a=a, b=b, out="c")
         assert "c" not in db.tensors()
-        np.testing.assert_allclose(g.plan(memory=db.plan_budget).run(db, a=a, b=b).to_numpy(), a @ b)
+        np.testing.assert_allclose(g.plan(memory=db.memory).run(db, a=a, b=b).to_numpy(), a @ b)
         np.testing.assert_allclose(g.run(db, a=a, b=b).to_numpy(), a @ b)
+
+
+def test_a_plan_made_with_the_sessions_memory_runs_within_its_plans_share():
+    """g.plan(memory=M) planned every step under the whole of M, and plan.run checked against
+    the whole of M, so on connect(memory=M) a plan projecting 298 MB ran under 300 MB and rose
+    494-587 MB (a budget trial). It now means what connect(memory=M) means: its steps within
+    the plans' share (db.plan_budget), which run checks; a plan over that share is refused."""
+    n = 512
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    g = eds.Graph()
+    g.einsum("ij,jk->ik", g.input("a", (n, n), "float64"), g.input("b", (n, n), "float64"), name="c")
+    with eds.connect(memory="6MB") as db:
+        p = g.plan(memory="6MB")
+        assert p.budget == db.plan_budget
+        assert max(s.peak(p.plan.model) for s in p.plan.steps) <= db.plan_budget
+        np.testing.assert_allclose(p.run(db, a=a, b=b).to_numpy(), a @ b)
+        # planned for the whole of 6 MB (as plan_graph takes a plans' budget): over the share
+        from eindecomp_sql.plan.graph_plan import plan_graph
+
+        whole = plan_graph(g, memory=db.memory)
+        assert max(s.peak(whole.plan.model) for s in whole.plan.steps) > db.plan_budget
+        with pytest.raises(EinsumError, match=r"plans' share of the session's memory=6\.0 MB\); .*g\.plan\(memory=db"):
+            whole.run(db, a=a, b=b)
 
 
 def test_a_value_two_nodes_read_cut_alike_is_retiled_once():
@@ -523,4 +547,4 @@ def test_a_refused_graph_says_the_memory_under_which_every_node_plans():
               w2=np.ones((512, 128), np.float32))
     need = re.search(r"needs memory= of at least (\S+ [kMG]?B)", str(info.value)).group(1).replace(" ", "")
     with eds.connect(memory=need) as db:
-        assert g.plan(memory=db.plan_budget).plan.steps
+        assert g.plan(memory=db.memory).plan.steps

@@ -295,8 +295,10 @@ class Graph:
         them: a dict name -> Tensor (even for one). Either way only the nodes the outputs
         depend on are planned. Identical plans are cached, so planning again is cheap.
 
-        ``workers``: join tasks to aim for per step; ``memory``: a budget for every step's
-        projected peak (``"2GB"``, bytes; None: no budget); ``strategy``: ``"eindecomp"``
+        ``workers``: join tasks to aim for per step; ``memory``: the memory budget the plan
+        runs under (``"2GB"``, bytes; None: none), as ``connect(memory=)`` takes it: every step's
+        projected peak within the plans' share of it (``db.plan_budget``, 60%), so a plan made
+        with a session's ``memory=`` runs on that session within it; ``strategy``: ``"eindecomp"``
         (the optimizer) or a baseline, ``"data-parallel"``, ``"model-parallel"``,
         ``"square-tiles"``. ``inputs``: input name -> a stored ``Tensor`` (or the tile shape it
         is stored in): the plan reads that input cut so, choosing every other cut knowing it
@@ -307,10 +309,13 @@ class Graph:
         tile run as one program (one statement, one kernel call; ``explain()`` shows what fused).
         ``"elementwise"``: only the first; False plans one step per node.
         """
+        from ..plan.cost import parse_memory, plan_share
         from ..plan.graph_plan import plan_graph
 
-        return plan_graph(self, workers=workers, memory=memory, strategy=strategy, outputs=outputs, inputs=inputs,
-                          fuse=fuse)
+        # the share, as a session plans (a plan made with the whole of memory=M was admitted on
+        # connect(memory=M) and rose 494-587 MB under 300 MB: a budget trial)
+        return plan_graph(self, workers=workers, memory=plan_share(parse_memory(memory)), strategy=strategy,
+                          outputs=outputs, inputs=inputs, fuse=fuse)
 
     def run(self, db, outputs=None, out=None, replace: bool = False, progress=None, *, inputs=None, **named):
         """Plan for these inputs (stored tensors as they are cut) under session ``db``'s
