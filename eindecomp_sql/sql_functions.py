@@ -161,14 +161,17 @@ def table_values(session, spec: str, operands: list) -> tuple[list, list[TiledVa
     return operands, values, tables
 
 
-# one top-k candidate as the kernel returns it and DuckDB holds it: row, index, value
-CANDIDATE_BYTES = 24
+# one top-k candidate as DuckDB holds it: the kernel's (row, index, value) struct is 24 B, but
+# unnested, ranked by the window and sorted it costs ~90-115 B of resident memory (k = 20,000
+# over 150 x 20,000: +252 MiB for 3M candidates; 300 x 20,000: +598 MiB for 6M, plan included;
+# a budget trial: ~115 B). Counted at 24 B, such a query was admitted and rose 1.8x the budget
+CANDIDATE_BYTES = 100
 
 
 def candidate_bytes(result: TiledValue, k: int) -> int:
-    """What ``einsum_topk``'s candidates take: up to ``k`` a row of every result tile (24 B
-    each, r, i and v), which the fused kernel returns for its call and DuckDB's window holds
-    for the query."""
+    """What ``einsum_topk``'s candidates take: up to ``k`` a row of every result tile
+    (``CANDIDATE_BYTES`` each, as DuckDB's window holds them), which the fused kernel returns
+    for its call and the window holds for the query."""
     r = result
     return (math.prod(r.shape[:-1]) * -(-r.shape[-1] // r.tile[-1]) * min(k, r.tile[-1]) * CANDIDATE_BYTES
             if r.tile[-1] else 0)
@@ -212,7 +215,7 @@ def _candidates_within(session, spec, values, join, agg, plan, k: int, tables) -
     """``(plan, False)`` for a top-k that fits the session's budget, or else its streamed plan where
     its candidates fit with it, ``True``; refused otherwise. The query's window holds every candidate
     at once (up to ``k`` a row of every result tile), which the plan's steps do not count: a
-    ``k`` near a tile's width makes every element a candidate, 24 B where a float32 holds 4
+    ``k`` near a tile's width makes every element a candidate, ~100 B in DuckDB where a float32 holds 4
     (k=20000 over a 150 x 20000 float32 result rose resident memory by 153 MiB under
     memory="100MB"). ``db.topk`` prunes them as they come, a batch at a time."""
     model = session.backend.cost_model
@@ -228,7 +231,7 @@ def _candidates_within(session, spec, values, join, agg, plan, k: int, tables) -
     raise _said_of_tables(EinsumError(
         f"einsum_topk(): under the session's memory budget of {format_bytes(session.memory or 0)} its window "
         f"would hold {format_bytes(candidate_bytes(plan.result, k))} of candidates (up to k = {k} a row of every "
-        f"result tile, {CANDIDATE_BYTES} B each) beside the plan's {format_bytes(held - candidate_bytes(plan.result, k))}, "
+        f"result tile, ~{CANDIDATE_BYTES} B each in DuckDB's window) beside the plan's {format_bytes(held - candidate_bytes(plan.result, k))}, "
         f"over the plans' share of {format_bytes(session.plan_budget)}; db.topk(...) from Python ranks them a batch "
         f"at a time within the budget; or a smaller k, or connect with memory= of at least "
         f"{_rounded_up(held / BUDGET_SHARE)}"), tables)
@@ -285,7 +288,8 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
 
             whole = plan_einsum(spec, tuple(values), join, agg, workers=session.workers, budget=None,
                                 tile_bytes=session.tile_bytes, costs=session.backend.cost_model)
-            need = _rounded_up(whole.peak_bytes / BUDGET_SHARE)
+            # with its window's candidates: without them, the memory= named was refused again
+            need = _rounded_up((whole.peak_bytes + candidate_bytes(whole.result, count)) / BUDGET_SHARE)
             raise _said_of_tables(EinsumError(
                 f"einsum_topk(): under the session's memory budget of {format_bytes(session.memory or 0)} the plan "
                 f"runs step {k} ({s.describe()}) as {s.batches} statements, but a SQL table function is one query, "

@@ -404,7 +404,7 @@ def test_a_topk_whose_candidates_are_over_the_budget_is_refused_and_db_topk_rank
     with eds.connect(memory="40MB") as db:
         db.store("Q", q)
         db.store("E", e)
-        with pytest.raises(duckdb.Error, match=r"its window would hold 19\.2 MB of candidates") as info:
+        with pytest.raises(duckdb.Error, match=r"its window would hold 80\.0 MB of candidates") as info:
             ranked(db, 20000)
         assert "db.topk(...)" in str(info.value)
         need = re.search(r"memory= of at least (\S+ [kMG]?B)", str(info.value)).group(1).replace(" ", "")
