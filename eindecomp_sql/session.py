@@ -214,6 +214,9 @@ class Session:
             # DuckDB is running the kernel's query and waits for it: a call from there waited
             # for ever on this session (or re-entered its running plan), Ctrl-C included (a trial)
             raise EinsumError(FROM_KERNEL)
+        stopper = getattr(self.backend, "stopper", None)  # interrupt(): DuckDB's backend
+        if not fresh and stopper is not None and not _held_here(self._lock):
+            stopper.waiting()  # a store's, its source read: waiting its turn, as other calls do
         if ticking():
             # a progress callback between the steps of a plan this session runs on another thread:
             # the call waited for the plan to end, and its error was lost with the plan committed
@@ -224,7 +227,6 @@ class Session:
         with self._lock:
             if self.backend.closed:
                 raise EinsumError("this session is closed; open another with eds.connect()")
-            stopper = getattr(self.backend, "stopper", None)  # interrupt(): DuckDB's backend
             # the depth goes up and down next to the try, with nothing between that runs Python
             # code (a Ctrl-C handler runs at such points): a Ctrl-C inside the mark's removal
             # once left the depth at 1 for good (no later call dropped temporary results)

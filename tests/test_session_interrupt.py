@@ -121,6 +121,27 @@ def test_interrupt_stops_only_the_running_call_not_those_waiting_their_turn(db, 
     assert sorted(db.tensors()) == ["A", "S"]
 
 
+def test_stores_waiting_their_turn_are_not_stopped_with_the_running_call(db, a):
+    """A store reads its source before it takes the session, and interrupt() stops that
+    reading; but once read, it waits its turn: one interrupt() stopped the running call and
+    both stores waiting behind it, 10 trials of 10 (a soak trial)."""
+    A = db.store("A", a, tile=(50, 50))
+    started = threading.Event()
+    first, long = _in_thread(lambda: db.einsum("ij,ij->ij", A, A, join=slow, out="L", progress=_cue(started)))
+    assert started.wait(30)
+    small = np.arange(600.0).reshape(20, 30)
+    waiting = [_in_thread(lambda i=i: db.store(f"S{i}", small + i).to_numpy()) for i in range(2)]
+    time.sleep(0.3)  # their sources (20 x 30) are read: they wait for the session
+    assert db.interrupt() is True
+    first.join(60)
+    for t, _ in waiting:
+        t.join(60)
+    assert len(long) == 1 and isinstance(long[0], Interrupted), long
+    for i, (_, got) in enumerate(waiting):
+        np.testing.assert_array_equal(got[0], small + i)
+    assert sorted(db.tensors()) == ["A", "S0", "S1"]
+
+
 def test_an_interrupt_between_calls_is_not_kept_for_the_next_one(db, a):
     A = db.store("A", a, tile=(50, 50))
     started, said = threading.Event(), []

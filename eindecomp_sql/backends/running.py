@@ -420,6 +420,10 @@ class CtrlCMark:
         return error
 
 
+# a call that waits for the session (its turn): not in progress, so not stopped
+WAITING = object()
+
+
 class Stopper:
     """``Session.interrupt()``, from any thread: stops the work of the session's calls in
     progress as a progress callback's error stops it (the statement interrupted, the kernels
@@ -439,7 +443,8 @@ class Stopper:
     def __init__(self):
         self._lock = threading.Lock()
         self._jobs: list[_Job] = []
-        self._calls: dict[int, BaseException | None] = {}  # thread -> the stop asked of its call
+        # thread -> the stop asked of its call (None: none; WAITING: none, and it waits its turn)
+        self._calls: dict[int, BaseException | object | None] = {}
 
     def call(self, fresh: bool = True) -> None:
         """A session call begins on this thread (or a store starts reading its source, before it
@@ -447,8 +452,18 @@ class Stopper:
         it is forgotten if ``fresh``."""
         me = threading.get_ident()
         with self._lock:
-            if fresh or me not in self._calls:
+            if fresh or self._calls.get(me, WAITING) is WAITING:
                 self._calls[me] = None
+
+    def waiting(self) -> None:
+        """This thread's call (a store that has read its source) now waits for the session: a
+        stop asked until it takes it (``call(fresh=False)``) is not for it, as for every call
+        waiting its turn; one asked before stays. One interrupt() stopped the running call and
+        both stores waiting behind it, 10 trials of 10 (a soak trial)."""
+        me = threading.get_ident()
+        with self._lock:
+            if me in self._calls and self._calls[me] is None:
+                self._calls[me] = WAITING
 
     def done(self) -> None:
         """This thread's call ended: a stop asked of it is forgotten."""
@@ -460,7 +475,7 @@ class Stopper:
         """``job`` starts on this thread: raise the stop asked of its call instead, if any."""
         with self._lock:
             pending = self._calls.get(threading.get_ident())
-            if pending is not None:
+            if isinstance(pending, BaseException):
                 raise pending
             self._jobs.append(job)
 
@@ -469,7 +484,7 @@ class Stopper:
         engine's jobs (a top-k ranking a result a batch at a time, in Python)."""
         with self._lock:
             pending = self._calls.get(threading.get_ident())
-        if pending is not None:
+        if isinstance(pending, BaseException):
             raise pending
 
     def end(self, job: _Job) -> None:
@@ -482,7 +497,7 @@ class Stopper:
     def interrupt(self, error: BaseException) -> bool:
         """Stop what runs now with ``error`` (raised by the calls); False if no call was in progress."""
         with self._lock:
-            if not self._calls:
+            if all(pending is WAITING for pending in self._calls.values()):
                 return False
             for thread, pending in self._calls.items():
                 if pending is None:
