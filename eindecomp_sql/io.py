@@ -370,11 +370,21 @@ def _parquet_memory_hint(e: Exception, p: str) -> str:
     try:
         import pyarrow.parquet as pq
 
-        md = pq.ParquetFile(p).metadata
+        f = pq.ParquetFile(p)
+        md = f.metadata
         largest = max((md.row_group(k).total_byte_size for k in range(md.num_row_groups)), default=0)
         rows = md.num_rows
+        tiled = "tile" in f.schema_arrow.names and (f.schema_arrow.metadata or {}).get(f"{PREFIX}layout".encode()) == b'"tiles"'
     except Exception:  # noqa: BLE001 - the hint is a courtesy; DuckDB's error stands
         return ""
+    if tiled:
+        # a tiled file (Tensor.export's) said "store it from a tiled file" (a budget trial): its
+        # tiles are read whole, whatever tile= is asked, and only smaller ones fit
+        return (f" under its memory limit [this tiled file's largest row group is {format_bytes(largest)} uncompressed "
+                f"({rows:,} tile(s) in {md.num_row_groups} row group(s)), which DuckDB reads whole, whatever tile= is "
+                "asked: write it again in smaller tiles (a session with the memory to read it: "
+                "db.store(name, path, tile=...).export(path); a session with memory= exports tiles sized from its "
+                "budget), or give a larger memory=]. DuckDB said")
     return (f" under its memory limit [DuckDB reads a row group whole: this file's largest is {format_bytes(largest)} uncompressed, in "
             f"{md.num_row_groups} row group(s); a file in element form is read whole, about 100 bytes an element "
             f"at peak ({rows:,} rows), and so is one in array form unless its key ascends in the file. Write it "

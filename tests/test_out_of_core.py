@@ -546,6 +546,24 @@ def test_a_tile_too_large_for_the_budget_is_said_in_our_words(tmp_path):
         np.testing.assert_array_equal(db.store("T", a).to_numpy(), a)  # tiles cut to fit: stored
 
 
+def test_a_tiled_file_of_tiles_too_large_says_to_write_it_in_smaller_ones(tmp_path):
+    """A tiled Parquet file of one 72 MB tile under memory="100MB": the refusal said "without
+    tile=, store cuts tiles to fit the budget", and with tile= the next said "store it from a
+    tiled file", which it was (a budget trial). A tiled file keeps its tiles, read whole."""
+    a = np.random.default_rng(13).standard_normal((3000, 3000))
+    with eds.connect() as db:
+        db.store("A", a).to_parquet(str(tmp_path / "a.parquet"))
+    with eds.connect(memory="100MB") as db:
+        with pytest.raises(eds.EinsumError, match=r"keeps a tiled file's or table's own tiles, which are read whole"):
+            db.store("T", str(tmp_path / "a.parquet"))
+        with pytest.raises(eds.EinsumError, match=r"this tiled file's largest row group is 72.0 MB uncompressed \(1 "
+                                                  r"tile\(s\) in 1 row group\(s\)\), which DuckDB reads whole, whatever "
+                                                  r"tile= is asked: write it again in smaller tiles") as e:
+            db.store("T", str(tmp_path / "a.parquet"), tile=(500, 500))
+        assert "store it from a tiled file" not in str(e.value)
+        assert db.tensors() == []
+
+
 def test_a_refusal_suggests_the_coarsest_tile_that_fits(tmp_path):
     """A stored tensor of one 144 MB tile under 100 MB: the refusal said `store 'A' with
     tile=(6, 6007)` (the chunking of the smallest peak: 1,000 tiles). It names the coarsest
