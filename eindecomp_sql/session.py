@@ -440,6 +440,8 @@ class Session:
             if isinstance(source, str) and not os.path.splitext(source)[1] and os.sep not in source \
                     and self.backend.lookup(source) is not None:
                 source = self.tensor(source)  # a stored tensor's name: stored again (re-cut, renamed, cast)
+            if isinstance(source, Tensor) and self.memory is not None:
+                self._check_whole_read(name, source)
             want = io.Wanted(tile, keys, shape, dtype, index, value, tile_bytes=self.store_tile_bytes,
                              square=self.store_square, memory=self.memory)
             # an engine may read a source of its own without this process holding it whole (a
@@ -471,6 +473,20 @@ class Session:
                 raise cause from None
             raise
         return self._tensor(stored)
+
+    def _check_whole_read(self, name: str, source: Tensor) -> None:
+        """A stored tensor stored again (re-cut, renamed, cast) is read whole, as ``to_numpy``
+        reads it (~3x its bytes while it converts: README): under a budget that cannot hold that,
+        refused before anything is read. The planner's own advice, db.store('A', 'A', tile=...,
+        replace=True), rose 798 MB under memory="400MB" for a 268 MB tensor (a budget trial)."""
+        size = math.prod(source.shape) * np.dtype(source.dtype).itemsize
+        need = WHOLE_READ_FACTOR * size
+        if need > self.memory:
+            raise EinsumError(
+                f"store({name!r}): storing stored tensor {source.name!r} again reads it whole, about "
+                f"{WHOLE_READ_FACTOR}x its {format_bytes(size)} ({format_bytes(need)}), more than memory="
+                f"{format_bytes(self.memory)}: store it from its source data (an array, a .npy or Parquet path) with "
+                f"the tile= you want, or do this in a session with memory= of at least {_rounded_up(need)} (or none)")
 
     def tensor(self, name: str) -> Tensor:
         """A stored tensor by name (also after reopening a file database)."""
@@ -1130,6 +1146,11 @@ def _computes_in(dtype, casting, values, join, agg) -> str | None:
     if ct.kind != "c" and any(np.dtype(v.dtype).kind == "c" for v in values):
         warn("Casting complex values to real discards the imaginary part", np.exceptions.ComplexWarning)
     return ct.name
+
+
+# a stored tensor read whole into an array holds about this many times its bytes at peak
+# (DuckDB's copy, Arrow's and the array: README's "to_numpy ... ~3x its bytes while it converts")
+WHOLE_READ_FACTOR = 3
 
 
 def _held_here(lock) -> bool:

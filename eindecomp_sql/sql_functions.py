@@ -124,8 +124,8 @@ def _said_of_tables(e: EinsumError, tables: dict) -> EinsumError:
     text = str(e)
     for cte, op in tables.items():
         q = re.escape(repr(cte))
-        text = re.sub(rf"store {q} again in tiles of \([0-9, ]*\) \(db\.store\({q}, {q}, tile=\([0-9, ]*\), "
-                      r"replace=True\)\)",
+        text = re.sub(rf"store {q} again in tiles of \([0-9, ]*\) \(db\.store\({q}, <its source data>, .*? holds ~3x "
+                      rf"{q}'s bytes\)",
                       "give a smaller tile_bytes (a table is cut into tiles of up to tile_bytes)", text)
         text = text.replace(f"stored {cte!r}", op.describe()).replace(repr(cte), op.describe())
         text = re.sub(rf"\b{re.escape(cte)}\b", f"table {op.table!r}", text)  # in a step's description

@@ -573,11 +573,20 @@ def test_a_refusal_suggests_the_coarsest_tile_that_fits(tmp_path):
     with eds.connect(path) as db:
         db.store("A", a, tile=a.shape)
     with eds.connect(path, memory="100MB") as db:
-        with pytest.raises(eds.EinsumError, match=r"store 'A' again in tiles of \(750, 6007\) \(db\.store\('A', 'A', tile=\(750, 6007\), replace=True\)\)") as e:
+        with pytest.raises(eds.EinsumError, match=r"store 'A' again in tiles of \(750, 6007\) \(db\.store\('A', <its "
+                                                  r"source data>, tile=\(750, 6007\), replace=True\), or db\.store\('A', "
+                                                  r"'A', tile=\(750, 6007\), replace=True\) in a session whose memory= "
+                                                  r"holds ~3x 'A''s bytes\)") as e:
             db.plan("ij->i", db.tensor("A"))
         assert "the step itself fits (54.1 MB at i:8 j:1)" in str(e.value)
         assert "capped" not in str(e.value)  # (the tile cap was named though it refused nothing: a trial)
-        A = db.store("A", "A", tile=(750, 6007), replace=True)  # the advice, as written
+        # re-cut from the stored tensor, it is read whole (~3x its 144 MB): not under 100 MB (it
+        # rose 2x the budget: a budget trial), and the refusal says what does
+        with pytest.raises(eds.EinsumError, match=r"store\('A'\): storing stored tensor 'A' again reads it whole, "
+                                                  r"about 3x its 144.2 MB \(432.5 MB\), more than memory=100.0 MB: "
+                                                  r"store it from its source data"):
+            db.store("A", "A", tile=(750, 6007), replace=True)
+        A = db.store("A", a, tile=(750, 6007), replace=True)  # the advice's first way
         np.testing.assert_allclose(db.einsum("ij->i", A).to_numpy(), a.sum(axis=1, dtype=np.float64), rtol=1e-4,
                                    atol=1e-3)
 

@@ -774,8 +774,10 @@ def test_an_array_form_table_is_cut_for_the_budget_and_named_in_errors(tmp_path)
     op = ArrayTable("items", "id", "emb", "float32", 768, 50000)
     e = _said_of_tables(eds.EinsumError("no chunking fits: it reads stored '_eds_op0' (tiles (50000, 768)) in tiles "
                                         "(50000, 192), and that re-tile does not fit; store '_eds_op0' again in "
-                                        "tiles of (50000, 192) (db.store('_eds_op0', '_eds_op0', tile=(50000, 192), "
-                                        "replace=True)), or give more memory"), {"_eds_op0": op})
+                                        "tiles of (50000, 192) (db.store('_eds_op0', <its source data>, tile=(50000, "
+                                        "192), replace=True), or db.store('_eds_op0', '_eds_op0', tile=(50000, 192), "
+                                        "replace=True) in a session whose memory= holds ~3x '_eds_op0''s bytes), or "
+                                        "give more memory"), {"_eds_op0": op})
     assert "_eds_op0" not in str(e) and "it reads table 'items' (array form" in str(e)
     assert re.search(r"give a smaller tile_bytes \(a table is cut into tiles of up to tile_bytes\), or give more",
                      str(e))

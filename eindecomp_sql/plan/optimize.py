@@ -394,9 +394,12 @@ class _Problem:
             if have is not None and have != need and self.retile(op.value, need).retile >= FORBIDDEN:
                 # (each statement of a re-tile reads whole source tiles: one stored before the budget
                 # was set, as big as the machine's tile cap allowed, may not fit it, a trial)
+                # (re-cut by store, it is read whole: under a budget that cannot hold ~3x its bytes,
+                # store refuses it, so the advice says both ways: a budget trial followed the first)
                 return (f"it reads stored {op.value!r} (tiles {have}) in tiles {need}, and that re-tile does not fit",
-                        f"store {op.value!r} again in tiles of {need} (db.store({op.value!r}, {op.value!r}, "
-                        f"tile={need}, replace=True)), or give more memory")
+                        f"store {op.value!r} again in tiles of {need} (db.store({op.value!r}, <its source data>, "
+                        f"tile={need}, replace=True), or db.store({op.value!r}, {op.value!r}, tile={need}, "
+                        f"replace=True) in a session whose memory= holds ~3x {op.value!r}'s bytes), or give more memory")
         if self.tile_bytes is not None and (
                 nbytes(self.out_tile(node, pieces), node.result.dtype) > self.tile_bytes
                 or any(self.required(node, k, pieces) != self.fixed.get(op.value)
