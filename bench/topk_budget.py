@@ -7,7 +7,7 @@ the product goes into an array, ranked in bands of rows). ``db.topk``'s other wa
 is measured with ``--api python-arrays``.
 
     .venv/bin/python bench/topk_budget.py [--api sql|python] [--queries 2000] [--items 100000] [--dim 64]
-                                          [--memory 300MB] [--k 5]
+                                          [--memory 300MB] [--k 5] [--count]
 
 Run it in a fresh process per setting (ru_maxrss is the process's high-water mark); pass
 ``--memory none`` for the session without a budget."""
@@ -31,6 +31,8 @@ def main():
     ap.add_argument("--memory", default="300MB")
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--api", choices=("sql", "python", "python-arrays"), default="sql")
+    ap.add_argument("--count", action="store_true",
+                    help="--api sql: run SELECT count(*) over the query (the query's own memory, no rows fetched)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     q = rng.standard_normal((args.queries, args.dim)).astype(np.float32)
@@ -40,6 +42,13 @@ def main():
     db.store("E", e)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t = time.perf_counter()
+    if args.api == "sql" and args.count:
+        rows = db.connection.sql(f"SELECT count(*) FROM einsum_topk('id,jd->ij', {args.k}, 'Q', 'E')").fetchall()
+        seconds = time.perf_counter() - t
+        rise = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024
+        print(f"sql count(*), memory={args.memory}: {args.queries} x {args.items} x {args.dim} float32, top {args.k}: "
+              f"{rows[0][0]:,} rows, {seconds:.2f} s, resident rise {rise / 1e6:.0f} MB")
+        return
     if args.api == "sql":
         out = db.connection.sql(f"SELECT * FROM einsum_topk('id,jd->ij', {args.k}, 'Q', 'E')").fetchnumpy()
         got = np.asarray(out["j"]).reshape(args.queries, args.k)
