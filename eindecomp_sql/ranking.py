@@ -47,8 +47,8 @@ from .udfs.topk import _candidates, reversed_order
 
 # the tiles a batch hands the top-k kernel (the export's batch: at least one tile)
 RANK_BATCH_BYTES = 16 << 20
-# under a budget, a batch is at most this share of the plans' part of it (a float32 batch's
-# candidates are up to 3x its bytes, and the kernel ranks it in temporaries of its own)
+# under a budget, a batch is at most this share of the plans' part of it, and at least 1 MiB (a
+# float32 batch's candidates are up to 3x its bytes, and the kernel ranks it in temporaries of its own)
 RANK_BATCH_SHARE = 16
 # candidates held before the first prune, whatever the answer's size (a prune sorts them)
 PRUNE_MIN = 1 << 18

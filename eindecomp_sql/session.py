@@ -30,7 +30,7 @@ from .plan.einsum import RESULT
 from .plan.tiling import check_count
 from .progress import reporter
 from .udfs.pool import in_kernel
-from .plan.cost import BUDGET_SHARE, parse_memory, plan_share
+from .plan.cost import in_memory_terms, parse_memory, plan_share, rounded_up
 from .plan.steps import format_bytes
 
 # a session called from a tile kernel: DuckDB runs the kernel's query and waits for it, so the
@@ -481,6 +481,12 @@ class Session:
         replace=True), rose 798 MB under memory="400MB" for a 268 MB tensor (a budget trial)."""
         size = math.prod(source.shape) * np.dtype(source.dtype).itemsize
         need = WHOLE_READ_FACTOR * size
+        if need > self.memory and source.temporary:
+            # a result computed without out= has no source data, and its table's name is ours
+            raise EinsumError(
+                f"store({name!r}): storing a computed result reads it whole, about {WHOLE_READ_FACTOR}x its "
+                f"{format_bytes(size)} ({format_bytes(need)}), more than memory={format_bytes(self.memory)}: name it "
+                f"where it is computed instead (db.einsum(..., out={name!r}))")
         if need > self.memory:
             raise EinsumError(
                 f"store({name!r}): storing stored tensor {source.name!r} again reads it whole, about "
@@ -635,14 +641,10 @@ class Session:
         try:
             yield
         except EinsumError as e:
-            needed = getattr(e, "needed", None)
-            if needed is not None and hasattr(e, "needed_by_all"):
-                needed = e.needed_by_all()  # every node's need (plan/optimize.py's _refuse)
-            if needed is None or self.memory is None or self.plan_budget is None:
+            said = in_memory_terms(e, self.memory, "this session's")
+            if said is None:
                 raise
-            raise type(e)(f"{e}: this session's memory={format_bytes(self.memory)} gives plans {BUDGET_SHARE:.0%} of "
-                          f"it ({format_bytes(self.plan_budget)}); this needs memory= of at least "
-                          f"{_rounded_up(needed / BUDGET_SHARE)}") from None
+            raise said from None
 
     def plan(self, spec: str, *operands, join=None, agg=None, out: str | None = None, dtype=None,
              casting="safe") -> Plan:
@@ -1116,12 +1118,7 @@ def _cast_input(a: np.ndarray, v) -> np.ndarray:
     return a  # refused by the caller: the graph wants another dtype
 
 
-def _rounded_up(nbytes: float) -> str:
-    """``nbytes`` as memory= takes it, rounded up to a tenth of its unit (never below it)."""
-    for unit, name in ((10**9, "GB"), (10**6, "MB"), (10**3, "kB")):
-        if nbytes >= unit:
-            return f"{math.ceil(nbytes / unit * 10) / 10:g} {name}"
-    return f"{math.ceil(nbytes)} B"
+_rounded_up = rounded_up
 
 
 def _computes_in(dtype, casting, values, join, agg) -> str | None:

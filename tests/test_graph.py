@@ -398,6 +398,23 @@ def test_a_plan_made_with_the_sessions_memory_runs_within_its_plans_share():
             whole.run(db, a=a, b=b)
 
 
+def test_a_graph_plans_refusal_names_the_memory_that_plans_it():
+    """g.plan(memory=M) plans under the plans' share of M; its refusal named the share ("the
+    memory budget of 12.0 kB" for memory="20kB") and a peak that M would not give (a review):
+    it names the memory= that plans it, and that memory= does."""
+    import re
+
+    g = eds.Graph()
+    x, w1, w2 = g.input("x", (256, 128)), g.input("w1", (128, 512)), g.input("w2", (512, 128))
+    g.einsum("bo,oi->bi", g.map("relu", g.einsum("bi,io->bo", x, w1)), w2)
+    with pytest.raises(EinsumError, match=r"this memory=20\.0 kB gives plans 60% of it \(12\.0 kB\); this needs "
+                                          r"memory= of at least") as info:
+        g.plan(memory="20kB")
+    need = re.search(r"needs memory= of at least (\S+ [kMG]?B)", str(info.value)).group(1).replace(" ", "")
+    assert g.plan(memory=need).plan.steps
+    assert "plans' memory budget 1.2 MB" in g.plan(memory="2MB").explain(sql=False)
+
+
 def test_a_value_two_nodes_read_cut_alike_is_retiled_once():
     """square-tiles re-tiled h for relu(h) and again for the product that reads h: a statement
     and its bytes twice, and a baseline's cost inflated in explain()."""

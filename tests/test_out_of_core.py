@@ -554,7 +554,7 @@ def test_a_tiled_file_of_tiles_too_large_says_to_write_it_in_smaller_ones(tmp_pa
     with eds.connect() as db:
         db.store("A", a).to_parquet(str(tmp_path / "a.parquet"))
     with eds.connect(memory="100MB") as db:
-        with pytest.raises(eds.EinsumError, match=r"keeps a tiled file's or table's own tiles, which are read whole"):
+        with pytest.raises(eds.EinsumError, match=r"a tiled file or table keeps its own tiles, which are read whole, whatever tile= is asked"):
             db.store("T", str(tmp_path / "a.parquet"))
         with pytest.raises(eds.EinsumError, match=r"this tiled file's largest row group is 72.0 MB uncompressed \(1 "
                                                   r"tile\(s\) in 1 row group\(s\)\), which DuckDB reads whole, whatever "
@@ -587,6 +587,12 @@ def test_a_refusal_suggests_the_coarsest_tile_that_fits(tmp_path):
                                                   r"store it from its source data"):
             db.store("A", "A", tile=(750, 6007), replace=True)
         A = db.store("A", a, tile=(750, 6007), replace=True)  # the advice's first way
+        # a result computed without out= has no source data: named where it is computed
+        with db.einsum("ij->ij", db.store("B", a[:1800])) as r:  # 43 MB
+            with pytest.raises(eds.EinsumError, match=r"store\('R'\): storing a computed result reads it whole, .* "
+                                                      r"name it where it is computed instead \(db\.einsum\(\.\.\., "
+                                                      r"out='R'\)\)"):
+                db.store("R", r)
         np.testing.assert_allclose(db.einsum("ij->i", A).to_numpy(), a.sum(axis=1, dtype=np.float64), rtol=1e-4,
                                    atol=1e-3)
 

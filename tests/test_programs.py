@@ -5,6 +5,8 @@ of a program and its refusals, and what explain() and to_dot() say."""
 
 import json
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import event, given, reject, settings
@@ -200,15 +202,23 @@ def test_the_budget_keeps_steps_apart():
     assert isinstance(program, ProgramStep)
     parts = g.plan(outputs=y, fuse="elementwise").plan.steps
     assert program.peak_bytes >= max(s.peak_bytes for s in parts)
-    tight = g.plan(outputs=y, memory=program.peak_bytes - 1)
+    # plans' budgets (g.plan(memory=M) plans under the plans' share of M, as a session does)
+    from eindecomp_sql.plan.cost import BUDGET_SHARE, plan_share
+    from eindecomp_sql.plan.graph_plan import plan_graph
+
+    tight = plan_graph(g, outputs=y, memory=program.peak_bytes - 1)
     assert not any(isinstance(s, ProgramStep) for s in tight.plan.steps)
     assert tight.plan.peak_bytes <= program.peak_bytes - 1
-    fits = g.plan(outputs=y, memory=program.peak_bytes)  # a budget it fits: still one program
+    memory = math.ceil(program.peak_bytes / BUDGET_SHARE)
+    while plan_share(memory) < program.peak_bytes:
+        memory += 1
+    fits = g.plan(outputs=y, memory=memory)  # a budget it fits: still one program
     (step,) = fits.plan.steps
     assert isinstance(step, ProgramStep) and fits.plan.peak_bytes == program.peak_bytes
+    assert not any(isinstance(s, ProgramStep) for s in g.plan(outputs=y, memory=memory - 2).plan.steps)
     rng = np.random.default_rng(6)
     xs = {n: rng.standard_normal((64, 64)).astype(np.float32) for n in "xwv"}
-    with eds.connect(memory=program.peak_bytes) as db:
+    with eds.connect(memory=memory) as db:
         got = fits.run(db, **xs).to_numpy()
     np.testing.assert_allclose(got, xs["x"] @ xs["w"] @ xs["v"], rtol=1e-4, atol=1e-4)
 

@@ -261,7 +261,7 @@ def test_a_topk_over_a_result_bigger_than_the_budget_runs_as_one_query_within_it
         plan = _streamed_topk_plan(db, "id,jd->ij", [db.tensor("Q").value, db.tensor("E").value], None, None, 3)
         assert [type(s) for s in plan.steps].count(EinsumStep) == 1 and all(s.batches == 1 for s in plan.steps)
         assert max(s.peak(streamed_costs(db.backend.cost_model)) for s in plan.steps) <= db.plan_budget
-        # a k as wide as a tile makes every element a candidate (24 B each, 6x the result):
+        # a k as wide as a tile makes every element a candidate (~100 B each in DuckDB, 25x the result):
         # counted, that is over the budget, and refused as before
         with pytest.raises(duckdb.Error, match=r"which db\.topk\(\.\.\.\) from Python runs one after another"):
             db.connection.sql("SELECT * FROM einsum_topk('id,jd->ij', 1250, 'Q', 'E')").fetchall()
@@ -385,7 +385,7 @@ def test_largest_false_under_a_budget_streams_as_largest_does():
 
 def test_a_topk_whose_candidates_are_over_the_budget_is_refused_and_db_topk_ranks_it():
     """A plan that fits the budget left out the candidates its window holds at once (up to k a
-    row of every result tile, 24 B each): k=20000 over a 150 x 20000 float32 result (12 MB)
+    row of every result tile, ~100 B each in DuckDB, counted at 24 B then): k=20000 over a 150 x 20000 float32 result (12 MB)
     rose resident memory by 153 MiB under memory="100MB". Counted, the query is refused with
     what runs it: db.topk, a smaller k, or the memory= it names (which runs it)."""
     import re

@@ -699,12 +699,12 @@ class DuckDBBackend:
             return f"{text} (under memory={format_bytes(self.budget)}: give a larger memory=)"
         return (f"store({value.name!r}): a tile of {value.tile} {value.dtype} is {format_bytes(tile)}, more than "
                 f"DuckDB can hold under memory={format_bytes(self.budget)} (its memory_limit "
-                f"{format_bytes(self._memory_limit or 0)}); pass a smaller tile= (under {format_bytes(fit)}; "
+                f"{format_bytes(self._memory_limit or 0)}): from an array or a table of elements or arrays, pass a "
                 # a tiled file keeps its tiles: "without tile=, store cuts tiles to fit" misled a
                 # budget trial storing one of 537 MB tiles
-                f"without tile=, store cuts an array or a table of elements or arrays to fit the budget, but keeps "
-                f"a tiled file's or table's own tiles, which are read whole: write such a one again in smaller "
-                f"tiles) or a larger memory=. DuckDB said: "
+                f"smaller tile= (under {format_bytes(fit)}; without tile=, store cuts those to fit the budget); a "
+                f"tiled file or table keeps its own tiles, which are read whole, whatever tile= is asked: write it "
+                f"again in smaller tiles; or give a larger memory=. DuckDB said: "
                 f"{str(e).splitlines()[0]}")
 
     def drop_table(self, table_name: str) -> None:

@@ -309,13 +309,22 @@ class Graph:
         tile run as one program (one statement, one kernel call; ``explain()`` shows what fused).
         ``"elementwise"``: only the first; False plans one step per node.
         """
-        from ..plan.cost import parse_memory, plan_share
+        from ..errors import EinsumError
+        from ..plan.cost import in_memory_terms, parse_memory, plan_share
         from ..plan.graph_plan import plan_graph
 
         # the share, as a session plans (a plan made with the whole of memory=M was admitted on
-        # connect(memory=M) and rose 494-587 MB under 300 MB: a budget trial)
-        return plan_graph(self, workers=workers, memory=plan_share(parse_memory(memory)), strategy=strategy,
-                          outputs=outputs, inputs=inputs, fuse=fuse)
+        # connect(memory=M) and rose 494-587 MB under 300 MB: a budget trial); a refusal says
+        # the memory= it needs, not the share's
+        given = parse_memory(memory)
+        try:
+            return plan_graph(self, workers=workers, memory=plan_share(given), strategy=strategy, outputs=outputs,
+                              inputs=inputs, fuse=fuse)
+        except EinsumError as e:
+            said = in_memory_terms(e, given, "this")
+            if said is None:
+                raise
+            raise said from None
 
     def run(self, db, outputs=None, out=None, replace: bool = False, progress=None, *, inputs=None, **named):
         """Plan for these inputs (stored tensors as they are cut) under session ``db``'s

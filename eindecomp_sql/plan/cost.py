@@ -484,6 +484,30 @@ def plan_share(memory: int | None) -> int | None:
     return None if memory is None else int(memory * BUDGET_SHARE)
 
 
+def rounded_up(nbytes: float) -> str:
+    """``nbytes`` as memory= takes it, rounded up to a tenth of its unit (never below it)."""
+    for unit, name in ((10**9, "GB"), (10**6, "MB"), (10**3, "kB")):
+        if nbytes >= unit:
+            return f"{math.ceil(nbytes / unit * 10) / 10:g} {name}"
+    return f"{math.ceil(nbytes)} B"
+
+
+def in_memory_terms(e, memory: int | None, whose: str):
+    """A planner's refusal for want of memory (``e.needed``: the plans' budget it needs), said
+    in the ``memory=`` given, whose plans' share the planner had ("the memory budget of 6.0 MB"
+    under memory="10MB" left a trial guessing what to pass); None where it is no such refusal."""
+    from .steps import format_bytes
+
+    needed = getattr(e, "needed", None)
+    if needed is not None and hasattr(e, "needed_by_all"):
+        needed = e.needed_by_all()  # every node's need (plan/optimize.py's _refuse)
+    if needed is None or memory is None:
+        return None
+    return type(e)(f"{e}: {whose} memory={format_bytes(memory)} gives plans {BUDGET_SHARE:.0%} of it "
+                   f"({format_bytes(plan_share(memory))}); this needs memory= of at least "
+                   f"{rounded_up(needed / BUDGET_SHARE)}")
+
+
 def parse_memory(memory, what: str = "memory budget") -> int | None:
     """``"2GB"``, ``"512MiB"``, ``1 << 30`` -> bytes; None -> no budget. A budget is a positive,
     finite, whole number of bytes: anything else is an EinsumError naming ``what``, never a

@@ -108,7 +108,7 @@ class GraphPlan:
         lines = [
             f"graph plan ({self.strategy}"
             + (f" taking {self.taken_from}'s chunking, cheaper once fused" if self.taken_from else "")
-            + f", workers={self.workers}, memory budget "
+            + f", workers={self.workers}, plans' memory budget "
             f"{'none' if self.budget is None else format_bytes(self.budget)}): {len(self.nodes)} node(s), "
             f"{len(self.plan.steps)} step(s), {self.retiles} retile(s)"
             + (f", {len(fused)} node(s) fused into others' steps" if fused else ""),
