@@ -492,7 +492,7 @@ class Session:
                 f"store({name!r}): storing stored tensor {source.name!r} again reads it whole, about "
                 f"{WHOLE_READ_FACTOR}x its {format_bytes(size)} ({format_bytes(need)}), more than memory="
                 f"{format_bytes(self.memory)}: store it from its source data (an array, a .npy or Parquet path) with "
-                f"the tile= you want, or do this in a session with memory= of at least {_rounded_up(need)} (or none)")
+                f"the tile= you want, or do this in a session with memory= of at least {rounded_up(need)} (or none)")
 
     def tensor(self, name: str) -> Tensor:
         """A stored tensor by name (also after reopening a file database)."""
@@ -1116,9 +1116,6 @@ def _cast_input(a: np.ndarray, v) -> np.ndarray:
                  f"{a.dtype}, or pass a {v.dtype} array")
         return a.astype(v.dtype)
     return a  # refused by the caller: the graph wants another dtype
-
-
-_rounded_up = rounded_up
 
 
 def _computes_in(dtype, casting, values, join, agg) -> str | None:

@@ -204,8 +204,8 @@ def _streamed_topk_plan(session, spec, values, join, agg, k: int):
     if (len(einsums) != 1 or plan.steps[-1] is not einsums[0] or any(s.batches > 1 for s in plan.steps)
             or plan.result.dtype not in _EXACT_IN_DOUBLE or not plan.result.shape):
         return None
-    # the candidates counted: uncounted, a k as wide as a tile made every element one: 6x a
-    # float32 result (a review)
+    # the candidates counted: uncounted, a k as wide as a tile made every element one: 25x a
+    # float32 result at ~100 B each (a review)
     if max(s.peak(model) for s in plan.steps) + candidate_bytes(plan.result, k) > session.plan_budget:
         return None
     return plan if fuses_topk(plan, session.backend.compiler) else None
@@ -225,16 +225,16 @@ def _candidates_within(session, spec, values, join, agg, plan, k: int, tables) -
     streamed = _streamed_topk_plan(session, spec, values, join, agg, k)
     if streamed is not None:
         return streamed, True
-    from .plan.cost import BUDGET_SHARE
-    from .session import _rounded_up
+    from .plan.cost import BUDGET_SHARE, rounded_up
 
+    candidates = candidate_bytes(plan.result, k)
     raise _said_of_tables(EinsumError(
         f"einsum_topk(): under the session's memory budget of {format_bytes(session.memory or 0)} its window "
-        f"would hold {format_bytes(candidate_bytes(plan.result, k))} of candidates (up to k = {k} a row of every "
-        f"result tile, ~{CANDIDATE_BYTES} B each in DuckDB's window) beside the plan's {format_bytes(held - candidate_bytes(plan.result, k))}, "
+        f"would hold {format_bytes(candidates)} of candidates (up to k = {k} a row of every "
+        f"result tile, ~{CANDIDATE_BYTES} B each in DuckDB's window) beside the plan's {format_bytes(held - candidates)}, "
         f"over the plans' share of {format_bytes(session.plan_budget)}; db.topk(...) from Python ranks them a batch "
         f"at a time within the budget; or a smaller k, or connect with memory= of at least "
-        f"{_rounded_up(held / BUDGET_SHARE)}"), tables)
+        f"{rounded_up(held / BUDGET_SHARE)}"), tables)
 
 
 def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=None) -> str:
@@ -283,13 +283,12 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
         if mode == "topk":
             # "call db.einsum(...)" led nowhere (a trial): db.topk runs the statements one after
             # another; or the memory= under which the plan is one query
-            from .plan.cost import BUDGET_SHARE
-            from .session import _rounded_up
+            from .plan.cost import BUDGET_SHARE, rounded_up
 
             whole = plan_einsum(spec, tuple(values), join, agg, workers=session.workers, budget=None,
                                 tile_bytes=session.tile_bytes, costs=session.backend.cost_model)
             # with its window's candidates: without them, the memory= named was refused again
-            need = _rounded_up((whole.peak_bytes + candidate_bytes(whole.result, count)) / BUDGET_SHARE)
+            need = rounded_up((whole.peak_bytes + candidate_bytes(whole.result, count)) / BUDGET_SHARE)
             raise _said_of_tables(EinsumError(
                 f"einsum_topk(): under the session's memory budget of {format_bytes(session.memory or 0)} the plan "
                 f"runs step {k} ({s.describe()}) as {s.batches} statements, but a SQL table function is one query, "
