@@ -822,7 +822,7 @@ class Session:
             else:
                 return None
         try:
-            sql = einsum_sql(self, spec, names, "topk", join, agg, f"{k};{'true' if largest else 'false'}")
+            sql = einsum_sql(self, spec, names, "topk", join, agg, f"{k};{'true' if largest else 'false'}", own=True)
         except EinsumError:
             return None
         return query(sql)
@@ -944,8 +944,8 @@ class Session:
         (nothing happens); a call already committing its result finishes and returns it.
 
         A call stops within a kernel task, as on Ctrl-C; one still planning stops where its
-        first statement would run. A query of yours on ``db.connection`` (the SQL functions)
-        is stopped by DuckDB's own ``db.connection.interrupt()``. On Spark the call's jobs are
+        first statement would run. A query of yours on ``db.connection`` or a cursor (the SQL
+        functions) is not stopped by it, but by DuckDB's own ``interrupt()`` of its connection. On Spark the call's jobs are
         cancelled (their tasks interrupted), those it starts after the stop too."""
         stopper = getattr(self.backend, "stopper", None)
         if stopper is None:

@@ -237,8 +237,9 @@ def _candidates_within(session, spec, values, join, agg, plan, k: int, tables) -
         f"{rounded_up(held / BUDGET_SHARE)}"), tables)
 
 
-def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=None) -> str:
-    """The query answering ``einsum(spec, names...)`` in ``mode`` (tiles, elements or topk)."""
+def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=None, own: bool = False) -> str:
+    """The query answering ``einsum(spec, names...)`` in ``mode`` (tiles, elements or topk);
+    ``own``: for the session to run as a call of its own (``db.topk``), not for the user's SQL."""
     if mode not in MODES:
         raise EinsumError(f"einsum(): unknown mode {mode!r}")
     if spec is None:
@@ -312,4 +313,4 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
     read = tuple((v.name, tables[v.name]) for v in plan.inputs if v.name in tables)
     rewritten = tuple(sorted(v.name for v in plan.inputs if v.name not in tables and v.name.lower() in session.rewritten))
     return interface_query(plan, read, mode, count, session.backend.compiler, getattr(session.backend, "home", None),
-                           rewritten, stream, largest)
+                           rewritten, stream, largest, own)

@@ -114,12 +114,14 @@ def fill_specs(draw):
     return FillKernelSpec(shape=tuple(draw(ints)), tile=tuple(draw(ints)), dtype=draw(DTYPES), value=v)
 
 
-@given(st.one_of(einsum_specs(), retile_specs(), fill_specs()))
-def test_specs_round_trip(spec):
+@given(st.one_of(einsum_specs(), retile_specs(), fill_specs()), st.booleans())
+def test_specs_round_trip(spec, user):
+    spec = dataclasses.replace(spec, user_query=user)  # a user's SQL query's, or a plan run's
     text = to_json(spec)
     back = from_json(text)
     assert back == spec and type(back) is type(spec) and to_json(back) == text
     assert json.loads(text)["v"] == 1
+    assert ("user" in json.loads(text)) is user  # written only for a user's query: other specs unchanged
 
 
 def _body(**change):
@@ -129,6 +131,7 @@ def _body(**change):
 
 
 @pytest.mark.parametrize("text,match", [
+    (_body(user="yes"), "user must be true or false, got 'yes'"),
     (_body(v=6), "version 6 is not supported; this eindecomp_sql reads version 1, 2, 3, 4, 5"),
     (_body(v="1"), "version '1' is not supported"),
     (_body(v=...), r"no version \(\"v\"\); this eindecomp_sql reads version 1"),

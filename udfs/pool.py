@@ -133,12 +133,14 @@ def current() -> KernelState | None:
     return getattr(_local, "state", None)
 
 
-def serving(fn: Callable, state: KernelState | None) -> Callable:
-    """``fn`` (a UDF) running with ``state`` as this thread's current kernel state."""
+def serving(fn: Callable, state: KernelState | None, whose: Callable | None = None) -> Callable:
+    """``fn`` (a UDF) running with ``state`` as this thread's current kernel state; with
+    ``whose``, only for calls ``whose(args)`` says are a run of the state's backend, and with
+    none for the others (a user's query: its cancel flag and tile count are not theirs)."""
     @functools.wraps(fn)  # keeps the signature: DuckDB checks a UDF's parameter count
     def udf(*args):
         before = getattr(_local, "state", None)
-        _local.state = state
+        _local.state = state if whose is None or state is None or whose(args) else None
         try:
             return fn(*args)
         finally:

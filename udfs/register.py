@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from eindecomp_sql.errors import EinsumError
-from eindecomp_sql.plan.kernel_spec import MAX_OPERANDS, FillKernelSpec
+from eindecomp_sql.plan.kernel_spec import MAX_OPERANDS, FillKernelSpec, from_json
 
 from . import devices
 from .devices import DEVICE_LOCK, float32_products, to_device, to_host
@@ -39,6 +39,22 @@ def _spec(arr) -> str:
     if len(arr) > 1 and arr[len(arr) - 1].as_py() != first:
         raise ValueError("eindecomp_sql kernel: one call got rows of different steps")
     return first
+
+
+def _a_run_s(args) -> bool:
+    """Whether a UDF call whose first argument is its spec is part of a plan run of the backend's,
+    not a query the user runs (``KernelSpec.user_query``): the backend's kernel state (its cancel
+    flag, its tile count) is for the first only."""
+    arr = _as_array(args[0])
+    return len(arr) == 0 or not _users(arr[0].as_py())
+
+
+@functools.lru_cache(maxsize=1024)
+def _users(text) -> bool:
+    try:
+        return from_json(text).user_query
+    except (EinsumError, TypeError):  # the kernel reads it again, and says what is wrong with it
+        return False
 
 
 def _key_rows(arr) -> list[np.ndarray]:
@@ -640,7 +656,7 @@ def register_arity(con, state: KernelState | None, n: int) -> None:
     blob, text, keys, _, tile_opts = _tile_types()
 
     def create_function(name, fn, *args, **kw):
-        con.create_function(name, serving(fn, state), *args, **kw)
+        con.create_function(name, serving(fn, state, _a_run_s), *args, **kw)
 
     rows = _with_arity(einsum_rows, ["spec", "keys"] + [f"t{k}" for k in range(n)])
     create_function(f"eds_einsum{n}", rows, [text, keys] + [blob] * n, blob, **tile_opts)
@@ -658,8 +674,8 @@ def register_kernels(con, state: KernelState | None = None) -> None:
     connection's cancel flag and tile count (``pool.KernelState``)."""
     import duckdb
 
-    def create_function(name, fn, *args, **kw):
-        con.create_function(name, serving(fn, state), *args, **kw)
+    def create_function(name, fn, *args, whose=_a_run_s, **kw):  # whose: those whose spec comes first
+        con.create_function(name, serving(fn, state, whose), *args, **kw)
 
     blob, text, keys, opts, tile_opts = _tile_types()
     for n in range(1, MAX_ARITY + 1):
@@ -675,11 +691,11 @@ def register_kernels(con, state: KernelState | None = None) -> None:
     create_function("eds_fill", fill_tiles, [text, keys], blob, **opts)
     # pinning is a side effect: DuckDB must call it for every row it reads, never fold or reuse it
     create_function("eds_resident", resident, [text, keys], duckdb.sqltype("BOOLEAN"), type="arrow",
-                    side_effects=True)
+                    side_effects=True, whose=None)  # a run's only: a value name, not a spec
     create_function("eds_send", send, [text, keys, blob], duckdb.sqltype("BOOLEAN"), type="arrow",
                     side_effects=True, null_handling="special")
     for name, sqltype in SQL_TYPES.items():  # element rows: every dtype with a DuckDB type
         create_function(
-            f"eds_values_{name}", _values(name), [blob], duckdb.list_type(duckdb.sqltype(sqltype)), **opts
+            f"eds_values_{name}", _values(name), [blob], duckdb.list_type(duckdb.sqltype(sqltype)), whose=None, **opts
         )
 

@@ -227,14 +227,24 @@ def unnamed_specs(e: exp.Expression) -> exp.Expression:
 
 
 @cache
-def without_residency(compiler: type) -> type:
-    """``compiler`` (a class on a device) reading every tile from its table: for SQL the backend
-    does not run itself (``SELECT * FROM einsum(...)``), where no plan run names the tiles the
-    device holds (``eds_resident`` would answer by another run's names)."""
-    if not compiler.device_residency:
+@lru_cache(maxsize=256)  # one class per compiler: compiled plans are cached per compiler class
+def for_sql_interface(compiler: type, own: bool = False) -> type:
+    """``compiler`` for the SQL interface's queries (``SELECT * FROM einsum(...)``), which the
+    backend does not run as a plan of its own:
+      - every tile read from its table: no plan run names the tiles a device holds
+        (``eds_resident`` would answer by another run's names);
+      - unless ``own`` (``db.topk`` runs such a query as its own call), kernel specs that say
+        the call is a user's query. The session's interrupt and progress count leave those
+        kernels alone: they shared its cancel flag, and ``db.interrupt()`` failed SQL functions
+        running on a cursor beside the call it stopped (a soak trial: 27 of 104 queries)."""
+    attrs = {}
+    if compiler.device_residency:
+        attrs["device_residency"] = False
+    if compiler.user_queries == own:
+        attrs["user_queries"] = not own
+    if not attrs:
         return compiler
-    return type(f"{compiler.__name__}_unnamed", (compiler,), {"device_residency": False,
-                                                               "__module__": compiler.__module__})
+    return type(f"{compiler.__name__}_{'own' if own else 'sql'}", (compiler,), {**attrs, "__module__": compiler.__module__})
 
 
 @lru_cache(maxsize=1024)
@@ -259,6 +269,9 @@ class SQLCompiler:
     # inputs read through eds_resident (tiles the device holds come as NULL); off for queries the
     # backend does not run itself (the SQL interface's), whose tiles it cannot name
     device_residency: bool = True
+    # its kernel specs say the call is a query the user runs, not a plan run of the backend's
+    # (``for_sql_interface``): the session's interrupt and progress leave those kernels alone
+    user_queries: bool = False
     # a step whose operands are one tile each pairs them by position (POSITIONAL JOIN) rather
     # than by key; needs an engine that has positional joins
     positional_join_single_tiles: bool = False
@@ -398,7 +411,7 @@ class SQLCompiler:
         device it runs on: the compiler's ``device``, or the host for a step a device cannot
         run (``step_device``)."""
         return kernel_spec(step, batch, device=step_device(step, self.device, self.device_min_work),
-                           tf32=self.allow_tf32, names=self.device_residency)
+                           tf32=self.allow_tf32, names=self.device_residency, user_query=self.user_queries)
 
     def spec_literal(self, step: Step, batch: tuple[int, int] | None = None) -> exp.Literal:
         return exp.Literal.string(self.kernel_spec(step, batch))

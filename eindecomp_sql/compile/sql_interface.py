@@ -38,7 +38,7 @@ from ..notation.checks import SQL_TYPES, SQL_WIRE, check_dtype
 from ..notation.spec import parse_spec
 from ..plan import Plan, TiledValue
 from ..plan.cost import STREAM_SLICE_BYTES
-from .compiler import without_residency
+from .compiler import for_sql_interface
 from .compiler import (
     TILE,
     SQLCompiler,
@@ -589,7 +589,7 @@ def fuse_topk(query: exp.Select, result: TiledValue, k: int, compiler: SQLCompil
 
 def fuses_topk(plan: Plan, compiler: SQLCompiler | None = None) -> bool:
     """Whether ``interface_query`` runs ``plan``'s top-k inside its last einsum's kernel."""
-    c = without_residency(type(compiler or COMPILER))()
+    c = for_sql_interface(type(compiler or COMPILER))()
     query = c.single_query(plan, {v.name: v.name for v in plan.inputs})
     return fuse_topk(query, plan.result, 1, c) is not None
 
@@ -651,7 +651,8 @@ def topk_query(result: TiledValue, k: int, source: exp.Expression, fused: bool =
 @lru_cache(maxsize=256)
 def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mode: str, k: int | None,
                     compiler: SQLCompiler | None = None, home: tuple[str, str] | None = None,
-                    rewritten: tuple[str, ...] = (), stream: bool = False, largest: bool = True) -> str:
+                    rewritten: tuple[str, ...] = (), stream: bool = False, largest: bool = True,
+                    own: bool = False) -> str:
     """The whole answer of a SQL table function as SQL (DuckDB's, or ``compiler``'s): the plan
     as one query, preceded by the tiling of every table operand it reads (``tables``: CTE name
     and operand), then cut to elements or to the top ``k`` per row by ``mode`` (tiles, elements,
@@ -661,13 +662,14 @@ def interface_query(plan: Plan, tables: tuple[tuple[str, TableOperand], ...], mo
     tensors read that the session wrote over or dropped, checked in the query (``_unchanged``).
     ``stream``: the plan was made with its result streamed (``CostModel.streamed_result``), so
     the fused top-k kernel works a slice of its call at a time. ``largest`` False: the top-k
-    ranks the smallest first.
+    ranks the smallest first. ``own``: the session runs the query as a call of its own
+    (``db.topk``), which its interrupt stops; else it is a user's query (``for_sql_interface``).
 
     Cached: plans and operands are frozen, so a query repeated over unchanged tables pays for
     building and printing it once."""
     # no tile is named (a device's cache, a running plan's array operands): no run of the
     # backend's names the tiles this query's kernels are handed
-    c = without_residency(type(compiler or COMPILER))()
+    c = for_sql_interface(type(compiler or COMPILER), own)()
     result = plan.result
     # stored tensors are values named after their tables, table operands after their CTEs
     query = c.single_query(plan, {v.name: v.name for v in plan.inputs})

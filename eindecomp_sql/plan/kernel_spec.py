@@ -39,7 +39,7 @@ import os
 import pickle
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Callable, Union
 
@@ -521,6 +521,9 @@ class EinsumKernelSpec:
     out_dtype: str
     version: int = SPEC_VERSION
     device: str = "cpu"
+    # the call is a query the user runs (the SQL interface), not a plan run of the session's:
+    # the session's interrupt and progress count leave its kernels alone (udfs/register.py)
+    user_query: bool = False
     fused: KernelFusion | None = None  # version 2: element-wise stages around the contraction
     # float32 products on a device may use TF32 tensor cores (10-bit mantissa inputs): opt-in,
     # as numpy users expect exact float32; written only when True, so other specs are unchanged
@@ -647,6 +650,9 @@ class RetileKernelSpec:
     first_key_range: tuple[int, int] | None = None
     version: int = SPEC_VERSION
     device: str = "cpu"
+    # the call is a query the user runs (the SQL interface), not a plan run of the session's:
+    # the session's interrupt and progress count leave its kernels alone (udfs/register.py)
+    user_query: bool = False
     key_axis: int = 0
 
     op = "retile"
@@ -693,7 +699,9 @@ class FillKernelSpec:
 
     >>> spec = FillKernelSpec(shape=(3, 4), tile=(3, 4), dtype="float32", value=1.0)
     >>> from_json(to_json(spec))
-    FillKernelSpec(shape=(3, 4), tile=(3, 4), dtype='float32', value=1.0, version=1, device='cpu')
+    FillKernelSpec(shape=(3, 4), tile=(3, 4), dtype='float32', value=1.0, version=1, device='cpu', user_query=False)
+    >>> '"user":true' in to_json(replace(spec, user_query=True))  # a user's query's: the session's interrupt leaves it
+    True
     """
 
     shape: tuple[int, ...]
@@ -702,6 +710,9 @@ class FillKernelSpec:
     value: float | int | bool
     version: int = SPEC_VERSION
     device: str = "cpu"
+    # the call is a query the user runs (the SQL interface), not a plan run of the session's:
+    # the session's interrupt and progress count leave its kernels alone (udfs/register.py)
+    user_query: bool = False
 
     op = "fill"
 
@@ -752,6 +763,9 @@ class ProgramKernelSpec:
     dtypes: tuple[str, ...]
     version: int = PROGRAM_VERSION
     device: str = "cpu"
+    # the call is a query the user runs (the SQL interface), not a plan run of the session's:
+    # the session's interrupt and progress count leave its kernels alone (udfs/register.py)
+    user_query: bool = False
     values: tuple[str, ...] | None = None  # each input's value name (EinsumKernelSpec.values)
     result: str | None = None  # ... and the value it computes
 
@@ -853,6 +867,8 @@ def _optional(op: str, version: int) -> set[str]:
 def _as_dict(spec: KernelSpec) -> dict:
     body = spec._body()
     body.update(v=spec.version, device=spec.device, op=spec.op)
+    if spec.user_query:  # written only when True, so every other spec's text is unchanged
+        body["user"] = True
     return body
 
 
@@ -889,12 +905,16 @@ def _from_dict(body) -> KernelSpec:
     if op not in OPS:
         raise EinsumError(f"kernel spec op {op!r} is unknown; ops are {', '.join(OPS)}")
     device = _check_device(body.pop("device", None))
+    user = body.pop("user", False)
+    if not isinstance(user, bool):
+        raise EinsumError(f"kernel spec user must be true or false, got {user!r:.80}")
     keys = set(body)
     missing, extra = _KEYS[op] - keys, keys - _KEYS[op] - _optional(op, version)
     if missing or extra:
         raise EinsumError(f"kernel spec {op}: missing keys {sorted(missing)}, unknown keys {sorted(extra)}")
     try:
-        return _CLASSES[op]._from_body(body, version, device)
+        spec = _CLASSES[op]._from_body(body, version, device)
+        return replace(spec, user_query=True) if user else spec
     except EinsumError:
         raise
     except (TypeError, ValueError) as e:
@@ -995,19 +1015,22 @@ def step_device(step, device: str, min_work: int = 0) -> str:
 
 
 def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu", portable: bool = False,
-                tf32: bool = False, names: bool = True) -> str:
+                tf32: bool = False, names: bool = True, user_query: bool = False) -> str:
     """The JSON of a plan step's kernel spec: labels, sizes, tile sizes, dtypes, the join, the
     device. ``batch`` is the range of target keys (on the step's batch axis) one statement of
     a retile covers. ``tf32``: float32 products on the device may use TF32. ``names``: the
     operands' value names (by which a kernel finds a tile the SQL handed as NULL: an array
     operand's in the caller's memory, a device's in its cache) and the result's (where a
     result returned as an array, or kept on a device, is put); off for SQL that
-    reads every tile from its table (``compile.compiler.without_residency``), whose names
-    would otherwise be taken for a plan running beside it."""
+    reads every tile from its table (``compile.compiler.for_sql_interface``), whose names
+    would otherwise be taken for a plan running beside it. ``user_query``: the SQL is a query
+    the user runs (``SELECT * FROM einsum(...)``), whose kernels the session's interrupt does
+    not stop."""
     from .steps import FillStep, ProgramStep, RetileStep  # a step module imports the plan package
 
     if isinstance(step, ProgramStep):
-        return to_json(_program_spec(step, device, portable, tf32, names))
+        spec = _program_spec(step, device, portable, tf32, names)
+        return to_json(replace(spec, user_query=True) if user_query else spec)
     if isinstance(step, RetileStep):
         s, t = step.source, step.target
         spec = RetileKernelSpec(shape=s.shape, source_tile=s.tile, target_tile=t.tile, dtype=s.dtype,
@@ -1018,7 +1041,7 @@ def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu",
         spec = FillKernelSpec(shape=r.shape, tile=r.tile, dtype=r.dtype, value=step.value, device=device)
     else:
         spec = _einsum_spec(step, device, portable, tf32, names)
-    return to_json(spec)
+    return to_json(replace(spec, user_query=True) if user_query else spec)
 
 
 def _einsum_spec(step, device: str, portable: bool, tf32: bool = False, values: bool = True,
