@@ -183,20 +183,22 @@ def streamed_costs(model):
     return dataclasses.replace(model, streamed_result=True, splits_reductions=False)
 
 
-def _streamed_topk_plan(session, spec, values, join, agg, k: int):
+def _streamed_topk_plan(session, spec, values, join, agg, k: int, budget: int | None = None):
     """A plan of ``einsum_topk``'s product for a result bigger than the session's budget, or
     None: one einsum step whose kernel is fused with the top-k (``fuse_topk``), so its result
     tiles never leave the kernel, which computes them a slice at a time and keeps only each
     row's ``k`` candidates (``CostModel.streamed_result``). Planned under the budget with that
     model, it is one query; the ordinary plan ran the product as several statements, each
     holding its share of the result, which one query cannot (it was refused, with a memory=
-    the size of the whole result: an embeddings trial)."""
+    the size of the whole result: an embeddings trial). ``budget``: a plans' share other than
+    the session's (``_least_memory``)."""
     from .compile.sql_interface import _EXACT_IN_DOUBLE
     from .plan.steps import EinsumStep
 
+    budget = session.plan_budget if budget is None else budget
     model = streamed_costs(session.backend.cost_model)
     try:
-        plan = plan_einsum(spec, tuple(values), join, agg, workers=session.workers, budget=session.plan_budget,
+        plan = plan_einsum(spec, tuple(values), join, agg, workers=session.workers, budget=budget,
                            tile_bytes=session.tile_bytes, costs=model)
     except EinsumError:
         return None
@@ -206,9 +208,29 @@ def _streamed_topk_plan(session, spec, values, join, agg, k: int):
         return None
     # the candidates counted: uncounted, a k as wide as a tile made every element one: 25x a
     # float32 result at ~100 B each (a review)
-    if max(s.peak(model) for s in plan.steps) + candidate_bytes(plan.result, k) > session.plan_budget:
+    if max(s.peak(model) for s in plan.steps) + candidate_bytes(plan.result, k) > budget:
         return None
     return plan if fuses_topk(plan, session.backend.compiler) else None
+
+
+def _least_memory(session, spec, values, join, agg, k: int, held: int) -> str:
+    """The ``memory=`` to name in a refusal of ``einsum_topk``: the least under which its
+    streamed plan is one query, or else the one holding the plan with its candidates
+    (``held``). The whole product's figure named 4.4 GB where 500MB ran it (top-5 over 2000 x
+    100,000, a trial). Found by halving the gap between a share that does not stream and one
+    that does, to within ~6% (each try is a plan: ~10-50 ms, on a refusal only)."""
+    from .plan.cost import BUDGET_SHARE, rounded_up
+
+    hi = held
+    if _streamed_topk_plan(session, spec, values, join, agg, k, hi) is not None:
+        lo = session.plan_budget or 1
+        while hi > lo * 1.06:
+            mid = int(math.sqrt(lo * hi))
+            if _streamed_topk_plan(session, spec, values, join, agg, k, mid) is not None:
+                hi = mid
+            else:
+                lo = mid
+    return rounded_up(hi / BUDGET_SHARE)
 
 
 def _candidates_within(session, spec, values, join, agg, plan, k: int, tables) -> tuple:
@@ -225,7 +247,6 @@ def _candidates_within(session, spec, values, join, agg, plan, k: int, tables) -
     streamed = _streamed_topk_plan(session, spec, values, join, agg, k)
     if streamed is not None:
         return streamed, True
-    from .plan.cost import BUDGET_SHARE, rounded_up
 
     candidates = candidate_bytes(plan.result, k)
     raise _said_of_tables(EinsumError(
@@ -234,7 +255,7 @@ def _candidates_within(session, spec, values, join, agg, plan, k: int, tables) -
         f"result tile, ~{CANDIDATE_BYTES} B each in DuckDB's window) beside the plan's {format_bytes(held - candidates)}, "
         f"over the plans' share of {format_bytes(session.plan_budget)}; db.topk(...) from Python ranks them a batch "
         f"at a time within the budget; or a smaller k, or connect with memory= of at least "
-        f"{rounded_up(held / BUDGET_SHARE)}"), tables)
+        f"{_least_memory(session, spec, values, join, agg, k, held)}"), tables)
 
 
 def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=None, own: bool = False) -> str:
@@ -284,12 +305,12 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
         if mode == "topk":
             # "call db.einsum(...)" led nowhere (a trial): db.topk runs the statements one after
             # another; or the memory= under which the plan is one query
-            from .plan.cost import BUDGET_SHARE, rounded_up
 
             whole = plan_einsum(spec, tuple(values), join, agg, workers=session.workers, budget=None,
                                 tile_bytes=session.tile_bytes, costs=session.backend.cost_model)
             # with its window's candidates: without them, the memory= named was refused again
-            need = rounded_up((whole.peak_bytes + candidate_bytes(whole.result, count)) / BUDGET_SHARE)
+            need = _least_memory(session, spec, values, join, agg, count,
+                                 whole.peak_bytes + candidate_bytes(whole.result, count))
             raise _said_of_tables(EinsumError(
                 f"einsum_topk(): under the session's memory budget of {format_bytes(session.memory or 0)} the plan "
                 f"runs step {k} ({s.describe()}) as {s.batches} statements, but a SQL table function is one query, "
