@@ -565,3 +565,26 @@ def test_a_refused_graph_says_the_memory_under_which_every_node_plans():
     need = re.search(r"needs memory= of at least (\S+ [kMG]?B)", str(info.value)).group(1).replace(" ", "")
     with eds.connect(memory=need) as db:
         assert g.plan(memory=db.memory).plan.steps
+
+
+def test_a_plan_made_under_memory_projects_its_whole_run_with_duckdbs_share_capped():
+    """g.plan(memory=M)'s explain() and run_peak() cap what DuckDB holds as a session of M caps
+    it (its memory_limit: it evicts and spills), as db.explain does: uncapped, a softmax graph
+    under 200MB projected a whole run of 1.17 GB and rose 198 MB (a budget trial)."""
+    from eindecomp_sql.plan.cost import parse_memory
+    from eindecomp_sql.plan.steps import format_bytes
+
+    g = eds.Graph()
+    n, d = 8192, 256
+    q, k, v = (g.input(x, (n, d)) for x in "qkv")
+    s = g.map("x * 0.0625", g.einsum("id,jd->ij", q, k))
+    e = g.map("exp", g.einsum("ij,i->ij", s, g.reduce(s, 1, "max"), join="sub"))
+    y = g.einsum("ij,jd->id", g.einsum("ij,i->ij", e, g.reduce(e, 1, "sum"), join="div"), v, name="y")
+    p = g.plan(memory="200MB", outputs=y)
+    assert p.plan.run_peak() > 4 * parse_memory("200MB")  # every value held to the end, uncapped
+    assert p.plan.peak_bytes <= p.run_peak() <= parse_memory("200MB")
+    assert p.run_peak() == p.plan.run_peak(engine_limit=p.engine_limit)
+    text = p.explain(sql=False)
+    assert f"whole run {format_bytes(p.run_peak())} with the inputs stored" in text
+    assert f"(largest step; whole run {format_bytes(p.run_peak())})" in text
+    assert g.plan(outputs=y).engine_limit is None  # no budget: nothing caps it

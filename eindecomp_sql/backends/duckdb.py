@@ -25,7 +25,8 @@ from ..plan.kernel_spec import device_only_results, host_reason, inputs_read_by_
 from ..compile.sql import table
 from ..errors import EinsumError, ExecutionError, duckdb_said
 from ..plan import Plan, TiledValue
-from ..plan.cost import BUDGET_SHARE, CostModel, parse_memory, plan_share
+from ..plan.cost import (BUDGET_SHARE, ENGINE_MARGIN, MIN_ENGINE_BYTES, CostModel, engine_limit, parse_memory,
+                         plan_share)
 from ..plan.steps import EinsumStep, ProgramStep, format_bytes, output_tiles, step_reads, step_target
 from ..sql_templates import template
 from ..udfs.tiles import array_from_tiles, null_tiles, tiles_from_array
@@ -44,16 +45,6 @@ LARGE_BUFFER_BYTES = 2 << 30
 # tiles, nothing measurable on small tiles, and switching costs two SET statements (~1 ms,
 # the setting is the database's, so it is put back after the plan)
 SMALL_BUFFER_BYTES = 16 << 20
-# under a budget, DuckDB keeps at least this much whatever the kernels take: its catalog, a
-# statement's hash tables and the blocks it is reading
-MIN_ENGINE_BYTES = 64 << 20
-# DuckDB's memory_limit while a plan runs gets this share of the budget on top of what the
-# plan's steps project for it, out of the budget's unplanned part: room for what DuckDB holds
-# beyond the projection (its vectors' and aggregates' own copies). Without it a retile of 64 MB
-# in 4 batches on a file database under memory="200MB" failed in 8 of 9 runs: projected at
-# 66 MB for DuckDB, it needed 86-89 MiB against a limit of 85.4 MB (docs/DESIGN.md, "Bounded
-# memory"); with 8 MiB more it ran, the process rising 114 MB
-ENGINE_MARGIN = 0.1
 # under a budget, a stored tensor's parts are at most this fraction of it (see set_memory)
 BUDGET_PARTS = 32
 # what the process holds before any tensor: the interpreter, numpy, pyarrow, DuckDB, sqlglot
@@ -342,13 +333,7 @@ class DuckDBBackend:
 
     def engine_limit(self, plan: Plan) -> int | None:
         """DuckDB's ``memory_limit`` while ``plan`` runs under the session's budget (None: none)."""
-        if self.budget is None:
-            return None
-        # the budget's planned share less what the kernels hold, and never less than what the
-        # plan's steps need DuckDB to hold (a plan made under a budget of its own, g.plan(memory=)),
-        # and a margin for what DuckDB holds beyond the projection (ENGINE_MARGIN)
-        return (max(plan_share(self.budget) - plan.kernel_bytes, plan.engine_bytes, MIN_ENGINE_BYTES)
-                + int(self.budget * ENGINE_MARGIN))
+        return engine_limit(self.budget, plan)
 
     def _device_only(self, plan: Plan, parted=frozenset()) -> frozenset[str]:
         """The values of ``plan`` whose tiles stay on the device (``device_only_results``)."""

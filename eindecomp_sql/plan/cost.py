@@ -484,6 +484,29 @@ def plan_share(memory: int | None) -> int | None:
     return None if memory is None else int(memory * BUDGET_SHARE)
 
 
+# under a budget, DuckDB keeps at least this much whatever the kernels take: its catalog, a
+# statement's hash tables and the blocks it is reading
+MIN_ENGINE_BYTES = 64 << 20
+# DuckDB's memory_limit while a plan runs gets this share of the budget on top of what the
+# plan's steps project for it, out of the budget's unplanned part: room for what DuckDB holds
+# beyond the projection (its vectors' and aggregates' own copies). Without it a retile of 64 MB
+# in 4 batches on a file database under memory="200MB" failed in 8 of 9 runs: projected at
+# 66 MB for DuckDB, it needed 86-89 MiB against a limit of 85.4 MB (docs/DESIGN.md, "Bounded
+# memory"); with 8 MiB more it ran, the process rising 114 MB
+ENGINE_MARGIN = 0.1
+
+
+def engine_limit(memory: int | None, plan) -> int | None:
+    """DuckDB's ``memory_limit`` while ``plan`` runs in a session of ``memory=`` (None: none):
+    the plans' share less what the kernels hold, never less than what the plan's steps need
+    DuckDB to hold (a plan made under a budget of its own, ``g.plan(memory=)``), nor than
+    ``MIN_ENGINE_BYTES``; and ``ENGINE_MARGIN`` on top, for what DuckDB holds beyond the
+    projection. Also what a plan's whole-run projection caps DuckDB's share at (``run_peak``)."""
+    if memory is None:
+        return None
+    return max(plan_share(memory) - plan.kernel_bytes, plan.engine_bytes, MIN_ENGINE_BYTES) + int(memory * ENGINE_MARGIN)
+
+
 def rounded_up(nbytes: float) -> str:
     """``nbytes`` as memory= takes it, rounded up to a tenth of its unit (never below it)."""
     for unit, name in ((10**9, "GB"), (10**6, "MB"), (10**3, "kB")):

@@ -119,8 +119,8 @@ class GraphPlan:
             # (read in place, none of their tiles in a statement) read as if below the largest
             # step's peak, which counts stored inputs' tiles (a trial: 138 kB against 2.8 MB)
             f"peak memory {format_bytes(self.plan.peak_bytes)} (the largest step's projected peak, inputs stored); "
-            f"whole run {format_bytes(self.plan.run_peak())} with the inputs stored, "
-            f"{format_bytes(self.plan.run_peak(arrays=[v.name for v in self.plan.inputs]))} with them passed as arrays "
+            f"whole run {format_bytes(self.run_peak())} with the inputs stored, "
+            f"{format_bytes(self.run_peak(arrays=[v.name for v in self.plan.inputs]))} with them passed as arrays "
             f"(read in place), every value it computes held to the end (Plan.run_peak)",
             "",
             "cost vs baselines (cost units):",
@@ -151,7 +151,7 @@ class GraphPlan:
                          + "   tile " + " ".join(f"{lab}:{tiles[lab]}" for lab in n.labels)
                          + (f"   fused: runs in the step computing {fused[n.result.name]}, not stored"
                             if n.result.name in fused else ""))
-        lines += ["", self.plan.explain()]
+        lines += ["", self.plan.explain(engine_limit=self.engine_limit)]
         if sql:
             listing = getattr(db.backend, "sql_listing", sql_listing) if db is not None else sql_listing
             lines += ["", listing(self.plan)]
@@ -238,8 +238,21 @@ class GraphPlan:
 
     def run_peak(self, arrays=(), returned=(), engine_limit: int | None = None) -> int:
         """The whole run's projected peak memory in bytes: ``Plan.run_peak`` of the plan's steps
-        (the README's ``plan.run_peak()`` on what ``g.plan()`` returns)."""
+        (the README's ``plan.run_peak()`` on what ``g.plan()`` returns). ``engine_limit``:
+        DuckDB's ``memory_limit`` while it runs; by default, a plan made under a budget caps
+        DuckDB's share as a session of its ``memory=`` does (uncapped, a softmax graph under
+        200MB projected 1.2 GB and rose 198 MB: a budget trial)."""
+        if engine_limit is None:
+            engine_limit = self.engine_limit
         return self.plan.run_peak(arrays=arrays, returned=returned, engine_limit=engine_limit)
+
+    @property
+    def engine_limit(self) -> int | None:
+        """DuckDB's ``memory_limit`` while this plan runs on a DuckDB session of the ``memory=``
+        it was made with (``plan.cost.engine_limit``; None: made without a budget)."""
+        from .cost import BUDGET_SHARE, engine_limit
+
+        return None if self.budget is None else engine_limit(round(self.budget / BUDGET_SHARE), self.plan)
 
     # -- running ---------------------------------------------------------------------------
     def run(self, db, out=None, replace: bool = False, progress=None, *, inputs=None, **named):
