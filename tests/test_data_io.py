@@ -692,6 +692,28 @@ def test_array_form_files_are_stored_in_key_order_and_ascending_parquet_never_wh
         assert left == []
 
 
+@pytest.mark.parametrize("tile,packs", [((7, 6), True), ((50, 9), True), ((7, 3), False), (None, True)])
+@pytest.mark.parametrize("value", [None, "emb"])
+def test_an_ascending_array_file_with_tile_of_whole_rows_or_value_is_packed(tmp_path, tile, packs, value):
+    """``tile=`` of whole rows (clipped to the shape, as every store clips) and ``value=`` naming
+    the array column take the packed route: with either, a file packed under memory="200MB" in
+    +110 MB was read whole instead, +850 MB (a budget trial; the CLI's --tile too). A tile that
+    cuts rows across is the old path's, and gives the same values."""
+    emb = np.random.default_rng(3).standard_normal((20, 6)).astype(np.float32)
+    p = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"id": np.arange(20), "emb": pa.FixedSizeListArray.from_arrays(pa.array(emb.ravel()), 6)}), p,
+                   row_group_size=4)
+    packed, route = [], eds_io._packed_array_rows
+    with eds.connect() as db, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(eds_io, "packs_array_file", lambda path, memory: True)  # small files take the packed route too
+        mp.setattr(eds_io, "_packed_array_rows", lambda *a: packed.append(route(*a)) or packed[-1])
+        t = db.store("P", p, tile=tile, value=value)
+        np.testing.assert_array_equal(t.to_numpy(), emb)
+        assert [x is not None for x in packed] == [packs]
+        if tile is not None:
+            assert t.tile == (min(tile[0], 20), min(tile[1], 6))
+
+
 def test_an_ascending_array_file_with_a_column_named_like_the_rank_or_null_elements(tmp_path):
     """The packed route's own names never meet a user's (an array column 'r' was the rank's
     alias: a conversion error, a review), and a NULL element is said of the store, not of an
