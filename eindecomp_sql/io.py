@@ -1428,8 +1428,7 @@ def _packed_array_rows(path: str, want: Wanted, where: str, con) -> Incoming | N
 
     from .compile.sql_interface import ArrayTable, array_tile, classify_table, stats_query, with_stats
 
-    if con is None or any(x is not None for x in (want.shape, want.dtype, want.index)) \
-            or (want.tile is not None and len(want.tile) != 2):
+    if con is None or any(x is not None for x in (want.shape, want.dtype, want.index)):
         return None
     if not packs_array_file(path, want.memory):
         return None
@@ -1448,8 +1447,8 @@ def _packed_array_rows(path: str, want: Wanted, where: str, con) -> Incoming | N
             op = classify_table(name, columns, types)
         except EinsumError:
             return None  # not array form: the old path's messages
-        if not isinstance(op, ArrayTable) or want.value not in (None, op.column):
-            return None
+        if not isinstance(op, ArrayTable) or (want.value is not None and want.value.lower() != op.column.lower()):
+            return None  # (names are DuckDB's: case-insensitive)
         try:
             op = with_stats(op, cur.execute(stats_query(op).sql(dialect="duckdb")).fetchone())
         except EinsumError as e:
@@ -1463,10 +1462,13 @@ def _packed_array_rows(path: str, want: Wanted, where: str, con) -> Incoming | N
             return None
         if want.tile is None:
             tile = array_tile(op, want.tile_bytes)
-        elif min(want.tile[1], op.width) == op.width and want.tile[0] >= 1:
-            tile = (min(want.tile[0], op.rows), op.width)  # whole rows, clipped as every store clips
         else:
-            return None  # rows cut across: the old path
+            try:  # a tile the old path would refuse is refused there, in its words
+                tile = check_tile(op.shape, want.tile)  # (clipped to the shape, as every store clips)
+            except EinsumError:
+                return None
+            if tile[1] != op.width:
+                return None  # rows cut across: the old path
         if want.tile is None and math.prod(tile) * np.dtype(op.dtype).itemsize > want.tile_bytes:
             return None  # a row longer than a tile: cut by the old path (a tile asked for is the user's)
         keys = check_keys(want.keys if want.keys is not None else ("d0", "d1"), 2)

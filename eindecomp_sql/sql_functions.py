@@ -213,23 +213,47 @@ def _streamed_topk_plan(session, spec, values, join, agg, k: int, budget: int | 
     return plan if fuses_topk(plan, session.backend.compiler) else None
 
 
-def _least_memory(session, spec, values, join, agg, k: int, held: int) -> str:
+def _tables_tiled_under(session, values: list, tables: dict, memory: int) -> list:
+    """``values`` with each array table cut as ``table_values`` cuts it in a session of
+    ``memory=``: whole rows up to the store tile of that budget (a 64th of it, where the session
+    picks its own store tiles: ``Session.__init__``)."""
+    if not session.store_square or not any(isinstance(op, ArrayTable) for op in tables.values()):
+        return values
+    from .session import BUDGET_TILES
+
+    cap = max(1, min(session.tile_bytes, getattr(session.backend, "max_store_tile_bytes", session.tile_bytes),
+                     memory // BUDGET_TILES))
+    return [dataclasses.replace(v, tile=array_tile(tables[v.name], cap))
+            if isinstance(tables.get(v.name), ArrayTable) else v for v in values]
+
+
+def _least_memory(session, spec, values, join, agg, k: int, held: int, tables: dict) -> str:
     """The ``memory=`` to name in a refusal of ``einsum_topk``: the least under which its
     streamed plan is one query, or else the one holding the plan with its candidates
     (``held``). The whole product's figure named 4.4 GB where 500MB ran it (top-5 over 2000 x
     100,000, a trial). Found by halving the gap between a share that does not stream and one
-    that does, to within ~6% (each try is a plan: ~10-50 ms, on a refusal only)."""
-    from .plan.cost import BUDGET_SHARE, rounded_up
+    that does, to within ~6% (each try is a plan: ~10-50 ms, on a refusal only), each share with
+    the table operands cut as its ``memory=`` cuts them (a review: with the session's cuts, the
+    figure named was refused again, its tables cut bigger), and checked as it is printed."""
+    from .plan.cost import BUDGET_SHARE, parse_memory, plan_share, rounded_up
+
+    def streams(share: int) -> bool:
+        tiled = _tables_tiled_under(session, values, tables, int(share / BUDGET_SHARE))
+        return _streamed_topk_plan(session, spec, tiled, join, agg, k, share) is not None
 
     hi = held
-    if _streamed_topk_plan(session, spec, values, join, agg, k, hi) is not None:
+    if streams(hi):
         lo = session.plan_budget or 1
         while hi > lo * 1.06:
             mid = int(math.sqrt(lo * hi))
-            if _streamed_topk_plan(session, spec, values, join, agg, k, mid) is not None:
+            if streams(mid):
                 hi = mid
             else:
                 lo = mid
+        for _ in range(8):  # as printed (rounded up), the figure itself must stream
+            if streams(plan_share(parse_memory(rounded_up(hi / BUDGET_SHARE)))):
+                break
+            hi = int(hi * 1.06)
     return rounded_up(hi / BUDGET_SHARE)
 
 
@@ -255,7 +279,7 @@ def _candidates_within(session, spec, values, join, agg, plan, k: int, tables) -
         f"result tile, ~{CANDIDATE_BYTES} B each in DuckDB's window) beside the plan's {format_bytes(held - candidates)}, "
         f"over the plans' share of {format_bytes(session.plan_budget)}; db.topk(...) from Python ranks them a batch "
         f"at a time within the budget; or a smaller k, or connect with memory= of at least "
-        f"{_least_memory(session, spec, values, join, agg, k, held)}"), tables)
+        f"{_least_memory(session, spec, values, join, agg, k, held, tables)}"), tables)
 
 
 def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=None, own: bool = False) -> str:
@@ -310,7 +334,7 @@ def einsum_sql(session, spec, names: list, mode: str, join=None, agg=None, k=Non
                                 tile_bytes=session.tile_bytes, costs=session.backend.cost_model)
             # with its window's candidates: without them, the memory= named was refused again
             need = _least_memory(session, spec, values, join, agg, count,
-                                 whole.peak_bytes + candidate_bytes(whole.result, count))
+                                 whole.peak_bytes + candidate_bytes(whole.result, count), tables)
             raise _said_of_tables(EinsumError(
                 f"einsum_topk(): under the session's memory budget of {format_bytes(session.memory or 0)} the plan "
                 f"runs step {k} ({s.describe()}) as {s.batches} statements, but a SQL table function is one query, "

@@ -226,8 +226,7 @@ def unnamed_specs(e: exp.Expression) -> exp.Expression:
     return e
 
 
-@cache
-@lru_cache(maxsize=256)  # one class per compiler: compiled plans are cached per compiler class
+@cache  # one class per compiler: compiled plans are cached per compiler class
 def for_sql_interface(compiler: type, own: bool = False) -> type:
     """``compiler`` for the SQL interface's queries (``SELECT * FROM einsum(...)``), which the
     backend does not run as a plan of its own:

@@ -589,7 +589,7 @@ def fuse_topk(query: exp.Select, result: TiledValue, k: int, compiler: SQLCompil
 
 def fuses_topk(plan: Plan, compiler: SQLCompiler | None = None) -> bool:
     """Whether ``interface_query`` runs ``plan``'s top-k inside its last einsum's kernel."""
-    c = for_sql_interface(type(compiler or COMPILER))()
+    c = for_sql_interface(type(compiler or COMPILER), False)()  # (the cache's key as interface_query spells it)
     query = c.single_query(plan, {v.name: v.name for v in plan.inputs})
     return fuse_topk(query, plan.result, 1, c) is not None
 
