@@ -597,6 +597,35 @@ def test_a_refusal_suggests_the_coarsest_tile_that_fits(tmp_path):
                                    atol=1e-3)
 
 
+@pytest.mark.parametrize("a_tile, named", [((64, 512), ["B"]), ((512, 512), ["A", "B"])])
+def test_a_refusal_names_the_operands_whose_re_store_lets_it_run(tmp_path, a_tile, named):
+    """Under memory="300MB", A 4096² stored in (512, 4096) tiles and B as one tile: the refusal
+    said to store A again in (2048, 4096) tiles (the coarsest chunking whose step fits re-tiled
+    both, and A came first); doing so was refused naming B, and re-storing B alone ran (a budget
+    trial). Scaled down 8x a side: it names the operands to store again, every one at once (B
+    alone where A's stored cut serves), says the session's memory=, and following it runs."""
+    import re
+
+    rng = np.random.default_rng(5)
+    src = {"A": rng.standard_normal((512, 512), dtype=np.float32),
+           "B": rng.standard_normal((512, 512), dtype=np.float32)}
+    path = str(tmp_path / "t.duckdb")
+    with eds.connect(path) as db:
+        db.store("A", src["A"], tile=a_tile)
+        db.store("B", src["B"], tile=(512, 512))
+    with eds.connect(path, memory="4.7MB") as db:
+        with pytest.raises(eds.EinsumError, match="re-tiles? do(es)? not fit") as e:
+            db.einsum("ij,jk->ik", "A", "B", out="C")
+        said = str(e.value)
+        advice = re.findall(r"store '(\w+)' again in tiles of \(([0-9, ]+)\)", said)
+        assert [v for v, _ in advice] == named, said
+        assert "this session's memory=4.7 MB gives plans 60% of it (2.8 MB); this needs memory= of at least" in said
+        for v, tile in advice:  # exactly what it says
+            db.store(v, src[v], tile=tuple(int(t) for t in tile.split(",")), replace=True)
+        C = db.einsum("ij,jk->ik", "A", "B", out="C")
+        np.testing.assert_allclose(C.to_numpy(), src["A"] @ src["B"], rtol=1e-4, atol=1e-3)
+
+
 def test_a_one_tile_tensor_stored_as_one_part_reads_back_under_a_budget(tmp_path):
     """A one-tile tensor over PART_BYTES is one part (backends/parts.py): its read needs room
     for the tile, not for PART_BYTES, or DuckDB cannot pin it under a small budget."""

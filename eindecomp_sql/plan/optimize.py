@@ -53,6 +53,7 @@ MAX_PRODUCT_FACTOR = 8  # candidates have between workers and 8x workers join ta
 MAX_JOIN_TASKS = 1 << 14
 # the price of a retile over the budget: a plan that cannot avoid one costs at least this
 FORBIDDEN = 10**30
+RESTORE_TRIES = 8  # re-store advice a refusal checks by planning with it (``_Problem._fewest_restores``)
 BUDGET_WIDENING = 2  # under a budget, candidates go this many x4 steps finer than the first that fit
 GREEDY_WORK = 4000  # node evaluations the coordinate descent may spend (not a clock)
 
@@ -318,11 +319,19 @@ class _Problem:
                 f"takes up to {item} B); give a larger tile_bytes")
         peaks = self._peaks(node)
         smallest, pieces = min(peaks, key=lambda t: t[0])
+        restore: dict[str, tuple[int, ...]] = {}
         if smallest <= self.budget:
             # what it says to store is the coarsest chunking whose step fits, not the one of the
             # smallest peak: a 144 MB stored tile was told to be stored as tile=(6, 6007)
-            peak, pieces = min(((peak, p) for peak, p in peaks if peak <= self.budget),
-                               key=lambda t: (math.prod(t[1].values()), t[0]))
+            fitting = sorted(((peak, p) for peak, p in peaks if peak <= self.budget),
+                             key=lambda t: (math.prod(t[1].values()), t[0]))
+            peak, pieces = fitting[0]
+            # ... among those that re-storing the fewest operands lets plan: the coarsest alone
+            # re-tiled both operands of a GEMM, and the advice named the one whose re-store did
+            # not help (a budget trial: A named, re-storing B alone ran)
+            found = self._fewest_restores(node, fitting)
+            if found is not None:
+                peak, pieces, restore = found
         # the cap on tiles, where it is what keeps the peak up (next to a 1 MB budget, "tiles
         # capped at 789.6 MB" only confused a trial)
         capped = ('' if self.tile_bytes is None or self.tile_bytes >= smallest
@@ -331,11 +340,21 @@ class _Problem:
                 f"{format_bytes(self.budget)}: ")
         if smallest <= self.budget:  # the step fits; what it reads or makes does not (a new user's
             # report: "the smallest projected peak is 537 MB" against a budget of 1.2 GB, and no why)
-            why, advice = self._why_not(node, pieces)
+            restore = restore or self._restores(node, pieces)
+            why, advice = self._why_not(node, pieces, restore)
             capped = capped if "tile_bytes" in why else ""  # (the cap is what refuses, or says nothing)
-            raise EinsumError(head + f"the step itself fits ({format_bytes(peak)} at "
-                              f"{' '.join(f'{lab}:{pieces[lab]}' for lab in labels)}), but {why}{capped}; "
-                              f"{advice}")
+            error = EinsumError(head + f"the step itself fits ({format_bytes(peak)} at "
+                                f"{' '.join(f'{lab}:{pieces[lab]}' for lab in labels)}), but {why}{capped}; "
+                                f"{advice}")
+            if restore:  # "or give more memory": how much, for a chunking with its re-tiles (a session
+                # says it in its memory=: "fits the memory budget of 60.0 MB" under memory="100MB" is
+                # the plans' share, a trial)
+                needed = min(max([at] + [self._retile_peak(node.operands[k].value, need)
+                                         for k, need in self._stored_retiles(node, p)]) for at, p in peaks)
+                error.needed = needed
+                others = [n for n in self.nodes if n is not node]
+                error.needed_by_all = lambda: max([needed] + [min(at for at, _ in self._peaks(n)) for n in others])
+            raise error
         error = EinsumError(
             head + f"the smallest projected peak with at most {cap} tile tuples per step is "
             f"{format_bytes(smallest)}{capped}; give more memory"
@@ -386,20 +405,65 @@ class _Problem:
             return min(peak, partials.split_peak(node, pieces, self.dtypes, self.model))
         return peak
 
-    def _why_not(self, node: EinsumNode, pieces: dict[str, int]) -> tuple[str, str]:
-        """What refuses a chunking whose step fits the budget (``_fits``' other checks), and
-        what to do about it."""
+    def _stored_retiles(self, node: EinsumNode, pieces: dict[str, int]):
+        """``(k, tile)`` of every stored operand ``pieces`` reads in other tiles than stored."""
         for k, op in enumerate(node.operands):
             have, need = self.fixed.get(op.value), self.required(node, k, pieces)
-            if have is not None and have != need and self.retile(op.value, need).retile >= FORBIDDEN:
-                # (each statement of a re-tile reads whole source tiles: one stored before the budget
-                # was set, as big as the machine's tile cap allowed, may not fit it, a trial)
-                # (re-cut by store, it is read whole: under a budget that cannot hold ~3x its bytes,
-                # store refuses it, so the advice says both ways: a budget trial followed the first)
-                return (f"it reads stored {op.value!r} (tiles {have}) in tiles {need}, and that re-tile does not fit",
-                        f"store {op.value!r} again in tiles of {need} (db.store({op.value!r}, <its source data>, "
-                        f"tile={need}, replace=True), or db.store({op.value!r}, {op.value!r}, tile={need}, "
-                        f"replace=True) in a session whose memory= holds ~3x {op.value!r}'s bytes), or give more memory")
+            if have is not None and have != need:
+                yield k, need
+
+    def _restores(self, node: EinsumNode, pieces: dict[str, int]) -> dict[str, tuple[int, ...]]:
+        """The stored operands ``pieces`` re-tiles over the budget (``_fits`` refuses it for
+        them) -> the tiles it reads them in: what to store them in again."""
+        out: dict[str, tuple[int, ...]] = {}
+        for k, need in self._stored_retiles(node, pieces):
+            value = node.operands[k].value
+            if self.retile(value, need).retile >= FORBIDDEN:
+                out.setdefault(value, need)  # (a value read in two tilings: no re-store serves both)
+        return out
+
+    def _fewest_restores(self, node: EinsumNode, fitting: list) -> tuple | None:
+        """``(peak, pieces, restores)`` of the chunking among ``fitting`` (``(peak, pieces)``,
+        coarsest first) whose ``_restores`` are fewest (then fewest bytes) and, stored again so,
+        let the node plan (checked: a planner with those tiles finds a candidate); None where
+        no re-store tried does. The coarsest fitting chunking may re-tile operands that another
+        reads as stored; advice from it sent a user to re-store the wrong one."""
+        # then the fewest re-tiles that fit, so the operands not named are read as stored
+        ranked = sorted(((self._restores(node, p), peak, p) for peak, p in fitting),
+                        key=lambda t: (len(t[0]), sum(self.bytes[v] for v in t[0]),
+                                       len(list(self._stored_retiles(node, t[2])))))  # stable: coarsest first
+        tried = set()
+        for restore, peak, p in ranked:
+            key = tuple(sorted(restore.items()))
+            if not restore or key in tried:
+                continue
+            if len(tried) == RESTORE_TRIES:  # (each try costs about what the refusal's search did)
+                break
+            tried.add(key)
+            after = _Problem(self.nodes, self.inputs, {**self.fixed, **restore}, self.workers, self.budget,
+                             self.tile_bytes, self.model)
+            if after._candidates_fitting(node, split=False) or after._candidates_fitting(node, split=True):
+                return peak, p, restore
+        return None
+
+    def _why_not(self, node: EinsumNode, pieces: dict[str, int],
+                 restore: dict[str, tuple[int, ...]]) -> tuple[str, str]:
+        """What refuses a chunking whose step fits the budget (``_fits``' other checks), and
+        what to do about it (``restore``: the stored operands to store again, and in what tiles)."""
+        if restore:
+            # every one at once (after re-storing the one named, a trial was refused naming the next)
+            # (each statement of a re-tile reads whole source tiles: one stored before the budget
+            # was set, as big as the machine's tile cap allowed, may not fit it, a trial)
+            # (re-cut by store, it is read whole: under a budget that cannot hold ~3x its bytes,
+            # store refuses it, so the advice says both ways: a budget trial followed the first)
+            # (each clause as sql_functions._said_of_tables finds it, to name a table instead)
+            reads = ", and ".join(f"stored {v!r} (tiles {self.fixed[v]}) in tiles {need}" for v, need in restore.items())
+            those = "that re-tile does not" if len(restore) == 1 else "those re-tiles do not"
+            stores = ", and ".join(
+                f"store {v!r} again in tiles of {need} (db.store({v!r}, <its source data>, tile={need}, replace=True), "
+                f"or db.store({v!r}, {v!r}, tile={need}, replace=True) in a session whose memory= holds ~3x {v!r}'s "
+                f"bytes)" for v, need in restore.items())
+            return f"it reads {reads}, and {those} fit", f"{stores}, or give more memory"
         if self.tile_bytes is not None and (
                 nbytes(self.out_tile(node, pieces), node.result.dtype) > self.tile_bytes
                 or any(self.required(node, k, pieces) != self.fixed.get(op.value)
@@ -451,14 +515,17 @@ class _Problem:
             return 1
         return needed_batches(node, pieces, self.dtypes, self.budget, self.model)
 
+    def _retile_peak(self, value: str, target: tuple[int, ...]) -> int:
+        v = self.values[value]
+        return retile_peak(v.shape, v.dtype, target, retile_max_batches(v.shape, target, self.model), self.model,
+                           self.fixed.get(value, target))
+
     def retile(self, value: str, target: tuple[int, ...]) -> Costs:
         if self.budget is not None:
-            v = self.values[value]
             # a stored input's tiles are known (each is read, copied and cut whole); an
             # intermediate's depend on its producer's chunking, which this cost does not see:
             # tiles of the target's size stand in (the finished plan's budget check knows them)
-            if retile_peak(v.shape, v.dtype, target, retile_max_batches(v.shape, target, self.model), self.model,
-                           self.fixed.get(value, target)) > self.budget:
+            if self._retile_peak(value, target) > self.budget:
                 return Costs(retile=FORBIDDEN, model=self.model)  # forbidden: optimize() refuses such a plan
         have = self.fixed.get(value)  # a stored input's tiling is known; an intermediate's is the producer's choice
         if have is not None and moves_whole_rows(self.values[value].shape, have, target):
