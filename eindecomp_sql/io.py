@@ -1462,15 +1462,15 @@ def _packed_array_rows(path: str, want: Wanted, where: str, con) -> Incoming | N
             return None
         if want.tile is None:
             tile = array_tile(op, want.tile_bytes)
-        else:
+            if math.prod(tile) * np.dtype(op.dtype).itemsize > want.tile_bytes:
+                return None  # a row longer than a tile: cut by the old path
+        else:  # the user's: whole rows, or the old path's
             try:  # a tile the old path would refuse is refused there, in its words
                 tile = check_tile(op.shape, want.tile)  # (clipped to the shape, as every store clips)
             except EinsumError:
                 return None
             if tile[1] != op.width:
-                return None  # rows cut across: the old path
-        if want.tile is None and math.prod(tile) * np.dtype(op.dtype).itemsize > want.tile_bytes:
-            return None  # a row longer than a tile: cut by the old path (a tile asked for is the user's)
+                return None  # rows cut across
         keys = check_keys(want.keys if want.keys is not None else ("d0", "d1"), 2)
         tiled = TiledValue(name, op.shape, op.dtype, tile, keys)
         ranked = dataclasses.replace(op, key=RANK)

@@ -165,11 +165,11 @@ class Session:
         # (4096² float32 under 50 MB: 10.6 s in 4 MB panels, 27.8 s in 256 KB square tiles)
         # An engine may store smaller tiles than its plans make (Spark: stored row panels keep
         # a GEMM's tasks apart, while a plan may join them with a whole operand)
-        self.store_tile_bytes = self.tile_bytes if tile_bytes is not None else min(
+        self._tile_bytes_given = tile_bytes is not None  # (a tile_bytes given is kept as is)
+        self._store_cap = self.tile_bytes if tile_bytes is not None else min(
             self.tile_bytes, getattr(self.backend, "max_store_tile_bytes", self.tile_bytes))
-        self.store_square = tile_bytes is None and self.memory is not None  # (a tile_bytes given is kept as is)
-        if self.store_square:
-            self.store_tile_bytes = max(1, min(self.store_tile_bytes, self.memory // BUDGET_TILES))
+        self.store_square = tile_bytes is None and self.memory is not None
+        self.store_tile_bytes = self.store_tile_bytes_under(self.memory)
         # one lock for the session and its backend: a session is shared between threads, and
         # every call (plan, register, run, read back) must see the connection to itself
         self._lock = self.backend.lock
@@ -370,6 +370,14 @@ class Session:
         if sql_cursor is None:
             raise EinsumError(f"cursor() is the DuckDB backend's: the {self.backend.name} backend has no SQL interface")
         return sql_cursor()
+
+    def store_tile_bytes_under(self, memory: int | None) -> int:
+        """What store() cuts when no tile is given, in this session with ``memory=`` (its own, or
+        another a refusal names): a 64th of a budget, where the session picks its store tiles
+        (no ``tile_bytes=`` given)."""
+        if memory is None or self._tile_bytes_given:
+            return self._store_cap
+        return max(1, min(self._store_cap, memory // BUDGET_TILES))
 
     # -- tensors ----------------------------------------------------------------------------
     def store(self, name: str, source, tile=None, keys=None, replace: bool = False, *, shape=None, dtype=None,

@@ -215,14 +215,8 @@ def _streamed_topk_plan(session, spec, values, join, agg, k: int, budget: int | 
 
 def _tables_tiled_under(session, values: list, tables: dict, memory: int) -> list:
     """``values`` with each array table cut as ``table_values`` cuts it in a session of
-    ``memory=``: whole rows up to the store tile of that budget (a 64th of it, where the session
-    picks its own store tiles: ``Session.__init__``)."""
-    if not session.store_square or not any(isinstance(op, ArrayTable) for op in tables.values()):
-        return values
-    from .session import BUDGET_TILES
-
-    cap = max(1, min(session.tile_bytes, getattr(session.backend, "max_store_tile_bytes", session.tile_bytes),
-                     memory // BUDGET_TILES))
+    ``memory=``: whole rows up to the store tile of that budget (``store_tile_bytes_under``)."""
+    cap = session.store_tile_bytes_under(memory)
     return [dataclasses.replace(v, tile=array_tile(tables[v.name], cap))
             if isinstance(tables.get(v.name), ArrayTable) else v for v in values]
 

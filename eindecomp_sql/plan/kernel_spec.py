@@ -1030,8 +1030,7 @@ def kernel_spec(step, batch: tuple[int, int] | None = None, device: str = "cpu",
 
     if isinstance(step, ProgramStep):
         spec = _program_spec(step, device, portable, tf32, names)
-        return to_json(replace(spec, user_query=True) if user_query else spec)
-    if isinstance(step, RetileStep):
+    elif isinstance(step, RetileStep):
         s, t = step.source, step.target
         spec = RetileKernelSpec(shape=s.shape, source_tile=s.tile, target_tile=t.tile, dtype=s.dtype,
                                 first_key_range=tuple(batch) if batch is not None else None, device=device,
